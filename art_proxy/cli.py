@@ -1,0 +1,88 @@
+"""`art-proxy`: the command line. Each command's flags come from its settings model (config.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+from contextlib import nullcontext
+from typing import IO
+
+import typer
+from rich.console import Console
+from rich.logging import RichHandler
+
+from art_proxy.cli_options import settings_command
+from art_proxy.config import ExportSettings, ProxySettings
+from art_proxy.errors import ConfigError, StoreError
+
+app = typer.Typer(
+    name="art-proxy",
+    help="Record an agent's LLM calls as trajectories (with token ids) and train it on them.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+stderr = Console(stderr=True)
+
+
+def _configure_logging() -> None:
+    logging.basicConfig(
+        level=logging.INFO,
+        format="%(message)s",
+        handlers=[RichHandler(console=stderr, show_path=False, rich_tracebacks=False)],
+    )
+    # aiohttp's access log would print every request; secrets never reach it, but noise would.
+    logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+
+
+def _fail(message: str) -> None:
+    stderr.print(f"[red]error:[/red] {message}", highlight=False)
+    raise typer.Exit(1)
+
+
+@settings_command(
+    app, "serve", ProxySettings, "Serve the recording proxy in front of the upstream(s)."
+)
+def serve(settings: ProxySettings) -> None:
+    from art_proxy.proxy.server import serve as serve_forever
+
+    _configure_logging()
+    try:
+        serve_forever(settings)
+    except (ConfigError, StoreError, OSError) as exc:
+        _fail(str(exc))
+
+
+@settings_command(app, "export", ExportSettings, "Write trajectories as JSONL, one a line.")
+def export(settings: ExportSettings) -> None:
+    try:
+        with nullcontext(sys.stdout) if settings.out == "-" else open(settings.out, "w") as out:
+            count = asyncio.run(_export(settings, out))
+    except (ConfigError, StoreError, OSError) as exc:
+        _fail(str(exc))
+    else:
+        where = "standard output" if settings.out == "-" else settings.out
+        stderr.print(f"exported {count} trajectories to {where}")
+
+
+async def _export(settings: ExportSettings, out: IO[str]) -> int:
+    from art_proxy.store.trajectory_store import TrajectoryStore
+
+    store = await TrajectoryStore.open(settings.store, writer=False)
+    count = 0
+    try:
+        with stderr.status("exporting...") as status:
+            async for exported in store.export(
+                scenario=settings.scenario, status=settings.status, split=settings.split
+            ):
+                out.write(exported.model_dump_json() + "\n")
+                count += 1
+                status.update(f"exported {count} trajectories")
+    finally:
+        await store.aclose()
+    return count
+
+
+def main() -> None:
+    app()

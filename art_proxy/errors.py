@@ -1,0 +1,93 @@
+"""The one error hierarchy of art-proxy.
+
+Every error that reaches a client is an `ArtProxyError` rendered as an OpenAI-shaped body,
+`{"error": {"message", "type", "param", "code"}}` with `code` equal to the HTTP status, the shape vLLM
+uses. The status carries retry meaning: 4xx is the caller's mistake, 429/5xx/504 is what a retry can
+fix, which is how the OpenAI SDK decides to retry. Foreign exceptions are translated once, at the
+boundary where they occur (`raise UpstreamTimeout(...) from exc`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class ArtProxyError(Exception):
+    status: int = 500
+    type: str = "InternalServerError"
+
+    def __init__(
+        self, message: str, *, param: str | None = None, status: int | None = None
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        if status is not None:
+            self.status = status
+
+    def body(self) -> dict[str, Any]:
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.type,
+                "param": self.param,
+                "code": self.status,
+            }
+        }
+
+
+class BadRequest(ArtProxyError):
+    status = 400
+    type = "BadRequestError"
+
+
+class Unauthorized(ArtProxyError):
+    status = 401
+    type = "AuthenticationError"
+
+
+class NotFound(ArtProxyError):
+    status = 404
+    type = "NotFoundError"
+
+
+class MethodNotAllowed(ArtProxyError):
+    status = 405
+    type = "MethodNotAllowedError"
+
+
+class Conflict(ArtProxyError):
+    status = 409
+    type = "ConflictError"
+
+
+class BodyTooLarge(ArtProxyError):
+    status = 413
+    type = "RequestTooLargeError"
+
+
+class UpstreamError(ArtProxyError):
+    """The upstream could not be reached or broke the protocol."""
+
+    status = 502
+    type = "UpstreamError"
+
+
+class StoreUnavailable(ArtProxyError):
+    """Raised only with `--on-store-error fail`: the call was answered but could not be recorded."""
+
+    status = 503
+    type = "StoreUnavailableError"
+
+
+class UpstreamTimeout(ArtProxyError):
+    status = 504
+    type = "UpstreamTimeoutError"
+
+
+class StoreError(Exception):
+    """A database failure inside the store; the proxy decides what it means for the client."""
+
+
+class ConfigError(Exception):
+    """A setting that cannot work (bad store URL, no upstream): a one-line CLI message."""

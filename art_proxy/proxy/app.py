@@ -1,0 +1,205 @@
+"""The proxy's aiohttp application: routes, middlewares and the lifecycle of its parts.
+
+Every error leaves as an OpenAI-shaped JSON body (aiohttp's own 404/405/413 included); nothing
+unexpected leaks a traceback to the client. Keys are compared in constant time and never logged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Literal
+
+from aiohttp import web
+from aiohttp.typedefs import Middleware
+
+from art_proxy.config import ProxySettings
+from art_proxy.errors import (
+    ArtProxyError,
+    BodyTooLarge,
+    MethodNotAllowed,
+    NotFound,
+    StoreError,
+    Unauthorized,
+)
+from art_proxy.store.trajectory_store import TrajectoryStore, utcnow
+
+from .admin import Admin
+from .recording import Counters, Recorder
+from .relay import Relay
+from .tracker import TrajectoryTracker
+from .upstream import Upstreams
+
+log = logging.getLogger(__name__)
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+# How a scenario's group stays open after its newest member started (see tracker.py).
+GROUP_WINDOW_S = 60.0
+
+
+@dataclass
+class ProxyParts:
+    settings: ProxySettings
+    store: TrajectoryStore
+    tracker: TrajectoryTracker
+    counters: Counters
+    relay: Relay
+    admin: Admin
+
+
+PARTS = web.AppKey("parts", ProxyParts)
+
+
+def create_app(settings: ProxySettings) -> web.Application:
+    app = web.Application(
+        client_max_size=int(settings.max_body_mb * 1024 * 1024),
+        middlewares=[_errors, _auth(settings)],
+    )
+    app.cleanup_ctx.append(_lifecycle(settings))
+    _add_routes(app.router)
+    return app
+
+
+def _lifecycle(settings: ProxySettings) -> Callable[[web.Application], AsyncIterator[None]]:
+    async def lifecycle(app: web.Application) -> AsyncIterator[None]:
+        store = await TrajectoryStore.open(settings.store)
+        counters = Counters()
+        tracker = TrajectoryTracker(
+            store, settings.upstream, group_size=settings.group_size, group_window=GROUP_WINDOW_S
+        )
+        async with Upstreams(
+            settings.upstream,
+            api_key=settings.upstream_api_key,
+            timeout_s=settings.upstream_timeout,
+        ) as upstreams:
+            relay = Relay(
+                upstreams, tracker, Recorder(store, tracker, settings.on_store_error, counters)
+            )
+            app[PARTS] = ProxyParts(
+                settings, store, tracker, counters, relay, Admin(store, tracker)
+            )
+            sweeper = asyncio.create_task(_finish_idle(settings.idle_timeout, store, tracker))
+            try:
+                yield
+            finally:
+                sweeper.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await sweeper
+                await store.aclose()
+
+    return lifecycle
+
+
+def _add_routes(router: web.UrlDispatcher) -> None:
+    # Routes exist before the parts do (the router freezes at start-up), so they look them up.
+    def via(part: Literal["relay", "admin"], name: str) -> Handler:
+        async def handle(request: web.Request) -> web.StreamResponse:
+            handler: Handler = getattr(getattr(request.app[PARTS], part), name)
+            return await handler(request)
+
+        return handle
+
+    router.add_get("/health", _health)
+    for prefix in ("", "/scenario/{scenario}", "/scenario/{scenario}/trajectory/{trajectory}"):
+        router.add_post(prefix + "/v1/chat/completions", via("relay", "chat"))
+        router.add_post(prefix + "/v1/completions", via("relay", "completion"))
+        router.add_get(prefix + "/v1/models", via("relay", "models"))
+    router.add_get("/art/v1/trajectories", via("admin", "trajectories"))
+    router.add_get("/art/v1/trajectories/{trajectory}", via("admin", "trajectory"))
+    router.add_post("/art/v1/trajectories/{trajectory}/finish", via("admin", "finish"))
+    router.add_get("/art/v1/groups", via("admin", "groups"))
+    router.add_get("/art/v1/scenarios", via("admin", "scenarios"))
+
+
+async def _health(request: web.Request) -> web.Response:
+    parts = request.app[PARTS]
+    writer = parts.store.writer
+    return web.json_response(
+        {
+            "status": "ok",
+            "upstreams": parts.settings.upstream,
+            "open_trajectories": parts.tracker.open_count,
+            "calls": parts.counters.calls,
+            "failed_calls": parts.counters.failed_calls,
+            "lost_records": parts.counters.lost_records,
+            "stitch_misses": parts.counters.stitch_misses,
+            "commits": writer.commits,
+            "records_committed": writer.batches,
+        }
+    )
+
+
+async def _finish_idle(
+    idle_timeout: float, store: TrajectoryStore, tracker: TrajectoryTracker
+) -> None:
+    if idle_timeout <= 0:
+        return
+    period = min(max(idle_timeout / 4, 0.05), 5.0)
+    while True:
+        await asyncio.sleep(period)
+        try:
+            finished = await store.finish_idle(utcnow() - timedelta(seconds=idle_timeout))
+        except StoreError as exc:
+            log.error("could not finish idle trajectories: %s", exc)
+            continue
+        if finished:
+            tracker.forget(finished)
+            log.info("finished %d idle trajectories", len(finished))
+
+
+@web.middleware
+async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except ArtProxyError as exc:
+        return web.json_response(exc.body(), status=exc.status)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        error = _translate_http(request, exc)
+        return web.json_response(error.body(), status=exc.status)
+    except StoreError as exc:
+        log.error("store error on %s: %s", request.path, exc)
+        error = ArtProxyError(f"the store failed: {exc}")
+        return web.json_response(error.body(), status=500)
+    except Exception:
+        log.exception("unexpected error on %s %s", request.method, request.path)
+        return web.json_response(ArtProxyError("internal error in art-proxy").body(), status=500)
+
+
+def _translate_http(request: web.Request, exc: web.HTTPException) -> ArtProxyError:
+    if exc.status == 404:
+        return NotFound(f"no route {request.method} {request.path}")
+    if exc.status == 405:
+        return MethodNotAllowed(f"{request.method} is not allowed on {request.path}")
+    if exc.status == 413:
+        limit_mb = request.app._client_max_size / (1024 * 1024)
+        return BodyTooLarge(f"request body is larger than {limit_mb:g} MiB")
+    return ArtProxyError(exc.reason, status=exc.status)
+
+
+def _auth(settings: ProxySettings) -> Middleware:
+    @web.middleware
+    async def auth(request: web.Request, handler: Handler) -> web.StreamResponse:
+        path = request.path
+        key = settings.admin_key if path.startswith("/art/") else settings.api_key
+        if key and path != "/health" and not _bearer_matches(request, key):
+            return web.json_response(
+                Unauthorized("missing or wrong API key (send Authorization: Bearer KEY)").body(),
+                status=401,
+            )
+        return await handler(request)
+
+    return auth
+
+
+def _bearer_matches(request: web.Request, key: str) -> bool:
+    header = request.headers.get("Authorization", "")
+    scheme, _, token = header.partition(" ")
+    return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), key.encode())

@@ -1,0 +1,132 @@
+"""Which scenario and trajectory a call belongs to, strongest signal first.
+
+1. URL prefix `/scenario/{scenario}[/trajectory/{trajectory}]/v1/...`;
+2. headers `X-Art-Scenario`, `X-Art-Trajectory`, `X-Art-Split`;
+3. automatic, for unmodified agents: a call whose messages start with an open trajectory's last
+   call (its messages plus the reply) continues that trajectory, and the scenario is a hash of the
+   conversation before the first assistant turn.
+
+Automatic matching compares *canonical* messages, since clients echo a reply back in their own way:
+the OpenAI SDK sends `content: null` and extra null keys, LangChain re-serialises tool-call arguments
+with other whitespace. Canonical form keeps role, text, tool calls (arguments as normalised JSON) and
+the tool-call id a tool result answers, and nothing else.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+from dataclasses import dataclass
+from typing import Any, Literal, cast, get_args
+
+import orjson
+
+from art_proxy.errors import BadRequest
+from art_proxy.records import JsonObject, Split
+
+SPLITS: tuple[str, ...] = get_args(Split)
+_MAX_ID_LENGTH = 200
+
+
+@dataclass(frozen=True)
+class Explicit:
+    """What the agent said about attribution itself (URL prefix or headers)."""
+
+    scenario_id: str | None
+    trajectory_id: str | None
+    split: Split
+    source: Literal["url", "header", "none"]
+
+
+def explicit_attribution(
+    url_scenario: str | None, url_trajectory: str | None, headers: Any
+) -> Explicit:
+    """Merge the URL prefix and `X-Art-*` headers; the URL wins where both speak."""
+    split = headers.get("X-Art-Split") or "train"
+    if split not in SPLITS:
+        raise BadRequest(f"X-Art-Split must be one of {', '.join(SPLITS)}, not {split!r}")
+    scenario = url_scenario or headers.get("X-Art-Scenario") or None
+    trajectory = url_trajectory or headers.get("X-Art-Trajectory") or None
+    for name, value in (("scenario", scenario), ("trajectory", trajectory)):
+        if value is not None and (len(value) > _MAX_ID_LENGTH or not value.isprintable()):
+            raise BadRequest(f"{name} id must be printable and at most {_MAX_ID_LENGTH} characters")
+    source: Literal["url", "header", "none"]
+    if url_scenario or url_trajectory:
+        source = "url"
+    elif scenario or trajectory:
+        source = "header"
+    else:
+        source = "none"
+    return Explicit(scenario, trajectory, cast(Split, split), source)
+
+
+def canonical_message(message: JsonObject) -> JsonObject:
+    canonical: JsonObject = {
+        "role": message.get("role"),
+        "content": _canonical_content(message.get("content")),
+    }
+    tool_calls = message.get("tool_calls")
+    if tool_calls:
+        canonical["tool_calls"] = [_canonical_tool_call(call) for call in tool_calls]
+    if message.get("tool_call_id"):
+        canonical["tool_call_id"] = message["tool_call_id"]
+    return canonical
+
+
+def _canonical_content(content: Any) -> Any:
+    if content is None:
+        return ""
+    if isinstance(content, list) and all(
+        isinstance(part, dict) and part.get("type") == "text" for part in content
+    ):
+        return "".join(str(part.get("text", "")) for part in content)
+    return content
+
+
+def _canonical_tool_call(call: Any) -> JsonObject:
+    function = call.get("function") or {} if isinstance(call, dict) else {}
+    arguments = function.get("arguments")
+    if isinstance(arguments, str):
+        with contextlib.suppress(orjson.JSONDecodeError):
+            arguments = orjson.loads(arguments)
+    return {"id": call.get("id"), "name": function.get("name"), "arguments": arguments}
+
+
+def conversation_key(messages: list[JsonObject]) -> str:
+    """A stable hash of canonical messages (the keys of automatic attribution)."""
+    encoded = orjson.dumps([canonical_message(m) for m in messages], option=orjson.OPT_SORT_KEYS)
+    return hashlib.blake2b(encoded, digest_size=16).hexdigest()
+
+
+def opening_of(messages: list[JsonObject]) -> list[JsonObject]:
+    """The conversation before the first assistant turn: what defines a scenario automatically."""
+    for position, message in enumerate(messages):
+        if message.get("role") == "assistant":
+            return messages[:position]
+    return messages
+
+
+def auto_scenario_id(messages: list[JsonObject]) -> str:
+    return "auto-" + conversation_key(opening_of(messages))
+
+
+def continuation_candidates(messages: list[JsonObject]) -> list[str]:
+    """Keys of the earlier calls this call may continue, longest conversation first.
+
+    A call continues an earlier one when its messages start with that call's messages plus its
+    reply, so every prefix ending in an assistant message is a candidate.
+    """
+    return [
+        conversation_key(messages[: position + 1])
+        for position in range(len(messages) - 1, -1, -1)
+        if messages[position].get("role") == "assistant"
+    ]
+
+
+def reply_messages(response: JsonObject) -> list[JsonObject]:
+    """The assistant message of every choice of a chat response, as a client would echo it."""
+    return [
+        choice["message"]
+        for choice in response.get("choices") or []
+        if isinstance(choice.get("message"), dict)
+    ]

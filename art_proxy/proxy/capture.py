@@ -1,0 +1,263 @@
+"""Token capture: ask the upstream for token ids and logprobs, keep them, hide them from the client.
+
+The upstream request always asks for `return_token_ids` (vLLM >= 0.10.2), sampling `logprobs` and,
+for streams, the usage chunk. The client's response is then put back to what the client asked for:
+fields it did not request are removed (ids) or nulled (logprobs, as OpenAI sends them). A stream is
+relayed chunk by chunk while `StreamRecorder` rebuilds the full non-stream-shaped response for the
+store, so a streamed call and a non-stream call are recorded the same way.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from art_proxy.records import CallKind, JsonObject
+
+# Request fields recorded as the call's sampling parameters (the rest of the body is kept whole).
+SAMPLING_FIELDS = (
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "max_tokens",
+    "max_completion_tokens",
+    "n",
+    "seed",
+    "stop",
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
+)
+
+
+@dataclass(frozen=True)
+class ClientAsks:
+    """What the client itself requested, so the response can be cut back to it."""
+
+    logprobs: bool
+    token_ids: bool
+    usage_chunk: bool
+
+
+def upstream_body(
+    body: JsonObject, kind: CallKind, *, token_ids: bool
+) -> tuple[JsonObject, ClientAsks]:
+    """The body sent upstream: the client's, plus the fields that capture needs."""
+    logprobs = body.get("logprobs")
+    stream_options = body.get("stream_options") or {}
+    asks = ClientAsks(
+        logprobs=bool(logprobs) if kind == "chat" else logprobs is not None,
+        token_ids=bool(body.get("return_token_ids")),
+        usage_chunk=bool(isinstance(stream_options, dict) and stream_options.get("include_usage")),
+    )
+    sent = dict(body)
+    if kind == "chat":
+        sent["logprobs"] = True
+    elif logprobs is None:
+        sent["logprobs"] = 0  # legacy completions: 0 still returns the sampled token's logprob
+    if token_ids:
+        sent["return_token_ids"] = True
+    if body.get("stream"):
+        sent["stream_options"] = {**stream_options, "include_usage": True}
+    return sent, asks
+
+
+def sampling_of(body: JsonObject) -> JsonObject:
+    return {name: body[name] for name in SAMPLING_FIELDS if name in body}
+
+
+def strip_response(response: JsonObject, asks: ClientAsks) -> JsonObject:
+    """A non-stream response as the client asked for it (a shallow copy; the original is stored)."""
+    stripped = dict(response)
+    if not asks.token_ids:
+        stripped.pop("prompt_token_ids", None)
+    stripped["choices"] = [_strip_choice(choice, asks) for choice in response.get("choices", [])]
+    return stripped
+
+
+def strip_chunk(chunk: JsonObject, asks: ClientAsks) -> JsonObject | None:
+    """A stream chunk as the client asked for it; None when the whole chunk must not be sent."""
+    choices = chunk.get("choices")
+    if not choices and "usage" in chunk and not asks.usage_chunk and "error" not in chunk:
+        return None
+    stripped = dict(chunk)
+    if not asks.token_ids:
+        stripped.pop("prompt_token_ids", None)
+    if not asks.usage_chunk:
+        stripped.pop("usage", None)
+    if choices:
+        stripped["choices"] = [_strip_choice(choice, asks) for choice in choices]
+    return stripped
+
+
+def _strip_choice(choice: JsonObject, asks: ClientAsks) -> JsonObject:
+    if asks.token_ids and asks.logprobs:
+        return choice
+    stripped = dict(choice)
+    if not asks.token_ids:
+        stripped.pop("token_ids", None)
+        stripped.pop("prompt_token_ids", None)
+    if not asks.logprobs and "logprobs" in stripped:
+        stripped["logprobs"] = None
+    return stripped
+
+
+@dataclass(frozen=True)
+class Tokens:
+    """What a response says about tokens; `trainable` only when every choice has ids and logprobs."""
+
+    prompt_token_ids: list[int] | None
+    completion_token_ids: list[list[int]] | None
+    logprobs: list[list[float]] | None
+    trainable: bool
+
+
+def tokens_of(response: JsonObject, kind: CallKind) -> Tokens:
+    choices = response.get("choices") or []
+    if kind == "chat":
+        prompt_ids = response.get("prompt_token_ids")
+    else:  # completions carry prompt ids per choice; a recorded call keeps the first prompt
+        prompt_ids = choices[0].get("prompt_token_ids") if choices else None
+    completion_ids: list[list[int]] = []
+    logprobs: list[list[float]] = []
+    for choice in choices:
+        ids = choice.get("token_ids")
+        if ids is None:
+            return Tokens(prompt_ids, None, None, trainable=False)
+        completion_ids.append(list(ids))
+        logprobs.append(_sampled_logprobs(choice.get("logprobs"), kind))
+    trainable = (
+        prompt_ids is not None
+        and bool(choices)
+        and all(len(lp) == len(ids) for lp, ids in zip(logprobs, completion_ids, strict=True))
+    )
+    return Tokens(prompt_ids, completion_ids, logprobs if trainable else None, trainable)
+
+
+def _sampled_logprobs(logprobs: Any, kind: CallKind) -> list[float]:
+    if not isinstance(logprobs, dict):
+        return []
+    if kind == "chat":
+        return [float(entry["logprob"]) for entry in logprobs.get("content") or []]
+    return [float(value) for value in logprobs.get("token_logprobs") or [] if value is not None]
+
+
+@dataclass
+class _ChoiceSoFar:
+    index: int
+    content: list[str] = field(default_factory=list)
+    text: list[str] = field(default_factory=list)
+    reasoning: list[str] = field(default_factory=list)
+    tool_calls: dict[int, JsonObject] = field(default_factory=dict)
+    token_ids: list[int] | None = None
+    prompt_token_ids: list[int] | None = None
+    logprob_entries: list[JsonObject] = field(default_factory=list)
+    legacy_logprobs: list[float] = field(default_factory=list)
+    has_logprobs: bool = False
+    finish_reason: str | None = None
+    stop_reason: Any = None
+
+
+class StreamRecorder:
+    """Rebuilds a non-stream response from stream chunks (every chunk, `"delta": {}` ones too)."""
+
+    def __init__(self, kind: CallKind) -> None:
+        self.kind = kind
+        self.head: JsonObject = {}
+        self.prompt_token_ids: list[int] | None = None
+        self.usage: JsonObject | None = None
+        self.error: JsonObject | None = None
+        self._choices: dict[int, _ChoiceSoFar] = {}
+
+    def add(self, chunk: JsonObject) -> None:
+        if "error" in chunk:
+            self.error = chunk["error"] if isinstance(chunk["error"], dict) else {"message": chunk}
+            return
+        if not self.head:
+            self.head = {key: chunk.get(key) for key in ("id", "created", "model")}
+        if chunk.get("prompt_token_ids") is not None:
+            self.prompt_token_ids = list(chunk["prompt_token_ids"])
+        if chunk.get("usage"):
+            self.usage = chunk["usage"]
+        for choice in chunk.get("choices") or []:
+            self._add_choice(choice)
+
+    def _add_choice(self, choice: JsonObject) -> None:
+        index = int(choice.get("index", 0))
+        so_far = self._choices.setdefault(index, _ChoiceSoFar(index))
+        if choice.get("token_ids") is not None:
+            so_far.token_ids = (so_far.token_ids or []) + list(choice["token_ids"])
+        if choice.get("prompt_token_ids") is not None:
+            so_far.prompt_token_ids = list(choice["prompt_token_ids"])
+        logprobs = choice.get("logprobs")
+        if isinstance(logprobs, dict):
+            so_far.has_logprobs = True
+            so_far.logprob_entries.extend(logprobs.get("content") or [])
+            so_far.legacy_logprobs.extend(
+                float(v) for v in logprobs.get("token_logprobs") or [] if v is not None
+            )
+        if choice.get("finish_reason") is not None:
+            so_far.finish_reason = choice["finish_reason"]
+            so_far.stop_reason = choice.get("stop_reason")
+        if self.kind == "completion":
+            so_far.text.append(choice.get("text") or "")
+            return
+        delta = choice.get("delta") or {}
+        if delta.get("content"):
+            so_far.content.append(delta["content"])
+        reasoning = delta.get("reasoning") or delta.get("reasoning_content")
+        if reasoning:
+            so_far.reasoning.append(reasoning)
+        for fragment in delta.get("tool_calls") or []:
+            self._add_tool_fragment(so_far, fragment)
+
+    @staticmethod
+    def _add_tool_fragment(so_far: _ChoiceSoFar, fragment: JsonObject) -> None:
+        call = so_far.tool_calls.setdefault(
+            int(fragment.get("index", 0)),
+            {"id": None, "type": "function", "function": {"name": "", "arguments": ""}},
+        )
+        if fragment.get("id"):
+            call["id"] = fragment["id"]
+        function = fragment.get("function") or {}
+        if function.get("name"):
+            call["function"]["name"] = function["name"]
+        if function.get("arguments"):
+            call["function"]["arguments"] += function["arguments"]
+
+    def response(self) -> JsonObject:
+        """The response as a non-stream call would have returned it."""
+        choices = [self._choice_record(c) for _, c in sorted(self._choices.items())]
+        record: JsonObject = {
+            **self.head,
+            "object": "chat.completion" if self.kind == "chat" else "text_completion",
+            "choices": choices,
+            "usage": self.usage,
+        }
+        if self.kind == "chat":
+            record["prompt_token_ids"] = self.prompt_token_ids
+        return record
+
+    def _choice_record(self, so_far: _ChoiceSoFar) -> JsonObject:
+        record: JsonObject = {
+            "index": so_far.index,
+            "finish_reason": so_far.finish_reason,
+            "stop_reason": so_far.stop_reason,
+            "token_ids": so_far.token_ids,
+        }
+        if self.kind == "completion":
+            record["text"] = "".join(so_far.text)
+            record["prompt_token_ids"] = so_far.prompt_token_ids
+            record["logprobs"] = (
+                {"token_logprobs": so_far.legacy_logprobs} if so_far.has_logprobs else None
+            )
+            return record
+        message: JsonObject = {"role": "assistant", "content": "".join(so_far.content) or None}
+        if so_far.reasoning:
+            message["reasoning"] = "".join(so_far.reasoning)
+        if so_far.tool_calls:
+            message["tool_calls"] = [call for _, call in sorted(so_far.tool_calls.items())]
+        record["message"] = message
+        record["logprobs"] = {"content": so_far.logprob_entries} if so_far.has_logprobs else None
+        return record

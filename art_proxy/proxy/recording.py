@@ -1,0 +1,152 @@
+"""Turning one finished call into rows, and committing them under the store-error policy.
+
+A call is recorded whatever happened to it (answered, refused upstream, timed out, abandoned by the
+client): a failed call is data. The response to the client waits for the commit, which is what makes
+"the client saw it, so it is in the store" hold even if the proxy is killed right after.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from art_proxy.config import OnStoreError
+from art_proxy.errors import StoreError, StoreUnavailable
+from art_proxy.records import CallKind, CallStatus, JsonObject
+from art_proxy.store.trajectory_store import TrajectoryStore, utcnow
+from art_proxy.store.writer import Batch, RowKind
+
+from .attribution import conversation_key, reply_messages
+from .capture import Tokens, sampling_of, tokens_of
+from .tracker import Assignment, TrajectoryTracker
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Counters:
+    """Exposed on /health: what went wrong is counted, not hidden."""
+
+    calls: int = 0
+    failed_calls: int = 0
+    lost_records: int = 0
+    stitch_misses: int = 0
+
+
+@dataclass
+class CallInProgress:
+    """What the proxy knows about a call from its arrival until it is recorded."""
+
+    kind: CallKind
+    body: JsonObject
+    assignment: Assignment
+    stream: bool
+    created_at: datetime = field(default_factory=utcnow)
+    started: float = field(default_factory=time.perf_counter)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    status: CallStatus
+    http_status: int
+    response: JsonObject | None = None
+    error: str | None = None
+
+
+class Recorder:
+    def __init__(
+        self,
+        store: TrajectoryStore,
+        tracker: TrajectoryTracker,
+        policy: OnStoreError,
+        counters: Counters,
+    ) -> None:
+        self._store = store
+        self._tracker = tracker
+        self._policy = policy
+        self.counters = counters
+
+    async def record(self, call: CallInProgress, outcome: Outcome) -> None:
+        """Commit the call; raises `StoreUnavailable` only under `--on-store-error fail`."""
+        assignment = call.assignment
+        tokens = (
+            tokens_of(outcome.response, call.kind)
+            if outcome.response is not None
+            else Tokens(None, None, None, trainable=False)
+        )
+        stitched = _stitched(tokens.prompt_token_ids, assignment.previous_sequences)
+        keys = self._continuation_keys(call, outcome)
+        now = utcnow()
+        row = {
+            "id": uuid.uuid4().hex,
+            "trajectory_id": assignment.trajectory_id,
+            "seq": assignment.seq,
+            "kind": call.kind,
+            "created_at": call.created_at,
+            "latency_ms": (time.perf_counter() - call.started) * 1000.0,
+            "upstream": assignment.upstream,
+            "status": outcome.status,
+            "http_status": outcome.http_status,
+            "error": outcome.error,
+            "stream": call.stream,
+            "model": call.body.get("model"),
+            "request": call.body,
+            "response": outcome.response,
+            "sampling": sampling_of(call.body),
+            "prompt_token_ids": tokens.prompt_token_ids,
+            "completion_token_ids": tokens.completion_token_ids,
+            "logprobs": tokens.logprobs,
+            "trainable": tokens.trainable and outcome.status == "ok",
+            "stitched": stitched,
+            "attribution": assignment.attribution,
+            "continuation_key": keys[0] if keys else None,
+        }
+        batch = Batch(
+            [
+                *assignment.new_rows,
+                (RowKind.call, row),
+                (RowKind.touch, {"b_id": assignment.trajectory_id, "b_now": now}),
+            ]
+        )
+        self.counters.calls += 1
+        if outcome.status != "ok":
+            self.counters.failed_calls += 1
+        if assignment.seq > 0 and tokens.prompt_token_ids is not None and not stitched:
+            self.counters.stitch_misses += 1
+        sequences = [
+            tokens.prompt_token_ids + ids
+            for ids in tokens.completion_token_ids or []
+            if tokens.prompt_token_ids is not None
+        ]
+        try:
+            await self._store.write(batch)
+        except StoreError as exc:
+            self.counters.lost_records += 1
+            log.error(
+                "LOST RECORD of call %d of trajectory %s (%d lost so far): %s",
+                assignment.seq,
+                assignment.trajectory_id,
+                self.counters.lost_records,
+                exc,
+            )
+            self._tracker.record_call(assignment, keys, sequences, committed=False)
+            if self._policy is OnStoreError.fail:
+                raise StoreUnavailable(f"the call could not be recorded: {exc}") from exc
+            return
+        self._tracker.record_call(assignment, keys, sequences, committed=True)
+
+    @staticmethod
+    def _continuation_keys(call: CallInProgress, outcome: Outcome) -> list[str]:
+        if call.kind != "chat" or outcome.response is None or outcome.status != "ok":
+            return []
+        messages = list(call.body.get("messages") or [])
+        return [conversation_key([*messages, reply]) for reply in reply_messages(outcome.response)]
+
+
+def _stitched(prompt_ids: list[int] | None, previous: list[list[int]]) -> bool:
+    if prompt_ids is None:
+        return False
+    return any(prompt_ids[: len(sequence)] == sequence for sequence in previous)

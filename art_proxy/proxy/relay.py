@@ -1,0 +1,202 @@
+"""The hot path: forward a generation call, relay the answer, record it.
+
+Non-stream: the upstream body is parsed once, recorded whole, and the client gets it back cut to
+what it asked for. Stream: every chunk is written to the client as it arrives; `[DONE]` is held back
+until the record is committed, so a client that saw the end of a stream finds it in the store.
+Upstream 4xx/5xx answers pass through unchanged. A client that leaves mid-stream closes the upstream
+response (vLLM then aborts the request) and leaves an `aborted` record of what was generated.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+
+import aiohttp
+import orjson
+from aiohttp import web
+
+from art_proxy.errors import ArtProxyError, BadRequest, StoreUnavailable, UpstreamError
+from art_proxy.records import CallKind, CallStatus, JsonObject
+
+from .attribution import explicit_attribution
+from .capture import ClientAsks, StreamRecorder, strip_chunk, strip_response, upstream_body
+from .recording import CallInProgress, Outcome, Recorder
+from .tracker import TrajectoryTracker
+from .upstream import Upstreams, read_body
+
+log = logging.getLogger(__name__)
+
+_PATHS: dict[CallKind, str] = {"chat": "/chat/completions", "completion": "/completions"}
+_DONE = b"data: [DONE]\n\n"
+
+
+class Relay:
+    def __init__(
+        self, upstreams: Upstreams, tracker: TrajectoryTracker, recorder: Recorder
+    ) -> None:
+        self._upstreams = upstreams
+        self._tracker = tracker
+        self._recorder = recorder
+
+    async def chat(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(request, "chat")
+
+    async def completion(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(request, "completion")
+
+    async def models(self, request: web.Request) -> web.Response:
+        upstream = self._upstreams.urls[0]
+        response = await self._upstreams.get(upstream, "/models", _client_auth(request))
+        raw = await read_body(upstream, response)
+        return web.Response(body=raw, status=response.status, content_type="application/json")
+
+    async def _generate(self, request: web.Request, kind: CallKind) -> web.StreamResponse:
+        body = await parse_body(request, kind)
+        explicit = explicit_attribution(
+            request.match_info.get("scenario"),
+            request.match_info.get("trajectory"),
+            request.headers,
+        )
+        messages = body.get("messages") if kind == "chat" else None
+        assignment = await self._tracker.assign(explicit, messages)
+        call = CallInProgress(kind, body, assignment, stream=bool(body.get("stream")))
+        upstream = assignment.upstream
+        token_ids = self._upstreams.returns_token_ids(upstream)
+        sent, asks = upstream_body(body, kind, token_ids=token_ids)
+        try:
+            response = await self._upstreams.post(
+                upstream, _PATHS[kind], sent, _client_auth(request)
+            )
+            if response.status == 400 and token_ids:
+                raw = await read_body(upstream, response)
+                if b"return_token_ids" not in raw:
+                    return await self._answer(
+                        call, response.status, response.content_type, raw, asks
+                    )
+                # A hosted API rejects vLLM's field: learn that, ask again, record text only.
+                log.warning(
+                    "upstream %s returns no token ids: its calls are not trainable", upstream
+                )
+                self._upstreams.mark_without_token_ids(upstream)
+                sent, asks = upstream_body(body, kind, token_ids=False)
+                response = await self._upstreams.post(
+                    upstream, _PATHS[kind], sent, _client_auth(request)
+                )
+            if response.status >= 400 or not call.stream:
+                raw = await read_body(upstream, response)
+                return await self._answer(call, response.status, response.content_type, raw, asks)
+        except ArtProxyError as exc:
+            if not isinstance(exc, StoreUnavailable):
+                await self._recorder.record(call, Outcome("failed", exc.status, error=exc.message))
+            raise
+        return await self._relay_stream(request, call, response, asks)
+
+    async def _answer(
+        self, call: CallInProgress, status: int, content_type: str, raw: bytes, asks: ClientAsks
+    ) -> web.Response:
+        """Answer with a whole (non-stream or error) upstream body."""
+        if status >= 400:
+            # Passed through unchanged: vLLM's error bodies are already OpenAI-shaped.
+            error = raw.decode("utf-8", "replace")[:2000]
+            await self._recorder.record(call, Outcome("upstream_error", status, error=error))
+            return web.Response(body=raw, status=status, content_type=content_type)
+        try:
+            parsed = orjson.loads(raw)
+        except orjson.JSONDecodeError as exc:
+            raise UpstreamError(f"upstream {call.assignment.upstream} sent invalid JSON") from exc
+        if not isinstance(parsed, dict):
+            raise UpstreamError(f"upstream {call.assignment.upstream} sent a non-object body")
+        await self._recorder.record(call, Outcome("ok", status, response=parsed))
+        return web.Response(
+            body=orjson.dumps(strip_response(parsed, asks)), content_type="application/json"
+        )
+
+    async def _relay_stream(
+        self,
+        request: web.Request,
+        call: CallInProgress,
+        response: aiohttp.ClientResponse,
+        asks: ClientAsks,
+    ) -> web.StreamResponse:
+        client = web.StreamResponse(
+            headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+        )
+        await client.prepare(request)
+        recorder = StreamRecorder(call.kind)
+        outcome_status: CallStatus = "ok"
+        error: str | None = None
+        try:
+            outcome_status, error = await self._pump(client, response, recorder, asks)
+        finally:
+            response.close()  # an aborted client closes the upstream request too
+        if recorder.error is not None and outcome_status == "ok":
+            outcome_status, error = "upstream_error", str(recorder.error.get("message"))
+        outcome = Outcome(outcome_status, 200, response=recorder.response(), error=error)
+        try:
+            await self._recorder.record(call, outcome)
+        except StoreUnavailable as exc:
+            if outcome_status != "aborted":
+                await _write_quietly(client, b"data: " + orjson.dumps(exc.body()) + b"\n\n")
+        if outcome_status != "aborted":
+            await _write_quietly(client, _DONE)
+        return client
+
+    async def _pump(
+        self,
+        client: web.StreamResponse,
+        response: aiohttp.ClientResponse,
+        recorder: StreamRecorder,
+        asks: ClientAsks,
+    ) -> tuple[CallStatus, str | None]:
+        """Relay chunks until `[DONE]`; returns the call's status and error."""
+        try:
+            async for line in response.content:
+                if not line.startswith(b"data:"):
+                    continue
+                payload = line[5:].strip()
+                if payload == b"[DONE]":
+                    return "ok", None
+                chunk = orjson.loads(payload)
+                recorder.add(chunk)
+                out = strip_chunk(chunk, asks)
+                if out is not None:
+                    try:
+                        await client.write(b"data: " + orjson.dumps(out) + b"\n\n")
+                    except (ConnectionResetError, aiohttp.ClientConnectionResetError):
+                        return "aborted", "the client closed the connection mid-stream"
+        except (TimeoutError, aiohttp.ClientError, orjson.JSONDecodeError) as exc:
+            error = UpstreamError(f"upstream stream broke off: {type(exc).__name__}: {exc}")
+            await _write_quietly(client, b"data: " + orjson.dumps(error.body()) + b"\n\n")
+            return "failed", error.message
+        error = UpstreamError("upstream stream ended without [DONE]")
+        await _write_quietly(client, b"data: " + orjson.dumps(error.body()) + b"\n\n")
+        return "failed", error.message
+
+
+async def parse_body(request: web.Request, kind: CallKind) -> JsonObject:
+    raw = await request.read()
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise BadRequest(f"request body is not valid JSON: {exc}") from exc
+    if not isinstance(body, dict):
+        raise BadRequest("request body must be a JSON object")
+    if kind == "chat":
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise BadRequest("'messages' must be a non-empty list", param="messages")
+        if not all(isinstance(m, dict) and isinstance(m.get("role"), str) for m in messages):
+            raise BadRequest("every message must be an object with a 'role'", param="messages")
+    elif "prompt" not in body:
+        raise BadRequest("'prompt' is required", param="prompt")
+    return body
+
+
+def _client_auth(request: web.Request) -> str | None:
+    return request.headers.get("Authorization")
+
+
+async def _write_quietly(client: web.StreamResponse, data: bytes) -> None:
+    with contextlib.suppress(ConnectionResetError, aiohttp.ClientConnectionResetError):
+        await client.write(data)

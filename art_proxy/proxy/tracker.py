@@ -1,0 +1,291 @@
+"""Open trajectories and groups: which trajectory a call joins, and the rows that creates.
+
+The proxy keeps what it needs for the next call in memory (continuation keys, the last token ids
+for the stitch check, each scenario's current group) and asks the store when it meets a trajectory
+it has not seen, which is what lets several stateless proxies share one PostgreSQL store. Nothing is
+written here: `assign` returns the rows a new trajectory needs, and the proxy commits them together
+with the call, so a trajectory never exists without its first call.
+
+A new trajectory joins its scenario's current group while that group has an open member or its
+newest member started less than `group_window` seconds ago, and while the group is not full: runs
+of one scenario side by side (or in quick succession) become siblings that RULER ranks together.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from art_proxy.errors import Conflict
+from art_proxy.records import Attribution, JsonObject, Split
+from art_proxy.store.trajectory_store import TrajectoryStore, utcnow
+from art_proxy.store.writer import RowKind
+
+from .attribution import Explicit, auto_scenario_id, continuation_candidates, opening_of
+
+
+@dataclass
+class _Trajectory:
+    id: str
+    scenario_id: str
+    group_id: str
+    split: Split
+    upstream: str
+    next_seq: int = 0
+    # prompt + completion ids of each choice of the last call: a stitched call starts with one.
+    previous_sequences: list[list[int]] = field(default_factory=list)
+    continuation_keys: list[str] = field(default_factory=list)
+    # Rows creating the trajectory, until a commit carried them (a lost first record must not
+    # orphan the calls after it; the inserts are idempotent).
+    unsaved_rows: list[tuple[RowKind, dict[str, Any]]] = field(default_factory=list)
+
+
+@dataclass
+class _Group:
+    id: str
+    size: int
+    open_ids: set[str]
+    newest_start: float  # monotonic seconds
+
+
+@dataclass(frozen=True)
+class Assignment:
+    """Where one call goes, and the rows to commit with it if it starts a trajectory."""
+
+    trajectory_id: str
+    scenario_id: str
+    group_id: str
+    split: Split
+    upstream: str
+    seq: int
+    attribution: Attribution
+    previous_sequences: list[list[int]]
+    new_rows: list[tuple[RowKind, dict[str, Any]]]
+
+
+class TrajectoryTracker:
+    def __init__(
+        self,
+        store: TrajectoryStore,
+        upstreams: list[str],
+        *,
+        group_size: int = 0,
+        group_window: float = 60.0,
+    ) -> None:
+        self._store = store
+        self._upstreams = itertools.cycle(upstreams)
+        self._group_size = group_size
+        self._group_window = group_window
+        self._trajectories: dict[str, _Trajectory] = {}
+        self._continuations: dict[str, str] = {}
+        self._groups: dict[str, _Group] = {}
+        self._scenario_locks: dict[str, asyncio.Lock] = {}
+
+    @property
+    def open_count(self) -> int:
+        return len(self._trajectories)
+
+    async def assign(self, explicit: Explicit, messages: list[JsonObject] | None) -> Assignment:
+        if explicit.trajectory_id is not None:
+            known = await self._known(explicit.trajectory_id)
+            if known is not None:
+                return self._next_call(known, "url" if explicit.source == "url" else "header")
+        elif messages:
+            for key in continuation_candidates(messages):
+                continued = await self._by_continuation(key)
+                if continued is not None and explicit.scenario_id in (None, continued.scenario_id):
+                    return self._next_call(continued, "continuation")
+        scenario_id = explicit.scenario_id or auto_scenario_id(messages or [])
+        with self._scenario_lock(scenario_id) as lock:
+            async with lock:
+                return await self._start(explicit, scenario_id, messages)
+
+    def record_call(
+        self,
+        assignment: Assignment,
+        continuation_keys: list[str],
+        sequences: list[list[int]],
+        *,
+        committed: bool,
+    ) -> None:
+        """Remember a recorded call so the agent's next call can continue it."""
+        state = self._trajectories.get(assignment.trajectory_id)
+        if state is None:
+            return
+        if committed and assignment.new_rows:
+            state.unsaved_rows = []
+        if sequences:
+            state.previous_sequences = sequences
+        for key in continuation_keys:
+            self._continuations[key] = state.id
+        state.continuation_keys.extend(continuation_keys)
+
+    def forget(self, trajectory_ids: list[str]) -> None:
+        """Drop finished trajectories from memory (they no longer take calls)."""
+        for trajectory_id in trajectory_ids:
+            state = self._trajectories.pop(trajectory_id, None)
+            if state is None:
+                continue
+            for key in state.continuation_keys:
+                if self._continuations.get(key) == trajectory_id:
+                    del self._continuations[key]
+            group = self._groups.get(state.scenario_id)
+            if group is not None:
+                group.open_ids.discard(trajectory_id)
+
+    # --- lookups ---------------------------------------------------------------------------------
+
+    async def _known(self, trajectory_id: str) -> _Trajectory | None:
+        state = self._trajectories.get(trajectory_id)
+        if state is not None:
+            return state
+        row = await self._store.trajectory_row(trajectory_id)
+        if row is None:
+            return None
+        if row["status"] != "open":
+            raise Conflict(
+                f"trajectory {trajectory_id!r} is finished; start a new trajectory id",
+                param="trajectory",
+            )
+        return self._adopt(row, row.get("prompt_token_ids"), row.get("completion_token_ids"))
+
+    async def _by_continuation(self, key: str) -> _Trajectory | None:
+        trajectory_id = self._continuations.get(key)
+        if trajectory_id is not None and trajectory_id in self._trajectories:
+            return self._trajectories[trajectory_id]
+        row = await self._store.open_trajectory_by_continuation(key)
+        if row is None:
+            return None
+        if row["id"] in self._trajectories:
+            return self._trajectories[row["id"]]
+        state = self._adopt(row, row.get("prompt_token_ids"), row.get("completion_token_ids"))
+        state.continuation_keys.append(key)
+        self._continuations[key] = state.id
+        return state
+
+    def _adopt(
+        self, row: JsonObject, prompt_ids: list[int] | None, completion_ids: list[list[int]] | None
+    ) -> _Trajectory:
+        """Take over an open trajectory another proxy (or an earlier run) started."""
+        state = _Trajectory(
+            id=row["id"],
+            scenario_id=row["scenario_id"],
+            group_id=row["group_id"],
+            split=row["split"],
+            upstream=row["upstream"],
+            next_seq=int(row["call_count"]),
+            previous_sequences=[prompt_ids + ids for ids in completion_ids or []]
+            if prompt_ids is not None
+            else [],
+        )
+        self._trajectories[state.id] = state
+        return state
+
+    def _next_call(self, state: _Trajectory, attribution: Attribution) -> Assignment:
+        seq = state.next_seq
+        state.next_seq += 1
+        return _assignment(state, seq, attribution, list(state.unsaved_rows))
+
+    # --- new trajectories ------------------------------------------------------------------------
+
+    @contextmanager
+    def _scenario_lock(self, scenario_id: str) -> Iterator[asyncio.Lock]:
+        lock = self._scenario_locks.setdefault(scenario_id, asyncio.Lock())
+        try:
+            yield lock
+        finally:
+            if not lock.locked() and not lock._waiters:
+                self._scenario_locks.pop(scenario_id, None)
+
+    async def _start(
+        self, explicit: Explicit, scenario_id: str, messages: list[JsonObject] | None
+    ) -> Assignment:
+        now = utcnow()
+        trajectory_id = explicit.trajectory_id or uuid.uuid4().hex
+        group = await self._group_for(scenario_id)
+        group.size += 1
+        group.open_ids.add(trajectory_id)
+        group.newest_start = time.monotonic()
+        state = _Trajectory(
+            id=trajectory_id,
+            scenario_id=scenario_id,
+            group_id=group.id,
+            split=explicit.split,
+            upstream=next(self._upstreams),
+            next_seq=1,
+        )
+        self._trajectories[trajectory_id] = state
+        rows: list[tuple[RowKind, dict[str, Any]]] = [
+            (
+                RowKind.scenario,
+                {
+                    "id": scenario_id,
+                    "created_at": now,
+                    "auto": explicit.scenario_id is None,
+                    "opening": opening_of(messages or []),
+                },
+            ),
+            (RowKind.group, {"id": group.id, "scenario_id": scenario_id, "created_at": now}),
+            (
+                RowKind.trajectory,
+                {
+                    "id": trajectory_id,
+                    "scenario_id": scenario_id,
+                    "group_id": group.id,
+                    "split": explicit.split,
+                    "status": "open",
+                    "created_at": now,
+                    "updated_at": now,
+                    "upstream": state.upstream,
+                    "call_count": 0,
+                    "metrics": {},
+                    "metadata": {},
+                },
+            ),
+        ]
+        state.unsaved_rows = rows
+        attribution: Attribution = "new" if explicit.source == "none" else explicit.source
+        return _assignment(state, 0, attribution, rows)
+
+    async def _group_for(self, scenario_id: str) -> _Group:
+        group = self._groups.get(scenario_id)
+        if group is None:
+            found = await self._store.joinable_group(scenario_id, self._group_size)
+            if found is not None:
+                # Another proxy (or an earlier run) has it open: join within the window from now.
+                group = _Group(found[0], found[1], set(), time.monotonic())
+        if group is None or not self._joinable(group):
+            group = _Group(uuid.uuid4().hex, 0, set(), time.monotonic())
+        self._groups[scenario_id] = group
+        return group
+
+    def _joinable(self, group: _Group) -> bool:
+        if self._group_size and group.size >= self._group_size:
+            return False
+        recent = time.monotonic() - group.newest_start < self._group_window
+        return bool(group.open_ids) or recent
+
+
+def _assignment(
+    state: _Trajectory,
+    seq: int,
+    attribution: Attribution,
+    rows: list[tuple[RowKind, dict[str, Any]]],
+) -> Assignment:
+    return Assignment(
+        trajectory_id=state.id,
+        scenario_id=state.scenario_id,
+        group_id=state.group_id,
+        split=state.split,
+        upstream=state.upstream,
+        seq=seq,
+        attribution=attribution,
+        previous_sequences=state.previous_sequences,
+        new_rows=rows,
+    )

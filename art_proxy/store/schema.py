@@ -1,0 +1,88 @@
+"""Tables of the trajectory store (SQLAlchemy Core; the same code for SQLite and PostgreSQL).
+
+The Alembic migrations in `migrations/versions/` create exactly these tables; a test compares them.
+Token ids and logprobs are JSON arrays: they are written once and read whole by the trainer, never
+queried element by element.
+"""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+from sqlalchemy.dialects.postgresql import JSONB
+
+metadata = sa.MetaData()
+
+# JSONB on PostgreSQL (compact, indexable later), plain JSON text on SQLite.
+Json = sa.JSON().with_variant(JSONB(), "postgresql")
+Timestamp = sa.DateTime(timezone=True)
+
+scenarios = sa.Table(
+    "scenarios",
+    metadata,
+    sa.Column("id", sa.String(200), primary_key=True),
+    sa.Column("created_at", Timestamp, nullable=False),
+    sa.Column("auto", sa.Boolean, nullable=False),
+    sa.Column("opening", Json, nullable=False),
+)
+
+groups = sa.Table(
+    "groups",
+    metadata,
+    sa.Column("id", sa.String(64), primary_key=True),
+    sa.Column("scenario_id", sa.String(200), sa.ForeignKey("scenarios.id"), nullable=False),
+    sa.Column("created_at", Timestamp, nullable=False),
+    sa.Index("ix_groups_scenario_created", "scenario_id", "created_at"),
+)
+
+trajectories = sa.Table(
+    "trajectories",
+    metadata,
+    sa.Column("id", sa.String(200), primary_key=True),
+    sa.Column("scenario_id", sa.String(200), sa.ForeignKey("scenarios.id"), nullable=False),
+    sa.Column("group_id", sa.String(64), sa.ForeignKey("groups.id"), nullable=False),
+    sa.Column("split", sa.String(8), nullable=False),
+    sa.Column("status", sa.String(16), nullable=False),
+    sa.Column("finish_reason", sa.String(16)),
+    sa.Column("created_at", Timestamp, nullable=False),
+    sa.Column("updated_at", Timestamp, nullable=False),
+    sa.Column("finished_at", Timestamp),
+    sa.Column("upstream", sa.String(500), nullable=False),
+    sa.Column("call_count", sa.Integer, nullable=False),
+    sa.Column("reward", sa.Float),
+    sa.Column("metrics", Json, nullable=False),
+    sa.Column("metadata", Json, nullable=False),
+    sa.Index("ix_trajectories_group", "group_id"),
+    sa.Index("ix_trajectories_scenario_status", "scenario_id", "status"),
+    sa.Index("ix_trajectories_status_updated", "status", "updated_at"),
+)
+
+calls = sa.Table(
+    "calls",
+    metadata,
+    sa.Column("id", sa.String(64), primary_key=True),
+    sa.Column("trajectory_id", sa.String(200), sa.ForeignKey("trajectories.id"), nullable=False),
+    sa.Column("seq", sa.Integer, nullable=False),
+    sa.Column("kind", sa.String(16), nullable=False),
+    sa.Column("created_at", Timestamp, nullable=False),
+    sa.Column("latency_ms", sa.Float, nullable=False),
+    sa.Column("upstream", sa.String(500), nullable=False),
+    sa.Column("status", sa.String(16), nullable=False),
+    sa.Column("http_status", sa.Integer, nullable=False),
+    sa.Column("error", sa.Text),
+    sa.Column("stream", sa.Boolean, nullable=False),
+    sa.Column("model", sa.String(200)),
+    sa.Column("request", Json, nullable=False),
+    sa.Column("response", Json),
+    sa.Column("sampling", Json, nullable=False),
+    sa.Column("prompt_token_ids", Json),
+    sa.Column("completion_token_ids", Json),
+    sa.Column("logprobs", Json),
+    sa.Column("trainable", sa.Boolean, nullable=False),
+    sa.Column("stitched", sa.Boolean, nullable=False),
+    sa.Column("attribution", sa.String(16), nullable=False),
+    # Hash of the call's messages plus its reply: the next call of the same conversation starts
+    # with exactly that, which is how an unmodified agent's calls are stitched (attribution.py).
+    sa.Column("continuation_key", sa.String(64)),
+    sa.Index("ix_calls_trajectory_seq", "trajectory_id", "seq"),
+    sa.Index("ix_calls_continuation_key", "continuation_key"),
+)

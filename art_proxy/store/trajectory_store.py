@@ -1,0 +1,322 @@
+"""The trajectory store: group-committed writes on the hot path, typed records on the way out.
+
+Rows become records (`art_proxy.records`) here and nowhere else. Timestamps are stored in UTC;
+SQLite hands them back naive, so they are made aware again on read.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from art_proxy.errors import StoreError
+from art_proxy.records import (
+    CallRecord,
+    ExportedTrajectory,
+    FinishRequest,
+    GroupRecord,
+    JsonObject,
+    ScenarioRecord,
+    TrajectoryRecord,
+)
+from art_proxy.store import schema
+from art_proxy.store.engine import create_engine, migrate
+from art_proxy.store.writer import Batch, GroupCommitWriter
+
+T, C, G, S = schema.trajectories, schema.calls, schema.groups, schema.scenarios
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+def _aware(value: datetime | None) -> datetime | None:
+    if value is None or value.tzinfo is not None:
+        return value
+    return value.replace(tzinfo=UTC)
+
+
+class TrajectoryStore:
+    def __init__(self, engine: AsyncEngine) -> None:
+        self.engine = engine
+        self.writer = GroupCommitWriter(engine)
+
+    @classmethod
+    async def open(cls, url: str, *, writer: bool = True) -> TrajectoryStore:
+        """Connect, migrate to the newest schema and (for a proxy) start the group-commit writer."""
+        engine = create_engine(url)
+        try:
+            await migrate(engine)
+        except (SQLAlchemyError, OSError) as exc:
+            await engine.dispose()
+            raise StoreError(f"cannot open store {engine.url!r}: {exc}") from exc
+        store = cls(engine)
+        if writer:
+            store.writer.start()
+        return store
+
+    async def aclose(self) -> None:
+        await self.writer.aclose()
+        await self.engine.dispose()
+
+    async def write(self, batch: Batch) -> None:
+        await self.writer.write(batch)
+
+    # --- state the proxy needs to attribute a call it has not seen itself -----------------------
+
+    async def open_trajectory_by_continuation(self, key: str) -> JsonObject | None:
+        """The open trajectory whose call has this continuation key, with that call's token ids."""
+        query = (
+            sa.select(T, C.c.seq.label("call_seq"), C.c.prompt_token_ids, C.c.completion_token_ids)
+            .join(C, C.c.trajectory_id == T.c.id)
+            .where(C.c.continuation_key == key, T.c.status == "open")
+            .order_by(C.c.created_at.desc())
+            .limit(1)
+        )
+        return await self._first(query)
+
+    async def trajectory_row(self, trajectory_id: str) -> JsonObject | None:
+        """A trajectory row plus its last call's token ids (for the stitch check)."""
+        row = await self._first(sa.select(T).where(T.c.id == trajectory_id))
+        if row is None:
+            return None
+        last = await self._first(
+            sa.select(C.c.prompt_token_ids, C.c.completion_token_ids)
+            .where(C.c.trajectory_id == trajectory_id)
+            .order_by(C.c.seq.desc())
+            .limit(1)
+        )
+        return {**row, **(last or {"prompt_token_ids": None, "completion_token_ids": None})}
+
+    async def joinable_group(self, scenario_id: str, max_size: int) -> tuple[str, int] | None:
+        """The scenario's newest group if one of its members is still open (and it has room)."""
+        size = sa.func.count(T.c.id)
+        still_open = sa.func.sum(sa.case((T.c.status == "open", 1), else_=0))
+        query = (
+            sa.select(G.c.id, size.label("size"), still_open.label("open"))
+            .join(T, T.c.group_id == G.c.id)
+            .where(G.c.scenario_id == scenario_id)
+            .group_by(G.c.id, G.c.created_at)
+            .order_by(G.c.created_at.desc())
+            .limit(1)
+        )
+        row = await self._first(query)
+        if row is None or not row["open"] or (max_size and row["size"] >= max_size):
+            return None
+        return str(row["id"]), int(row["size"])
+
+    async def scenario_exists(self, scenario_id: str) -> bool:
+        return await self._first(sa.select(S.c.id).where(S.c.id == scenario_id)) is not None
+
+    # --- lifecycle -------------------------------------------------------------------------------
+
+    async def finish(self, trajectory_id: str, request: FinishRequest) -> TrajectoryRecord | None:
+        now = utcnow()
+        async with self._transaction() as connection:
+            result = await connection.execute(
+                sa.update(T)
+                .where(T.c.id == trajectory_id)
+                .values(
+                    status="finished",
+                    finish_reason=sa.case(
+                        (T.c.status == "open", "client"), else_=T.c.finish_reason
+                    ),
+                    finished_at=sa.func.coalesce(T.c.finished_at, now),
+                    updated_at=now,
+                    reward=request.reward,
+                    metrics=request.metrics,
+                    metadata=request.metadata,
+                )
+            )
+            if result.rowcount == 0:
+                return None
+        return await self.trajectory(trajectory_id)
+
+    async def finish_idle(self, idle_since: datetime) -> list[str]:
+        """Finish every open trajectory without a call since `idle_since`; returns their ids."""
+        async with self._transaction() as connection:
+            result = await connection.execute(
+                sa.update(T)
+                .where(T.c.status == "open", T.c.updated_at < idle_since)
+                .values(status="finished", finish_reason="idle", finished_at=utcnow())
+                .returning(T.c.id)
+            )
+            return [str(row[0]) for row in result]
+
+    # --- reading back ----------------------------------------------------------------------------
+
+    async def trajectory(
+        self, trajectory_id: str, *, with_calls: bool = True
+    ) -> TrajectoryRecord | None:
+        row = await self._first(sa.select(T).where(T.c.id == trajectory_id))
+        if row is None:
+            return None
+        calls = await self.calls([trajectory_id]) if with_calls else None
+        return _trajectory_record(row, calls.get(trajectory_id, []) if calls is not None else None)
+
+    async def trajectories(
+        self,
+        *,
+        scenario: str | None = None,
+        status: str | None = None,
+        split: str | None = None,
+        group: str | None = None,
+        limit: int = 100,
+        offset: int = 0,
+    ) -> list[TrajectoryRecord]:
+        query = sa.select(T).order_by(T.c.created_at.desc(), T.c.id).limit(limit).offset(offset)
+        for column, value in (
+            (T.c.scenario_id, scenario),
+            (T.c.status, status),
+            (T.c.split, split),
+            (T.c.group_id, group),
+        ):
+            if value is not None:
+                query = query.where(column == value)
+        return [_trajectory_record(row, None) for row in await self._all(query)]
+
+    async def calls(self, trajectory_ids: Sequence[str]) -> dict[str, list[CallRecord]]:
+        rows = await self._all(
+            sa.select(C)
+            .where(C.c.trajectory_id.in_(trajectory_ids))
+            .order_by(C.c.seq, C.c.created_at)
+        )
+        by_trajectory: dict[str, list[CallRecord]] = {}
+        for row in rows:
+            by_trajectory.setdefault(row["trajectory_id"], []).append(_call_record(row))
+        return by_trajectory
+
+    async def groups(
+        self, *, scenario: str | None = None, limit: int = 100, offset: int = 0
+    ) -> list[GroupRecord]:
+        size = sa.func.count(T.c.id).label("size")
+        open_count = sa.func.sum(sa.case((T.c.status == "open", 1), else_=0)).label("open_count")
+        query = (
+            sa.select(G, size, open_count)
+            .join(T, T.c.group_id == G.c.id)
+            .group_by(G.c.id, G.c.scenario_id, G.c.created_at)
+            .order_by(G.c.created_at.desc(), G.c.id)
+            .limit(limit)
+            .offset(offset)
+        )
+        if scenario is not None:
+            query = query.where(G.c.scenario_id == scenario)
+        return [
+            GroupRecord(
+                id=row["id"],
+                scenario_id=row["scenario_id"],
+                created_at=_aware(row["created_at"]),
+                size=int(row["size"]),
+                open_count=int(row["open_count"] or 0),
+            )
+            for row in await self._all(query)
+        ]
+
+    async def scenarios(self) -> list[ScenarioRecord]:
+        rows = await self._all(sa.select(S).order_by(S.c.created_at.desc()))
+        return [
+            ScenarioRecord.model_validate({**row, "created_at": _aware(row["created_at"])})
+            for row in rows
+        ]
+
+    async def export(
+        self, *, scenario: str | None, status: str | None, split: str | None, page_size: int = 200
+    ) -> AsyncIterator[ExportedTrajectory]:
+        """Every matching trajectory whole, oldest first, read a page at a time."""
+        offset = 0
+        while True:
+            page = await self.trajectories(
+                scenario=scenario, status=status, split=split, limit=page_size, offset=offset
+            )
+            if not page:
+                return
+            calls = await self.calls([t.id for t in page])
+            for trajectory in page:
+                own_calls = calls.get(trajectory.id, [])
+                yield ExportedTrajectory(
+                    trajectory=trajectory.model_copy(update={"calls": own_calls}),
+                    messages=final_messages(own_calls),
+                    trainable=bool(own_calls) and all(call.trainable for call in own_calls),
+                )
+            offset += page_size
+
+    # --- plumbing --------------------------------------------------------------------------------
+
+    def _transaction(self) -> Any:
+        return _translated(self.engine.begin())
+
+    async def _first(self, query: sa.Select[Any]) -> JsonObject | None:
+        rows = await self._all(query)
+        return rows[0] if rows else None
+
+    async def _all(self, query: sa.Select[Any]) -> list[JsonObject]:
+        try:
+            async with self.engine.connect() as connection:
+                result = await connection.execute(query)
+                return [dict(row) for row in result.mappings()]
+        except SQLAlchemyError as exc:
+            raise StoreError(f"{type(exc).__name__}: {exc}") from exc
+
+
+class _translated:
+    """`async with` over a transaction that turns database errors into `StoreError`."""
+
+    def __init__(self, context: Any) -> None:
+        self._context = context
+
+    async def __aenter__(self) -> Any:
+        try:
+            return await self._context.__aenter__()
+        except SQLAlchemyError as exc:
+            raise StoreError(f"{type(exc).__name__}: {exc}") from exc
+
+    async def __aexit__(self, *exc_info: Any) -> bool:
+        try:
+            return bool(await self._context.__aexit__(*exc_info))
+        except SQLAlchemyError as exc:
+            raise StoreError(f"{type(exc).__name__}: {exc}") from exc
+
+
+def final_messages(calls: Sequence[CallRecord]) -> list[JsonObject]:
+    """The conversation as it ended: the last chat call's messages plus its first reply."""
+    for call in reversed(calls):
+        if call.kind != "chat" or call.response is None:
+            continue
+        messages = list(call.request.get("messages") or [])
+        choices = call.response.get("choices") or []
+        if choices and isinstance(choices[0].get("message"), dict):
+            reply = {k: v for k, v in choices[0]["message"].items() if v is not None}
+            messages.append(reply)
+        return messages
+    return []
+
+
+def _trajectory_record(row: JsonObject, calls: list[CallRecord] | None) -> TrajectoryRecord:
+    return TrajectoryRecord(
+        id=row["id"],
+        scenario_id=row["scenario_id"],
+        group_id=row["group_id"],
+        split=row["split"],
+        status=row["status"],
+        finish_reason=row["finish_reason"],
+        created_at=_aware(row["created_at"]),
+        updated_at=_aware(row["updated_at"]),
+        finished_at=_aware(row["finished_at"]),
+        upstream=row["upstream"],
+        call_count=row["call_count"],
+        reward=row["reward"],
+        metrics=row["metrics"] or {},
+        metadata=row["metadata"] or {},
+        calls=calls,
+    )
+
+
+def _call_record(row: JsonObject) -> CallRecord:
+    fields = {name: row[name] for name in CallRecord.model_fields if name in row}
+    fields["created_at"] = _aware(row["created_at"])
+    return CallRecord.model_validate(fields)

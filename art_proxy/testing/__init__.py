@@ -1,0 +1,1 @@
+"""Fakes that ship with art-proxy so users can test their own code too."""

@@ -1,0 +1,279 @@
+"""The fake vLLM's configuration, shared state and deterministic "sampling".
+
+Generation is a pure function of the request: choice `i` says `reply` (plus ` (i)` for i > 0), then
+EOS; `max_tokens` cuts it (no EOS then, finish reason "length"). Logprobs depend only on a token's
+position in its completion, so a stream and a non-stream call of the same request agree id for id and
+logprob for logprob. Errors mimic vLLM's own (`{"error": {"message", "type", "param", "code"}}`,
+vLLM's type names such as `InvalidUserInput`), so they are defined here rather than taken from
+`art_proxy.errors`, which describes the proxy's side of the wire.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import orjson
+from aiohttp import web
+from pydantic import BaseModel, ConfigDict, Field
+
+from art_proxy.testing.fake_tokenizer import IM_END_ID, FakeTokenizer
+
+FinishReason = Literal["stop", "length", "tool_calls"]
+
+# vLLM's default `--max-logprobs`: asking for more top logprobs is a 400.
+MAX_LOGPROBS = 20
+# Deterministic stand-ins for sampled logprobs, cycling by position (exact decimals, no float noise).
+_SAMPLED_LOGPROBS = (-0.01, -0.02, -0.03, -0.04, -0.05, -0.06, -0.07)
+# Pieces offered as runners-up in `top_logprobs`; more than MAX_LOGPROBS so one may equal the sample.
+_ALTERNATIVE_PIECES = (
+    "the", ",", ".", " ", "a", "and", "to", "of", "I", "is", "in",
+    "it", "you", "that", "\n", "for", "on", "with", "as", "was", "be", "!",
+)  # fmt: skip
+_STATUS_TYPES = {
+    400: "BadRequestError",
+    404: "NotFoundError",
+    429: "RateLimitError",
+    503: "ServiceUnavailableError",
+}
+
+
+class FakeVllmConfig(BaseModel):
+    """How the fake answers. Every knob has a default, so `FakeVllmConfig()` is a plain vLLM."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    model: str = Field("Qwen/Qwen2.5-0.5B-Instruct", description="Served name of the base model.")
+    max_model_len: int = Field(2048, ge=1, description="Context length in tokens, prompt included.")
+    allow_runtime_lora: bool = Field(
+        True, description="Serve /v1/load_lora_adapter and /v1/unload_lora_adapter (else 404)."
+    )
+    reply: str = Field("Hello from the fake.", description="Assistant text of choice 0.")
+    delay_s: float = Field(0.0, ge=0, description="Seconds to wait before answering (0 = none).")
+    chunk_delay_s: float = Field(0.0, ge=0, description="Seconds between stream chunks (0 = none).")
+    tokens_per_chunk: int = Field(
+        1, ge=1, description="Generated ids carried by each stream chunk."
+    )
+    fail_mid_stream: bool = Field(
+        False, description="Streams send one token chunk, then an error event, then [DONE]."
+    )
+    error_status: int = Field(
+        0, description="Answer every valid generation request with this HTTP error (0 = off)."
+    )
+    tool_call: bool = Field(
+        True,
+        description="Call the first tool when tools are offered and the last message is not a "
+        "tool result (False = always answer text, unless tool_choice names or requires a tool).",
+    )
+    eos_token_id: int = Field(IM_END_ID, description="Id that ends a turn (Qwen's <|im_end|>).")
+
+
+class ApiError(Exception):
+    """An error answered with vLLM's body shape; `code` equals the HTTP status."""
+
+    def __init__(
+        self, status: int, message: str, *, type: str | None = None, param: str | None = None
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type = type or _STATUS_TYPES.get(status, "InternalServerError")
+        self.param = param
+
+    def body(self) -> dict[str, Any]:
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.type,
+                "param": self.param,
+                "code": self.status,
+            }
+        }
+
+    def response(self) -> web.Response:
+        return web.Response(
+            status=self.status, body=orjson.dumps(self.body()), content_type="application/json"
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Generated:
+    """One choice's output: ids (EOS last unless cut), decoded text and why it ended."""
+
+    token_ids: tuple[int, ...]
+    text: str
+    finish_reason: FinishReason
+
+
+@dataclass
+class FakeEngine:
+    """The state one fake server shares across requests."""
+
+    config: FakeVllmConfig
+    tokenizer: FakeTokenizer = field(init=False)
+    # Runtime LoRA adapters, name -> path, in load order (the order /v1/models lists them).
+    adapters: dict[str, str] = field(default_factory=dict)
+    # JSON bodies received on the generation endpoints, in arrival order, for tests to inspect.
+    requests: list[dict[str, Any]] = field(default_factory=list)
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    def __post_init__(self) -> None:
+        self.tokenizer = FakeTokenizer(self.config.eos_token_id)
+        self._alternative_ids = [self.tokenizer.encode(p)[0] for p in _ALTERNATIVE_PIECES]
+
+    def served_model(self, body: dict[str, Any]) -> str:
+        """The name a response echoes: the requested base or adapter name (omitted = base)."""
+        model = body.get("model")
+        if model is None or model == self.config.model:
+            return self.config.model
+        if not isinstance(model, str):
+            raise ApiError(400, "'model' must be a string.", param="model")
+        if model in self.adapters:
+            return model
+        raise ApiError(404, f"The model `{model}` does not exist.", param="model")
+
+    def completion_limit(self, prompt_len: int, max_tokens: int | None) -> int:
+        """How many ids a choice may generate; a prompt that leaves no room is a 400."""
+        max_len = self.config.max_model_len
+        if max_tokens is None:
+            if prompt_len >= max_len:
+                raise ApiError(
+                    400,
+                    f"This model's maximum context length is {max_len} tokens. However, your "
+                    f"request has {prompt_len} input tokens. Please reduce the length of the "
+                    "input messages.",
+                    param="input_tokens",
+                )
+            return max_len - prompt_len
+        if prompt_len + max_tokens > max_len:
+            raise ApiError(
+                400,
+                f"This model's maximum context length is {max_len} tokens. However, you requested "
+                f"{prompt_len + max_tokens} tokens ({prompt_len} in the messages, {max_tokens} in "
+                "the completion). Please reduce the length of the messages or completion.",
+                param="input_tokens",
+            )
+        return max_tokens
+
+    def reply_text(self, choice_index: int) -> str:
+        reply = self.config.reply
+        return reply if choice_index == 0 else f"{reply} ({choice_index})"
+
+    def generate(self, body_ids: tuple[int, ...], limit: int, finish: FinishReason) -> Generated:
+        """`body_ids` + EOS, cut to `limit` ids; `finish` is the reason when nothing was cut."""
+        ids = (*body_ids, self.config.eos_token_id)
+        if len(ids) > limit:
+            ids = ids[:limit]
+            return Generated(ids, self.tokenizer.decode(ids), "length")
+        return Generated(ids, self.tokenizer.decode(ids), finish)
+
+    def top_logprobs(self, token_id: int, position: int, k: int) -> list[tuple[int, float]]:
+        """The sampled id and its logprob first, then k - 1 runners-up with lower logprobs."""
+        if k <= 0:
+            return []
+        ranked = [(token_id, sampled_logprob(position))]
+        for alternative in self._alternative_ids:
+            if len(ranked) >= k:
+                break
+            if alternative != token_id:
+                ranked.append((alternative, -2.0 - len(ranked)))
+        return ranked
+
+    async def before_answer(self) -> None:
+        """Injected failure and latency, applied once a request has been validated."""
+        if self.config.error_status:
+            raise ApiError(self.config.error_status, "Injected failure (error_status).")
+        if self.config.delay_s:
+            await asyncio.sleep(self.config.delay_s)
+
+
+def sampled_logprob(position: int) -> float:
+    return _SAMPLED_LOGPROBS[position % len(_SAMPLED_LOGPROBS)]
+
+
+def mid_stream_error() -> dict[str, Any]:
+    return ApiError(500, "Injected failure in the middle of the stream (fail_mid_stream).").body()
+
+
+# -- request bodies ------------------------------------------------------------------------
+
+
+async def read_json_object(request: web.Request) -> dict[str, Any]:
+    try:
+        body = orjson.loads(await request.read())
+    except orjson.JSONDecodeError as exc:
+        raise ApiError(400, f"JSON decode error: {exc}") from exc
+    if not isinstance(body, dict):
+        raise ApiError(400, "The request body must be a JSON object.")
+    return body
+
+
+def int_field(
+    body: dict[str, Any],
+    name: str,
+    default: int | None,
+    *,
+    minimum: int,
+    maximum: int | None = None,
+) -> int | None:
+    value = body.get(name)
+    if value is None:
+        return default
+    # JSON true is a Python int; vLLM's pydantic models reject it for integer fields.
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ApiError(400, f"'{name}' must be an integer.", param=name)
+    if value < minimum or (maximum is not None and value > maximum):
+        bound = f"between {minimum} and {maximum}" if maximum is not None else f">= {minimum}"
+        raise ApiError(400, f"'{name}' must be {bound}, got {value}.", param=name)
+    return value
+
+
+def bool_field(body: dict[str, Any], name: str) -> bool:
+    value = body.get(name)
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise ApiError(400, f"'{name}' must be a boolean.", param=name)
+    return value
+
+
+def include_usage(body: dict[str, Any], stream: bool) -> bool:
+    options = body.get("stream_options")
+    if options is None:
+        return False
+    if not stream:
+        raise ApiError(
+            400, "Stream options can only be defined when `stream=True`.", param="stream_options"
+        )
+    if not isinstance(options, dict):
+        raise ApiError(400, "'stream_options' must be an object.", param="stream_options")
+    return bool_field(options, "include_usage")
+
+
+def chunks_of(length: int, size: int) -> list[tuple[int, int]]:
+    """[start, end) bounds of the stream chunks for `length` ids; an empty output still ends once."""
+    return [(start, min(start + size, length)) for start in range(0, length, size)] or [(0, 0)]
+
+
+def json_response(payload: dict[str, Any]) -> web.Response:
+    return web.Response(body=orjson.dumps(payload), content_type="application/json")
+
+
+# -- server-sent events --------------------------------------------------------------------
+
+
+async def open_event_stream(request: web.Request) -> web.StreamResponse:
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    await response.prepare(request)
+    return response
+
+
+async def send_event(response: web.StreamResponse, payload: dict[str, Any]) -> None:
+    await response.write(b"data: " + orjson.dumps(payload) + b"\n\n")
+
+
+async def close_event_stream(response: web.StreamResponse) -> None:
+    await response.write(b"data: [DONE]\n\n")
+    await response.write_eof()

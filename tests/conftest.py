@@ -1,0 +1,86 @@
+"""Shared fixtures: a faithful fake vLLM, the proxy in front of it, and a store on SQLite or PostgreSQL.
+
+Tests that take `store_url` run twice, once on a SQLite file and once on a fresh database in the
+local PostgreSQL server (skipped, with the reason, where that server is absent).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import asyncpg
+import pytest
+
+from art_proxy.config import ProxySettings
+from art_proxy.proxy.server import RunningProxy, running_proxy
+from art_proxy.testing.fake_vllm import FakeVllm, FakeVllmConfig, running_fake_vllm
+
+POSTGRES_ADMIN_DSN = "postgresql://postgres@127.0.0.1:5432/test"
+
+
+async def _postgres_database() -> str | None:
+    """Create a throwaway database; None when no server answers."""
+    name = f"art_test_{uuid.uuid4().hex[:12]}"
+    try:
+        connection = await asyncpg.connect(POSTGRES_ADMIN_DSN, timeout=3)
+    except (OSError, asyncpg.PostgresError, TimeoutError):
+        return None
+    try:
+        await connection.execute(f'CREATE DATABASE "{name}"')
+    finally:
+        await connection.close()
+    return name
+
+
+async def _drop_postgres_database(name: str) -> None:
+    connection = await asyncpg.connect(POSTGRES_ADMIN_DSN, timeout=3)
+    try:
+        await connection.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    finally:
+        await connection.close()
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
+async def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[str]:
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'art.db'}"
+        return
+    name = await _postgres_database()
+    if name is None:
+        pytest.skip("no PostgreSQL server on 127.0.0.1:5432 (trust auth, database test)")
+    try:
+        yield f"postgresql://postgres@127.0.0.1:5432/{name}"
+    finally:
+        await _drop_postgres_database(name)
+
+
+@pytest.fixture
+def sqlite_url(tmp_path: Path) -> str:
+    return f"sqlite:///{tmp_path / 'art.db'}"
+
+
+@pytest.fixture
+async def vllm() -> AsyncIterator[FakeVllm]:
+    async with running_fake_vllm(FakeVllmConfig()) as fake:
+        yield fake
+
+
+def proxy_settings(store: str, upstream: str | list[str], **overrides: object) -> ProxySettings:
+    upstreams = [upstream] if isinstance(upstream, str) else upstream
+    return ProxySettings.model_validate(
+        {"store": store, "upstream": upstreams, "port": 0, **overrides}
+    )
+
+
+@pytest.fixture
+async def proxy(store_url: str, vllm: FakeVllm) -> AsyncIterator[RunningProxy]:
+    async with running_proxy(proxy_settings(store_url, vllm.base_url)) as running:
+        yield running
+
+
+@pytest.fixture
+async def sqlite_proxy(sqlite_url: str, vllm: FakeVllm) -> AsyncIterator[RunningProxy]:
+    async with running_proxy(proxy_settings(sqlite_url, vllm.base_url)) as running:
+        yield running
