@@ -9,10 +9,10 @@ finish reason "stop"; as in vLLM, its re-rendered markup then no longer extends 
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -25,15 +25,13 @@ from art_proxy.testing.fake_engine import (
     Generated,
     bool_field,
     chunks_of,
-    close_event_stream,
     include_usage,
     int_field,
     json_response,
     mid_stream_error,
-    open_event_stream,
     read_json_object,
     sampled_logprob,
-    send_event,
+    serve_events,
 )
 from art_proxy.testing.fake_tokenizer import TemplateError
 
@@ -75,7 +73,7 @@ class _Choice:
 
 async def handle_chat_completions(engine: FakeEngine, request: web.Request) -> web.StreamResponse:
     body = await read_json_object(request)
-    engine.requests.append(body)
+    engine.record(body)
     chat = _parse(engine, body)
     try:
         prompt_ids = engine.tokenizer.render_prompt(body["messages"], body.get("tools"))
@@ -86,7 +84,8 @@ async def handle_chat_completions(engine: FakeEngine, request: web.Request) -> w
     await engine.before_answer()
     response_id = f"chatcmpl-{uuid.uuid4().hex}"
     if chat.stream:
-        return await _stream(engine, request, chat, response_id, prompt_ids, choices)
+        events = _stream_events(engine, chat, response_id, prompt_ids, choices)
+        return await serve_events(request, events, engine.config.chunk_delay_s)
     return json_response(_response(engine, chat, response_id, prompt_ids, choices))
 
 
@@ -280,15 +279,13 @@ def _response_choice(engine: FakeEngine, chat: _ChatRequest, choice: _Choice) ->
     }
 
 
-async def _stream(
+def _stream_events(
     engine: FakeEngine,
-    request: web.Request,
     chat: _ChatRequest,
     response_id: str,
     prompt_ids: list[int],
     choices: list[_Choice],
-) -> web.StreamResponse:
-    response = await open_event_stream(request)
+) -> Iterator[dict[str, Any]]:
     head = {
         "id": response_id,
         "object": "chat.completion.chunk",
@@ -297,35 +294,30 @@ async def _stream(
     }
     for choice in choices:
         role = {"index": choice.index, "delta": {"role": "assistant", "content": ""}}
-        await send_event(
-            response,
-            {
-                **head,
-                "choices": [{**role, "logprobs": None, "finish_reason": None}],
-                "prompt_token_ids": prompt_ids if chat.return_token_ids else None,
-            },
-        )
-    config = engine.config
-    bounds = [chunks_of(len(c.output.token_ids), config.tokens_per_chunk) for c in choices]
+        yield {
+            **head,
+            "choices": [{**role, "logprobs": None, "finish_reason": None}],
+            "prompt_token_ids": prompt_ids if chat.return_token_ids else None,
+        }
+    # Held-back markup still costs a chunk when it has ids or logprobs to carry (vLLM's rule).
+    skip_empty = not chat.return_token_ids and not chat.logprobs
+    bounds = [chunks_of(len(c.output.token_ids), engine.config.tokens_per_chunk) for c in choices]
     # Choices advance in turn, one chunk each, the way parallel sequences leave the engine.
     for step in range(max(len(b) for b in bounds)):
         for choice, choice_bounds in zip(choices, bounds, strict=True):
             if step >= len(choice_bounds):
                 continue
-            if config.chunk_delay_s:
-                await asyncio.sleep(config.chunk_delay_s)
             start, end = choice_bounds[step]
             last = step == len(choice_bounds) - 1
             chunk_choice = _stream_choice(engine, chat, choice, start, end, last)
-            await send_event(response, {**head, "choices": [chunk_choice]})
-            if config.fail_mid_stream:
-                await send_event(response, mid_stream_error())
-                await close_event_stream(response)
-                return response
+            if skip_empty and not last and not chunk_choice["delta"]:
+                continue
+            yield {**head, "choices": [chunk_choice]}
+            if engine.config.fail_mid_stream:
+                yield mid_stream_error()
+                return
     if chat.include_usage:
-        await send_event(response, {**head, "choices": [], "usage": _usage(prompt_ids, choices)})
-    await close_event_stream(response)
-    return response
+        yield {**head, "choices": [], "usage": _usage(prompt_ids, choices)}
 
 
 def _stream_choice(

