@@ -1,0 +1,312 @@
+"""Unmodified clients (the OpenAI SDK and LangChain's ChatOpenAI) produce stitched trajectories.
+
+Every assistant turn must be recorded with token ids and logprobs, streamed or not, and consecutive
+turns of one conversation must land in one trajectory whose later prompts extend the earlier ones.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import openai
+import pytest
+from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, ToolMessage
+from langchain_core.tools import tool
+from langchain_openai import ChatOpenAI
+from pydantic import SecretStr
+
+from art_proxy.proxy.server import RunningProxy
+from art_proxy.records import TrajectoryRecord
+
+MODEL = "Qwen/Qwen2.5-0.5B-Instruct"
+WEATHER_TOOL: dict[str, Any] = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Weather of a city.",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}},
+            "required": ["city"],
+        },
+    },
+}
+
+
+@pytest.fixture
+async def client(proxy: RunningProxy) -> AsyncIterator[openai.AsyncOpenAI]:
+    async with openai.AsyncOpenAI(base_url=proxy.base_url, api_key="unused") as opened:
+        yield opened
+
+
+@pytest.fixture
+async def chat_model(proxy: RunningProxy) -> AsyncIterator[ChatOpenAI]:
+    # Our own HTTP client, closed with the test's loop (LangChain's default one outlives it).
+    async with httpx.AsyncClient() as http:
+        yield ChatOpenAI(
+            model=MODEL,
+            base_url=proxy.base_url,
+            api_key=SecretStr("unused"),
+            http_async_client=http,
+        )
+
+
+async def only_trajectory(proxy: RunningProxy) -> TrajectoryRecord:
+    found = await proxy.parts.store.trajectories()
+    assert len(found) == 1, f"expected one trajectory, got {len(found)}"
+    whole = await proxy.parts.store.trajectory(found[0].id)
+    assert whole is not None and whole.calls is not None
+    return whole
+
+
+def assert_fully_recorded(trajectory: TrajectoryRecord, calls: int) -> None:
+    """Every call trainable, every later call stitched onto the one before."""
+    assert trajectory.calls is not None
+    assert [call.seq for call in trajectory.calls] == list(range(calls))
+    for call in trajectory.calls:
+        assert call.status == "ok"
+        assert call.trainable, f"call {call.seq} has no token ids"
+        assert call.prompt_token_ids and call.completion_token_ids and call.logprobs
+        for ids, logprobs in zip(call.completion_token_ids, call.logprobs, strict=True):
+            assert len(ids) == len(logprobs) > 0
+    for previous, call in zip(trajectory.calls, trajectory.calls[1:], strict=False):
+        assert call.stitched, f"call {call.seq} does not extend call {previous.seq}"
+        assert call.attribution == "continuation"
+        assert previous.prompt_token_ids is not None and previous.completion_token_ids is not None
+        assert call.prompt_token_ids is not None
+        prefix = previous.prompt_token_ids + previous.completion_token_ids[0]
+        assert call.prompt_token_ids[: len(prefix)] == prefix
+
+
+async def test_openai_sync_client_two_turns_make_one_stitched_trajectory(
+    proxy: RunningProxy, client: openai.AsyncOpenAI
+) -> None:
+    client = openai.OpenAI(base_url=proxy.base_url, api_key="unused")
+    messages: list[Any] = [{"role": "user", "content": "Hi there"}]
+
+    def conversation() -> None:
+        for follow_up in ("And again?", None):
+            reply = client.chat.completions.create(model=MODEL, messages=messages)
+            assert reply.choices[0].message.content == "Hello from the fake."
+            # The client asked for neither token ids nor logprobs, so it gets neither.
+            assert reply.choices[0].logprobs is None
+            assert "prompt_token_ids" not in (reply.model_extra or {})
+            messages.append(reply.choices[0].message.model_dump(exclude_none=True))
+            if follow_up:
+                messages.append({"role": "user", "content": follow_up})
+
+    # The sync client blocks, and the proxy runs on this test's event loop.
+    await asyncio.to_thread(conversation)
+    assert_fully_recorded(await only_trajectory(proxy), calls=2)
+
+
+async def test_openai_async_streaming_turns_are_rebuilt_from_chunks(
+    proxy: RunningProxy, client: openai.AsyncOpenAI
+) -> None:
+    messages: list[Any] = [{"role": "user", "content": "Stream to me"}]
+    for _ in range(3):
+        stream = await client.chat.completions.create(model=MODEL, messages=messages, stream=True)
+        text = "".join(
+            [chunk.choices[0].delta.content or "" async for chunk in stream if chunk.choices]
+        )
+        assert text == "Hello from the fake."
+        messages += [{"role": "assistant", "content": text}, {"role": "user", "content": "more"}]
+    trajectory = await only_trajectory(proxy)
+    assert_fully_recorded(trajectory, calls=3)
+    assert trajectory.calls is not None
+    first = trajectory.calls[0]
+    assert first.stream and first.response is not None
+    assert first.response["choices"][0]["message"]["content"] == "Hello from the fake."
+
+
+async def test_stream_and_non_stream_record_the_same_token_ids(
+    proxy: RunningProxy, client: openai.AsyncOpenAI
+) -> None:
+    for stream in (False, True):
+        messages = [{"role": "user", "content": f"Same question ({stream})"}]
+        if stream:
+            async for _ in await client.chat.completions.create(
+                model=MODEL,
+                messages=messages,
+                stream=True,  # type: ignore[arg-type]  # literal dicts
+            ):
+                pass
+        else:
+            await client.chat.completions.create(model=MODEL, messages=messages)  # type: ignore[arg-type]  # literal dicts
+    calls = []
+    for trajectory in await proxy.parts.store.trajectories():
+        whole = await proxy.parts.store.trajectory(trajectory.id)
+        assert whole is not None and whole.calls
+        calls.append(whole.calls[0])
+    assert len(calls) == 2
+    assert calls[0].completion_token_ids == calls[1].completion_token_ids
+    assert calls[0].logprobs == calls[1].logprobs
+
+
+async def test_tool_call_turns_are_stitched_with_the_tool_result(
+    proxy: RunningProxy, client: openai.AsyncOpenAI
+) -> None:
+    messages: list[Any] = [{"role": "user", "content": "Weather in Paris?"}]
+    first = await client.chat.completions.create(
+        model=MODEL, messages=messages, tools=[WEATHER_TOOL]
+    )
+    call = first.choices[0].message.tool_calls
+    assert first.choices[0].finish_reason == "tool_calls" and call
+    messages.append(first.choices[0].message.model_dump(exclude_none=True))
+    messages.append({"role": "tool", "tool_call_id": call[0].id, "content": "sunny, 21 C"})
+    stream = await client.chat.completions.create(
+        model=MODEL, messages=messages, tools=[WEATHER_TOOL], stream=True
+    )
+    async for _ in stream:
+        pass
+    trajectory = await only_trajectory(proxy)
+    assert_fully_recorded(trajectory, calls=2)
+    assert trajectory.calls is not None
+    recorded = trajectory.calls[0].response
+    assert recorded is not None
+    assert recorded["choices"][0]["message"]["tool_calls"][0]["function"]["name"] == "get_weather"
+
+
+async def test_streamed_tool_call_is_rebuilt_from_fragments(
+    proxy: RunningProxy, client: openai.AsyncOpenAI
+) -> None:
+    stream = await client.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "Weather in Oslo?"}],
+        tools=[WEATHER_TOOL],  # type: ignore[list-item]  # a literal tool dict
+        stream=True,
+    )
+    async for _ in stream:
+        pass
+    trajectory = await only_trajectory(proxy)
+    assert trajectory.calls is not None
+    message = trajectory.calls[0].response["choices"][0]["message"]  # type: ignore[index]  # recorded
+    arguments = message["tool_calls"][0]["function"]["arguments"]
+    assert message["tool_calls"][0]["id"].startswith("chatcmpl-tool-")
+    assert isinstance(json.loads(arguments), dict)
+    assert trajectory.calls[0].trainable
+
+
+async def test_n_choices_are_all_recorded_and_any_can_be_continued(
+    proxy: RunningProxy, client: openai.AsyncOpenAI
+) -> None:
+    messages: list[Any] = [{"role": "user", "content": "Give me options"}]
+    reply = await client.chat.completions.create(model=MODEL, messages=messages, n=3)
+    assert len(reply.choices) == 3
+    messages += [
+        reply.choices[2].message.model_dump(exclude_none=True),
+        {"role": "user", "content": "ok"},
+    ]
+    await client.chat.completions.create(model=MODEL, messages=messages)
+    trajectory = await only_trajectory(proxy)
+    assert trajectory.calls is not None
+    first, second = trajectory.calls
+    assert first.completion_token_ids is not None and len(first.completion_token_ids) == 3
+    assert first.trainable and second.stitched
+
+
+async def test_client_that_asks_for_token_ids_and_logprobs_gets_them(
+    proxy: RunningProxy, client: openai.AsyncOpenAI
+) -> None:
+    reply = await client.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "ids please"}],
+        logprobs=True,
+        extra_body={"return_token_ids": True},
+    )
+    assert reply.choices[0].logprobs is not None and reply.choices[0].logprobs.content
+    assert (reply.model_extra or {}).get("prompt_token_ids")
+    assert (reply.choices[0].model_extra or {}).get("token_ids")
+
+
+async def test_concurrent_runs_of_one_scenario_are_siblings_of_one_group(
+    proxy: RunningProxy, client: openai.AsyncOpenAI
+) -> None:
+
+    async def run(index: int) -> None:
+        messages: list[Any] = [
+            {"role": "system", "content": "You are a helpful agent."},
+            {"role": "user", "content": "Plan a trip."},
+        ]
+        for turn in range(2):
+            reply = await client.chat.completions.create(model=MODEL, messages=messages, seed=index)
+            messages += [
+                reply.choices[0].message.model_dump(exclude_none=True),
+                {"role": "user", "content": f"turn {turn} of run {index}"},
+            ]
+
+    await asyncio.gather(*(run(index) for index in range(4)))
+    trajectories = await proxy.parts.store.trajectories()
+    # Identical replies make the runs' second calls identical too; each run is still stitched
+    # into some open trajectory of the scenario, and all runs share one group.
+    assert len({t.scenario_id for t in trajectories}) == 1
+    assert len({t.group_id for t in trajectories}) == 1
+    groups = await proxy.parts.store.groups()
+    assert len(groups) == 1 and groups[0].size == len(trajectories)
+
+
+async def test_langchain_chat_openai_invoke_stream_and_tools(
+    proxy: RunningProxy, chat_model: ChatOpenAI
+) -> None:
+    @tool
+    def get_weather(city: str) -> str:
+        """Weather of a city."""
+        return f"sunny in {city}"
+
+    model = chat_model
+    with_tools = model.bind_tools([get_weather])
+    history: list[BaseMessage] = [HumanMessage("What is the weather in Rome?")]
+    ai = await with_tools.ainvoke(history)
+    assert isinstance(ai, AIMessage) and ai.tool_calls
+    history += [
+        ai,
+        ToolMessage(
+            get_weather.invoke(ai.tool_calls[0]["args"]), tool_call_id=ai.tool_calls[0]["id"]
+        ),
+    ]
+    chunks = [chunk async for chunk in with_tools.astream(history)]
+    final = chunks[0]
+    for chunk in chunks[1:]:
+        final += chunk
+    history.append(AIMessage(content=final.content))
+    history.append(HumanMessage("Thanks! Anything else?"))
+    await with_tools.ainvoke(history)  # the same tools: a prompt without them is a new prefix
+
+    trajectory = await only_trajectory(proxy)
+    assert_fully_recorded(trajectory, calls=3)
+
+
+async def test_langchain_structured_output_is_recorded(
+    proxy: RunningProxy, chat_model: ChatOpenAI
+) -> None:
+    model = chat_model
+    await model.ainvoke("Hi", response_format={"type": "json_object"})
+    trajectory = await only_trajectory(proxy)
+    assert trajectory.calls is not None
+    assert trajectory.calls[0].request["response_format"] == {"type": "json_object"}
+    assert trajectory.calls[0].trainable
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_completions_endpoint_is_recorded_with_token_ids(
+    proxy: RunningProxy, client: openai.AsyncOpenAI, stream: bool
+) -> None:
+    if stream:
+        async for _ in await client.completions.create(
+            model=MODEL, prompt="Once upon a time", max_tokens=5, stream=True
+        ):
+            pass
+    else:
+        reply = await client.completions.create(
+            model=MODEL, prompt="Once upon a time", max_tokens=5
+        )
+        assert reply.choices[0].logprobs is None
+    trajectory = await only_trajectory(proxy)
+    assert trajectory.calls is not None
+    call = trajectory.calls[0]
+    assert call.kind == "completion" and call.trainable
+    assert call.completion_token_ids is not None and len(call.completion_token_ids[0]) == 5
