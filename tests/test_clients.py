@@ -17,13 +17,14 @@ import pytest
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, ToolMessage
 from langchain_core.tools import tool
 from langchain_openai import ChatOpenAI
+from openai.types.chat import ChatCompletionFunctionToolParam
 from pydantic import SecretStr
 
 from art_proxy.proxy.server import RunningProxy
 from art_proxy.records import TrajectoryRecord
 
 MODEL = "Qwen/Qwen2.5-0.5B-Instruct"
-WEATHER_TOOL: dict[str, Any] = {
+WEATHER_TOOL: ChatCompletionFunctionToolParam = {
     "type": "function",
     "function": {
         "name": "get_weather",
@@ -83,14 +84,14 @@ def assert_fully_recorded(trajectory: TrajectoryRecord, calls: int) -> None:
 
 
 async def test_openai_sync_client_two_turns_make_one_stitched_trajectory(
-    proxy: RunningProxy, client: openai.AsyncOpenAI
+    proxy: RunningProxy,
 ) -> None:
-    client = openai.OpenAI(base_url=proxy.base_url, api_key="unused")
+    sync_client = openai.OpenAI(base_url=proxy.base_url, api_key="unused")
     messages: list[Any] = [{"role": "user", "content": "Hi there"}]
 
     def conversation() -> None:
         for follow_up in ("And again?", None):
-            reply = client.chat.completions.create(model=MODEL, messages=messages)
+            reply = sync_client.chat.completions.create(model=MODEL, messages=messages)
             assert reply.choices[0].message.content == "Hello from the fake."
             # The client asked for neither token ids nor logprobs, so it gets neither.
             assert reply.choices[0].logprobs is None
@@ -100,7 +101,8 @@ async def test_openai_sync_client_two_turns_make_one_stitched_trajectory(
                 messages.append({"role": "user", "content": follow_up})
 
     # The sync client blocks, and the proxy runs on this test's event loop.
-    await asyncio.to_thread(conversation)
+    with sync_client:
+        await asyncio.to_thread(conversation)
     assert_fully_recorded(await only_trajectory(proxy), calls=2)
 
 
@@ -127,16 +129,14 @@ async def test_stream_and_non_stream_record_the_same_token_ids(
     proxy: RunningProxy, client: openai.AsyncOpenAI
 ) -> None:
     for stream in (False, True):
-        messages = [{"role": "user", "content": f"Same question ({stream})"}]
+        messages: list[Any] = [{"role": "user", "content": f"Same question ({stream})"}]
         if stream:
             async for _ in await client.chat.completions.create(
-                model=MODEL,
-                messages=messages,
-                stream=True,  # type: ignore[arg-type]  # literal dicts
+                model=MODEL, messages=messages, stream=True
             ):
                 pass
         else:
-            await client.chat.completions.create(model=MODEL, messages=messages)  # type: ignore[arg-type]  # literal dicts
+            await client.chat.completions.create(model=MODEL, messages=messages)
     calls = []
     for trajectory in await proxy.parts.store.trajectories():
         whole = await proxy.parts.store.trajectory(trajectory.id)
@@ -177,7 +177,7 @@ async def test_streamed_tool_call_is_rebuilt_from_fragments(
     stream = await client.chat.completions.create(
         model=MODEL,
         messages=[{"role": "user", "content": "Weather in Oslo?"}],
-        tools=[WEATHER_TOOL],  # type: ignore[list-item]  # a literal tool dict
+        tools=[WEATHER_TOOL],
         stream=True,
     )
     async for _ in stream:
@@ -268,11 +268,8 @@ async def test_langchain_chat_openai_invoke_stream_and_tools(
             get_weather.invoke(ai.tool_calls[0]["args"]), tool_call_id=ai.tool_calls[0]["id"]
         ),
     ]
-    chunks = [chunk async for chunk in with_tools.astream(history)]
-    final = chunks[0]
-    for chunk in chunks[1:]:
-        final += chunk
-    history.append(AIMessage(content=final.content))
+    streamed = "".join([str(chunk.content) async for chunk in with_tools.astream(history)])
+    history.append(AIMessage(content=streamed))
     history.append(HumanMessage("Thanks! Anything else?"))
     await with_tools.ainvoke(history)  # the same tools: a prompt without them is a new prefix
 
