@@ -97,10 +97,9 @@ class TrajectoryTracker:
             if known is not None:
                 return self._next_call(known, "url" if explicit.source == "url" else "header")
         elif messages:
-            for key in continuation_candidates(messages):
-                continued = await self._by_continuation(key)
-                if continued is not None and explicit.scenario_id in (None, continued.scenario_id):
-                    return self._next_call(continued, "continuation")
+            continued = await self._by_continuation(continuation_candidates(messages))
+            if continued is not None and explicit.scenario_id in (None, continued.scenario_id):
+                return self._next_call(continued, "continuation")
         scenario_id = explicit.scenario_id or auto_scenario_id(messages or [])
         with self._scenario_lock(scenario_id) as lock:
             async with lock:
@@ -153,25 +152,40 @@ class TrajectoryTracker:
                 f"trajectory {trajectory_id!r} is finished; start a new trajectory id",
                 param="trajectory",
             )
-        return self._adopt(row, row.get("prompt_token_ids"), row.get("completion_token_ids"))
+        return self._adopt(row)
 
-    async def _by_continuation(self, key: str) -> _Trajectory | None:
-        trajectory_id = self._continuations.get(key)
-        if trajectory_id is not None and trajectory_id in self._trajectories:
-            return self._trajectories[trajectory_id]
-        row = await self._store.open_trajectory_by_continuation(key)
-        if row is None:
+    async def _by_continuation(self, keys: list[str]) -> _Trajectory | None:
+        """The open trajectory whose last call this call extends (keys longest conversation first).
+
+        Memory answers when it knows the newest candidate (the common case: the agent's last call
+        went through this proxy). Otherwise the store does, which covers conversations another
+        proxy or an earlier run served, and catches up a trajectory whose newer calls went through
+        another proxy.
+        """
+        if not keys:
             return None
-        if row["id"] in self._trajectories:
-            return self._trajectories[row["id"]]
-        state = self._adopt(row, row.get("prompt_token_ids"), row.get("completion_token_ids"))
-        state.continuation_keys.append(key)
-        self._continuations[key] = state.id
-        return state
+        newest = self._in_memory(keys[0])
+        if newest is not None:
+            return newest
+        found = await self._store.open_trajectories_by_continuation(keys)
+        for key in keys:
+            row = found.get(key)
+            if row is None:
+                continue
+            state = self._trajectories.get(row["id"]) or self._adopt(row)
+            state.next_seq = max(state.next_seq, int(row["call_count"]))
+            state.previous_sequences = _sequences(row)
+            self._continuations[key] = state.id
+            state.continuation_keys.append(key)
+            return state
+        # Not in the store: maybe its record was lost (store errors) while memory kept it.
+        return next((s for s in map(self._in_memory, keys[1:]) if s is not None), None)
 
-    def _adopt(
-        self, row: JsonObject, prompt_ids: list[int] | None, completion_ids: list[list[int]] | None
-    ) -> _Trajectory:
+    def _in_memory(self, key: str) -> _Trajectory | None:
+        trajectory_id = self._continuations.get(key)
+        return self._trajectories.get(trajectory_id) if trajectory_id is not None else None
+
+    def _adopt(self, row: JsonObject) -> _Trajectory:
         """Take over an open trajectory another proxy (or an earlier run) started."""
         state = _Trajectory(
             id=row["id"],
@@ -180,9 +194,7 @@ class TrajectoryTracker:
             split=row["split"],
             upstream=row["upstream"],
             next_seq=int(row["call_count"]),
-            previous_sequences=[prompt_ids + ids for ids in completion_ids or []]
-            if prompt_ids is not None
-            else [],
+            previous_sequences=_sequences(row),
         )
         self._trajectories[state.id] = state
         return state
@@ -289,3 +301,11 @@ def _assignment(
         previous_sequences=state.previous_sequences,
         new_rows=rows,
     )
+
+
+def _sequences(row: JsonObject) -> list[list[int]]:
+    """Prompt plus completion ids of each choice of a recorded call (for the stitch check)."""
+    prompt_ids = row.get("prompt_token_ids")
+    if prompt_ids is None:
+        return []
+    return [prompt_ids + ids for ids in row.get("completion_token_ids") or []]

@@ -69,16 +69,21 @@ class TrajectoryStore:
 
     # --- state the proxy needs to attribute a call it has not seen itself -----------------------
 
-    async def open_trajectory_by_continuation(self, key: str) -> JsonObject | None:
-        """The open trajectory whose call has this continuation key, with that call's token ids."""
+    async def open_trajectories_by_continuation(self, keys: Sequence[str]) -> dict[str, JsonObject]:
+        """For each key, the open trajectory whose call has it, with that call's token ids."""
         query = (
-            sa.select(T, C.c.seq.label("call_seq"), C.c.prompt_token_ids, C.c.completion_token_ids)
+            sa.select(
+                T,
+                C.c.continuation_key,
+                C.c.prompt_token_ids,
+                C.c.completion_token_ids,
+            )
             .join(C, C.c.trajectory_id == T.c.id)
-            .where(C.c.continuation_key == key, T.c.status == "open")
-            .order_by(C.c.created_at.desc())
-            .limit(1)
+            .where(C.c.continuation_key.in_(keys), T.c.status == "open")
+            .order_by(C.c.created_at)
         )
-        return await self._first(query)
+        # Oldest first, so a key two calls share maps to the newest one.
+        return {row["continuation_key"]: row for row in await self._all(query)}
 
     async def trajectory_row(self, trajectory_id: str) -> JsonObject | None:
         """A trajectory row plus its last call's token ids (for the stitch check)."""

@@ -1,0 +1,209 @@
+"""Attribution and lifecycle: URL prefix, headers, automatic stitching, groups, finishing."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+import pytest
+
+from art_proxy.proxy.server import RunningProxy, running_proxy
+from art_proxy.testing.fake_vllm import FakeVllm
+from art_proxy_integrations import attribution_headers, scenario_base_url
+from tests.conftest import proxy_settings
+
+MODEL = "Qwen/Qwen2.5-0.5B-Instruct"
+
+
+@pytest.fixture
+async def http() -> AsyncIterator[aiohttp.ClientSession]:
+    async with aiohttp.ClientSession() as session:
+        yield session
+
+
+async def chat(
+    http: aiohttp.ClientSession,
+    base_url: str,
+    messages: list[dict[str, Any]],
+    headers: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    async with http.post(
+        f"{base_url}/chat/completions",
+        json={"model": MODEL, "messages": messages},
+        headers=headers or {},
+    ) as response:
+        assert response.status == 200, await response.text()
+        body: dict[str, Any] = await response.json()
+        return body
+
+
+def continued(
+    messages: list[dict[str, Any]], reply: dict[str, Any], user: str
+) -> list[dict[str, Any]]:
+    return [*messages, reply["choices"][0]["message"], {"role": "user", "content": user}]
+
+
+async def admin_get(http: aiohttp.ClientSession, proxy: RunningProxy, path: str) -> Any:
+    async with http.get(f"{proxy.root_url}/art/v1{path}") as response:
+        assert response.status == 200, await response.text()
+        return await response.json()
+
+
+async def test_url_prefix_names_scenario_and_trajectory(
+    proxy: RunningProxy, http: aiohttp.ClientSession
+) -> None:
+    base = scenario_base_url(proxy.root_url, "inbox-42", trajectory="run-7")
+    await chat(http, base, [{"role": "user", "content": "one"}])
+    await chat(http, base, [{"role": "user", "content": "an unrelated second call"}])
+    trajectory = await admin_get(http, proxy, "/trajectories/run-7")
+    assert trajectory["scenario_id"] == "inbox-42"
+    assert [call["attribution"] for call in trajectory["calls"]] == ["url", "url"]
+    assert trajectory["call_count"] == 2
+
+
+async def test_url_prefix_wins_over_headers(
+    proxy: RunningProxy, http: aiohttp.ClientSession
+) -> None:
+    base = scenario_base_url(proxy.root_url, "from-url")
+    await chat(
+        http,
+        base,
+        [{"role": "user", "content": "hi"}],
+        headers=attribution_headers(scenario="from-header", split="val"),
+    )
+    listed = await admin_get(http, proxy, "/trajectories?scenario=from-url")
+    assert len(listed["data"]) == 1 and listed["data"][0]["split"] == "val"
+
+
+async def test_headers_attribute_scenario_trajectory_and_split(
+    proxy: RunningProxy, http: aiohttp.ClientSession
+) -> None:
+    headers = attribution_headers(scenario="email-3", trajectory="t-1", split="val")
+    await chat(http, proxy.base_url, [{"role": "user", "content": "hi"}], headers)
+    listed = await admin_get(http, proxy, "/trajectories?split=val")
+    assert [(t["id"], t["scenario_id"]) for t in listed["data"]] == [("t-1", "email-3")]
+    assert (await admin_get(http, proxy, "/trajectories?split=train"))["data"] == []
+
+
+async def test_same_opening_is_one_scenario_and_different_opening_another(
+    proxy: RunningProxy, http: aiohttp.ClientSession
+) -> None:
+    for content in ("task A", "task A", "task B"):
+        await chat(http, proxy.base_url, [{"role": "user", "content": content}])
+    scenarios = (await admin_get(http, proxy, "/scenarios"))["data"]
+    assert len(scenarios) == 2
+    assert all(s["auto"] and s["id"].startswith("auto-") for s in scenarios)
+    groups = (await admin_get(http, proxy, "/groups"))["data"]
+    assert sorted(g["size"] for g in groups) == [1, 2]
+
+
+async def test_group_size_starts_a_new_group_when_full(
+    store_url: str, vllm: FakeVllm, http: aiohttp.ClientSession
+) -> None:
+    async with running_proxy(proxy_settings(store_url, vllm.base_url, group_size=2)) as proxy:
+        for _ in range(5):
+            await chat(http, proxy.base_url, [{"role": "user", "content": "same task"}])
+        groups = (await admin_get(http, proxy, "/groups"))["data"]
+    assert sorted(g["size"] for g in groups) == [1, 2, 2]
+
+
+async def test_finish_records_reward_metrics_and_metadata(
+    proxy: RunningProxy, http: aiohttp.ClientSession
+) -> None:
+    await chat(
+        http, proxy.base_url, [{"role": "user", "content": "hi"}], {"X-Art-Trajectory": "t-9"}
+    )
+    async with http.post(
+        f"{proxy.root_url}/art/v1/trajectories/t-9/finish",
+        json={"reward": 0.75, "metrics": {"steps": 3}, "metadata": {"answer": "42"}},
+    ) as response:
+        assert response.status == 200
+        finished = await response.json()
+    assert finished["status"] == "finished" and finished["finish_reason"] == "client"
+    assert finished["reward"] == 0.75 and finished["metrics"] == {"steps": 3.0}
+    assert finished["metadata"] == {"answer": "42"}
+    groups = (await admin_get(http, proxy, "/groups"))["data"]
+    assert groups[0]["open_count"] == 0
+
+
+async def test_finished_trajectory_is_not_continued_automatically(
+    proxy: RunningProxy, http: aiohttp.ClientSession
+) -> None:
+    messages = [{"role": "user", "content": "hi"}]
+    reply = await chat(http, proxy.base_url, messages)
+    first = (await admin_get(http, proxy, "/trajectories"))["data"][0]["id"]
+    async with http.post(f"{proxy.root_url}/art/v1/trajectories/{first}/finish") as response:
+        assert response.status == 200
+    await chat(http, proxy.base_url, continued(messages, reply, "again"))
+    ids = {t["id"] for t in (await admin_get(http, proxy, "/trajectories"))["data"]}
+    assert len(ids) == 2
+
+
+async def test_idle_trajectories_finish_after_the_timeout(
+    store_url: str, vllm: FakeVllm, http: aiohttp.ClientSession
+) -> None:
+    async with running_proxy(proxy_settings(store_url, vllm.base_url, idle_timeout=0.3)) as proxy:
+        await chat(http, proxy.base_url, [{"role": "user", "content": "hi"}])
+        for _ in range(50):
+            listed = (await admin_get(http, proxy, "/trajectories"))["data"]
+            if listed[0]["status"] == "finished":
+                break
+            await asyncio.sleep(0.1)
+        assert listed[0]["status"] == "finished" and listed[0]["finish_reason"] == "idle"
+        assert proxy.parts.tracker.open_count == 0
+
+
+async def test_two_proxies_on_one_store_stitch_one_conversation(
+    store_url: str, vllm: FakeVllm, http: aiohttp.ClientSession
+) -> None:
+    """Proxies are stateless: the second call may reach another replica behind a balancer."""
+    settings = proxy_settings(store_url, vllm.base_url)
+    async with running_proxy(settings) as first, running_proxy(settings) as second:
+        messages = [{"role": "user", "content": "load-balanced"}]
+        reply = await chat(http, first.base_url, messages)
+        messages = continued(messages, reply, "next")
+        reply = await chat(http, second.base_url, messages)
+        await chat(http, first.base_url, continued(messages, reply, "last"))
+        listed = (await admin_get(http, first, "/trajectories"))["data"]
+        assert len(listed) == 1
+        whole = await first.parts.store.trajectory(listed[0]["id"])
+    assert whole is not None and whole.calls is not None
+    assert [call.seq for call in whole.calls] == [0, 1, 2]
+    assert [call.stitched for call in whole.calls] == [False, True, True]
+
+
+async def test_explicit_trajectory_survives_a_proxy_restart(
+    store_url: str, vllm: FakeVllm, http: aiohttp.ClientSession
+) -> None:
+    settings = proxy_settings(store_url, vllm.base_url)
+    headers = {"X-Art-Trajectory": "long-run"}
+    messages = [{"role": "user", "content": "before restart"}]
+    async with running_proxy(settings) as proxy:
+        reply = await chat(http, proxy.base_url, messages, headers)
+    async with running_proxy(settings) as proxy:
+        await chat(http, proxy.base_url, continued(messages, reply, "after"), headers)
+        whole = await proxy.parts.store.trajectory("long-run")
+    assert whole is not None and whole.calls is not None
+    assert [call.seq for call in whole.calls] == [0, 1]
+    assert whole.calls[1].stitched
+
+
+async def test_trajectory_stays_on_one_upstream(
+    sqlite_url: str, http: aiohttp.ClientSession
+) -> None:
+    from art_proxy.testing.fake_vllm import running_fake_vllm
+
+    async with running_fake_vllm() as one, running_fake_vllm() as two:
+        settings = proxy_settings(sqlite_url, [one.base_url, two.base_url])
+        async with running_proxy(settings) as proxy:
+            for run in range(4):
+                messages = [{"role": "user", "content": f"run {run}"}]
+                for turn in range(3):
+                    reply = await chat(http, proxy.base_url, messages)
+                    messages = continued(messages, reply, f"turn {turn}")
+        assert len(one.requests) == len(two.requests) == 6
+        for fake in (one, two):
+            # Each upstream saw whole conversations: every run there has all three turns.
+            assert sorted(len(r["messages"]) for r in fake.requests) == [1, 1, 3, 3, 5, 5]
