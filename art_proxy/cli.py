@@ -22,6 +22,8 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    # Plain click errors: a usage mistake is one `Error: ...` line, not a wrapped panel.
+    rich_markup_mode=None,
 )
 stderr = Console(stderr=True)
 
@@ -37,7 +39,7 @@ def _configure_logging() -> None:
 
 
 def _fail(message: str) -> None:
-    stderr.print(f"[red]error:[/red] {message}", highlight=False)
+    stderr.print(f"[red]error:[/red] {message}", highlight=False, soft_wrap=True)
     raise typer.Exit(1)
 
 

@@ -168,7 +168,11 @@ async def test_unknown_path_is_404_json(
 
 @pytest.mark.parametrize(
     ("method", "path"),
-    [("GET", "/v1/chat/completions"), ("DELETE", "/v1/models"), ("GET", "/art/v1/trajectories/x/finish")],
+    [
+        ("GET", "/v1/chat/completions"),
+        ("DELETE", "/v1/models"),
+        ("GET", "/art/v1/trajectories/x/finish"),
+    ],
 )
 async def test_wrong_method_is_405_json(
     sqlite_proxy: RunningProxy, http: aiohttp.ClientSession, method: str, path: str

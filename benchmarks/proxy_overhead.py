@@ -1,0 +1,594 @@
+"""What art-proxy adds to a call, next to a direct call and to LiteLLM's proxy.
+
+One run starts a fake vLLM (`art_proxy.testing.fake_vllm`), art-proxy recording into SQLite in a
+temp dir, and LiteLLM's proxy pointed at the same fake; each is a subprocess, so none shares the load
+generator's event loop. LiteLLM lives in its own venv (`.venv-litellm`, made on first use) so that its
+pins never touch `.venv`. Against each target the run measures sequential latency, throughput at 16
+and 64 concurrent requests and streaming time to first byte, then checks the issue's targets. The
+servers and the load generator share the machine's cores, so absolute figures are this machine's;
+the targets are stated as differences and ratios. Traffic stays on 127.0.0.1; every phase is bounded
+in count and in time.
+
+    .venv/bin/python benchmarks/proxy_overhead.py [--requests 500] [--skip-litellm]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import itertools
+import json
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Coroutine, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import orjson
+from rich.console import Console
+from rich.table import Table
+
+from art_proxy.testing.fake_engine import FakeVllmConfig
+
+REPO = Path(__file__).resolve().parents[1]
+LITELLM_VENV = REPO / ".venv-litellm"
+# Pinned so runs compare; the newest release whose dependencies resolve on the package index here.
+LITELLM_VERSION = "1.106.2"
+HOST = "127.0.0.1"
+CONCURRENCY = (16, 64)
+# Opens the connections and warms each server's caches before anything is timed.
+WARMUP_REQUESTS = 50
+# A slow target (LiteLLM) ends a throughput phase here rather than at its request count.
+PHASE_DEADLINE_S = 15.0
+# LiteLLM imports for a long while on 2 busy cores; the others are up in about a second.
+START_TIMEOUT_S = 120.0
+CALL_TIMEOUT_S = 30.0
+PIP_TIMEOUT_S = 900.0
+
+# The issue's targets.
+MAX_ADDED_P50_MS = 1.0
+MIN_THROUGHPUT_VS_LITELLM = 20.0
+MIN_THROUGHPUT_VS_DIRECT = 0.4
+TARGET_CONCURRENCY = 16
+
+LITELLM_ENV = {
+    "LITELLM_LOG": "ERROR",
+    "LITELLM_LOCAL_MODEL_COST_MAP": "True",  # else it fetches the cost map from GitHub at import
+    "DISABLE_SCHEMA_UPDATE": "True",
+    "LITELLM_TELEMETRY": "False",
+    "LITELLM_DONT_SHOW_FEEDBACK_BOX": "True",
+    "HF_HUB_OFFLINE": "1",
+    "NO_DOCS": "True",
+}
+# Would make LiteLLM open a database, or call something beyond the fake.
+LITELLM_ENV_DROPPED = ("DATABASE_URL", "REDIS_HOST", "REDIS_URL", "LITELLM_MASTER_KEY")
+
+# Wide enough for the report when the output goes to a file or CI log (rich assumes 80 there).
+console = Console(highlight=False, width=None if sys.stdout.isatty() else 120)
+
+
+@dataclass(frozen=True)
+class Workload:
+    model: str
+    # LiteLLM refuses to start without a strong master key; every target is sent the same header.
+    api_key: str
+    requests: int  # sequential calls per target; 4x per concurrency level, 1/2x streams
+
+
+class ServerFailed(Exception):
+    """A server did not start, or answered no call of a phase."""
+
+
+class CallFailed(Exception):
+    pass
+
+
+# ---------------------------------------------------------------- results
+
+
+@dataclass(frozen=True)
+class TargetResult:
+    name: str
+    latencies_ms: list[float]
+    throughput: dict[int, float]  # concurrency -> successful requests/s
+    ttfb_ms: list[float]
+    failed_calls: int
+
+    @property
+    def p50_ms(self) -> float:
+        return percentile(self.latencies_ms, 50)
+
+    @property
+    def p90_ms(self) -> float:
+        return percentile(self.latencies_ms, 90)
+
+    @property
+    def ttfb_p50_ms(self) -> float:
+        return percentile(self.ttfb_ms, 50)
+
+
+@dataclass
+class Report:
+    results: dict[str, TargetResult] = field(default_factory=dict)
+    skipped: dict[str, str] = field(default_factory=dict)  # target -> why
+    proxy_health: dict[str, Any] = field(default_factory=dict)
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Nearest-rank percentile."""
+    ordered = sorted(values)
+    rank = max(1, round(q / 100 * len(ordered)))
+    return ordered[min(rank, len(ordered)) - 1]
+
+
+# ---------------------------------------------------------------- servers
+
+
+class Servers:
+    """The run's subprocesses, each in its own session so that stopping it stops its children."""
+
+    def __init__(self, workdir: Path) -> None:
+        self._workdir = workdir
+        self._procs: dict[str, subprocess.Popen[bytes]] = {}
+
+    def start(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> None:
+        with self.log_path(name).open("wb") as log:
+            self._procs[name] = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                cwd=self._workdir,
+                start_new_session=True,
+            )
+
+    def log_path(self, name: str) -> Path:
+        return self._workdir / f"{name.replace(' ', '-')}.log"
+
+    def exit_code(self, name: str) -> int | None:
+        return self._procs[name].poll()
+
+    def log_tail(self, name: str, lines: int = 8) -> str:
+        text = self.log_path(name).read_text(errors="replace").strip().splitlines()
+        return "\n".join(text[-lines:])
+
+    def stop_all(self) -> None:
+        for proc in reversed(self._procs.values()):
+            _signal_group(proc, signal.SIGTERM)
+        for proc in reversed(self._procs.values()):
+            try:
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                _signal_group(proc, signal.SIGKILL)
+                proc.wait()
+        self._procs.clear()
+
+
+def _signal_group(proc: subprocess.Popen[bytes], signum: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signum)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind((HOST, 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def litellm_config(workload: Workload, upstream: str) -> dict[str, Any]:
+    model = workload.model
+    return {
+        "model_list": [
+            {
+                "model_name": model,
+                "litellm_params": {
+                    "model": f"openai/{model}",
+                    "api_base": upstream,
+                    "api_key": "unused",
+                },
+            }
+        ],
+        "litellm_settings": {
+            "telemetry": False,
+            "drop_params": True,
+            "num_retries": 0,
+            "request_timeout": CALL_TIMEOUT_S,
+            "turn_off_message_logging": True,
+        },
+        "general_settings": {"master_key": workload.api_key, "disable_spend_logs": True},
+    }
+
+
+def ensure_litellm() -> Path:
+    """The `litellm` command of `.venv-litellm`, installing it there first if needed."""
+    python = LITELLM_VENV / "bin" / "python"
+    if not python.exists():
+        console.print(f"creating {LITELLM_VENV.name} (LiteLLM stays out of .venv) ...")
+        _run_setup([sys.executable, "-m", "venv", str(LITELLM_VENV)])
+    if _installed_litellm(python) != LITELLM_VERSION:
+        console.print(f"installing litellm[proxy]=={LITELLM_VERSION} into {LITELLM_VENV.name} ...")
+        pip = [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
+        _run_setup([*pip, f"litellm[proxy]=={LITELLM_VERSION}"])
+    return LITELLM_VENV / "bin" / "litellm"
+
+
+def _installed_litellm(python: Path) -> str | None:
+    script = "import importlib.metadata as m; print(m.version('litellm'))"
+    found = subprocess.run([str(python), "-c", script], capture_output=True, text=True)
+    return found.stdout.strip() if found.returncode == 0 else None
+
+
+def _run_setup(argv: list[str]) -> None:
+    try:
+        subprocess.run(argv, check=True, capture_output=True, text=True, timeout=PIP_TIMEOUT_S)
+    except subprocess.CalledProcessError as exc:
+        errors = [line for line in exc.stderr.splitlines() if "ERROR" in line]
+        raise ServerFailed(f"`{' '.join(argv[:4])} ...` failed: {' '.join(errors[-2:])}") from exc
+    except subprocess.TimeoutExpired as exc:
+        raise ServerFailed(f"`{' '.join(argv[:4])} ...` took over {PIP_TIMEOUT_S:.0f} s") from exc
+
+
+def start_servers(
+    servers: Servers, workdir: Path, workload: Workload, litellm: Path | None
+) -> dict[str, str]:
+    """Start every server at once (they boot in parallel); returns each target's base URL."""
+    ports = {name: free_port() for name in ("direct", "art-proxy", "LiteLLM")}
+    urls = {name: f"http://{HOST}:{port}/v1" for name, port in ports.items()}
+    fake = urls["direct"]
+    fake_vllm = [sys.executable, "-m", "art_proxy.testing.fake_vllm", "--model", workload.model]
+    servers.start("direct", [*fake_vllm, *_bind(ports["direct"])])
+    store = f"sqlite:///{workdir / 'art.db'}"
+    art_proxy = Path(sys.executable).with_name("art-proxy")
+    servers.start(
+        "art-proxy",
+        [str(art_proxy), "serve", *_bind(ports["art-proxy"]), "--upstream", fake, "--store", store],
+    )
+    if litellm is None:
+        del urls["LiteLLM"]
+        return urls
+    config = workdir / "litellm.yaml"
+    config.write_text(json.dumps(litellm_config(workload, fake)))  # JSON is YAML
+    env = {k: v for k, v in os.environ.items() if k not in LITELLM_ENV_DROPPED}
+    servers.start(
+        "LiteLLM",
+        [str(litellm), "--config", str(config), *_bind(ports["LiteLLM"]), "--num_workers", "1"],
+        env=env | LITELLM_ENV,
+    )
+    return urls
+
+
+def _bind(port: int) -> list[str]:
+    return ["--host", HOST, "--port", str(port)]
+
+
+def health_url(name: str, base_url: str) -> str:
+    root = base_url.removesuffix("/v1")
+    # LiteLLM's /health calls every model; liveliness only says the server is up.
+    return root + ("/health/liveliness" if name == "LiteLLM" else "/health")
+
+
+async def wait_ready(session: aiohttp.ClientSession, servers: Servers, name: str, url: str) -> None:
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        code = servers.exit_code(name)
+        if code is not None:
+            raise ServerFailed(f"exited with code {code}:\n{servers.log_tail(name)}")
+        with contextlib.suppress(aiohttp.ClientError, TimeoutError):
+            async with session.get(url, timeout=aiohttp.ClientTimeout(total=2)) as response:
+                if response.status == 200:
+                    return
+        await asyncio.sleep(0.2)
+    raise ServerFailed(f"not ready after {START_TIMEOUT_S:.0f} s:\n{servers.log_tail(name)}")
+
+
+# ---------------------------------------------------------------- load
+
+
+class LoadGenerator:
+    """Small chat calls to one target; each says something new, so each is a new trajectory."""
+
+    _numbers = itertools.count()  # shared by all targets: no two calls of a run alike
+
+    def __init__(self, session: aiohttp.ClientSession, base_url: str, workload: Workload) -> None:
+        self._session = session
+        self._url = base_url + "/chat/completions"
+        self._model = workload.model
+        self._headers = {
+            "Content-Type": "application/json",
+            "Authorization": f"Bearer {workload.api_key}",
+        }
+
+    def _body(self, *, stream: bool) -> bytes:
+        content = f"hi {next(self._numbers)}"
+        return orjson.dumps(
+            {
+                "model": self._model,
+                "messages": [{"role": "user", "content": content}],
+                "max_tokens": 16,
+                "stream": stream,
+            }
+        )
+
+    async def call(self) -> float:
+        """One non-stream call; returns its latency in seconds."""
+        data = self._body(stream=False)
+        start = time.perf_counter()
+        async with self._session.post(self._url, data=data, headers=self._headers) as response:
+            body = await response.read()
+        elapsed = time.perf_counter() - start
+        if response.status != 200 or b'"choices"' not in body:
+            raise CallFailed(f"HTTP {response.status}: {body[:200]!r}")
+        return elapsed
+
+    async def first_byte(self) -> float:
+        """One stream call; returns the seconds until the first body byte, then drains it."""
+        data = self._body(stream=True)
+        start = time.perf_counter()
+        async with self._session.post(self._url, data=data, headers=self._headers) as response:
+            first = await response.content.readany()
+            elapsed = time.perf_counter() - start
+            rest = await response.content.read()
+        if response.status != 200 or b"[DONE]" not in first + rest:
+            raise CallFailed(f"HTTP {response.status}: stream without [DONE]: {rest[-200:]!r}")
+        return elapsed
+
+
+_CALL_ERRORS = (CallFailed, aiohttp.ClientError, TimeoutError)
+
+
+@dataclass
+class Phase:
+    """Outcomes of one phase: per-call seconds of the successes, and a count of the failures."""
+
+    seconds: list[float] = field(default_factory=list)
+    failed: int = 0
+    last_error: str = ""
+
+    def add_failure(self, exc: Exception) -> None:
+        self.failed += 1
+        self.last_error = f"{type(exc).__name__}: {exc}"
+
+    def checked(self, what: str) -> list[float]:
+        if not self.seconds:
+            raise ServerFailed(f"every {what} call failed; last: {self.last_error}")
+        return [s * 1000 for s in self.seconds]
+
+
+async def sequential(load: LoadGenerator, count: int, *, stream: bool = False) -> Phase:
+    phase = Phase()
+    deadline = time.monotonic() + PHASE_DEADLINE_S
+    for _ in range(count):
+        if time.monotonic() > deadline:
+            break
+        try:
+            phase.seconds.append(await (load.first_byte() if stream else load.call()))
+        except _CALL_ERRORS as exc:
+            phase.add_failure(exc)
+    return phase
+
+
+async def concurrent(load: LoadGenerator, concurrency: int, count: int) -> tuple[float, Phase]:
+    """Requests/s of `concurrency` callers sharing `count` calls (or the phase deadline)."""
+    phase = Phase()
+    remaining = count
+    deadline = time.monotonic() + PHASE_DEADLINE_S
+
+    async def caller() -> None:
+        nonlocal remaining
+        while remaining > 0 and time.monotonic() < deadline:
+            remaining -= 1
+            try:
+                phase.seconds.append(await load.call())
+            except _CALL_ERRORS as exc:
+                phase.add_failure(exc)
+
+    start = time.perf_counter()
+    await asyncio.gather(*(caller() for _ in range(concurrency)))
+    return len(phase.seconds) / (time.perf_counter() - start), phase
+
+
+async def measure(name: str, base_url: str, workload: Workload) -> TargetResult:
+    requests = workload.requests
+    connector = aiohttp.TCPConnector(limit=0)
+    timeout = aiohttp.ClientTimeout(total=CALL_TIMEOUT_S)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+        load = LoadGenerator(session, base_url, workload)
+        await concurrent(load, 4, WARMUP_REQUESTS)
+        console.print(f"  {name}: {requests} sequential calls ...")
+        latency = await sequential(load, requests)
+        throughput: dict[int, float] = {}
+        failed = latency.failed
+        for level in CONCURRENCY:
+            console.print(f"  {name}: {4 * requests} calls, {level} at a time ...")
+            throughput[level], phase = await concurrent(load, level, 4 * requests)
+            phase.checked(f"{level}-concurrent")
+            failed += phase.failed
+        console.print(f"  {name}: {requests // 2} sequential streams ...")
+        ttfb = await sequential(load, requests // 2, stream=True)
+        return TargetResult(
+            name,
+            latency.checked("sequential"),
+            throughput,
+            ttfb.checked("stream"),
+            failed + ttfb.failed,
+        )
+
+
+async def run_targets(servers: Servers, urls: dict[str, str], workload: Workload) -> Report:
+    report = Report()
+    async with aiohttp.ClientSession() as session:
+        for name, url in urls.items():
+            try:
+                await wait_ready(session, servers, name, health_url(name, url))
+            except ServerFailed as exc:
+                report.skipped[name] = f"did not start: {exc}"
+        for name, url in urls.items():
+            if name in report.skipped:
+                continue
+            console.print(f"measuring {name} ({url})")
+            try:
+                report.results[name] = await measure(name, url, workload)
+            except ServerFailed as exc:
+                report.skipped[name] = str(exc)
+        if "art-proxy" in report.results:
+            async with session.get(health_url("art-proxy", urls["art-proxy"])) as response:
+                report.proxy_health = await response.json()
+    return report
+
+
+# ---------------------------------------------------------------- report
+
+
+def print_report(report: Report, requests: int) -> None:
+    results = report.results
+    direct = results.get("direct")
+    table = Table(title=f"proxy overhead ({os.cpu_count()} cores shared by everything)")
+    for column in ("target", "p50 ms", "p90 ms", "added p50 ms"):
+        table.add_column(column, justify="right")
+    for level in CONCURRENCY:
+        table.add_column(f"req/s @{level}", justify="right")
+    table.add_column("stream TTFB p50 ms", justify="right")
+    table.add_column("failed calls", justify="right")
+    for result in results.values():
+        added = f"{result.p50_ms - direct.p50_ms:+.2f}" if direct else "-"
+        table.add_row(
+            result.name,
+            f"{result.p50_ms:.2f}",
+            f"{result.p90_ms:.2f}",
+            added if result is not direct else "",
+            *(f"{result.throughput[level]:,.0f}" for level in CONCURRENCY),
+            f"{result.ttfb_p50_ms:.2f}",
+            str(result.failed_calls),
+        )
+    console.print(table)
+    console.print(
+        f"sequential: {requests} calls per target; concurrent: up to {4 * requests} per level "
+        f"(or {PHASE_DEADLINE_S:.0f} s); streams: {requests // 2}; litellm=={LITELLM_VERSION}"
+    )
+    for name, why in report.skipped.items():
+        console.print(f"[yellow]{name} skipped:[/yellow] {why}")
+    if report.proxy_health:
+        health = report.proxy_health
+        console.print(
+            f"art-proxy recorded {health.get('calls')} calls "
+            f"({health.get('records_committed')} committed in {health.get('commits')} commits, "
+            f"{health.get('lost_records')} lost, {health.get('failed_calls')} failed)"
+        )
+    proxy = results.get("art-proxy")
+    if proxy is None or direct is None:
+        console.print("[red]no art-proxy figure: art-proxy or the fake upstream failed[/red]")
+        return
+    print_targets(proxy, direct, results.get("LiteLLM"))
+
+
+def print_targets(proxy: TargetResult, direct: TargetResult, litellm: TargetResult | None) -> None:
+    added_ms = proxy.p50_ms - direct.p50_ms
+    level = TARGET_CONCURRENCY
+    vs_direct = proxy.throughput[level] / direct.throughput[level]
+    table = Table(title="targets (from the issue)")
+    for column in ("check", "measured", "target", "verdict"):
+        table.add_column(column)
+    table.add_row("added p50 latency", f"{added_ms:+.2f} ms", f"<= {MAX_ADDED_P50_MS:g} ms",
+                  _verdict(added_ms <= MAX_ADDED_P50_MS))  # fmt: skip
+    key = f"art-proxy: {added_ms:+.2f} ms p50, {vs_direct:.2f}x direct @{level}"
+    if litellm is not None:
+        for other in CONCURRENCY:
+            ratio = proxy.throughput[other] / litellm.throughput[other]
+            target = f">= {MIN_THROUGHPUT_VS_LITELLM:g}x" if other == level else "(info)"
+            verdict = _verdict(ratio >= MIN_THROUGHPUT_VS_LITELLM) if other == level else ""
+            table.add_row(f"throughput vs LiteLLM @{other}", f"{ratio:.1f}x", target, verdict)
+        key += f", {proxy.throughput[level] / litellm.throughput[level]:.0f}x LiteLLM @{level}"
+    else:
+        table.add_row(f"throughput vs LiteLLM @{level}", "skipped", "", "")
+        key += ", LiteLLM skipped"
+    for other in CONCURRENCY:
+        ratio = proxy.throughput[other] / direct.throughput[other]
+        target = f">= {MIN_THROUGHPUT_VS_DIRECT:g}x" if other == level else "(info)"
+        verdict = _verdict(ratio >= MIN_THROUGHPUT_VS_DIRECT) if other == level else ""
+        table.add_row(f"throughput vs direct @{other}", f"{ratio:.2f}x", target, verdict)
+    added_ttfb = proxy.ttfb_p50_ms - direct.ttfb_p50_ms
+    table.add_row("added stream TTFB p50", f"{added_ttfb:+.2f} ms", "(info)", "")
+    console.print(table)
+    console.print(key)  # the key figure, last
+
+
+def _verdict(passed: bool) -> str:
+    return "[green]PASS[/green]" if passed else "[red]MISS[/red]"
+
+
+# ---------------------------------------------------------------- main
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    parser.add_argument(
+        "--requests",
+        type=int,
+        default=500,
+        help="sequential calls per target; each concurrency level sends 4x, streams 1/2x "
+        "(default: 500)",
+    )
+    parser.add_argument(
+        "--skip-litellm", action="store_true", help="measure only direct and art-proxy"
+    )
+    args = parser.parse_args(argv)
+    if args.requests < 2:
+        parser.error("--requests must be at least 2")
+    return args
+
+
+def run_async(coro: Coroutine[Any, Any, Report]) -> Report:
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(coro)
+    report: Report = uvloop.run(coro)
+    return report
+
+
+@contextlib.contextmanager
+def stopped_on_exit(servers: Servers) -> Iterator[Servers]:
+    # SIGTERM unwinds like Ctrl-C, so the `finally` below stops the servers either way.
+    previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
+    try:
+        yield servers
+    finally:
+        servers.stop_all()
+        signal.signal(signal.SIGTERM, previous)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parse_args(argv)
+    workload = Workload(FakeVllmConfig().model, f"sk-{secrets.token_hex(32)}", args.requests)
+    litellm: Path | None = None
+    skipped: dict[str, str] = {}
+    if args.skip_litellm:
+        skipped["LiteLLM"] = "--skip-litellm"
+    else:
+        try:
+            litellm = ensure_litellm()
+        except ServerFailed as exc:
+            skipped["LiteLLM"] = f"could not install it: {exc}"
+    with tempfile.TemporaryDirectory(prefix="proxy-overhead-") as tmp:
+        workdir = Path(tmp)
+        with stopped_on_exit(Servers(workdir)) as servers:
+            urls = start_servers(servers, workdir, workload, litellm)
+            console.print(f"started {', '.join(urls)}; waiting until they are ready ...")
+            report = run_async(run_targets(servers, urls, workload))
+    report.skipped |= skipped
+    print_report(report, args.requests)
+
+
+if __name__ == "__main__":
+    main()

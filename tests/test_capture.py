@@ -1,0 +1,190 @@
+"""Token capture: what is asked upstream, what the client gets back, and text-only upstreams."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+import openai
+import pytest
+from aiohttp import web
+
+from art_proxy.proxy.capture import StreamRecorder, strip_chunk, strip_response, upstream_body
+from art_proxy.proxy.server import RunningProxy, running_proxy
+from art_proxy.testing.fake_vllm import FakeVllm
+from tests.conftest import proxy_settings
+
+MODEL = "Qwen/Qwen2.5-0.5B-Instruct"
+
+
+def test_upstream_is_asked_for_token_ids_logprobs_and_usage() -> None:
+    sent, asks = upstream_body(
+        {"messages": [], "stream": True, "stream_options": {"continuous_usage_stats": True}},
+        "chat",
+        token_ids=True,
+    )
+    assert sent["return_token_ids"] is True and sent["logprobs"] is True
+    assert sent["stream_options"] == {"continuous_usage_stats": True, "include_usage": True}
+    assert not (asks.token_ids or asks.logprobs or asks.usage_chunk)
+
+
+def test_legacy_completions_ask_for_the_sampled_logprob_only_when_the_client_did_not() -> None:
+    sent, asks = upstream_body({"prompt": "x"}, "completion", token_ids=True)
+    assert sent["logprobs"] == 0 and not asks.logprobs
+    sent, asks = upstream_body({"prompt": "x", "logprobs": 3}, "completion", token_ids=True)
+    assert sent["logprobs"] == 3 and asks.logprobs
+
+
+def test_client_response_loses_what_it_did_not_ask_for() -> None:
+    _, asks = upstream_body({"messages": []}, "chat", token_ids=True)
+    response = {
+        "id": "x",
+        "prompt_token_ids": [1, 2],
+        "choices": [{"index": 0, "token_ids": [3], "logprobs": {"content": []}}],
+    }
+    stripped = strip_response(response, asks)
+    assert "prompt_token_ids" not in stripped
+    assert stripped["choices"] == [{"index": 0, "logprobs": None}]
+    assert response["prompt_token_ids"] == [1, 2], "the recorded original stays whole"
+
+
+def test_usage_chunk_is_dropped_unless_asked() -> None:
+    _, asks = upstream_body({"messages": [], "stream": True}, "chat", token_ids=True)
+    assert strip_chunk({"choices": [], "usage": {"total_tokens": 3}}, asks) is None
+    error = {"error": {"message": "boom"}}
+    assert strip_chunk(error, asks) == error
+
+
+def test_stream_recorder_keeps_ids_of_empty_delta_chunks() -> None:
+    recorder = StreamRecorder("chat")
+    chunks: list[dict[str, Any]] = [
+        {
+            "id": "c",
+            "model": "m",
+            "prompt_token_ids": [1],
+            "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}],
+        },
+        {
+            "id": "c",
+            "choices": [
+                {
+                    "index": 0,
+                    "delta": {},
+                    "token_ids": [7, 8],
+                    "logprobs": {"content": [{"logprob": -1.0}, {"logprob": -2.0}]},
+                }
+            ],
+        },
+        {
+            "id": "c",
+            "choices": [
+                {
+                    "index": 0,
+                    "delta": {"content": "hi"},
+                    "token_ids": [9],
+                    "logprobs": {"content": [{"logprob": -3.0}]},
+                    "finish_reason": "stop",
+                }
+            ],
+        },
+        {"id": "c", "choices": [], "usage": {"total_tokens": 4}},
+    ]
+    for chunk in chunks:
+        recorder.add(chunk)
+    rebuilt = recorder.response()
+    assert rebuilt["prompt_token_ids"] == [1]
+    assert rebuilt["choices"][0]["token_ids"] == [7, 8, 9]
+    assert rebuilt["choices"][0]["message"]["content"] == "hi"
+    assert rebuilt["usage"] == {"total_tokens": 4}
+
+
+@pytest.fixture
+async def hosted_api() -> AsyncIterator[str]:
+    """An upstream like a hosted API: it rejects vLLM's `return_token_ids` as OpenAI does."""
+
+    async def chat(request: web.Request) -> web.Response:
+        body = await request.json()
+        if "return_token_ids" in body:
+            error = {
+                "error": {
+                    "message": "Unrecognized request argument supplied: return_token_ids",
+                    "type": "invalid_request_error",
+                    "param": None,
+                    "code": None,
+                }
+            }
+            return web.json_response(error, status=400)
+        reply = {
+            "id": "chatcmpl-hosted",
+            "object": "chat.completion",
+            "created": 0,
+            "model": body["model"],
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": "hosted answer"},
+                    "logprobs": None,
+                    "finish_reason": "stop",
+                }
+            ],
+            "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5},
+        }
+        return web.json_response(reply)
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", chat)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        yield f"http://127.0.0.1:{runner.addresses[0][1]}/v1"
+    finally:
+        await runner.cleanup()
+
+
+async def test_upstream_without_token_ids_is_recorded_as_text_not_trainable(
+    sqlite_url: str, hosted_api: str
+) -> None:
+    async with (
+        running_proxy(proxy_settings(sqlite_url, hosted_api)) as proxy,
+        openai.AsyncOpenAI(base_url=proxy.base_url, api_key="unused") as client,
+    ):
+        for _ in range(2):  # the second call goes straight to the text-only request
+            reply = await client.chat.completions.create(
+                model="gpt-x", messages=[{"role": "user", "content": "hi"}]
+            )
+            assert reply.choices[0].message.content == "hosted answer"
+        trajectories = await proxy.parts.store.trajectories()
+        calls = await proxy.parts.store.calls([t.id for t in trajectories])
+    recorded = [call for found in calls.values() for call in found]
+    assert len(recorded) == 2
+    for call in recorded:
+        assert call.status == "ok" and not call.trainable
+        assert call.prompt_token_ids is None
+        assert call.response is not None
+        assert call.response["choices"][0]["message"]["content"] == "hosted answer"
+
+
+async def test_unknown_request_fields_reach_the_upstream(
+    sqlite_proxy: RunningProxy, vllm: FakeVllm
+) -> None:
+    async with aiohttp.ClientSession() as http:
+        body = {
+            "model": MODEL,
+            "messages": [{"role": "user", "content": "hi"}],
+            "response_format": {"type": "json_object"},
+            "top_k": 5,
+            "some_future_field": {"x": 1},
+        }
+        async with http.post(f"{sqlite_proxy.base_url}/chat/completions", json=body) as response:
+            assert response.status == 200
+    sent = vllm.requests[-1]
+    assert sent["some_future_field"] == {"x": 1} and sent["top_k"] == 5
+    assert sent["response_format"] == {"type": "json_object"}
+    trajectory = (await sqlite_proxy.parts.store.trajectories())[0]
+    whole = await sqlite_proxy.parts.store.trajectory(trajectory.id)
+    assert whole is not None and whole.calls is not None
+    assert whole.calls[0].sampling == {"top_k": 5}
+    assert whole.calls[0].request == body

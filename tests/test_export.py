@@ -1,0 +1,63 @@
+"""`art-proxy export`: one trajectory a line, with its messages, calls and token ids."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import openai
+
+from art_proxy.proxy.server import RunningProxy
+from art_proxy.records import ExportedTrajectory
+
+MODEL = "Qwen/Qwen2.5-0.5B-Instruct"
+
+
+def export(*args: str) -> subprocess.CompletedProcess[str]:
+    command = [str(Path(sys.executable).parent / "art-proxy"), "export", *args]
+    return subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
+
+
+async def two_turns(proxy: RunningProxy, opening: str, split: str) -> None:
+    async with openai.AsyncOpenAI(
+        base_url=proxy.base_url, api_key="unused", default_headers={"X-Art-Split": split}
+    ) as client:
+        messages: list[Any] = [{"role": "user", "content": opening}]
+        for follow_up in ("go on", None):
+            reply = await client.chat.completions.create(model=MODEL, messages=messages)
+            messages.append(reply.choices[0].message.model_dump(exclude_none=True))
+            if follow_up:
+                messages.append({"role": "user", "content": follow_up})
+
+
+async def test_export_writes_one_trajectory_a_line(proxy: RunningProxy, tmp_path: Path) -> None:
+    await two_turns(proxy, "first task", "train")
+    await two_turns(proxy, "second task", "val")
+    store = proxy.parts.settings.store
+    out = tmp_path / "out.jsonl"
+    result = await asyncio.to_thread(export, "--store", store, "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    assert "exported 2 trajectories" in result.stderr
+    lines = [ExportedTrajectory.model_validate_json(line) for line in out.read_text().splitlines()]
+    assert len(lines) == 2
+    for line in lines:
+        assert line.trainable
+        calls = line.trajectory.calls
+        assert calls is not None and len(calls) == 2
+        assert all(call.prompt_token_ids and call.completion_token_ids for call in calls)
+        assert [m["role"] for m in line.messages] == ["user", "assistant", "user", "assistant"]
+
+
+async def test_export_filters_by_split_to_standard_output(proxy: RunningProxy) -> None:
+    await two_turns(proxy, "train task", "train")
+    await two_turns(proxy, "val task", "val")
+    store = proxy.parts.settings.store
+    result = await asyncio.to_thread(export, "--store", store, "--split", "val")
+    assert result.returncode == 0, result.stderr
+    lines = [json.loads(line) for line in result.stdout.splitlines()]
+    assert len(lines) == 1 and lines[0]["trajectory"]["split"] == "val"
+    assert lines[0]["messages"][0]["content"] == "val task"

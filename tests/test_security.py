@@ -1,0 +1,373 @@
+"""Keys guard the proxy, never leak, and bad command lines fail in one line.
+
+Client calls need `api_key` when it is set, `/art/` needs `admin_key` (the API key is not enough),
+`/health` stays open for load balancers. No key or Authorization header ever reaches the store or the
+logs, and the upstream gets the upstream key, not the client's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import sqlite3
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import orjson
+import pytest
+from aiohttp import web
+
+from art_proxy.config import ProxySettings
+from art_proxy.proxy.server import RunningProxy, running_proxy, warn_if_exposed
+from art_proxy.testing.fake_vllm import FakeVllm, create_fake_vllm_app
+from tests.conftest import proxy_settings
+
+MODEL = "Qwen/Qwen2.5-0.5B-Instruct"
+CHAT: dict[str, Any] = {"model": MODEL, "messages": [{"role": "user", "content": "Hi there"}]}
+API_KEY = "sk-proxy-api-7f3a9c1e5b"
+ADMIN_KEY = "sk-proxy-admin-2d8e4b6a0c"
+UPSTREAM_KEY = "sk-upstream-9b1d3f5a7e"
+WRONG_KEY = "sk-wrong-key-4c6e8a0b2d"
+SECRETS = (API_KEY, ADMIN_KEY, UPSTREAM_KEY, WRONG_KEY)
+
+
+def bearer(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+@pytest.fixture
+async def http() -> AsyncIterator[aiohttp.ClientSession]:
+    async with aiohttp.ClientSession() as session:
+        yield session
+
+
+@pytest.fixture
+async def keyed_proxy(sqlite_url: str, vllm: FakeVllm) -> AsyncIterator[RunningProxy]:
+    settings = proxy_settings(sqlite_url, vllm.base_url, api_key=API_KEY, admin_key=ADMIN_KEY)
+    async with running_proxy(settings) as running:
+        yield running
+
+
+async def request(
+    http: aiohttp.ClientSession,
+    method: str,
+    url: str,
+    headers: dict[str, str] | None = None,
+    body: dict[str, Any] | None = None,
+) -> tuple[int, bytes]:
+    data = orjson.dumps(body) if body is not None else None
+    async with http.request(method, url, data=data, headers=headers) as response:
+        return response.status, await response.read()
+
+
+def assert_unauthorized(status: int, raw: bytes) -> None:
+    assert status == 401, raw
+    error = orjson.loads(raw)["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert error["code"] == 401
+    assert error["type"] == "AuthenticationError"
+    assert "Bearer" in error["message"]
+
+
+# --- keys ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        {},
+        bearer(WRONG_KEY),
+        {"Authorization": API_KEY},  # no scheme
+        {"Authorization": f"Basic {API_KEY}"},
+        bearer(API_KEY + "x"),
+        bearer(ADMIN_KEY),  # the admin key is not a client key
+    ],
+    ids=["none", "wrong", "no-scheme", "basic", "longer", "admin-key"],
+)
+async def test_client_call_without_the_api_key_is_401_and_nothing_is_recorded(
+    keyed_proxy: RunningProxy,
+    vllm: FakeVllm,
+    http: aiohttp.ClientSession,
+    headers: dict[str, str],
+) -> None:
+    url = keyed_proxy.base_url + "/chat/completions"
+    assert_unauthorized(*await request(http, "POST", url, headers, CHAT))
+    assert_unauthorized(*await request(http, "GET", keyed_proxy.base_url + "/models", headers))
+    assert vllm.requests == []
+    assert await keyed_proxy.parts.store.trajectories() == []
+
+
+async def test_client_call_with_the_api_key_as_bearer_is_200(
+    keyed_proxy: RunningProxy, http: aiohttp.ClientSession
+) -> None:
+    url = keyed_proxy.base_url + "/chat/completions"
+    status, _ = await request(http, "POST", url, bearer(API_KEY), CHAT)
+    assert status == 200
+    status, _ = await request(
+        http, "POST", url, {"Authorization": f"bearer  {API_KEY} "}, CHAT
+    )  # scheme case and spacing are not the client's problem
+    assert status == 200
+    status, _ = await request(http, "GET", keyed_proxy.base_url + "/models", bearer(API_KEY))
+    assert status == 200
+    assert len(await keyed_proxy.parts.store.trajectories()) >= 1
+
+
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [
+        ("GET", "/art/v1/trajectories"),
+        ("GET", "/art/v1/trajectories/some-id"),
+        ("POST", "/art/v1/trajectories/some-id/finish"),
+        ("GET", "/art/v1/groups"),
+        ("GET", "/art/v1/scenarios"),
+    ],
+)
+async def test_art_endpoints_need_the_admin_key_and_the_api_key_is_not_enough(
+    keyed_proxy: RunningProxy, http: aiohttp.ClientSession, method: str, path: str
+) -> None:
+    url = keyed_proxy.root_url + path
+    for headers in ({}, bearer(API_KEY), bearer(WRONG_KEY)):
+        assert_unauthorized(*await request(http, method, url, headers))
+    status, _ = await request(http, method, url, bearer(ADMIN_KEY))
+    assert status in (200, 404)  # 404: the trajectory "some-id" does not exist
+
+
+async def test_health_is_open_when_keys_are_set(
+    keyed_proxy: RunningProxy, http: aiohttp.ClientSession
+) -> None:
+    status, raw = await request(http, "GET", keyed_proxy.root_url + "/health")
+    assert status == 200
+    assert orjson.loads(raw)["status"] == "ok"
+
+
+def exposed_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [
+        record.getMessage()
+        for record in caplog.records
+        if record.levelno == logging.WARNING and record.name == "art_proxy.proxy.server"
+    ]
+
+
+async def test_binding_beyond_loopback_without_keys_logs_a_warning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.WARNING)
+    warn_if_exposed(ProxySettings(host="0.0.0.0"))
+    [warning] = exposed_warnings(caplog)
+    assert "0.0.0.0" in warning and "--api-key" in warning and "--admin-key" in warning
+
+
+async def test_binding_beyond_loopback_with_one_key_warns_about_the_other_without_its_value(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.WARNING)
+    warn_if_exposed(ProxySettings(host="0.0.0.0", api_key=API_KEY))
+    [warning] = exposed_warnings(caplog)
+    assert "--admin-key" in warning and "--api-key" not in warning
+    assert API_KEY not in caplog.text
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        ProxySettings(host="127.0.0.1"),
+        ProxySettings(host="localhost"),
+        ProxySettings(host="::1"),
+        ProxySettings(host="0.0.0.0", api_key=API_KEY, admin_key=ADMIN_KEY),
+    ],
+    ids=["ipv4-loopback", "localhost", "ipv6-loopback", "exposed-with-keys"],
+)
+async def test_no_warning_on_loopback_or_with_both_keys(
+    caplog: pytest.LogCaptureFixture, settings: ProxySettings
+) -> None:
+    caplog.set_level(logging.WARNING)
+    warn_if_exposed(settings)
+    assert exposed_warnings(caplog) == []
+
+
+# --- secrets never leak --------------------------------------------------------------------------
+
+
+@contextlib.asynccontextmanager
+async def fake_vllm_seeing_authorization() -> AsyncIterator[tuple[str, list[str | None]]]:
+    """The fake vLLM, plus the Authorization header of every request it answered."""
+    seen: list[str | None] = []
+    app = create_fake_vllm_app()
+
+    async def note(request: web.Request, _response: web.StreamResponse) -> None:
+        seen.append(request.headers.get("Authorization"))
+
+    app.on_response_prepare.append(note)
+    runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.5)
+    await runner.setup()
+    try:
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        yield f"http://127.0.0.1:{runner.addresses[0][1]}/v1", seen
+    finally:
+        await runner.cleanup()
+
+
+def dump_sqlite(path: str) -> str:
+    """Every row of every table, as text."""
+    lines: list[str] = []
+    with contextlib.closing(sqlite3.connect(path)) as connection:
+        tables = [
+            row[0]
+            for row in connection.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
+        ]
+        for table in tables:
+            for row in connection.execute(f'SELECT * FROM "{table}"'):
+                lines.append(f"{table}: {row!r}")
+    return "\n".join(lines)
+
+
+async def exercise_every_endpoint(proxy: RunningProxy, http: aiohttp.ClientSession) -> None:
+    """Calls of every kind (ok, streamed, upstream error, rejected) plus the admin API."""
+    client = bearer(API_KEY)
+    trajectory = {**client, "X-Art-Trajectory": "run-1"}
+    chat_url = proxy.base_url + "/chat/completions"
+    answers = [
+        await request(http, "POST", chat_url, trajectory, CHAT),
+        await request(http, "POST", chat_url, trajectory, {**CHAT, "stream": True}),
+        await request(
+            http, "POST", proxy.base_url + "/completions", client, {"model": MODEL, "prompt": "Hi"}
+        ),
+        await request(http, "GET", proxy.base_url + "/models", client),
+        await request(http, "GET", proxy.root_url + "/art/v1/trajectories", bearer(ADMIN_KEY)),
+        await request(
+            http,
+            "POST",
+            proxy.root_url + "/art/v1/trajectories/run-1/finish",
+            bearer(ADMIN_KEY),
+            {"reward": 1.0},
+        ),
+    ]
+    assert [status for status, _ in answers] == [200] * len(answers)
+    status, _ = await request(http, "POST", chat_url, client, {**CHAT, "model": "no-such-model"})
+    assert status == 404
+    status, _ = await request(http, "POST", chat_url, bearer(WRONG_KEY), CHAT)
+    assert status == 401
+    status, _ = await request(http, "GET", proxy.root_url + "/art/v1/groups", client)
+    assert status == 401
+
+
+async def test_keys_and_authorization_headers_never_reach_the_store_or_the_logs(
+    sqlite_url: str, http: aiohttp.ClientSession, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    async with fake_vllm_seeing_authorization() as (upstream, _seen):
+        settings = proxy_settings(
+            sqlite_url,
+            upstream,
+            api_key=API_KEY,
+            admin_key=ADMIN_KEY,
+            upstream_api_key=UPSTREAM_KEY,
+        )
+        async with running_proxy(settings) as proxy:
+            await exercise_every_endpoint(proxy, http)
+            assert proxy.parts.counters.calls == 4
+
+    stored = dump_sqlite(sqlite_url.removeprefix("sqlite:///"))
+    assert "Hello from the fake." in stored and "no-such-model" in stored  # the dump has the calls
+    logged = caplog.text + "\n".join(repr(record.__dict__) for record in caplog.records)
+    assert caplog.records, "nothing was logged: the log check would prove nothing"
+    for secret in SECRETS:
+        assert secret not in stored, f"{secret} is in the store"
+        assert secret not in logged, f"{secret} is in the logs"
+    assert "Authorization" not in stored and "Bearer" not in stored
+
+
+async def test_upstream_gets_the_upstream_key_not_the_client_key(
+    sqlite_url: str, http: aiohttp.ClientSession
+) -> None:
+    async with fake_vllm_seeing_authorization() as (upstream, seen):
+        settings = proxy_settings(
+            sqlite_url, upstream, api_key=API_KEY, upstream_api_key=UPSTREAM_KEY
+        )
+        async with running_proxy(settings) as proxy:
+            client = bearer(API_KEY)
+            chat_url = proxy.base_url + "/chat/completions"
+            for body in (CHAT, {**CHAT, "stream": True}):
+                status, _ = await request(http, "POST", chat_url, client, body)
+                assert status == 200
+            status, _ = await request(http, "GET", proxy.base_url + "/models", client)
+            assert status == 200
+    assert seen == [f"Bearer {UPSTREAM_KEY}"] * 3
+
+
+async def test_without_an_upstream_key_the_client_authorization_is_passed_on(
+    sqlite_url: str, http: aiohttp.ClientSession
+) -> None:
+    """An open proxy in front of a hosted API: the agent's own key is the upstream's key."""
+    async with fake_vllm_seeing_authorization() as (upstream, seen):
+        settings = proxy_settings(sqlite_url, upstream)
+        async with running_proxy(settings) as proxy:
+            chat_url = proxy.base_url + "/chat/completions"
+            status, _ = await request(http, "POST", chat_url, bearer("sk-agent-own"), CHAT)
+            assert status == 200
+            status, _ = await request(http, "POST", chat_url, {}, CHAT)
+            assert status == 200
+    assert seen == ["Bearer sk-agent-own", None]
+
+
+# --- the command line ------------------------------------------------------------------------
+
+
+async def run_cli(*args: str) -> tuple[int, str, str]:
+    script = Path(sys.executable).parent / "art-proxy"
+    command = (
+        [str(script)]
+        if script.exists()
+        else [sys.executable, "-c", "from art_proxy.cli import main; main()"]
+    )
+    process = await asyncio.create_subprocess_exec(
+        *command,
+        *args,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    stdout, stderr = await asyncio.wait_for(process.communicate(), timeout=20)
+    assert process.returncode is not None
+    return process.returncode, stdout.decode(), stderr.decode()
+
+
+def the_error_line(stderr: str) -> str:
+    """The one line that says what is wrong (a usage hint may precede it, no traceback)."""
+    assert "Traceback" not in stderr
+    errors = [line for line in stderr.splitlines() if line.lower().startswith("error")]
+    assert len(errors) == 1, stderr
+    return errors[0]
+
+
+@pytest.mark.parametrize(
+    ("args", "flag", "reason"),
+    [
+        (("serve", "--port", "notanumber"), "--port", "integer"),
+        (("serve", "--upstream", "ftp://x"), "--upstream", "ftp://x"),
+    ],
+    ids=["port", "upstream"],
+)
+async def test_cli_serve_with_a_bad_flag_exits_nonzero_with_a_one_line_message(
+    args: tuple[str, ...], flag: str, reason: str
+) -> None:
+    returncode, stdout, stderr = await run_cli(*args)
+    assert returncode != 0
+    line = the_error_line(stderr)
+    assert flag in line and reason in line
+    assert stdout == ""
+
+
+async def test_cli_export_from_a_store_in_a_missing_folder_exits_1_with_a_one_line_error() -> None:
+    returncode, stdout, stderr = await run_cli(
+        "export", "--store", "sqlite:////nonexistent/dir/x.db"
+    )
+    assert returncode == 1
+    assert len(stderr.strip().splitlines()) == 1, stderr
+    line = the_error_line(stderr)
+    assert "/nonexistent/dir" in line and "does not exist" in line
+    assert stdout == ""
