@@ -10,7 +10,6 @@ import asyncio
 import os
 import signal
 import socket
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -24,6 +23,8 @@ from art_proxy.testing.fake_vllm import FakeVllm
 
 MODEL = "Qwen/Qwen2.5-0.5B-Instruct"
 CLIENTS = 16
+# Completed calls before the kill: enough that several group commits are in flight.
+ENOUGH = 200
 
 
 def free_port() -> int:
@@ -37,11 +38,13 @@ def art_proxy_command() -> list[str]:
     return [str(Path(sys.executable).parent / "art-proxy")]
 
 
-async def wait_healthy(url: str, process: subprocess.Popen[bytes], timeout_s: float = 30) -> None:
+async def wait_healthy(
+    url: str, process: asyncio.subprocess.Process, timeout_s: float = 30
+) -> None:
     deadline = time.monotonic() + timeout_s
     async with aiohttp.ClientSession() as http:
         while time.monotonic() < deadline:
-            assert process.poll() is None, "art-proxy exited during start-up"
+            assert process.returncode is None, "art-proxy exited during start-up"
             try:
                 async with http.get(url) as response:
                     if response.status == 200:
@@ -74,7 +77,7 @@ async def one_call(http: aiohttp.ClientSession, base: str, index: int) -> str:
         return response_id
 
 
-async def load(base: str, completed: list[str], stop: asyncio.Event) -> None:
+async def load(base: str, completed: list[str], enough: asyncio.Event, stop: asyncio.Event) -> None:
     async with aiohttp.ClientSession() as http:
 
         async def client(number: int) -> None:
@@ -82,6 +85,8 @@ async def load(base: str, completed: list[str], stop: asyncio.Event) -> None:
             while not stop.is_set():
                 try:
                     completed.append(await one_call(http, base, index))
+                    if len(completed) >= ENOUGH:
+                        enough.set()
                 except (aiohttp.ClientError, ConnectionError, AssertionError):
                     return  # the proxy is gone
                 index += CLIENTS
@@ -91,36 +96,35 @@ async def load(base: str, completed: list[str], stop: asyncio.Event) -> None:
 
 async def test_every_completed_call_survives_sigkill(store_url: str, vllm: FakeVllm) -> None:
     port = free_port()
-    process = subprocess.Popen(
-        [
-            *art_proxy_command(),
-            "serve",
-            "--upstream",
-            vllm.base_url,
-            "--store",
-            store_url,
-            "--port",
-            str(port),
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+    process = await asyncio.create_subprocess_exec(
+        *art_proxy_command(),
+        "serve",
+        "--upstream",
+        vllm.base_url,
+        "--store",
+        store_url,
+        "--port",
+        str(port),
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.DEVNULL,
         env={**os.environ, "ART_PROXY_IDLE_TIMEOUT": "0"},
     )
     try:
         await wait_healthy(f"http://127.0.0.1:{port}/health", process)
         completed: list[str] = []
-        stop = asyncio.Event()
-        load_task = asyncio.create_task(load(f"http://127.0.0.1:{port}/v1", completed, stop))
-        while len(completed) < 200:
-            await asyncio.sleep(0.02)
+        enough, stop = asyncio.Event(), asyncio.Event()
+        load_task = asyncio.create_task(
+            load(f"http://127.0.0.1:{port}/v1", completed, enough, stop)
+        )
+        await asyncio.wait_for(enough.wait(), timeout=60)
         process.send_signal(signal.SIGKILL)
-        process.wait(timeout=10)
+        await asyncio.wait_for(process.wait(), timeout=10)
         stop.set()
         await asyncio.wait_for(load_task, timeout=30)
     finally:
-        if process.poll() is None:
+        if process.returncode is None:
             process.kill()
-            process.wait()
+            await process.wait()
 
     store = await TrajectoryStore.open(store_url, writer=False)
     try:
@@ -133,5 +137,5 @@ async def test_every_completed_call_survives_sigkill(store_url: str, vllm: FakeV
     finally:
         await store.aclose()
     missing = set(completed) - recorded
-    assert len(completed) >= 200
+    assert len(completed) >= ENOUGH
     assert not missing, f"{len(missing)} of {len(completed)} completed calls are not in the store"

@@ -77,6 +77,7 @@ def _lifecycle(settings: ProxySettings) -> Callable[[web.Application], AsyncIter
             settings.upstream,
             api_key=settings.upstream_api_key,
             timeout_s=settings.upstream_timeout,
+            pass_client_key=not settings.api_key,
         ) as upstreams:
             relay = Relay(
                 upstreams, tracker, Recorder(store, tracker, settings.on_store_error, counters)

@@ -21,9 +21,18 @@ _CONNECT_TIMEOUT_S = 10.0
 
 
 class Upstreams:
-    def __init__(self, urls: list[str], *, api_key: str | None, timeout_s: float) -> None:
+    def __init__(
+        self,
+        urls: list[str],
+        *,
+        api_key: str | None,
+        timeout_s: float,
+        pass_client_key: bool = True,
+    ) -> None:
         self.urls = urls
         self._api_key = api_key
+        # A client's own key goes upstream only through an open proxy: behind --api-key it is ours.
+        self._pass_client_key = pass_client_key
         self._timeout = aiohttp.ClientTimeout(
             total=None, sock_connect=_CONNECT_TIMEOUT_S, sock_read=timeout_s or None
         )
@@ -56,7 +65,7 @@ class Upstreams:
         headers = {"Content-Type": "application/json"}
         if self._api_key:
             headers["Authorization"] = f"Bearer {self._api_key}"
-        elif client_authorization:
+        elif client_authorization and self._pass_client_key:
             headers["Authorization"] = client_authorization
         return headers
 
