@@ -22,7 +22,7 @@ $(STAMP): pyproject.toml trainer/pyproject.toml integrations/pyproject.toml
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/art-proxy up --demo
+	$(BIN)/art-proxy up --run '$(BIN)/python examples/openai_sdk/agent.py --rollouts 4'
 
 lint: $(STAMP)
 	$(BIN)/ruff format --check .

@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.logging import RichHandler
 
 from art_proxy.cli_options import settings_command
-from art_proxy.config import ExportSettings, ProxySettings
+from art_proxy.config import ExportSettings, ProxySettings, UpSettings
 from art_proxy.errors import ConfigError, StoreError
 
 app = typer.Typer(
@@ -84,6 +84,17 @@ async def _export(settings: ExportSettings, out: IO[str]) -> int:
     finally:
         await store.aclose()
     return count
+
+
+@settings_command(
+    app, "up", UpSettings, "Start the embedded stack: inference server and proxy (Ctrl-C stops)."
+)
+def up(settings: UpSettings) -> None:
+    from art_proxy.up import run_stack
+
+    status = asyncio.run(run_stack(settings))
+    if status:
+        raise typer.Exit(status)
 
 
 def main() -> None:

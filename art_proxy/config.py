@@ -70,3 +70,22 @@ class ExportSettings(StoreSettings):
         None, description="Only trajectories in this status (open, finished)."
     )
     split: str | None = Field(None, description="Only this split (train, val, prod).")
+
+
+class UpSettings(StoreSettings):
+    model: str | None = Field(
+        None, description="local-llm model: HF directory or .gguf file (default: bundled SmolLM2)."
+    )
+    vllm: str | None = Field(
+        None, description="Start `vllm serve MODEL` (GPU) instead of the bundled local-llm."
+    )
+    max_lora_rank: int = Field(16, description="vLLM --max-lora-rank (vLLM mode only).")
+    tool_call_parser: str = Field("hermes", description="vLLM --tool-call-parser (vLLM mode only).")
+    host: str = Field("127.0.0.1", description="Address the proxy binds.")
+    port: int = Field(8100, description="Port of the proxy.")
+    llm_port: int = Field(8000, description="Port of the inference server.")
+    run: str | None = Field(
+        None,
+        description="Once up, run this shell command with OPENAI_BASE_URL set, print what was "
+        "recorded, and stop the stack when it ends.",
+    )

@@ -1,0 +1,257 @@
+"""`art-proxy up`: the embedded stack (inference server + proxy) as one command.
+
+Each part is a child process whose output is streamed with its name in front. Parts start in order
+and each must answer its health check before the next starts. The stack stops cleanly (SIGTERM, then
+SIGKILL after a grace period) on Ctrl-C, when any part dies (its last lines are shown), or, with
+`--run CMD`, when that command ends, after a summary of what the proxy recorded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shlex
+import signal
+import sys
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import aiohttp
+from rich.console import Console
+from rich.table import Table
+
+from art_proxy.config import UpSettings
+
+console = Console(stderr=True, highlight=False)
+
+_STOP_GRACE_S = 10.0
+_TAIL_LINES = 15
+
+
+class StackError(Exception):
+    """A part failed to start or died; the message says which and shows its last lines."""
+
+
+@dataclass
+class Part:
+    name: str
+    argv: list[str]
+    health_url: str
+    ready_timeout_s: float
+    color: str
+    env: dict[str, str] = field(default_factory=dict)
+    process: asyncio.subprocess.Process | None = None
+    tail: deque[str] = field(default_factory=lambda: deque(maxlen=_TAIL_LINES))
+
+    def died(self) -> StackError:
+        code = self.process.returncode if self.process else None
+        lines = "\n".join(f"    {line}" for line in self.tail) or "    (no output)"
+        return StackError(f"{self.name} exited with status {code}; its last lines:\n{lines}")
+
+
+def _flags(**values: object) -> list[str]:
+    """`_flags(max_loras=4)` -> `["--max-loras", "4"]`; True is a bare flag, None is left out."""
+    argv: list[str] = []
+    for name, value in values.items():
+        if value is None or value is False:
+            continue
+        argv.append("--" + name.replace("_", "-"))
+        if value is not True:
+            argv.append(str(value))
+    return argv
+
+
+def plan(settings: UpSettings) -> list[Part]:
+    """The parts of the stack, in start order."""
+    art_proxy = str(Path(sys.executable).parent / "art-proxy")
+    llm_url = f"http://127.0.0.1:{settings.llm_port}"
+    if settings.vllm:
+        vllm_flags = _flags(
+            port=settings.llm_port,
+            enable_lora=True,
+            max_lora_rank=settings.max_lora_rank,
+            max_loras=4,
+            logprobs_mode="processed_logprobs",  # pi_old must be the distribution sampled from
+            enable_auto_tool_choice=True,
+            tool_call_parser=settings.tool_call_parser,
+        )
+        llm = Part(
+            "vllm",
+            ["vllm", "serve", settings.vllm, *vllm_flags],
+            f"{llm_url}/health",
+            ready_timeout_s=900,
+            color="magenta",
+            env={"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"},
+        )
+    else:
+        llm = Part(
+            "local-llm",
+            [art_proxy, "local-llm", *_flags(port=settings.llm_port, model=settings.model)],
+            f"{llm_url}/health",
+            ready_timeout_s=600,  # the first start converts the bundled GGUF once
+            color="magenta",
+        )
+    proxy_flags = _flags(
+        upstream=f"{llm_url}/v1", store=settings.store, host=settings.host, port=settings.port
+    )
+    proxy = Part(
+        "proxy",
+        [art_proxy, "serve", *proxy_flags],
+        f"http://{settings.host}:{settings.port}/health",
+        ready_timeout_s=60,
+        color="cyan",
+    )
+    return [llm, proxy]
+
+
+async def _pipe_output(part: Part) -> None:
+    assert part.process is not None and part.process.stdout is not None
+    async for raw in part.process.stdout:
+        line = raw.decode("utf-8", "replace").rstrip()
+        part.tail.append(line)
+        console.print(f"[{part.color}]{part.name:>9}[/] | {line}", markup=True, soft_wrap=True)
+
+
+async def _start(part: Part, pipes: list[asyncio.Task[None]]) -> None:
+    console.print(f"[bold]starting {part.name}[/]: {shlex.join(part.argv)}")
+    try:
+        part.process = await asyncio.create_subprocess_exec(
+            *part.argv,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+            env={**os.environ, **part.env},
+            start_new_session=True,  # Ctrl-C reaches us only; we stop the parts in order
+        )
+    except FileNotFoundError as exc:
+        raise StackError(f"{part.name}: {part.argv[0]} is not installed") from exc
+    pipes.append(asyncio.create_task(_pipe_output(part)))
+    deadline = time.monotonic() + part.ready_timeout_s
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2)) as http:
+        while time.monotonic() < deadline:
+            if part.process.returncode is not None:
+                await asyncio.sleep(0.2)  # let the last lines arrive
+                raise part.died()
+            try:
+                async with http.get(part.health_url) as response:
+                    if response.status == 200:
+                        console.print(f"[bold green]{part.name} ready[/]")
+                        return
+            except (aiohttp.ClientError, TimeoutError):
+                pass
+            await asyncio.sleep(0.25)
+    raise StackError(f"{part.name} was not ready after {part.ready_timeout_s:.0f} s")
+
+
+async def _stop(parts: list[Part]) -> None:
+    for part in reversed(parts):
+        process = part.process
+        if process is None or process.returncode is not None:
+            continue
+        process.send_signal(signal.SIGTERM)
+        try:
+            await asyncio.wait_for(process.wait(), timeout=_STOP_GRACE_S)
+        except TimeoutError:
+            process.kill()
+            await process.wait()
+        console.print(f"stopped {part.name}")
+
+
+async def _first_death(parts: list[Part]) -> Part:
+    waits = {asyncio.create_task(part.process.wait()): part for part in parts if part.process}
+    done, pending = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    for task in pending:
+        task.cancel()
+    return waits[next(iter(done))]
+
+
+async def run_stack(settings: UpSettings) -> int:
+    """Bring the stack up, serve (or run `--run`), bring it down; returns an exit status."""
+    parts = plan(settings)
+    pipes: list[asyncio.Task[None]] = []
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop.set)
+    proxy_root = f"http://{settings.host}:{settings.port}"
+    try:
+        for part in parts:
+            await _start(part, pipes)
+        console.rule("[bold green]art-proxy is up")
+        console.print(f"export OPENAI_BASE_URL={proxy_root}/v1")
+        console.print(f"store: {settings.store}   trajectories: {proxy_root}/art/v1/trajectories")
+        console.print("trainer: not part of this release yet (the GRPO sidecar comes next)")
+        if settings.run:
+            status = await _run_command(settings.run, f"{proxy_root}/v1", stop)
+            await summarize(proxy_root)
+            return status
+        console.print("Ctrl-C stops everything.")
+        stopper = asyncio.create_task(stop.wait())
+        death = asyncio.create_task(_first_death(parts))
+        done, _ = await asyncio.wait({stopper, death}, return_when=asyncio.FIRST_COMPLETED)
+        stopper.cancel()
+        death.cancel()
+        if death in done:
+            raise death.result().died()
+        return 0
+    except StackError as exc:
+        console.print(f"[red]error:[/] {exc}")
+        return 1
+    finally:
+        await _stop(parts)
+        for pipe in pipes:
+            pipe.cancel()
+
+
+async def _run_command(command: str, base_url: str, stop: asyncio.Event) -> int:
+    console.rule(f"running: {command}")
+    env = {**os.environ, "OPENAI_BASE_URL": base_url, "OPENAI_API_KEY": "art-proxy-local"}
+    process = await asyncio.create_subprocess_shell(command, env=env)
+    stopper = asyncio.create_task(stop.wait())
+    finished = asyncio.create_task(process.wait())
+    await asyncio.wait({stopper, finished}, return_when=asyncio.FIRST_COMPLETED)
+    stopper.cancel()
+    if not finished.done():
+        process.terminate()
+        await process.wait()
+    status = process.returncode or 0
+    console.rule(f"command exited with status {status}")
+    return status
+
+
+async def summarize(proxy_root: str) -> None:
+    """One screen on what the proxy recorded: trajectories, calls, tokens, stitching."""
+    async with aiohttp.ClientSession() as http:
+        async with http.get(f"{proxy_root}/art/v1/trajectories?limit=50") as response:
+            trajectories = (await response.json())["data"]
+        async with http.get(f"{proxy_root}/health") as response:
+            health = await response.json()
+        table = Table(title="recorded trajectories (newest first)")
+        for column in (
+            "trajectory",
+            "scenario",
+            "group",
+            "calls",
+            "completion tokens",
+            "trainable",
+        ):
+            table.add_column(column)
+        for summary in trajectories[:20]:
+            async with http.get(f"{proxy_root}/art/v1/trajectories/{summary['id']}") as response:
+                whole = await response.json()
+            calls = whole["calls"]
+            tokens = sum(len(ids) for c in calls for ids in c["completion_token_ids"] or [])
+            table.add_row(
+                summary["id"][:10],
+                summary["scenario_id"][:16],
+                summary["group_id"][:8],
+                str(len(calls)),
+                str(tokens),
+                "yes" if calls and all(c["trainable"] for c in calls) else "no",
+            )
+    console.print(table)
+    console.print(
+        f"{health['calls']} calls recorded, {health['failed_calls']} failed, "
+        f"{health['stitch_misses']} stitch misses, {health['lost_records']} lost records"
+    )
