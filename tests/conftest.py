@@ -10,6 +10,7 @@ import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import aiohttp
 import asyncpg
 import pytest
 
@@ -54,6 +55,12 @@ async def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIter
         yield f"postgresql://postgres@127.0.0.1:5432/{name}"
     finally:
         await _drop_postgres_database(name)
+
+
+@pytest.fixture
+async def http() -> AsyncIterator[aiohttp.ClientSession]:
+    async with aiohttp.ClientSession() as session:
+        yield session
 
 
 @pytest.fixture

@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
-import pytest
 
 from art_proxy.proxy.server import RunningProxy, running_proxy
 from art_proxy.testing.fake_vllm import FakeVllm
@@ -15,12 +13,6 @@ from art_proxy_integrations import attribution_headers, scenario_base_url
 from tests.conftest import proxy_settings
 
 MODEL = "Qwen/Qwen2.5-0.5B-Instruct"
-
-
-@pytest.fixture
-async def http() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession() as session:
-        yield session
 
 
 async def chat(

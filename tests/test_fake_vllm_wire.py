@@ -37,12 +37,6 @@ async def vllm() -> AsyncIterator[FakeVllm]:
         yield fake
 
 
-@pytest.fixture
-async def http() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession() as session:
-        yield session
-
-
 async def post(
     http: aiohttp.ClientSession, url: str, body: dict[str, Any] | bytes
 ) -> tuple[int, Any]:

@@ -11,7 +11,6 @@ import contextlib
 import socket
 import sqlite3
 import time
-from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
@@ -31,12 +30,6 @@ USER = [{"role": "user", "content": "What is 2 + 2?"}]
 CHAT: dict[str, Any] = {"model": MODEL, "messages": USER}
 # Long enough that a slow stream is still running when the client leaves.
 LONG_REPLY = " ".join(f"word{i}" for i in range(60))
-
-
-@pytest.fixture
-async def http() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession() as session:
-        yield session
 
 
 async def post(

@@ -40,12 +40,6 @@ def bearer(key: str) -> dict[str, str]:
 
 
 @pytest.fixture
-async def http() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession() as session:
-        yield session
-
-
-@pytest.fixture
 async def keyed_proxy(sqlite_url: str, vllm: FakeVllm) -> AsyncIterator[RunningProxy]:
     settings = proxy_settings(sqlite_url, vllm.base_url, api_key=API_KEY, admin_key=ADMIN_KEY)
     async with running_proxy(settings) as running:
@@ -313,6 +307,23 @@ async def test_without_an_upstream_key_the_client_authorization_is_passed_on(
             status, _ = await request(http, "POST", chat_url, {}, CHAT)
             assert status == 200
     assert seen == ["Bearer sk-agent-own", None]
+
+
+async def test_the_proxy_api_key_is_not_passed_on_to_the_upstream(
+    sqlite_url: str, http: aiohttp.ClientSession
+) -> None:
+    """Behind `--api-key` the client's Authorization is the proxy's key, not the upstream's."""
+    async with fake_vllm_seeing_authorization() as (upstream, seen):
+        settings = proxy_settings(sqlite_url, upstream, api_key=API_KEY)
+        async with running_proxy(settings) as proxy:
+            client = bearer(API_KEY)
+            status, _ = await request(
+                http, "POST", proxy.base_url + "/chat/completions", client, CHAT
+            )
+            assert status == 200
+            status, _ = await request(http, "GET", proxy.base_url + "/models", client)
+            assert status == 200
+    assert seen == [None, None]
 
 
 # --- the command line ------------------------------------------------------------------------

@@ -1,7 +1,8 @@
 """Store URLs, engines and migrations.
 
 Users write `sqlite:///art.db` or `postgresql://...`; the async drivers (aiosqlite, asyncpg) are
-filled in here so the same code serves both. SQLite runs in WAL mode with `synchronous=NORMAL`: a
+filled in here so the same code serves both. Engines hide statement parameters from errors and
+logs: they are conversation content, which belongs in the store and nowhere else. SQLite runs in WAL mode with `synchronous=NORMAL`: a
 commit is durable against the process being killed (the WAL is in the OS page cache), which is the
 durability the proxy promises, without an fsync per commit.
 """
@@ -50,10 +51,12 @@ def create_engine(url: str) -> AsyncEngine:
         assert database is not None
         if not Path(database).parent.exists():
             raise ConfigError(f"store {url!r}: folder {Path(database).parent} does not exist")
-        engine = create_async_engine(full_url)
+        engine = create_async_engine(full_url, hide_parameters=True)
         event.listen(engine.sync_engine, "connect", _sqlite_pragmas)
         return engine
-    return create_async_engine(full_url, pool_size=10, max_overflow=10, pool_pre_ping=True)
+    return create_async_engine(
+        full_url, pool_size=10, max_overflow=10, pool_pre_ping=True, hide_parameters=True
+    )
 
 
 def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
