@@ -199,3 +199,43 @@ async def test_trajectory_stays_on_one_upstream(
         for fake in (one, two):
             # Each upstream saw whole conversations: every run there has all three turns.
             assert sorted(len(r["messages"]) for r in fake.requests) == [1, 1, 3, 3, 5, 5]
+
+
+async def test_identical_sibling_conversations_stay_separate_trajectories(
+    proxy: RunningProxy, http: aiohttp.ClientSession
+) -> None:
+    """Rollouts that happen to say the same thing still continue their own trajectory each."""
+
+    async def run() -> None:
+        messages: list[dict[str, Any]] = [{"role": "user", "content": "same words"}]
+        for turn in range(3):
+            reply = await chat(http, proxy.base_url, messages)
+            messages = continued(messages, reply, f"turn {turn}")
+
+    await asyncio.gather(*(run() for _ in range(4)))
+    listed = (await admin_get(http, proxy, "/trajectories"))["data"]
+    assert sorted(t["call_count"] for t in listed) == [3, 3, 3, 3]
+    assert len({t["group_id"] for t in listed}) == 1
+
+
+async def test_a_failed_call_leaves_the_trajectory_continuable_by_a_retry(
+    store_url: str, http: aiohttp.ClientSession
+) -> None:
+    from art_proxy.testing.fake_vllm import FakeVllmConfig, running_fake_vllm
+
+    async with running_fake_vllm(FakeVllmConfig()) as vllm:
+        settings = proxy_settings(store_url, vllm.base_url)
+        async with running_proxy(settings) as proxy:
+            messages = [{"role": "user", "content": "retry me"}]
+            reply = await chat(http, proxy.base_url, messages)
+            messages = continued(messages, reply, "next")
+            bad = {"model": "no-such-model", "messages": messages}
+            async with http.post(f"{proxy.base_url}/chat/completions", json=bad) as response:
+                assert response.status == 404
+            await chat(http, proxy.base_url, messages)
+            listed = (await admin_get(http, proxy, "/trajectories"))["data"]
+            assert len(listed) == 1 and listed[0]["call_count"] == 3
+            whole = await proxy.parts.store.trajectory(listed[0]["id"])
+    assert whole is not None and whole.calls is not None
+    assert [c.status for c in whole.calls] == ["ok", "upstream_error", "ok"]
+    assert whole.calls[2].stitched

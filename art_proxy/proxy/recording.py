@@ -108,7 +108,14 @@ class Recorder:
             [
                 *assignment.new_rows,
                 (RowKind.call, row),
-                (RowKind.touch, {"b_id": assignment.trajectory_id, "b_now": now}),
+                (
+                    RowKind.touch,
+                    {
+                        "b_id": assignment.trajectory_id,
+                        "b_now": now,
+                        "b_tip": keys[0] if keys else None,
+                    },
+                ),
             ]
         )
         self.counters.calls += 1

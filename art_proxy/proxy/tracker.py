@@ -40,7 +40,9 @@ class _Trajectory:
     next_seq: int = 0
     # prompt + completion ids of each choice of the last call: a stitched call starts with one.
     previous_sequences: list[list[int]] = field(default_factory=list)
-    continuation_keys: list[str] = field(default_factory=list)
+    # Continuation keys of the latest answered call (one per choice); empty while a call that
+    # continues it is in flight, so identical sibling conversations each keep their own.
+    tip_keys: list[str] = field(default_factory=list)
     # Rows creating the trajectory, until a commit carried them (a lost first record must not
     # orphan the calls after it; the inserts are idempotent).
     unsaved_rows: list[tuple[RowKind, dict[str, Any]]] = field(default_factory=list)
@@ -67,6 +69,7 @@ class Assignment:
     attribution: Attribution
     previous_sequences: list[list[int]]
     new_rows: list[tuple[RowKind, dict[str, Any]]]
+    claimed_tip: list[str] = field(default_factory=list)  # given back if the call fails
 
 
 class TrajectoryTracker:
@@ -83,7 +86,7 @@ class TrajectoryTracker:
         self._group_size = group_size
         self._group_window = group_window
         self._trajectories: dict[str, _Trajectory] = {}
-        self._continuations: dict[str, str] = {}
+        self._tips: dict[str, list[str]] = {}  # continuation key -> trajectory ids, oldest first
         self._groups: dict[str, _Group] = {}
         self._scenario_locks: dict[str, asyncio.Lock] = {}
 
@@ -97,9 +100,12 @@ class TrajectoryTracker:
             if known is not None:
                 return self._next_call(known, "url" if explicit.source == "url" else "header")
         elif messages:
-            continued = await self._by_continuation(continuation_candidates(messages))
-            if continued is not None and explicit.scenario_id in (None, continued.scenario_id):
-                return self._next_call(continued, "continuation")
+            continued = await self._by_continuation(
+                continuation_candidates(messages), explicit.scenario_id
+            )
+            if continued is not None:
+                claimed = self._move_tip(continued, [])
+                return self._next_call(continued, "continuation", claimed)
         scenario_id = explicit.scenario_id or auto_scenario_id(messages or [])
         with self._scenario_lock(scenario_id) as lock:
             async with lock:
@@ -113,17 +119,17 @@ class TrajectoryTracker:
         *,
         committed: bool,
     ) -> None:
-        """Remember a recorded call so the agent's next call can continue it."""
+        """Remember a recorded call: an answered one becomes the tip the next call continues."""
         state = self._trajectories.get(assignment.trajectory_id)
         if state is None:
             return
         if committed and assignment.new_rows:
             state.unsaved_rows = []
-        if sequences:
+        if continuation_keys:
             state.previous_sequences = sequences
-        for key in continuation_keys:
-            self._continuations[key] = state.id
-        state.continuation_keys.extend(continuation_keys)
+            self._move_tip(state, continuation_keys)
+        elif not state.tip_keys:  # failed: the agent may retry from where it was
+            self._move_tip(state, assignment.claimed_tip)
 
     def forget(self, trajectory_ids: list[str]) -> None:
         """Drop finished trajectories from memory (they no longer take calls)."""
@@ -131,12 +137,24 @@ class TrajectoryTracker:
             state = self._trajectories.pop(trajectory_id, None)
             if state is None:
                 continue
-            for key in state.continuation_keys:
-                if self._continuations.get(key) == trajectory_id:
-                    del self._continuations[key]
+            self._move_tip(state, [])
             group = self._groups.get(state.scenario_id)
             if group is not None:
                 group.open_ids.discard(trajectory_id)
+
+    def _move_tip(self, state: _Trajectory, keys: list[str]) -> list[str]:
+        """Point `state`'s tip at `keys`; returns the keys it had."""
+        previous = state.tip_keys
+        for key in previous:
+            owners = self._tips.get(key, [])
+            if state.id in owners:
+                owners.remove(state.id)
+            if not owners:
+                self._tips.pop(key, None)
+        state.tip_keys = list(keys)
+        for key in keys:
+            self._tips.setdefault(key, []).append(state.id)
+        return previous
 
     # --- lookups ---------------------------------------------------------------------------------
 
@@ -154,8 +172,10 @@ class TrajectoryTracker:
             )
         return self._adopt(row)
 
-    async def _by_continuation(self, keys: list[str]) -> _Trajectory | None:
-        """The open trajectory whose last call this call extends (keys longest conversation first).
+    async def _by_continuation(
+        self, keys: list[str], scenario_id: str | None
+    ) -> _Trajectory | None:
+        """The open trajectory whose tip this call extends (keys longest conversation first).
 
         Memory answers when it knows the newest candidate (the common case: the agent's last call
         went through this proxy). Otherwise the store does, which covers conversations another
@@ -164,26 +184,31 @@ class TrajectoryTracker:
         """
         if not keys:
             return None
-        newest = self._in_memory(keys[0])
+        newest = self._tip_owner(keys[0], scenario_id)
         if newest is not None:
             return newest
-        found = await self._store.open_trajectories_by_continuation(keys)
+        found = await self._store.open_trajectories_by_tip(keys)
         for key in keys:
-            row = found.get(key)
-            if row is None:
-                continue
-            state = self._trajectories.get(row["id"]) or self._adopt(row)
-            state.next_seq = max(state.next_seq, int(row["call_count"]))
-            state.previous_sequences = _sequences(row)
-            self._continuations[key] = state.id
-            state.continuation_keys.append(key)
-            return state
+            for row in found.get(key, []):
+                if scenario_id not in (None, row["scenario_id"]):
+                    continue
+                state = self._trajectories.get(row["id"])
+                if state is not None and not state.tip_keys:
+                    continue  # a call continuing it is in flight here
+                state = state or self._adopt(row)
+                state.next_seq = max(state.next_seq, int(row["call_count"]))
+                state.previous_sequences = _sequences(row)
+                return state
         # Not in the store: maybe its record was lost (store errors) while memory kept it.
-        return next((s for s in map(self._in_memory, keys[1:]) if s is not None), None)
+        owners = (self._tip_owner(key, scenario_id) for key in keys[1:])
+        return next((owner for owner in owners if owner is not None), None)
 
-    def _in_memory(self, key: str) -> _Trajectory | None:
-        trajectory_id = self._continuations.get(key)
-        return self._trajectories.get(trajectory_id) if trajectory_id is not None else None
+    def _tip_owner(self, key: str, scenario_id: str | None) -> _Trajectory | None:
+        for trajectory_id in self._tips.get(key, []):
+            state = self._trajectories[trajectory_id]
+            if scenario_id in (None, state.scenario_id):
+                return state
+        return None
 
     def _adopt(self, row: JsonObject) -> _Trajectory:
         """Take over an open trajectory another proxy (or an earlier run) started."""
@@ -199,10 +224,12 @@ class TrajectoryTracker:
         self._trajectories[state.id] = state
         return state
 
-    def _next_call(self, state: _Trajectory, attribution: Attribution) -> Assignment:
+    def _next_call(
+        self, state: _Trajectory, attribution: Attribution, claimed_tip: list[str] | None = None
+    ) -> Assignment:
         seq = state.next_seq
         state.next_seq += 1
-        return _assignment(state, seq, attribution, list(state.unsaved_rows))
+        return _assignment(state, seq, attribution, list(state.unsaved_rows), claimed_tip or [])
 
     # --- new trajectories ------------------------------------------------------------------------
 
@@ -256,6 +283,7 @@ class TrajectoryTracker:
                     "updated_at": now,
                     "upstream": state.upstream,
                     "call_count": 0,
+                    "tip_key": None,
                     "metrics": {},
                     "metadata": {},
                 },
@@ -289,6 +317,7 @@ def _assignment(
     seq: int,
     attribution: Attribution,
     rows: list[tuple[RowKind, dict[str, Any]]],
+    claimed_tip: list[str] | None = None,
 ) -> Assignment:
     return Assignment(
         trajectory_id=state.id,
@@ -300,6 +329,7 @@ def _assignment(
         attribution=attribution,
         previous_sequences=state.previous_sequences,
         new_rows=rows,
+        claimed_tip=claimed_tip or [],
     )
 
 

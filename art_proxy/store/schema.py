@@ -51,9 +51,13 @@ trajectories = sa.Table(
     sa.Column("reward", sa.Float),
     sa.Column("metrics", Json, nullable=False),
     sa.Column("metadata", Json, nullable=False),
+    # Continuation key of the latest answered call: the call an unmodified agent's next call
+    # extends (see proxy/tracker.py). Only open trajectories are looked up by it.
+    sa.Column("tip_key", sa.String(64)),
     sa.Index("ix_trajectories_group", "group_id"),
     sa.Index("ix_trajectories_scenario_status", "scenario_id", "status"),
     sa.Index("ix_trajectories_status_updated", "status", "updated_at"),
+    sa.Index("ix_trajectories_tip_key", "tip_key"),
 )
 
 calls = sa.Table(

@@ -69,21 +69,19 @@ class TrajectoryStore:
 
     # --- state the proxy needs to attribute a call it has not seen itself -----------------------
 
-    async def open_trajectories_by_continuation(self, keys: Sequence[str]) -> dict[str, JsonObject]:
-        """For each key, the open trajectory whose call has it, with that call's token ids."""
+    async def open_trajectories_by_tip(self, keys: Sequence[str]) -> dict[str, list[JsonObject]]:
+        """Open trajectories whose latest answered call has one of `keys`, oldest first, each
+        with that call's token ids (for the stitch check)."""
         query = (
-            sa.select(
-                T,
-                C.c.continuation_key,
-                C.c.prompt_token_ids,
-                C.c.completion_token_ids,
-            )
-            .join(C, C.c.trajectory_id == T.c.id)
-            .where(C.c.continuation_key.in_(keys), T.c.status == "open")
-            .order_by(C.c.created_at)
+            sa.select(T, C.c.prompt_token_ids, C.c.completion_token_ids)
+            .join(C, sa.and_(C.c.trajectory_id == T.c.id, C.c.continuation_key == T.c.tip_key))
+            .where(T.c.tip_key.in_(keys), T.c.status == "open")
+            .order_by(T.c.created_at, C.c.seq)
         )
-        # Oldest first, so a key two calls share maps to the newest one.
-        return {row["continuation_key"]: row for row in await self._all(query)}
+        by_key: dict[str, dict[str, JsonObject]] = {}
+        for row in await self._all(query):
+            by_key.setdefault(row["tip_key"], {})[row["id"]] = row  # the latest such call wins
+        return {key: list(rows.values()) for key, rows in by_key.items()}
 
     async def trajectory_row(self, trajectory_id: str) -> JsonObject | None:
         """A trajectory row plus its last call's token ids (for the stitch check)."""

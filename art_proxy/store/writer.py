@@ -39,7 +39,7 @@ class RowKind(IntEnum):
     group = 1
     trajectory = 2
     call = 3
-    touch = 4  # bump a trajectory's call_count and updated_at
+    touch = 4  # bump a trajectory's call_count and updated_at, move its tip when answered
 
 
 @dataclass(frozen=True)
@@ -65,6 +65,7 @@ def _statements(dialect: str) -> dict[RowKind, sa.Executable]:
         .values(
             call_count=schema.trajectories.c.call_count + 1,
             updated_at=sa.bindparam("b_now"),
+            tip_key=sa.func.coalesce(sa.bindparam("b_tip"), schema.trajectories.c.tip_key),
         )
     )
     return {

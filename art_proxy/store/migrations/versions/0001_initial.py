@@ -52,10 +52,12 @@ def upgrade() -> None:
         sa.Column("reward", sa.Float),
         sa.Column("metrics", Json, nullable=False),
         sa.Column("metadata", Json, nullable=False),
+        sa.Column("tip_key", sa.String(64)),
     )
     op.create_index("ix_trajectories_group", "trajectories", ["group_id"])
     op.create_index("ix_trajectories_scenario_status", "trajectories", ["scenario_id", "status"])
     op.create_index("ix_trajectories_status_updated", "trajectories", ["status", "updated_at"])
+    op.create_index("ix_trajectories_tip_key", "trajectories", ["tip_key"])
     op.create_table(
         "calls",
         sa.Column("id", sa.String(64), primary_key=True),

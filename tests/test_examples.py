@@ -1,0 +1,61 @@
+"""The examples and the README run as written (the README's code blocks are executed here)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+from art_proxy.proxy.server import RunningProxy
+
+ROOT = Path(__file__).resolve().parent.parent
+MODEL = "Qwen/Qwen2.5-0.5B-Instruct"
+
+
+async def test_openai_sdk_example_records_one_group_of_stitched_trajectories(
+    proxy: RunningProxy,
+) -> None:
+    env = {
+        **os.environ,
+        "OPENAI_BASE_URL": proxy.base_url,
+        "OPENAI_API_KEY": "unused",
+        "ART_MODEL": MODEL,
+    }
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        str(ROOT / "examples/openai_sdk/agent.py"),
+        "--rollouts",
+        "3",
+        env=env,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
+    output, _ = await asyncio.wait_for(process.communicate(), timeout=60)
+    assert process.returncode == 0, output.decode()
+    trajectories = await proxy.parts.store.trajectories()
+    assert len(trajectories) == 3
+    assert len({t.group_id for t in trajectories}) == 1
+    calls = await proxy.parts.store.calls([t.id for t in trajectories])
+    for trajectory in trajectories:
+        recorded = calls[trajectory.id]
+        assert [c.seq for c in recorded] == [0, 1]
+        assert all(c.trainable for c in recorded) and recorded[1].stitched
+
+
+def python_blocks(markdown: str) -> list[str]:
+    return re.findall(r"```python\n(.*?)```", markdown, flags=re.DOTALL)
+
+
+@pytest.mark.parametrize("block", python_blocks((ROOT / "README.md").read_text()))
+def test_readme_python_blocks_run(block: str) -> None:
+    exec(compile(block, "README.md", "exec"), {})
+
+
+def test_ci_runs_the_readme_test_command() -> None:
+    readme = (ROOT / "README.md").read_text()
+    assert "make test" in readme and "make demo" in readme
+    assert "make test" in (ROOT / ".ci/run").read_text()
