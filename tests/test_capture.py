@@ -188,3 +188,23 @@ async def test_unknown_request_fields_reach_the_upstream(
     assert whole is not None and whole.calls is not None
     assert whole.calls[0].sampling == {"top_k": 5}
     assert whole.calls[0].request == body
+
+
+async def test_stream_chunks_reach_the_client_before_the_upstream_finishes(
+    sqlite_url: str, http: aiohttp.ClientSession
+) -> None:
+    """Relayed as they arrive: the first chunk is read while the call is still unrecorded."""
+    from art_proxy.testing.fake_vllm import FakeVllmConfig, running_fake_vllm
+
+    async with (
+        running_fake_vllm(FakeVllmConfig(chunk_delay_s=0.05)) as slow,
+        running_proxy(proxy_settings(sqlite_url, slow.base_url)) as proxy,
+    ):
+        body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "stream": True}
+        async with http.post(f"{proxy.base_url}/chat/completions", json=body) as response:
+            first = await response.content.readline()
+            assert first.startswith(b"data: ")
+            assert proxy.parts.counters.calls == 0, "the stream must not be buffered whole"
+            rest = await response.read()
+        assert rest.rstrip().endswith(b"data: [DONE]")
+        assert proxy.parts.counters.calls == 1
