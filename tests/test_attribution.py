@@ -239,3 +239,16 @@ async def test_a_failed_call_leaves_the_trajectory_continuable_by_a_retry(
     assert whole is not None and whole.calls is not None
     assert [c.status for c in whole.calls] == ["ok", "upstream_error", "ok"]
     assert whole.calls[2].stitched
+
+
+async def test_siblings_on_two_proxies_join_one_group_once_the_store_is_merged(
+    store_url: str, vllm: FakeVllm, http: aiohttp.ClientSession
+) -> None:
+    settings = proxy_settings(store_url, vllm.base_url)
+    async with running_proxy(settings) as first, running_proxy(settings) as second:
+        await chat(http, first.base_url, [{"role": "user", "content": "shared task"}])
+        groups = await first.parts.store.open_groups()
+        second.parts.tracker.refresh_groups(groups)  # what housekeeping does every second
+        await chat(http, second.base_url, [{"role": "user", "content": "shared task"}])
+        listed = (await admin_get(http, first, "/groups"))["data"]
+    assert [group["size"] for group in listed] == [2]

@@ -85,7 +85,7 @@ def _lifecycle(settings: ProxySettings) -> Callable[[web.Application], AsyncIter
             app[PARTS] = ProxyParts(
                 settings, store, tracker, counters, relay, Admin(store, tracker)
             )
-            sweeper = asyncio.create_task(_finish_idle(settings.idle_timeout, store, tracker))
+            sweeper = asyncio.create_task(_housekeeping(settings.idle_timeout, store, tracker))
             try:
                 yield
             finally:
@@ -136,22 +136,28 @@ async def _health(request: web.Request) -> web.Response:
     )
 
 
-async def _finish_idle(
+# Seconds between merges of the store's open groups into memory (see tracker.refresh_groups).
+_GROUP_REFRESH_S = 1.0
+
+
+async def _housekeeping(
     idle_timeout: float, store: TrajectoryStore, tracker: TrajectoryTracker
 ) -> None:
-    if idle_timeout <= 0:
-        return
-    period = min(max(idle_timeout / 4, 0.05), 5.0)
+    """Finish idle trajectories and keep the tracker's view of groups current, off the hot path."""
+    period = (
+        min(_GROUP_REFRESH_S, max(idle_timeout / 4, 0.05)) if idle_timeout > 0 else _GROUP_REFRESH_S
+    )
     while True:
         await asyncio.sleep(period)
         try:
-            finished = await store.finish_idle(utcnow() - timedelta(seconds=idle_timeout))
+            if idle_timeout > 0:
+                finished = await store.finish_idle(utcnow() - timedelta(seconds=idle_timeout))
+                if finished:
+                    tracker.forget(finished)
+                    log.info("finished %d idle trajectories", len(finished))
+            tracker.refresh_groups(await store.open_groups())
         except StoreError as exc:
-            log.error("could not finish idle trajectories: %s", exc)
-            continue
-        if finished:
-            tracker.forget(finished)
-            log.info("finished %d idle trajectories", len(finished))
+            log.error("housekeeping failed (will retry): %s", exc)
 
 
 @web.middleware

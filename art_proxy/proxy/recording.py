@@ -12,6 +12,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any
 
 from art_proxy.config import OnStoreError
 from art_proxy.errors import StoreError, StoreUnavailable
@@ -104,20 +105,14 @@ class Recorder:
             "attribution": assignment.attribution,
             "continuation_key": keys[0] if keys else None,
         }
-        batch = Batch(
-            [
-                *assignment.new_rows,
-                (RowKind.call, row),
-                (
-                    RowKind.touch,
-                    {
-                        "b_id": assignment.trajectory_id,
-                        "b_now": now,
-                        "b_tip": keys[0] if keys else None,
-                    },
-                ),
-            ]
-        )
+        batch = Batch([*_creation_rows(assignment, now, keys), (RowKind.call, row)])
+        if assignment.seq > 0 or not assignment.new_rows:
+            touch = {
+                "b_id": assignment.trajectory_id,
+                "b_now": now,
+                "b_tip": keys[0] if keys else None,
+            }
+            batch = Batch([*batch.rows, (RowKind.touch, touch)])
         self.counters.calls += 1
         if outcome.status != "ok":
             self.counters.failed_calls += 1
@@ -157,3 +152,17 @@ def _stitched(prompt_ids: list[int] | None, previous: list[list[int]]) -> bool:
     if prompt_ids is None:
         return False
     return any(prompt_ids[: len(sequence)] == sequence for sequence in previous)
+
+
+def _creation_rows(
+    assignment: Assignment, now: datetime, keys: list[str]
+) -> list[tuple[RowKind, dict[str, Any]]]:
+    """The rows that create the trajectory; a first call is folded into them (one statement less)."""
+    if assignment.seq > 0:
+        return list(assignment.new_rows)
+    rows: list[tuple[RowKind, dict[str, Any]]] = []
+    for kind, row in assignment.new_rows:
+        if kind is RowKind.trajectory:
+            row = {**row, "call_count": 1, "updated_at": now, "tip_key": keys[0] if keys else None}
+        rows.append((kind, row))
+    return rows

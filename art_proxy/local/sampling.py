@@ -1,0 +1,103 @@
+"""Sampling one token per row, with the logprobs of the distribution it was drawn from.
+
+The logprobs are "processed" (vLLM's `--logprobs-mode processed_logprobs`): after temperature,
+top-k and top-p, so a recorded logprob is exactly pi_old of the sampled token, which is what GRPO's
+importance ratio needs. Greedy rows (temperature 0) report the raw distribution, as vLLM does, since
+dividing by zero defines none. Each request with a `seed` draws from its own `torch.Generator`, so
+its tokens do not depend on which other requests share the batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    max_tokens: int  # ids a choice may generate, its stop id included
+    temperature: float = 1.0  # 0 = greedy
+    top_p: float = 1.0  # 1 = off
+    top_k: int = 0  # 0 = off
+    seed: int | None = None  # None = the process's random state
+    stop: tuple[str, ...] = ()  # strings that end a choice; cut from its text, its ids kept
+    stop_token_ids: tuple[int, ...] = ()  # ids that end a choice besides EOS
+    ignore_eos: bool = False  # EOS does not end the choice (benchmarks, tests)
+    top_logprobs: int = 0  # runners-up reported per token (0 = only the sampled one)
+
+
+@dataclass(frozen=True, slots=True)
+class TokenLogprob:
+    logprob: float  # of the sampled id; may be -inf
+    top: tuple[tuple[int, float], ...]  # the `top_logprobs` best ids, best first
+
+
+@dataclass(frozen=True, slots=True)
+class Sampled:
+    token_ids_B: list[int]
+    logprobs_B: list[TokenLogprob]
+
+
+def sample(
+    logits_B_V: torch.Tensor,
+    params_B: Sequence[SamplingParams],
+    generators_B: Sequence[torch.Generator | None],
+) -> Sampled:
+    logprobs_B_V = processed_logprobs(logits_B_V, params_B)
+    token_ids_B = []
+    for row, (params, generator) in enumerate(zip(params_B, generators_B, strict=True)):
+        if params.temperature == 0:
+            token_ids_B.append(int(logprobs_B_V[row].argmax()))
+        else:
+            probs_V = logprobs_B_V[row].exp()
+            token_ids_B.append(int(torch.multinomial(probs_V, 1, generator=generator)))
+    ids_B = torch.tensor(token_ids_B)
+    chosen_B = logprobs_B_V.gather(1, ids_B[:, None])[:, 0].tolist()
+    k = max(params.top_logprobs for params in params_B)
+    ids: list[list[int]] = []
+    values: list[list[float]] = []
+    if k:
+        top_values_B_K, top_ids_B_K = logprobs_B_V.topk(k, dim=-1)
+        values, ids = top_values_B_K.tolist(), top_ids_B_K.tolist()
+    logprobs_B = []
+    for row, params in enumerate(params_B):
+        n = params.top_logprobs
+        top = tuple(zip(ids[row][:n], values[row][:n], strict=True)) if n else ()
+        logprobs_B.append(TokenLogprob(chosen_B[row], top))
+    return Sampled(token_ids_B, logprobs_B)
+
+
+def processed_logprobs(
+    logits_B_V: torch.Tensor, params_B: Sequence[SamplingParams]
+) -> torch.Tensor:
+    """log_softmax of the logits after each row's temperature, top-k and top-p (greedy: raw)."""
+    logits_B_V = logits_B_V.float()
+    temperatures_B = torch.tensor([p.temperature or 1.0 for p in params_B])
+    scaled_B_V = logits_B_V / temperatures_B[:, None]
+    sampled_rows = [row for row, p in enumerate(params_B) if p.temperature > 0]
+    top_k_rows = [row for row in sampled_rows if 0 < params_B[row].top_k < logits_B_V.shape[-1]]
+    if top_k_rows:
+        ks = [params_B[row].top_k for row in top_k_rows]
+        kth_values_R = torch.stack(
+            [scaled_B_V[row].topk(k).values[-1] for row, k in zip(top_k_rows, ks, strict=True)]
+        )
+        rows_R = torch.tensor(top_k_rows)
+        kept_R_V = scaled_B_V[rows_R] >= kth_values_R[:, None]
+        scaled_B_V[rows_R] = scaled_B_V[rows_R].masked_fill(~kept_R_V, float("-inf"))
+    top_p_rows = [row for row in sampled_rows if params_B[row].top_p < 1.0]
+    if top_p_rows:
+        rows_R = torch.tensor(top_p_rows)
+        top_p_R = torch.tensor([params_B[row].top_p for row in top_p_rows])
+        scaled_B_V[rows_R] = _top_p_masked(scaled_B_V[rows_R], top_p_R)
+    return torch.log_softmax(scaled_B_V, dim=-1)
+
+
+def _top_p_masked(logits_R_V: torch.Tensor, top_p_R: torch.Tensor) -> torch.Tensor:
+    """Keep the smallest set of best ids whose probability reaches top_p (at least one id)."""
+    sorted_R_V, order_R_V = logits_R_V.sort(dim=-1, descending=True)
+    probs_R_V = sorted_R_V.softmax(dim=-1)
+    before_R_V = probs_R_V.cumsum(dim=-1) - probs_R_V  # mass of the ids ranked above each one
+    sorted_R_V = sorted_R_V.masked_fill(before_R_V >= top_p_R[:, None], float("-inf"))
+    return torch.empty_like(logits_R_V).scatter_(-1, order_R_V, sorted_R_V)

@@ -1,0 +1,220 @@
+"""vLLM's side of the OpenAI wire: its error bodies, request-field rules, SSE framing, model cards.
+
+Shared by the servers that stand in for vLLM (the test fake in `art_proxy.testing` and the embedded
+`art-proxy local-llm`), so both answer the same malformed request the same way. Errors here use
+vLLM's own type names (`InvalidUserInput`, `NotFoundError`, ...) and are not `art_proxy.errors`,
+which describes the proxy's side of the wire. See `VLLM_WIRE.md` for the shapes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+# vLLM's default `--max-logprobs`: asking for more top logprobs is a 400.
+MAX_LOGPROBS = 20
+# vLLM sends -inf logprobs as this number, since JSON has no infinity.
+MIN_LOGPROB = -9999.0
+# vLLM sets no body limit; agent histories easily pass aiohttp's 1 MiB default.
+MAX_BODY_BYTES = 256 * 1024 * 1024
+
+_STATUS_TYPES = {
+    400: "BadRequestError",
+    404: "NotFoundError",
+    429: "RateLimitError",
+    503: "ServiceUnavailableError",
+}
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+class ApiError(Exception):
+    """An error answered with vLLM's body shape; `code` equals the HTTP status."""
+
+    def __init__(
+        self, status: int, message: str, *, type: str | None = None, param: str | None = None
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type = type or _STATUS_TYPES.get(status, "InternalServerError")
+        self.param = param
+
+    def body(self) -> dict[str, Any]:
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.type,
+                "param": self.param,
+                "code": self.status,
+            }
+        }
+
+    def response(self) -> web.Response:
+        return web.Response(
+            status=self.status, body=orjson.dumps(self.body()), content_type="application/json"
+        )
+
+
+@web.middleware
+async def errors_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """`ApiError` as vLLM's body; unknown routes and methods in FastAPI's shape, as vLLM answers."""
+    try:
+        return await handler(request)
+    except ApiError as exc:
+        return exc.response()
+    except web.HTTPException as exc:
+        if exc.status in (404, 405):
+            return web.json_response({"detail": exc.reason}, status=exc.status)
+        raise
+
+
+def completion_limit(prompt_len: int, max_tokens: int | None, max_model_len: int) -> int:
+    """How many ids a choice may generate (None = the rest of the context); no room is a 400."""
+    if max_tokens is None:
+        if prompt_len >= max_model_len:
+            raise ApiError(
+                400,
+                f"This model's maximum context length is {max_model_len} tokens. However, your "
+                f"request has {prompt_len} input tokens. Please reduce the length of the "
+                "input messages.",
+                param="input_tokens",
+            )
+        return max_model_len - prompt_len
+    if prompt_len + max_tokens > max_model_len:
+        raise ApiError(
+            400,
+            f"This model's maximum context length is {max_model_len} tokens. However, you "
+            f"requested {prompt_len + max_tokens} tokens ({prompt_len} in the messages, "
+            f"{max_tokens} in the completion). Please reduce the length of the messages or "
+            "completion.",
+            param="input_tokens",
+        )
+    return max_tokens
+
+
+def model_card(
+    name: str, *, root: str, parent: str | None, max_model_len: int, created: int
+) -> dict[str, Any]:
+    """One `/v1/models` entry; `parent` is None for a base model, the base's name for an adapter."""
+    return {
+        "id": name,
+        "object": "model",
+        "created": created,
+        "owned_by": "vllm",
+        "root": root,
+        "parent": parent,
+        # vLLM states the context length on base models only.
+        "max_model_len": max_model_len if parent is None else None,
+        "permission": [
+            {
+                "id": f"modelperm-{name}",
+                "object": "model_permission",
+                "created": created,
+                "allow_create_engine": False,
+                "allow_sampling": True,
+                "allow_logprobs": True,
+                "allow_search_indices": False,
+                "allow_view": True,
+                "allow_fine_tuning": False,
+                "organization": "*",
+                "group": None,
+                "is_blocking": False,
+            }
+        ],
+    }
+
+
+# -- request bodies ------------------------------------------------------------------------
+
+
+async def read_json_object(request: web.Request) -> dict[str, Any]:
+    try:
+        body = orjson.loads(await request.read())
+    except orjson.JSONDecodeError as exc:
+        raise ApiError(400, f"JSON decode error: {exc}") from exc
+    if not isinstance(body, dict):
+        raise ApiError(400, "The request body must be a JSON object.")
+    return body
+
+
+def int_field(
+    body: dict[str, Any],
+    name: str,
+    default: int | None,
+    *,
+    minimum: int,
+    maximum: int | None = None,
+) -> int | None:
+    value = body.get(name)
+    if value is None:
+        return default
+    # JSON true is a Python int; vLLM's pydantic models reject it for integer fields.
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ApiError(400, f"'{name}' must be an integer.", param=name)
+    if value < minimum or (maximum is not None and value > maximum):
+        bound = f"between {minimum} and {maximum}" if maximum is not None else f">= {minimum}"
+        raise ApiError(400, f"'{name}' must be {bound}, got {value}.", param=name)
+    return value
+
+
+def float_field(
+    body: dict[str, Any], name: str, default: float, *, minimum: float, maximum: float
+) -> float:
+    value = body.get(name)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ApiError(400, f"'{name}' must be a number.", param=name)
+    if not minimum <= value <= maximum:
+        raise ApiError(
+            400, f"'{name}' must be between {minimum} and {maximum}, got {value}.", param=name
+        )
+    return float(value)
+
+
+def bool_field(body: dict[str, Any], name: str) -> bool:
+    value = body.get(name)
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise ApiError(400, f"'{name}' must be a boolean.", param=name)
+    return value
+
+
+def include_usage(body: dict[str, Any], stream: bool) -> bool:
+    options = body.get("stream_options")
+    if options is None:
+        return False
+    if not stream:
+        raise ApiError(
+            400, "Stream options can only be defined when `stream=True`.", param="stream_options"
+        )
+    if not isinstance(options, dict):
+        raise ApiError(400, "'stream_options' must be an object.", param="stream_options")
+    return bool_field(options, "include_usage")
+
+
+def json_response(payload: dict[str, Any]) -> web.Response:
+    return web.Response(body=orjson.dumps(payload), content_type="application/json")
+
+
+# -- server-sent events --------------------------------------------------------------------
+
+
+async def open_event_stream(request: web.Request) -> web.StreamResponse:
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    await response.prepare(request)
+    return response
+
+
+async def send_event(response: web.StreamResponse, payload: dict[str, Any]) -> None:
+    await response.write(b"data: " + orjson.dumps(payload) + b"\n\n")
+
+
+async def close_event_stream(response: web.StreamResponse) -> None:
+    await response.write(b"data: [DONE]\n\n")
+    await response.write_eof()
