@@ -15,6 +15,7 @@ from rich.logging import RichHandler
 from art_proxy.cli_options import settings_command
 from art_proxy.config import ExportSettings, ProxySettings, UpSettings
 from art_proxy.errors import ConfigError, StoreError
+from art_proxy.local.cli import LocalLlmSettings
 
 app = typer.Typer(
     name="art-proxy",
@@ -84,6 +85,24 @@ async def _export(settings: ExportSettings, out: IO[str]) -> int:
     finally:
         await store.aclose()
     return count
+
+
+@settings_command(
+    app,
+    "local-llm",
+    LocalLlmSettings,
+    "Serve a model on CPU behind vLLM's OpenAI API, runtime LoRA included (no GPU, no vLLM).",
+)
+def local_llm(settings: LocalLlmSettings) -> None:
+    # Imported here: torch and transformers load only when this command runs.
+    from art_proxy.local.cli import run_local_llm
+    from art_proxy.local.errors import ModelLoadError
+
+    _configure_logging()
+    try:
+        run_local_llm(settings)
+    except (ModelLoadError, OSError) as exc:
+        _fail(str(exc))
 
 
 @settings_command(

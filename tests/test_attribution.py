@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+from datetime import timedelta
 from typing import Any
 
 import aiohttp
 
 from art_proxy.proxy.server import RunningProxy, running_proxy
+from art_proxy.store.trajectory_store import utcnow
 from art_proxy.testing.fake_vllm import FakeVllm
 from art_proxy_integrations import attribution_headers, scenario_base_url
 from tests.conftest import proxy_settings
@@ -247,7 +249,7 @@ async def test_siblings_on_two_proxies_join_one_group_once_the_store_is_merged(
     settings = proxy_settings(store_url, vllm.base_url)
     async with running_proxy(settings) as first, running_proxy(settings) as second:
         await chat(http, first.base_url, [{"role": "user", "content": "shared task"}])
-        groups = await first.parts.store.open_groups()
+        groups = await first.parts.store.active_groups(utcnow() - timedelta(seconds=5))
         second.parts.tracker.refresh_groups(groups)  # what housekeeping does every second
         await chat(http, second.base_url, [{"role": "user", "content": "shared task"}])
         listed = (await admin_get(http, first, "/groups"))["data"]

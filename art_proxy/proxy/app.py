@@ -147,15 +147,18 @@ async def _housekeeping(
     period = (
         min(_GROUP_REFRESH_S, max(idle_timeout / 4, 0.05)) if idle_timeout > 0 else _GROUP_REFRESH_S
     )
+    since = utcnow()
     while True:
         await asyncio.sleep(period)
         try:
+            started = utcnow()
+            tracker.refresh_groups(await store.active_groups(since - timedelta(seconds=period)))
+            since = started
             if idle_timeout > 0:
                 finished = await store.finish_idle(utcnow() - timedelta(seconds=idle_timeout))
                 if finished:
                     tracker.forget(finished)
                     log.info("finished %d idle trajectories", len(finished))
-            tracker.refresh_groups(await store.open_groups())
         except StoreError as exc:
             log.error("housekeeping failed (will retry): %s", exc)
 

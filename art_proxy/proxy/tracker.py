@@ -51,7 +51,8 @@ class _Group:
     size: int
     open_ids: set[str]  # members started here and not finished
     newest_start: float  # monotonic seconds
-    open_elsewhere: bool = False  # the store says members started by other proxies are open
+    # Until when (monotonic) the store's word that other proxies' members are open holds.
+    elsewhere_until: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -289,32 +290,29 @@ class TrajectoryTracker:
     def _joinable(self, group: _Group) -> bool:
         if self._group_size and group.size >= self._group_size:
             return False
-        recent = time.monotonic() - group.newest_start < self._group_window
-        return bool(group.open_ids) or group.open_elsewhere or recent
+        now = time.monotonic()
+        recent = now - group.newest_start < self._group_window
+        return bool(group.open_ids) or group.elsewhere_until > now or recent
 
-    def refresh_groups(self, open_groups: list[JsonObject]) -> None:
-        """Merge the store's groups with open members (other proxies' too); forget stale ones.
+    def refresh_groups(self, active_groups: list[JsonObject]) -> None:
+        """Merge groups the store saw active (other proxies' too), and forget stale ones.
 
-        The hot path never asks the store which group a new trajectory joins: this runs every
-        second or so, so siblings that reach different proxies within that time may form two
-        groups; everything else stays exact.
+        The hot path never asks the store which group a new trajectory joins: housekeeping calls
+        this every second with the groups active since the last call, so siblings that reach
+        different proxies within that second may form two groups; everything else stays exact.
         """
         now = time.monotonic()
-        seen: set[str] = set()
-        for row in open_groups:
+        for row in active_groups:
             scenario_id, group_id = row["scenario_id"], row["id"]
-            seen.add(group_id)
             group = self._groups.get(scenario_id)
-            if group is not None and group.id == group_id:
+            if group is None or (group.id != group_id and not self._joinable(group)):
+                group = _Group(group_id, 0, set(), now)
+                self._groups[scenario_id] = group
+            if group.id == group_id:
                 group.size = max(group.size, int(row["size"]))
-                group.open_elsewhere = int(row["open_count"]) > len(group.open_ids)
-            elif group is None or not self._joinable(group):
-                self._groups[scenario_id] = _Group(
-                    group_id, int(row["size"]), set(), now, open_elsewhere=True
-                )
+                if int(row["open_count"]) > len(group.open_ids):
+                    group.elsewhere_until = now + self._group_window
         for scenario_id, group in list(self._groups.items()):
-            if group.id not in seen:
-                group.open_elsewhere = False
             if not self._joinable(group):
                 del self._groups[scenario_id]
 

@@ -101,10 +101,10 @@ class TrajectoryStore:
         )
         return {**row, **(last or {"prompt_token_ids": None, "completion_token_ids": None})}
 
-    async def open_groups(self) -> list[JsonObject]:
-        """Groups with at least one open member: id, scenario_id, size, open_count."""
+    async def active_groups(self, since: datetime) -> list[JsonObject]:
+        """Groups with an open member active since `since`: id, scenario_id, size, open_count."""
         open_count = sa.func.sum(sa.case((T.c.status == "open", 1), else_=0))
-        with_open = sa.select(T.c.group_id).where(T.c.status == "open").distinct()
+        active = sa.select(T.c.group_id).where(T.c.status == "open", T.c.updated_at >= since)
         query = (
             sa.select(
                 G.c.id,
@@ -113,7 +113,7 @@ class TrajectoryStore:
                 open_count.label("open_count"),
             )
             .join(T, T.c.group_id == G.c.id)
-            .where(G.c.id.in_(with_open))
+            .where(G.c.id.in_(active.distinct()))
             .group_by(G.c.id, G.c.scenario_id)
         )
         return await self._all(query)
