@@ -7,7 +7,9 @@ from datetime import timedelta
 from typing import Any
 
 import aiohttp
+import pytest
 
+from art_proxy.proxy import tracker as tracker_module
 from art_proxy.proxy.server import RunningProxy, running_proxy
 from art_proxy.store.trajectory_store import utcnow
 from art_proxy.testing.fake_vllm import FakeVllm
@@ -254,3 +256,18 @@ async def test_siblings_on_two_proxies_join_one_group_once_the_store_is_merged(
         await chat(http, second.base_url, [{"role": "user", "content": "shared task"}])
         listed = (await admin_get(http, first, "/groups"))["data"]
     assert [group["size"] for group in listed] == [2]
+
+
+async def test_trajectories_dropped_from_memory_are_continued_from_the_store(
+    proxy: RunningProxy, http: aiohttp.ClientSession, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(tracker_module, "MAX_TRAJECTORIES_IN_MEMORY", 2)
+    conversations = [[{"role": "user", "content": f"conversation {n}"}] for n in range(5)]
+    for index, messages in enumerate(conversations):
+        reply = await chat(http, proxy.base_url, messages)
+        conversations[index] = continued(messages, reply, "next")
+    assert proxy.parts.tracker.open_count == 2
+    for messages in conversations:
+        await chat(http, proxy.base_url, messages)
+    listed = (await admin_get(http, proxy, "/trajectories"))["data"]
+    assert sorted(t["call_count"] for t in listed) == [2] * 5

@@ -16,6 +16,7 @@ from __future__ import annotations
 import itertools
 import time
 import uuid
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,6 +26,10 @@ from art_proxy.store.trajectory_store import TrajectoryStore, utcnow
 from art_proxy.store.writer import RowKind
 
 from .attribution import Explicit, auto_scenario_id, continuation_candidates, opening_of
+
+# Open trajectories kept in memory (each holds its last call's token ids for the stitch check);
+# production traffic opens many that never continue, and the store still has every one.
+MAX_TRAJECTORIES_IN_MEMORY = 20_000
 
 
 @dataclass
@@ -84,7 +89,7 @@ class TrajectoryTracker:
         self._upstreams = itertools.cycle(upstreams)
         self._group_size = group_size
         self._group_window = group_window
-        self._trajectories: dict[str, _Trajectory] = {}
+        self._trajectories: OrderedDict[str, _Trajectory] = OrderedDict()  # least recent first
         self._tips: dict[str, list[str]] = {}  # continuation key -> trajectory ids, oldest first
         self._groups: dict[str, _Group] = {}
 
@@ -128,7 +133,7 @@ class TrajectoryTracker:
             self._move_tip(state, assignment.claimed_tip)
 
     def forget(self, trajectory_ids: list[str]) -> None:
-        """Drop finished trajectories from memory (they no longer take calls)."""
+        """Drop trajectories from memory (finished ones, or the least recently used)."""
         for trajectory_id in trajectory_ids:
             state = self._trajectories.pop(trajectory_id, None)
             if state is None:
@@ -137,6 +142,15 @@ class TrajectoryTracker:
             group = self._groups.get(state.scenario_id)
             if group is not None:
                 group.open_ids.discard(trajectory_id)
+
+    def _remember(self, state: _Trajectory) -> None:
+        """Keep `state` in memory, dropping the least recently used beyond the bound.
+
+        A dropped trajectory stays open in the store; its next call finds it there again.
+        """
+        self._trajectories[state.id] = state
+        while len(self._trajectories) > MAX_TRAJECTORIES_IN_MEMORY:
+            self.forget([next(iter(self._trajectories))])
 
     def _move_tip(self, state: _Trajectory, keys: list[str]) -> list[str]:
         """Point `state`'s tip at `keys`; returns the keys it had."""
@@ -217,12 +231,13 @@ class TrajectoryTracker:
             next_seq=int(row["call_count"]),
             previous_sequences=_sequences(row),
         )
-        self._trajectories[state.id] = state
+        self._remember(state)
         return state
 
     def _next_call(
         self, state: _Trajectory, attribution: Attribution, claimed_tip: list[str] | None = None
     ) -> Assignment:
+        self._trajectories.move_to_end(state.id)
         seq = state.next_seq
         state.next_seq += 1
         return _assignment(state, seq, attribution, list(state.unsaved_rows), claimed_tip or [])
@@ -246,7 +261,7 @@ class TrajectoryTracker:
             upstream=next(self._upstreams),
             next_seq=1,
         )
-        self._trajectories[trajectory_id] = state
+        self._remember(state)
         rows: list[tuple[RowKind, dict[str, Any]]] = [
             (
                 RowKind.scenario,
