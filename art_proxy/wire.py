@@ -8,7 +8,9 @@ which describes the proxy's side of the wire. See `VLLM_WIRE.md` for the shapes.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from typing import Any
 
 import orjson
@@ -205,10 +207,14 @@ def json_response(payload: dict[str, Any]) -> web.Response:
 # -- server-sent events --------------------------------------------------------------------
 
 
-async def open_event_stream(request: web.Request) -> web.StreamResponse:
+@asynccontextmanager
+async def event_stream(request: web.Request) -> AsyncIterator[web.StreamResponse]:
+    """An open `text/event-stream` response; a client that hangs up ends the block quietly."""
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
     await response.prepare(request)
-    return response
+    # Nothing is left to answer then, and a client leaving is no error.
+    with contextlib.suppress(ConnectionResetError):
+        yield response
 
 
 async def send_event(response: web.StreamResponse, payload: dict[str, Any]) -> None:

@@ -25,10 +25,10 @@ from art_proxy.wire import (
     bool_field,
     close_event_stream,
     completion_limit,
+    event_stream,
     include_usage,
     int_field,
     json_response,
-    open_event_stream,
     read_json_object,
     send_event,
 )
@@ -215,38 +215,40 @@ async def _stream(
     prompt_ids: list[int],
     generation: Generation,
 ) -> web.StreamResponse:
-    response = await open_event_stream(request)
-    head = {
-        "id": response_id,
-        "object": "chat.completion.chunk",
-        "created": int(time.time()),
-        "model": chat.model,
-    }
-    for index in range(generation.choices):
-        role = {"index": index, "delta": {"role": "assistant", "content": ""}}
-        await send_event(
-            response,
-            {
-                **head,
-                "choices": [{**role, "logprobs": None, "finish_reason": None}],
-                "prompt_token_ids": prompt_ids if chat.return_token_ids else None,
-            },
-        )
-    parsers = [ToolCallStream() if chat.parse_tools else None for _ in range(generation.choices)]
-    completion_tokens = 0
-    try:
-        async for delta in generation.deltas():
-            completion_tokens += len(delta.token_ids)
-            chunk = _stream_choice(served, chat, delta, parsers[delta.index])
-            await send_event(response, {**head, "choices": [chunk]})
-    except EngineFailure as exc:
-        await send_event(response, ApiError(500, str(exc)).body())
+    async with event_stream(request) as response:
+        head = {
+            "id": response_id,
+            "object": "chat.completion.chunk",
+            "created": int(time.time()),
+            "model": chat.model,
+        }
+        for index in range(generation.choices):
+            role = {"index": index, "delta": {"role": "assistant", "content": ""}}
+            await send_event(
+                response,
+                {
+                    **head,
+                    "choices": [{**role, "logprobs": None, "finish_reason": None}],
+                    "prompt_token_ids": prompt_ids if chat.return_token_ids else None,
+                },
+            )
+        parsers = [
+            ToolCallStream() if chat.parse_tools else None for _ in range(generation.choices)
+        ]
+        completion_tokens = 0
+        try:
+            async for delta in generation.deltas():
+                completion_tokens += len(delta.token_ids)
+                chunk = _stream_choice(served, chat, delta, parsers[delta.index])
+                await send_event(response, {**head, "choices": [chunk]})
+        except EngineFailure as exc:
+            await send_event(response, ApiError(500, str(exc)).body())
+            await close_event_stream(response)
+            return response
+        if chat.include_usage:
+            usage = _usage(prompt_ids, completion_tokens)
+            await send_event(response, {**head, "choices": [], "usage": usage})
         await close_event_stream(response)
-        return response
-    if chat.include_usage:
-        usage = _usage(prompt_ids, completion_tokens)
-        await send_event(response, {**head, "choices": [], "usage": usage})
-    await close_event_stream(response)
     return response
 
 

@@ -25,10 +25,10 @@ from art_proxy.wire import (
     bool_field,
     close_event_stream,
     completion_limit,
+    event_stream,
     include_usage,
     int_field,
     json_response,
-    open_event_stream,
     read_json_object,
     send_event,
 )
@@ -210,29 +210,29 @@ async def _stream(
     response_id: str,
     generation: Generation,
 ) -> web.StreamResponse:
-    response = await open_event_stream(request)
-    head = {
-        "id": response_id,
-        "object": "text_completion",
-        "created": int(time.time()),
-        "model": completion.model,
-    }
-    text_offsets = [0] * generation.choices
-    started = [False] * generation.choices
-    completion_tokens = 0
-    try:
-        async for delta in generation.deltas():
-            completion_tokens += len(delta.token_ids)
-            chunk = _stream_choice(served, completion, delta, text_offsets, started)
-            await send_event(response, {**head, "choices": [chunk]})
-    except EngineFailure as exc:
-        await send_event(response, ApiError(500, str(exc)).body())
+    async with event_stream(request) as response:
+        head = {
+            "id": response_id,
+            "object": "text_completion",
+            "created": int(time.time()),
+            "model": completion.model,
+        }
+        text_offsets = [0] * generation.choices
+        started = [False] * generation.choices
+        completion_tokens = 0
+        try:
+            async for delta in generation.deltas():
+                completion_tokens += len(delta.token_ids)
+                chunk = _stream_choice(served, completion, delta, text_offsets, started)
+                await send_event(response, {**head, "choices": [chunk]})
+        except EngineFailure as exc:
+            await send_event(response, ApiError(500, str(exc)).body())
+            await close_event_stream(response)
+            return response
+        if completion.include_usage:
+            usage = _usage(completion, completion_tokens)
+            await send_event(response, {**head, "choices": [], "usage": usage})
         await close_event_stream(response)
-        return response
-    if completion.include_usage:
-        usage = _usage(completion, completion_tokens)
-        await send_event(response, {**head, "choices": [], "usage": usage})
-    await close_event_stream(response)
     return response
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import logging
 import threading
 from collections import deque
@@ -34,6 +35,10 @@ from art_proxy.local.kv_batch import KvBatch
 from art_proxy.local.sampling import Sampled, SamplingParams, sample
 
 log = logging.getLogger(__name__)
+
+# Padded prompt tokens one prefill pass may take: this bounds its memory (attention is quadratic
+# in the prompt) and how long running rows wait for it. One row is always admitted.
+_PREFILL_TOKENS = 8192
 
 
 @dataclass
@@ -56,6 +61,7 @@ class _Row:
     adapter: Adapter | None
     generator: torch.Generator | None
     detokenizer: Detokenizer
+    prompt_key: tuple[str, tuple[int, ...]]  # rows with equal keys share one prefill
     generated: int = 0
     next_input: int = 0  # the id sampled last, fed to the next decode step
     done: bool = False
@@ -73,7 +79,9 @@ class Engine:
     ) -> None:
         self.adapters = AdapterRegistry(model)
         self.stats = EngineStats()
-        self._tokenizer = tokenizer
+        # A copy for this thread's decoding: a Rust tokenizer shared with the event loop, which
+        # encodes prompts meanwhile, can fail with "Already borrowed".
+        self._tokenizer = copy.deepcopy(tokenizer)
         self._max_batch_size = max_batch_size
         self._stop_ids = _eos_ids(model, tokenizer)
         self._cond = threading.Condition()
@@ -123,6 +131,8 @@ class Engine:
         generator = None
         if params.seed is not None:
             generator = torch.Generator().manual_seed(params.seed)
+        adapter_key = chosen.peft_name if chosen else ""
+        keys = [(adapter_key, tuple(prompt)) for prompt in prompts]
         rows = [
             _Row(
                 generation,
@@ -132,6 +142,7 @@ class Engine:
                 chosen,
                 generator,
                 Detokenizer(self._tokenizer, prompts[index // n], params.stop),
+                keys[index // n],
             )
             for index in range(len(prompts) * n)
         ]
@@ -178,26 +189,34 @@ class Engine:
             except Exception as exc:  # a failed forward pass ends its requests, not the server
                 log.exception("generation step failed")
                 self._fail([*admitted, *self._running], EngineFailure(f"Generation failed: {exc}"))
-            self.adapters.collect()
+            try:
+                self.adapters.collect()
+            except Exception:  # the adapter stays in the model, unused; serving goes on
+                log.exception("removing an unloaded adapter failed")
 
     def _admit(self) -> list[_Row]:
         admitted: list[_Row] = []
+        prompts: set[tuple[str, tuple[int, ...]]] = set()
+        longest = 0
         while self._waiting and len(self._running) + len(admitted) < self._max_batch_size:
-            row = self._waiting.popleft()
+            row = self._waiting[0]
             if row.generation.cancelled:
-                self._retire(row)
-            else:
-                admitted.append(row)
+                self._retire(self._waiting.popleft())
+                continue
+            new_prompts = len(prompts | {row.prompt_key})
+            new_longest = max(longest, len(row.prompt_ids))
+            if admitted and new_prompts * new_longest > _PREFILL_TOKENS:
+                break
+            admitted.append(self._waiting.popleft())
+            prompts.add(row.prompt_key)
+            longest = new_longest
         return admitted
 
     def _prefill(self, rows: list[_Row]) -> None:
         unique: dict[tuple[str, tuple[int, ...]], int] = {}
         for row in rows:
-            key = (row.adapter.peft_name if row.adapter else "", tuple(row.prompt_ids))
-            unique.setdefault(key, len(unique))
-        source_of_row = [
-            unique[(r.adapter.peft_name if r.adapter else "", tuple(r.prompt_ids))] for r in rows
-        ]
+            unique.setdefault(row.prompt_key, len(unique))
+        source_of_row = [unique[row.prompt_key] for row in rows]
         firsts = {index: row for row, index in zip(rows, source_of_row, strict=True)}
         prompts = [firsts[index] for index in range(len(unique))]
         length = max(len(row.prompt_ids) for row in prompts)
@@ -266,9 +285,9 @@ class Engine:
             if finish is not None:
                 self._retire(row)
             done.append(finish is not None)
+        self.stats.tokens_generated += len(rows)  # before delivery: readers see it with the deltas
         for generation, items in deltas.items():
             generation.deliver(items)
-        self.stats.tokens_generated += len(rows)
         return done
 
     def _stop_of(self, row: _Row, token_id: int) -> tuple[FinishReason | None, str | int | None]:

@@ -46,14 +46,18 @@ def sample(
     generators_B: Sequence[torch.Generator | None],
 ) -> Sampled:
     logprobs_B_V = processed_logprobs(logits_B_V, params_B)
-    token_ids_B = []
-    for row, (params, generator) in enumerate(zip(params_B, generators_B, strict=True)):
-        if params.temperature == 0:
-            token_ids_B.append(int(logprobs_B_V[row].argmax()))
-        else:
-            probs_V = logprobs_B_V[row].exp()
-            token_ids_B.append(int(torch.multinomial(probs_V, 1, generator=generator)))
-    ids_B = torch.tensor(token_ids_B)
+    # Inverse-CDF sampling: one uniform draw per row. (vLLM's exponential race needs a draw per
+    # vocabulary entry, which costs more than a forward pass of a small model on a CPU.)
+    uniform_B = torch.cat([torch.rand(1, generator=generator) for generator in generators_B])
+    cdf_B_V = logprobs_B_V.double().exp().cumsum(dim=-1)
+    # side="right": the first id whose cumulative mass exceeds the draw, so never a masked id.
+    drawn_B = torch.searchsorted(
+        cdf_B_V, (uniform_B.double() * cdf_B_V[:, -1])[:, None], right=True
+    )
+    drawn_B = drawn_B[:, 0].clamp(max=logprobs_B_V.shape[-1] - 1)
+    greedy_B = torch.tensor([params.temperature == 0 for params in params_B])
+    ids_B = torch.where(greedy_B, logprobs_B_V.argmax(dim=-1), drawn_B)
+    token_ids_B: list[int] = ids_B.tolist()
     chosen_B = logprobs_B_V.gather(1, ids_B[:, None])[:, 0].tolist()
     k = max(params.top_logprobs for params in params_B)
     ids: list[list[int]] = []

@@ -19,21 +19,23 @@ from typing import Any, Literal
 from aiohttp import web
 
 from art_proxy.testing.fake_engine import (
-    MAX_LOGPROBS,
-    ApiError,
     FakeEngine,
     Generated,
-    bool_field,
     chunks_of,
-    include_usage,
-    int_field,
-    json_response,
     mid_stream_error,
-    read_json_object,
     sampled_logprob,
     serve_events,
 )
 from art_proxy.testing.fake_tokenizer import TemplateError
+from art_proxy.wire import (
+    MAX_LOGPROBS,
+    ApiError,
+    bool_field,
+    include_usage,
+    int_field,
+    json_response,
+    read_json_object,
+)
 
 ToolMode = Literal["text", "markup", "named"]
 

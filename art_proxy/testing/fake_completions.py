@@ -16,20 +16,22 @@ from typing import Any
 from aiohttp import web
 
 from art_proxy.testing.fake_engine import (
-    MAX_LOGPROBS,
-    ApiError,
     FakeEngine,
     Generated,
-    bool_field,
     chunks_of,
-    include_usage,
-    int_field,
-    json_response,
     mid_stream_error,
-    read_json_object,
     serve_events,
 )
 from art_proxy.testing.fake_tokenizer import VOCAB_SIZE
+from art_proxy.wire import (
+    MAX_LOGPROBS,
+    ApiError,
+    bool_field,
+    include_usage,
+    int_field,
+    json_response,
+    read_json_object,
+)
 
 # OpenAI's legacy default, which vLLM keeps.
 _DEFAULT_MAX_TOKENS = 16

@@ -3,9 +3,8 @@
 Generation is a pure function of the request: choice `i` says `reply` (plus ` (i)` for i > 0), then
 EOS; `max_tokens` cuts it (no EOS then, finish reason "length"). Logprobs depend only on a token's
 position in its completion, so a stream and a non-stream call of the same request agree id for id and
-logprob for logprob. Errors mimic vLLM's own (`{"error": {"message", "type", "param", "code"}}`,
-vLLM's type names such as `InvalidUserInput`), so they are defined here rather than taken from
-`art_proxy.errors`, which describes the proxy's side of the wire.
+logprob for logprob. Errors and request-field rules are vLLM's own, from `art_proxy.wire`, which
+`art-proxy local-llm` shares.
 """
 
 from __future__ import annotations
@@ -21,11 +20,10 @@ from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field
 
 from art_proxy.testing.fake_tokenizer import IM_END_ID, FakeTokenizer
+from art_proxy.wire import ApiError, completion_limit
 
 FinishReason = Literal["stop", "length", "tool_calls"]
 
-# vLLM's default `--max-logprobs`: asking for more top logprobs is a 400.
-MAX_LOGPROBS = 20
 # Deterministic stand-ins for sampled logprobs, cycling by position (exact decimals, no float noise).
 _SAMPLED_LOGPROBS = (-0.01, -0.02, -0.03, -0.04, -0.05, -0.06, -0.07)
 # Pieces offered as runners-up in `top_logprobs`; more than MAX_LOGPROBS so one may equal the sample.
@@ -33,12 +31,6 @@ _ALTERNATIVE_PIECES = (
     "the", ",", ".", " ", "a", "and", "to", "of", "I", "is", "in",
     "it", "you", "that", "\n", "for", "on", "with", "as", "was", "be", "!",
 )  # fmt: skip
-_STATUS_TYPES = {
-    400: "BadRequestError",
-    404: "NotFoundError",
-    429: "RateLimitError",
-    503: "ServiceUnavailableError",
-}
 
 
 class FakeVllmConfig(BaseModel):
@@ -72,34 +64,6 @@ class FakeVllmConfig(BaseModel):
         True, description="Keep each generation request body (off for long benchmark runs)."
     )
     eos_token_id: int = Field(IM_END_ID, description="Id that ends a turn (Qwen's <|im_end|>).")
-
-
-class ApiError(Exception):
-    """An error answered with vLLM's body shape; `code` equals the HTTP status."""
-
-    def __init__(
-        self, status: int, message: str, *, type: str | None = None, param: str | None = None
-    ) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.type = type or _STATUS_TYPES.get(status, "InternalServerError")
-        self.param = param
-
-    def body(self) -> dict[str, Any]:
-        return {
-            "error": {
-                "message": self.message,
-                "type": self.type,
-                "param": self.param,
-                "code": self.status,
-            }
-        }
-
-    def response(self) -> web.Response:
-        return web.Response(
-            status=self.status, body=orjson.dumps(self.body()), content_type="application/json"
-        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,26 +108,7 @@ class FakeEngine:
 
     def completion_limit(self, prompt_len: int, max_tokens: int | None) -> int:
         """How many ids a choice may generate; a prompt that leaves no room is a 400."""
-        max_len = self.config.max_model_len
-        if max_tokens is None:
-            if prompt_len >= max_len:
-                raise ApiError(
-                    400,
-                    f"This model's maximum context length is {max_len} tokens. However, your "
-                    f"request has {prompt_len} input tokens. Please reduce the length of the "
-                    "input messages.",
-                    param="input_tokens",
-                )
-            return max_len - prompt_len
-        if prompt_len + max_tokens > max_len:
-            raise ApiError(
-                400,
-                f"This model's maximum context length is {max_len} tokens. However, you requested "
-                f"{prompt_len + max_tokens} tokens ({prompt_len} in the messages, {max_tokens} in "
-                "the completion). Please reduce the length of the messages or completion.",
-                param="input_tokens",
-            )
-        return max_tokens
+        return completion_limit(prompt_len, max_tokens, self.config.max_model_len)
 
     def reply_text(self, choice_index: int) -> str:
         reply = self.config.reply
@@ -205,68 +150,12 @@ def mid_stream_error() -> dict[str, Any]:
     return ApiError(500, "Injected failure in the middle of the stream (fail_mid_stream).").body()
 
 
-# -- request bodies ------------------------------------------------------------------------
-
-
-async def read_json_object(request: web.Request) -> dict[str, Any]:
-    try:
-        body = orjson.loads(await request.read())
-    except orjson.JSONDecodeError as exc:
-        raise ApiError(400, f"JSON decode error: {exc}") from exc
-    if not isinstance(body, dict):
-        raise ApiError(400, "The request body must be a JSON object.")
-    return body
-
-
-def int_field(
-    body: dict[str, Any],
-    name: str,
-    default: int | None,
-    *,
-    minimum: int,
-    maximum: int | None = None,
-) -> int | None:
-    value = body.get(name)
-    if value is None:
-        return default
-    # JSON true is a Python int; vLLM's pydantic models reject it for integer fields.
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ApiError(400, f"'{name}' must be an integer.", param=name)
-    if value < minimum or (maximum is not None and value > maximum):
-        bound = f"between {minimum} and {maximum}" if maximum is not None else f">= {minimum}"
-        raise ApiError(400, f"'{name}' must be {bound}, got {value}.", param=name)
-    return value
-
-
-def bool_field(body: dict[str, Any], name: str) -> bool:
-    value = body.get(name)
-    if value is None:
-        return False
-    if not isinstance(value, bool):
-        raise ApiError(400, f"'{name}' must be a boolean.", param=name)
-    return value
-
-
-def include_usage(body: dict[str, Any], stream: bool) -> bool:
-    options = body.get("stream_options")
-    if options is None:
-        return False
-    if not stream:
-        raise ApiError(
-            400, "Stream options can only be defined when `stream=True`.", param="stream_options"
-        )
-    if not isinstance(options, dict):
-        raise ApiError(400, "'stream_options' must be an object.", param="stream_options")
-    return bool_field(options, "include_usage")
+# -- stream chunks -------------------------------------------------------------------------
 
 
 def chunks_of(length: int, size: int) -> list[tuple[int, int]]:
     """[start, end) bounds of the stream chunks for `length` ids; an empty output still ends once."""
     return [(start, min(start + size, length)) for start in range(0, length, size)] or [(0, 0)]
-
-
-def json_response(payload: dict[str, Any]) -> web.Response:
-    return web.Response(body=orjson.dumps(payload), content_type="application/json")
 
 
 # -- server-sent events --------------------------------------------------------------------

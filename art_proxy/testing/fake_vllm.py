@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -25,21 +25,22 @@ from aiohttp import web
 from art_proxy.testing.fake_chat import handle_chat_completions
 from art_proxy.testing.fake_completions import handle_completions
 from art_proxy.testing.fake_engine import (
-    ApiError,
     FakeEngine,
     FakeVllmConfig,
-    json_response,
-    read_json_object,
 )
 from art_proxy.testing.fake_tokenizer import FakeTokenizer
+from art_proxy.wire import (
+    MAX_BODY_BYTES,
+    ApiError,
+    errors_middleware,
+    json_response,
+    model_card,
+    read_json_object,
+)
 
 __all__ = ["FakeVllm", "FakeVllmConfig", "create_fake_vllm_app", "running_fake_vllm"]
 
 ENGINE = web.AppKey("fake_vllm_engine", FakeEngine)
-# vLLM sets no body limit; agent histories easily pass aiohttp's 1 MiB default.
-_MAX_BODY_BYTES = 256 * 1024 * 1024
-
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 @dataclass(frozen=True)
@@ -55,7 +56,7 @@ class FakeVllm:
 
 def create_fake_vllm_app(config: FakeVllmConfig | None = None) -> web.Application:
     engine = FakeEngine(config or FakeVllmConfig())
-    app = web.Application(middlewares=[_errors], client_max_size=_MAX_BODY_BYTES)
+    app = web.Application(middlewares=[errors_middleware], client_max_size=MAX_BODY_BYTES)
     app[ENGINE] = engine
 
     async def chat(request: web.Request) -> web.StreamResponse:
@@ -107,19 +108,6 @@ async def running_fake_vllm(config: FakeVllmConfig | None = None) -> AsyncIterat
         await runner.cleanup()
 
 
-@web.middleware
-async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
-    try:
-        return await handler(request)
-    except ApiError as exc:
-        return exc.response()
-    except web.HTTPException as exc:
-        # FastAPI's shape for unknown routes and methods, which is what vLLM answers.
-        if exc.status in (404, 405):
-            return web.json_response({"detail": exc.reason}, status=exc.status)
-        raise
-
-
 async def _health(request: web.Request) -> web.StreamResponse:
     return web.Response(status=200)
 
@@ -134,33 +122,13 @@ def _models(engine: FakeEngine) -> dict[str, Any]:
 
 
 def _model_card(engine: FakeEngine, name: str, *, root: str, parent: str | None) -> dict[str, Any]:
-    created = engine.created
-    return {
-        "id": name,
-        "object": "model",
-        "created": created,
-        "owned_by": "vllm",
-        "root": root,
-        "parent": parent,
-        # vLLM states the context length on base models only.
-        "max_model_len": engine.config.max_model_len if parent is None else None,
-        "permission": [
-            {
-                "id": f"modelperm-{name}",
-                "object": "model_permission",
-                "created": created,
-                "allow_create_engine": False,
-                "allow_sampling": True,
-                "allow_logprobs": True,
-                "allow_search_indices": False,
-                "allow_view": True,
-                "allow_fine_tuning": False,
-                "organization": "*",
-                "group": None,
-                "is_blocking": False,
-            }
-        ],
-    }
+    return model_card(
+        name,
+        root=root,
+        parent=parent,
+        max_model_len=engine.config.max_model_len,
+        created=engine.created,
+    )
 
 
 async def _load_lora_adapter(engine: FakeEngine, request: web.Request) -> web.StreamResponse:

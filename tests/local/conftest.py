@@ -50,5 +50,5 @@ def lora_adapter(smollm2: LoadedModel, tmp_path_factory: pytest.TempPathFactory)
     config = LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
     with torch.random.fork_rng():
         torch.manual_seed(0)  # a fixed adapter, known to change SmolLM2's greedy replies
-        get_peft_model(base, config).save_pretrained(path)
+        get_peft_model(base, config).save_pretrained(str(path))
     return path

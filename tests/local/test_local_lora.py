@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 
@@ -16,7 +17,7 @@ GREEDY = {"temperature": 0, "max_tokens": 8, "return_token_ids": True}
 
 async def _load(
     http: aiohttp.ClientSession, local: RunningLocalLlm, name: str, path: Path | str
-) -> tuple[int, object]:
+) -> tuple[int, Any]:
     return await post(
         http, f"{local.base_url}/load_lora_adapter", {"lora_name": name, "lora_path": str(path)}
     )
