@@ -36,7 +36,9 @@ def _configure_logging() -> None:
         handlers=[RichHandler(console=stderr, show_path=False, rich_tracebacks=False)],
     )
     # aiohttp's access log would print every request; secrets never reach it, but noise would.
-    logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+    # Alembic narrates every migration check at start-up.
+    for chatty in ("aiohttp.access", "alembic"):
+        logging.getLogger(chatty).setLevel(logging.WARNING)
 
 
 def _fail(message: str) -> None:

@@ -121,7 +121,8 @@ async def _start(part: Part, pipes: list[asyncio.Task[None]]) -> None:
             *part.argv,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.STDOUT,
-            env={**os.environ, **part.env},
+            # Children print through a pipe; a wide console keeps their log lines whole.
+            env={**os.environ, "COLUMNS": "160", **part.env},
             start_new_session=True,  # Ctrl-C reaches us only; we stop the parts in order
         )
     except FileNotFoundError as exc:
