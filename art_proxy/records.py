@@ -47,7 +47,8 @@ class CallRecord(_Record):
     model: str | None
     request: JsonObject = Field(description="The body the client sent, unchanged.")
     response: JsonObject | None = Field(
-        description="The full upstream answer (rebuilt from the chunks for a stream)."
+        description="The answer as the client received it (rebuilt from the chunks for a "
+        "stream); token ids and logprobs are in their own fields."
     )
     sampling: JsonObject = Field(description="Sampling parameters the client set (temperature...).")
     prompt_token_ids: list[int] | None
@@ -107,6 +108,44 @@ class FinishRequest(_Record):
     reward: float | None = None
     metrics: dict[str, float] = Field(default_factory=dict)
     metadata: JsonObject = Field(default_factory=dict)
+
+
+JudgmentStatus = Literal["scored", "judge_failed", "skipped"]
+# json: the judge writes {id, explanation, score} per trajectory. logprob: one digit 0-9 per
+# trajectory, the score is the expectation over the digit tokens' probabilities (small judges).
+JudgeMode = Literal["json", "logprob"]
+
+
+class TrajectoryScore(_Record):
+    trajectory_id: str
+    label: str = Field(description="The short id the judge saw (t1, t2...).")
+    score: float = Field(ge=0.0, le=1.0)
+    explanation: str
+
+
+class Judgment(_Record):
+    """RULER's verdict on one group: scores comparable within the group, not across groups."""
+
+    id: str
+    group_id: str
+    judge_model: str
+    mode: JudgeMode
+    rubric_hash: str
+    cache_key: str = Field(description="Hash of judge model, mode and the rendered judge prompt.")
+    status: JudgmentStatus
+    reason: str | None = Field(
+        default=None, description="Why the group was skipped or the judge failed."
+    )
+    trajectory_ids: list[str] = Field(description="Members judged, in the order shown (t1...).")
+    scores: list[TrajectoryScore] = Field(default_factory=list)
+    attempts: int = Field(description="Judge calls made (0 for a cache hit or a skip).")
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cost_usd: float = Field(0.0, description="As priced by litellm; 0 for local models.")
+    cached_from: str | None = Field(
+        default=None, description="The judgment whose answer was reused (a cache hit)."
+    )
+    created_at: datetime
 
 
 class ExportedTrajectory(_Record):

@@ -21,7 +21,7 @@ from art_proxy.store.trajectory_store import TrajectoryStore, utcnow
 from art_proxy.store.writer import Batch, RowKind
 
 from .attribution import conversation_key, reply_messages
-from .capture import Tokens, sampling_of, tokens_of
+from .capture import ClientAsks, Tokens, sampling_of, strip_response, tokens_of
 from .tracker import Assignment, TrajectoryTracker
 
 log = logging.getLogger(__name__)
@@ -45,6 +45,7 @@ class CallInProgress:
     body: JsonObject
     assignment: Assignment
     stream: bool
+    asks: ClientAsks = field(default_factory=lambda: ClientAsks(False, False, False))
     created_at: datetime = field(default_factory=utcnow)
     started: float = field(default_factory=time.perf_counter)
 
@@ -95,7 +96,9 @@ class Recorder:
             "stream": call.stream,
             "model": call.body.get("model"),
             "request": call.body,
-            "response": outcome.response,
+            # As the client received it: the ids and logprobs it did not ask for live in their
+            # own fields, so the row does not carry them twice.
+            "response": strip_response(outcome.response, call.asks) if outcome.response else None,
             "sampling": sampling_of(call.body),
             "prompt_token_ids": tokens.prompt_token_ids,
             "completion_token_ids": tokens.completion_token_ids,

@@ -64,6 +64,7 @@ class Relay:
         upstream = assignment.upstream
         token_ids = self._upstreams.returns_token_ids(upstream)
         sent, asks = upstream_body(body, kind, token_ids=token_ids)
+        call.asks = asks
         try:
             response = await self._upstreams.post(
                 upstream, _PATHS[kind], sent, _client_auth(request)
