@@ -11,9 +11,10 @@ from typing import IO
 import typer
 from rich.console import Console
 from rich.logging import RichHandler
+from rich.markup import escape
 
 from art_proxy.cli_options import settings_command
-from art_proxy.config import ExportSettings, ProxySettings, UpSettings
+from art_proxy.config import ExportSettings, JudgeSettings, ProxySettings, UpSettings
 from art_proxy.errors import ConfigError, StoreError
 from art_proxy.local.cli import LocalLlmSettings
 
@@ -42,7 +43,7 @@ def _configure_logging() -> None:
 
 
 def _fail(message: str) -> None:
-    stderr.print(f"[red]error:[/red] {message}", highlight=False, soft_wrap=True)
+    stderr.print(f"[red]error:[/red] {escape(message)}", highlight=False, soft_wrap=True)
     raise typer.Exit(1)
 
 
@@ -68,7 +69,7 @@ def export(settings: ExportSettings) -> None:
         _fail(str(exc))
     else:
         where = "standard output" if settings.out == "-" else settings.out
-        stderr.print(f"exported {count} trajectories to {where}")
+        stderr.print(f"exported {count} trajectories to {escape(where)}")
 
 
 async def _export(settings: ExportSettings, out: IO[str]) -> int:
@@ -87,6 +88,22 @@ async def _export(settings: ExportSettings, out: IO[str]) -> int:
     finally:
         await store.aclose()
     return count
+
+
+@settings_command(
+    app, "judge", JudgeSettings, "Score every ready group with RULER and store the judgments."
+)
+def judge(settings: JudgeSettings) -> None:
+    from art_proxy.ruler.errors import RubricError
+    from art_proxy.ruler.rubric import load_rubric
+
+    try:
+        rubric = load_rubric(settings.rubric)  # before litellm's seconds-long import
+        from art_proxy.ruler.command import run_judge
+
+        asyncio.run(run_judge(settings, rubric, Console(), stderr))
+    except (RubricError, ConfigError, StoreError, OSError) as exc:
+        _fail(str(exc))
 
 
 @settings_command(

@@ -72,6 +72,75 @@ class ExportSettings(StoreSettings):
     split: str | None = Field(None, description="Only this split (train, val, prod).")
 
 
+class JudgeModeOption(StrEnum):
+    json = "json"
+    logprob = "logprob"
+
+
+class JudgeSettings(StoreSettings):
+    judge: str = Field(
+        description="Judge model as litellm names it: openai/MODEL (with --judge-base-url for "
+        "vLLM, local-llm or art-proxy), anthropic/MODEL, ..."
+    )
+    judge_base_url: str | None = Field(
+        None,
+        description="Base URL of an OpenAI-compatible judge, ending in /v1 (unset = the "
+        "provider's).",
+    )
+    judge_api_key: str | None = Field(
+        None, description="Key for the judge (unset = the provider's usual environment variable)."
+    )
+    rubric: str | None = Field(None, description="Text file with the rubric (unset = RULER's).")
+    judge_mode: JudgeModeOption = Field(
+        JudgeModeOption.json,
+        description="json: a score and explanation per trajectory; logprob: one digit each, "
+        "scored by the digits' probabilities (small local judges).",
+    )
+    watch: bool = Field(
+        False, description="Keep judging groups as they become ready (Ctrl-C stops)."
+    )
+    group_size: int = Field(
+        0, ge=0, description="Trajectories in a full group, judged at once (0 = unknown: wait)."
+    )
+    wait: float = Field(
+        600.0,
+        ge=0,
+        description="Seconds after a group's newest trajectory started before it is judged with "
+        "the members that finished (at least two; fewer is recorded as skipped).",
+    )
+    poll: float = Field(5.0, gt=0, description="Seconds between looks at the store with --watch.")
+    concurrency: int = Field(4, ge=1, description="Groups judged at once.")
+    judge_max_prompt_tokens: int = Field(
+        32_000,
+        ge=0,
+        description="Judge prompt budget in tokens; long texts are trimmed in the middle to fit "
+        "(0 = no limit).",
+    )
+    judge_attempts: int = Field(
+        3, ge=1, description="Answers asked of the judge for a group before it is judge_failed."
+    )
+    judge_retries: int = Field(
+        4, ge=0, description="Retries of an unreachable or rate-limited judge, backing off."
+    )
+    judge_backoff: float = Field(
+        1.0, ge=0, description="Seconds before the first retry; doubles with each retry."
+    )
+    judge_timeout: float = Field(300.0, gt=0, description="Seconds to wait for one judge answer.")
+    judge_temperature: float = Field(
+        0.0, ge=0, description="Judge sampling temperature (0 = greedy, the most consistent)."
+    )
+    retry_failed: bool = Field(
+        False, description="Judge again the groups whose judgments all failed (once per run)."
+    )
+
+    @field_validator("judge_base_url")
+    @classmethod
+    def _base_url_is_http(cls, url: str | None) -> str | None:
+        if url is not None and not url.startswith(("http://", "https://")):
+            raise ValueError(f"judge base URL {url!r} is not an http(s) URL")
+        return url.rstrip("/") if url else url
+
+
 class UpSettings(StoreSettings):
     model: str | None = Field(
         None, description="local-llm model: HF directory or .gguf file (default: bundled SmolLM2)."

@@ -89,6 +89,9 @@ class GroupRecord(_Record):
     created_at: datetime
     size: int
     open_count: int = Field(description="Members not finished yet.")
+    newest_started_at: datetime | None = Field(
+        default=None, description="When its newest member started (the judge waits from it)."
+    )
 
 
 class ScenarioRecord(_Record):

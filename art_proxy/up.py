@@ -20,11 +20,13 @@ from pathlib import Path
 
 import aiohttp
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from art_proxy.config import UpSettings
 
-console = Console(stderr=True, highlight=False)
+# Soft wrap: commands, URLs and a part's log lines stay whole lines, to copy or grep.
+console = Console(stderr=True, highlight=False, soft_wrap=True)
 
 _STOP_GRACE_S = 10.0
 _TAIL_LINES = 15
@@ -111,11 +113,11 @@ async def _pipe_output(part: Part) -> None:
     async for raw in part.process.stdout:
         line = raw.decode("utf-8", "replace").rstrip()
         part.tail.append(line)
-        console.print(f"[{part.color}]{part.name:>9}[/] | {line}", markup=True, soft_wrap=True)
+        console.print(f"[{part.color}]{part.name:>9}[/] | {escape(line)}")
 
 
-async def _start(part: Part, pipes: list[asyncio.Task[None]]) -> None:
-    console.print(f"[bold]starting {part.name}[/]: {shlex.join(part.argv)}")
+async def _start(part: Part, pipes: list[asyncio.Task[None]], stop: asyncio.Event) -> None:
+    console.print(f"[bold]starting {part.name}[/]: {escape(shlex.join(part.argv))}")
     try:
         part.process = await asyncio.create_subprocess_exec(
             *part.argv,
@@ -131,6 +133,8 @@ async def _start(part: Part, pipes: list[asyncio.Task[None]]) -> None:
     deadline = time.monotonic() + part.ready_timeout_s
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2)) as http:
         while time.monotonic() < deadline:
+            if stop.is_set():  # Ctrl-C must not wait out a start that can take many minutes
+                raise StackError(f"interrupted while {part.name} was starting")
             if part.process.returncode is not None:
                 await asyncio.sleep(0.2)  # let the last lines arrive
                 raise part.died()
@@ -178,10 +182,12 @@ async def run_stack(settings: UpSettings) -> int:
     proxy_root = f"http://{settings.host}:{settings.port}"
     try:
         for part in parts:
-            await _start(part, pipes)
+            await _start(part, pipes, stop)
         console.rule("[bold green]art-proxy is up")
         console.print(f"export OPENAI_BASE_URL={proxy_root}/v1")
-        console.print(f"store: {settings.store}   trajectories: {proxy_root}/art/v1/trajectories")
+        console.print(
+            f"store: {escape(settings.store)}   trajectories: {proxy_root}/art/v1/trajectories"
+        )
         console.print("trainer: not part of this release yet (the GRPO sidecar comes next)")
         if settings.run:
             status = await _run_command(settings.run, f"{proxy_root}/v1", stop)
@@ -197,7 +203,7 @@ async def run_stack(settings: UpSettings) -> int:
             raise death.result().died()
         return 0
     except StackError as exc:
-        console.print(f"[red]error:[/] {exc}")
+        console.print(f"[red]error:[/] {escape(str(exc))}")
         return 1
     finally:
         await _stop(parts)
@@ -206,7 +212,7 @@ async def run_stack(settings: UpSettings) -> int:
 
 
 async def _run_command(command: str, base_url: str, stop: asyncio.Event) -> int:
-    console.rule(f"running: {command}")
+    console.rule(f"running: {escape(command)}")
     env = {**os.environ, "OPENAI_BASE_URL": base_url, "OPENAI_API_KEY": "art-proxy-local"}
     process = await asyncio.create_subprocess_shell(command, env=env)
     stopper = asyncio.create_task(stop.wait())
@@ -245,7 +251,7 @@ async def summarize(proxy_root: str) -> None:
             tokens = sum(len(ids) for c in calls for ids in c["completion_token_ids"] or [])
             table.add_row(
                 summary["id"][:10],
-                summary["scenario_id"][:16],
+                escape(summary["scenario_id"][:16]),
                 summary["group_id"][:8],
                 str(len(calls)),
                 str(tokens),

@@ -21,6 +21,8 @@ from art_proxy.records import (
     FinishRequest,
     GroupRecord,
     JsonObject,
+    JudgeMode,
+    Judgment,
     ScenarioRecord,
     TrajectoryRecord,
 )
@@ -34,6 +36,7 @@ from art_proxy.store.engine import (
 from art_proxy.store.writer import Batch, GroupCommitWriter
 
 T, C, G, S = schema.trajectories, schema.calls, schema.groups, schema.scenarios
+J = schema.judgments
 
 
 def utcnow() -> datetime:
@@ -199,10 +202,8 @@ class TrajectoryStore:
     async def groups(
         self, *, scenario: str | None = None, limit: int = 100, offset: int = 0
     ) -> list[GroupRecord]:
-        size = sa.func.count(T.c.id).label("size")
-        open_count = sa.func.sum(sa.case((T.c.status == "open", 1), else_=0)).label("open_count")
         query = (
-            sa.select(G, size, open_count)
+            sa.select(G, *_group_counts())
             .join(T, T.c.group_id == G.c.id)
             .group_by(G.c.id, G.c.scenario_id, G.c.created_at)
             .order_by(G.c.created_at.desc(), G.c.id)
@@ -211,16 +212,66 @@ class TrajectoryStore:
         )
         if scenario is not None:
             query = query.where(G.c.scenario_id == scenario)
-        return [
-            GroupRecord(
-                id=row["id"],
-                scenario_id=row["scenario_id"],
-                created_at=_aware(row["created_at"]),
-                size=int(row["size"]),
-                open_count=int(row["open_count"] or 0),
-            )
-            for row in await self._all(query)
-        ]
+        return [_group_record(row) for row in await self._all(query)]
+
+    # --- judgments (RULER) -----------------------------------------------------------------------
+
+    async def unjudged_groups(
+        self,
+        *,
+        judge_model: str,
+        mode: JudgeMode,
+        rubric_hash: str,
+        retry_failed: bool = False,
+        limit: int = 1000,
+        offset: int = 0,
+    ) -> list[GroupRecord]:
+        """Groups without a judgment by this judge, mode and rubric, oldest first; with
+        `retry_failed`, groups whose judgments all failed count as unjudged too."""
+        judged = sa.select(J.c.id).where(
+            J.c.group_id == G.c.id,
+            J.c.judge_model == judge_model,
+            J.c.mode == mode,
+            J.c.rubric_hash == rubric_hash,
+        )
+        if retry_failed:
+            judged = judged.where(J.c.status != "judge_failed")
+        query = (
+            sa.select(G, *_group_counts())
+            .join(T, T.c.group_id == G.c.id)
+            .where(~sa.exists(judged))
+            .group_by(G.c.id, G.c.scenario_id, G.c.created_at)
+            .order_by(G.c.created_at, G.c.id)
+            .limit(limit)
+            .offset(offset)
+        )
+        return [_group_record(row) for row in await self._all(query)]
+
+    async def add_judgment(self, judgment: Judgment) -> None:
+        row = judgment.model_dump(exclude={"scores"})
+        row["scores"] = [score.model_dump() for score in judgment.scores]
+        try:
+            async with self.engine.begin() as connection:
+                await connection.execute(sa.insert(J).values(row))
+        except SQLAlchemyError as exc:
+            raise StoreError(f"{type(exc).__name__}: {exc}") from exc
+
+    async def judgments(self, *, group: str | None = None, limit: int = 100) -> list[Judgment]:
+        """Newest first."""
+        query = sa.select(J).order_by(J.c.created_at.desc(), J.c.id).limit(limit)
+        if group is not None:
+            query = query.where(J.c.group_id == group)
+        return [_judgment(row) for row in await self._all(query)]
+
+    async def cached_judgment(self, cache_key: str) -> Judgment | None:
+        """The newest scored judgment of exactly this prompt to this judge (see ruler/cache.py)."""
+        row = await self._first(
+            sa.select(J)
+            .where(J.c.cache_key == cache_key, J.c.status == "scored")
+            .order_by(J.c.created_at.desc())
+            .limit(1)
+        )
+        return None if row is None else _judgment(row)
 
     async def scenarios(self) -> list[ScenarioRecord]:
         rows = await self._all(sa.select(S).order_by(S.c.created_at.desc()))
@@ -319,6 +370,30 @@ def _trajectory_record(row: JsonObject, calls: list[CallRecord] | None) -> Traje
         metadata=row["metadata"] or {},
         calls=calls,
     )
+
+
+def _group_counts() -> list[sa.Label[Any]]:
+    """Aggregates over a group's trajectories (joined as T)."""
+    return [
+        sa.func.count(T.c.id).label("size"),
+        sa.func.sum(sa.case((T.c.status == "open", 1), else_=0)).label("open_count"),
+        sa.func.max(T.c.created_at).label("newest_started_at"),
+    ]
+
+
+def _group_record(row: JsonObject) -> GroupRecord:
+    return GroupRecord(
+        id=row["id"],
+        scenario_id=row["scenario_id"],
+        created_at=_aware(row["created_at"]),
+        size=int(row["size"]),
+        open_count=int(row["open_count"] or 0),
+        newest_started_at=_aware(row["newest_started_at"]),
+    )
+
+
+def _judgment(row: JsonObject) -> Judgment:
+    return Judgment.model_validate({**row, "created_at": _aware(row["created_at"])})
 
 
 def _call_record(row: JsonObject) -> CallRecord:

@@ -1,0 +1,37 @@
+"""The seam between the scorer and a judge: one request in, one reply (text, logprobs, usage) out.
+
+`judge.LitellmJudge` is the implementation; this module stays free of litellm so that code which
+only scores (the trainer) or fakes a judge does not import it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from art_proxy.records import JsonObject, JudgeMode
+from art_proxy.ruler.logprob import TokenChoice
+
+
+@dataclass(frozen=True)
+class JudgeRequest:
+    messages: list[JsonObject]
+    mode: JudgeMode
+    labels: int  # trajectories in the prompt: bounds a logprob answer's length
+
+
+@dataclass(frozen=True)
+class JudgeReply:
+    text: str
+    tokens: list[TokenChoice] | None  # with logprobs (logprob mode)
+    prompt_tokens: int
+    completion_tokens: int
+    cost_usd: float
+
+
+class JudgeClient(Protocol):
+    model: str
+
+    async def complete(self, request: JudgeRequest) -> JudgeReply: ...
+
+    async def aclose(self) -> None: ...

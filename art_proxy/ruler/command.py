@@ -1,0 +1,140 @@
+"""`art-proxy judge`: score every ready group of a store, once or (--watch) until interrupted.
+
+Progress goes to standard error while groups are judged; the summary, one screen at most, goes to
+standard output at the end. The exit status is 0 even when groups failed: a `judge_failed` group
+is a recorded outcome (the summary lists why), not an error of the command.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+from collections.abc import Coroutine
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn
+from rich.table import Table
+
+from art_proxy.config import JudgeSettings
+from art_proxy.records import Judgment
+from art_proxy.ruler.judge import LitellmJudge, litellm_token_counter
+from art_proxy.ruler.run import GroupJudge, Readiness, Totals
+from art_proxy.ruler.scorer import Ruler, RulerSettings
+from art_proxy.store.trajectory_store import TrajectoryStore
+
+# Failed or skipped groups listed by the summary; the rest are counted.
+_FAILURES_SHOWN = 8
+
+
+async def run_judge(settings: JudgeSettings, rubric: str, out: Console, err: Console) -> Totals:
+    """Raises `ConfigError` or `StoreError` before judging anything."""
+    store = await TrajectoryStore.open(settings.store, writer=False)
+    client = LitellmJudge(
+        settings.judge,
+        base_url=settings.judge_base_url,
+        api_key=settings.judge_api_key,
+        temperature=settings.judge_temperature,
+        timeout=settings.judge_timeout,
+    )
+    ruler = Ruler(
+        client,
+        store,
+        RulerSettings(
+            rubric=rubric,
+            mode=settings.judge_mode.value,
+            max_prompt_tokens=settings.judge_max_prompt_tokens,
+            attempts=settings.judge_attempts,
+            retries=settings.judge_retries,
+            backoff=settings.judge_backoff,
+        ),
+        count_tokens=litellm_token_counter(settings.judge),
+    )
+    judge = GroupJudge(
+        ruler,
+        Readiness(settings.group_size, settings.wait),
+        concurrency=settings.concurrency,
+        retry_failed=settings.retry_failed,
+    )
+    try:
+        await _passes(judge, settings, err)
+    finally:
+        await client.aclose()
+        await store.aclose()
+    out.print(summary(judge.totals, settings))
+    return judge.totals
+
+
+async def _passes(judge: GroupJudge, settings: JudgeSettings, err: Console) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    if settings.watch:
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(signum, stop.set)
+    with Progress(
+        SpinnerColumn(),
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        console=err,
+        transient=True,
+    ) as progress:
+        task = progress.add_task("looking for ready groups", total=None)
+        while not stop.is_set():
+            groups = await judge.ready_groups()
+            progress.update(task, description="judging", total=len(groups), completed=0)
+
+            def judged(judgment: Judgment) -> None:
+                progress.update(task, advance=1, description=_progress_line(judge.totals))
+
+            await _until_stopped(judge.judge(groups, judged), stop)
+            if not settings.watch:
+                return
+            progress.update(task, description=f"watching: {_progress_line(judge.totals)}")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), settings.poll)
+
+
+async def _until_stopped(work: Coroutine[Any, Any, None], stop: asyncio.Event) -> None:
+    """Run `work`; Ctrl-C in watch mode cancels it (its finished judgments are already stored)."""
+    task = asyncio.ensure_future(work)
+    stopped = asyncio.ensure_future(stop.wait())
+    await asyncio.wait({task, stopped}, return_when=asyncio.FIRST_COMPLETED)
+    stopped.cancel()
+    if not task.done():
+        task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+
+
+def _progress_line(totals: Totals) -> str:
+    return f"{totals.scored} scored, {totals.judge_failed} failed, {totals.skipped} skipped"
+
+
+def summary(totals: Totals, settings: JudgeSettings) -> Table:
+    title = f"art-proxy judge: {settings.judge} ({settings.judge_mode.value})"
+    table = Table(title=title, title_justify="left", show_header=False)
+    table.add_column(justify="right")
+    table.add_column()
+    rows = [
+        (totals.scored, "scored"),
+        (totals.judge_failed, "judge_failed"),
+        (totals.skipped, "skipped"),
+        (totals.cache_hits, "answered from the cache"),
+    ]
+    for count, label in rows:
+        table.add_row(str(count), label)
+    table.add_section()
+    table.add_row(str(totals.calls), "judge calls")
+    table.add_row(f"{totals.prompt_tokens:,}", "prompt tokens")
+    table.add_row(f"{totals.completion_tokens:,}", "completion tokens")
+    table.add_row(f"${totals.cost_usd:.4f}", "cost")
+    if totals.failures:
+        table.add_section()
+        for judgment in totals.failures[:_FAILURES_SHOWN]:
+            table.add_row(judgment.status, f"{judgment.group_id[:12]}: {judgment.reason}")
+        hidden = len(totals.failures) - _FAILURES_SHOWN
+        if hidden > 0:
+            table.add_row("...", f"{hidden} more, all in the store's judgments table")
+    return table

@@ -1,0 +1,170 @@
+"""The judge client: one chat completion through litellm, so any provider can judge.
+
+`openai/MODEL` with a base URL reaches vLLM, art-proxy's local-llm or art-proxy itself;
+`anthropic/...` and the rest go to their providers. It implements `client.JudgeClient`, the one
+seam the scorer calls through; tests point it at a scripted judge server on loopback. Foreign
+errors become `JudgeUnavailable` (a retry may help: unreachable, timeout, 408/409/429/5xx) or
+`JudgeRejected` (it cannot), here and nowhere else. A judge that refuses structured output gets the
+same request once more without it, and never again.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import Any
+
+import aiohttp
+
+from art_proxy.ruler.client import JudgeReply, JudgeRequest
+from art_proxy.ruler.errors import JudgeRejected, JudgeUnavailable
+from art_proxy.ruler.logprob import TOP_LOGPROBS, TokenChoice
+from art_proxy.ruler.parse import JudgeAnswer
+from art_proxy.ruler.prompt import TokenCounter, approx_tokens
+
+# Imported with it, litellm would otherwise fetch its price list from the network on every start.
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+import litellm  # after the variable above
+import openai  # litellm's errors derive from the SDK's
+from litellm.llms.custom_httpx.async_client_cleanup import (
+    close_litellm_async_clients,
+)
+
+litellm.suppress_debug_info = True  # no "Give Feedback" banner on every failed call
+
+_RETRYABLE_STATUS = frozenset({408, 409, 429})
+_CLASS_PREFIX = re.compile(r"^(?:litellm\.)?\w+(?:Error|Exception): ")
+# A digit answer is a handful of tokens per trajectory ("t12: 7\n" is about 5).
+_LOGPROB_TOKENS_PER_LABEL = 8
+
+
+class LitellmJudge:
+    def __init__(
+        self,
+        model: str,
+        *,
+        base_url: str | None = None,
+        api_key: str | None = None,
+        temperature: float = 0.0,
+        timeout: float = 300.0,
+    ) -> None:
+        self.model = model
+        self._base_url = base_url
+        # A self-hosted OpenAI-compatible judge usually wants no key, but the SDK insists on one.
+        self._api_key = api_key or (
+            "unused" if base_url and not os.environ.get("OPENAI_API_KEY") else None
+        )
+        self._temperature = temperature
+        self._timeout = timeout
+        self._structured = True
+        self._session: aiohttp.ClientSession | None = None
+
+    async def complete(self, request: JudgeRequest) -> JudgeReply:
+        structured = request.mode == "json" and self._structured
+        try:
+            return await self._complete(request, structured=structured)
+        except JudgeRejected as exc:
+            if not (structured and exc.status in (400, 422) and _about_format(str(exc))):
+                raise
+            self._structured = False
+            return await self._complete(request, structured=False)
+
+    async def aclose(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+        # Clients litellm cached for providers that ignore the shared session.
+        await close_litellm_async_clients()  # type: ignore[no-untyped-call]  # unannotated upstream
+
+    async def _complete(self, request: JudgeRequest, *, structured: bool) -> JudgeReply:
+        if self._session is None:
+            self._session = aiohttp.ClientSession()
+        options: dict[str, Any] = {}
+        if structured:
+            options["response_format"] = JudgeAnswer
+        if request.mode == "logprob":
+            options.update(
+                logprobs=True,
+                top_logprobs=TOP_LOGPROBS,
+                max_tokens=_LOGPROB_TOKENS_PER_LABEL * request.labels + 8,
+            )
+        try:
+            response = await litellm.acompletion(
+                model=self.model,
+                messages=request.messages,
+                api_base=self._base_url,
+                api_key=self._api_key,
+                temperature=self._temperature,
+                timeout=self._timeout,
+                max_retries=0,  # the scorer retries, with backoff and a record of each try
+                drop_params=True,  # a provider without logprobs or seeds still answers
+                shared_session=self._session,
+                **options,
+            )
+        except openai.APIStatusError as exc:
+            raise _translated(exc, exc.status_code) from exc
+        except (openai.OpenAIError, aiohttp.ClientError, TimeoutError) as exc:
+            raise _translated(exc, getattr(exc, "status_code", None)) from exc
+        return _reply(response)
+
+
+def _translated(exc: Exception, status: int | None) -> JudgeUnavailable | JudgeRejected:
+    first_line = next(iter(str(exc).strip().splitlines()), "")
+    # litellm repeats the class name: "litellm.RateLimitError: RateLimitError: OpenAIException - ..."
+    while (shorter := _CLASS_PREFIX.sub("", first_line, count=1)) != first_line:
+        first_line = shorter
+    message = f"{type(exc).__name__}: {first_line}"
+    if status is None or status in _RETRYABLE_STATUS or status >= 500:
+        return JudgeUnavailable(message)
+    return JudgeRejected(f"HTTP {status}: {message}", status=status)
+
+
+def _about_format(message: str) -> bool:
+    lowered = message.lower()
+    return any(word in lowered for word in ("response_format", "json_schema", "structured"))
+
+
+def _reply(response: Any) -> JudgeReply:
+    choice = response.choices[0]
+    usage = getattr(response, "usage", None)
+    tokens = None
+    content = getattr(getattr(choice, "logprobs", None), "content", None)
+    if content:
+        tokens = [
+            TokenChoice(
+                token=entry.token,
+                logprob=entry.logprob,
+                top=[(top.token, top.logprob) for top in entry.top_logprobs or []],
+            )
+            for entry in content
+        ]
+    return JudgeReply(
+        text=choice.message.content or "",
+        tokens=tokens,
+        prompt_tokens=int(getattr(usage, "prompt_tokens", 0) or 0),
+        completion_tokens=int(getattr(usage, "completion_tokens", 0) or 0),
+        cost_usd=_cost(response),
+    )
+
+
+def _cost(response: Any) -> float:
+    """litellm's price for the call; 0 for a model it has no price for (local ones)."""
+    cost = (getattr(response, "_hidden_params", None) or {}).get("response_cost")
+    if cost is None:
+        try:
+            cost = litellm.completion_cost(completion_response=response)
+        except Exception:  # litellm raises a plain Exception for an unpriced model
+            cost = 0.0
+    return float(cost or 0.0)
+
+
+def litellm_token_counter(model: str) -> TokenCounter:
+    """litellm's token count for `model`'s tokenizer (OpenAI's where it knows no better)."""
+
+    def count(text: str) -> int:
+        try:
+            return int(litellm.token_counter(model=model, text=text))
+        except Exception:  # an unknown tokenizer must not stop judging: estimate instead
+            return approx_tokens(text)
+
+    return count

@@ -1,0 +1,131 @@
+"""Judging what the store holds: find the ready groups, score each, keep count.
+
+A group is ready when it has `group_size` finished members, or when `wait` seconds have passed
+since its newest member started and at least two have finished; a group whose members all finished
+with fewer than two is ready too, and is recorded `skipped`. Each pass takes the groups with no
+judgment by this judge, mode and rubric; a group is scored at most once per run, so a judge that
+keeps failing costs one `judge_failed` record per group, never a loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from art_proxy.records import GroupRecord, Judgment
+from art_proxy.ruler.prompt import Member
+from art_proxy.ruler.scorer import Ruler
+from art_proxy.store.trajectory_store import TrajectoryStore, final_messages, utcnow
+
+# Groups with more members than this are judged with their first ones only.
+_MAX_MEMBERS = 1000
+_PAGE = 1000
+
+
+@dataclass(frozen=True)
+class Readiness:
+    group_size: int = 0  # 0 = unknown
+    wait: float = 600.0  # seconds after the newest member started
+
+    def ready(self, group: GroupRecord, now: datetime) -> bool:
+        finished = group.size - group.open_count
+        if self.group_size and finished >= self.group_size:
+            return True
+        newest = group.newest_started_at
+        if newest is not None and (now - newest).total_seconds() < self.wait:
+            return False
+        return finished >= 2 or group.open_count == 0
+
+
+@dataclass
+class Totals:
+    """What a run did, for the summary."""
+
+    scored: int = 0
+    judge_failed: int = 0
+    skipped: int = 0
+    cache_hits: int = 0
+    calls: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cost_usd: float = 0.0
+    failures: list[Judgment] = field(default_factory=list)
+
+    def add(self, judgment: Judgment) -> None:
+        if judgment.status == "scored":
+            self.scored += 1
+        elif judgment.status == "skipped":
+            self.skipped += 1
+        else:
+            self.judge_failed += 1
+        if judgment.status != "scored":
+            self.failures.append(judgment)
+        self.cache_hits += judgment.cached_from is not None
+        self.calls += judgment.attempts
+        self.prompt_tokens += judgment.prompt_tokens
+        self.completion_tokens += judgment.completion_tokens
+        self.cost_usd += judgment.cost_usd
+
+    @property
+    def judged(self) -> int:
+        return self.scored + self.judge_failed + self.skipped
+
+
+async def finished_members(store: TrajectoryStore, group_id: str) -> list[Member]:
+    """The group's finished trajectories, oldest first, each with its conversation as it ended."""
+    found = await store.trajectories(group=group_id, status="finished", limit=_MAX_MEMBERS)
+    found.sort(key=lambda trajectory: (trajectory.created_at, trajectory.id))
+    calls = await store.calls([trajectory.id for trajectory in found])
+    return [Member(t.id, final_messages(calls.get(t.id, []))) for t in found]
+
+
+class GroupJudge:
+    """Scores the ready groups of a store, pass after pass."""
+
+    def __init__(
+        self,
+        ruler: Ruler,
+        readiness: Readiness,
+        *,
+        concurrency: int = 4,
+        retry_failed: bool = False,
+    ) -> None:
+        self.ruler = ruler
+        self.readiness = readiness
+        self.totals = Totals()
+        self._semaphore = asyncio.Semaphore(concurrency)
+        self._retry_failed = retry_failed
+        self._seen: set[str] = set()
+
+    async def ready_groups(self) -> list[GroupRecord]:
+        now = utcnow()
+        ready: list[GroupRecord] = []
+        offset = 0
+        while True:  # page by page: groups still filling must not hide the ready ones behind them
+            page = await self.ruler.store.unjudged_groups(
+                judge_model=self.ruler.client.model,
+                mode=self.ruler.settings.mode,
+                rubric_hash=self.ruler.rubric_hash,
+                retry_failed=self._retry_failed,
+                limit=_PAGE,
+                offset=offset,
+            )
+            ready += [g for g in page if g.id not in self._seen and self.readiness.ready(g, now)]
+            if len(page) < _PAGE:
+                return ready
+            offset += _PAGE
+
+    async def judge(
+        self, groups: Sequence[GroupRecord], on_judgment: Callable[[Judgment], None]
+    ) -> None:
+        async def one(group: GroupRecord) -> None:
+            async with self._semaphore:
+                members = await finished_members(self.ruler.store, group.id)
+                judgment = await self.ruler.score_group(group.id, members)
+            self.totals.add(judgment)
+            on_judgment(judgment)
+
+        self._seen.update(group.id for group in groups)
+        await asyncio.gather(*(one(group) for group in groups))

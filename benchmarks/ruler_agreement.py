@@ -1,0 +1,227 @@
+"""RULER agreement: Kendall tau between a judge's scores and a labelled ordering, per group.
+
+Groups are constructed and shipped here: one task, four endings whose order by the default rubric
+is known (goal reached directly > reached with detours > partial progress > failure). Each group
+goes through the real path (`Ruler`, a throwaway SQLite store, the judge over HTTP), and the
+figure is the mean Kendall tau-b over the groups: 1 = the labelled order, 0 = no relation, -1 =
+reversed. A judge that fails a group counts as 0 for it.
+
+    .venv/bin/python benchmarks/ruler_agreement.py --local          # bundled SmolLM2, logprob mode
+    .venv/bin/python benchmarks/ruler_agreement.py --judge openai/MODEL --judge-base-url URL
+
+The last line is the key figure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import tempfile
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from itertools import combinations
+from pathlib import Path
+
+from art_proxy.records import JsonObject, JudgeMode
+from art_proxy.ruler.judge import LitellmJudge
+from art_proxy.ruler.prompt import Member
+from art_proxy.ruler.rubric import DEFAULT_RUBRIC
+from art_proxy.ruler.scorer import Ruler, RulerSettings
+from art_proxy.store.trajectory_store import TrajectoryStore, utcnow
+from art_proxy.store.writer import Batch, RowKind
+
+
+@dataclass(frozen=True)
+class LabelledGroup:
+    task: str
+    endings: Sequence[Sequence[JsonObject]]  # best first
+
+
+def _say(text: str) -> JsonObject:
+    return {"role": "assistant", "content": text}
+
+
+def _call(name: str, arguments: str, result: str, index: int) -> list[JsonObject]:
+    call = {
+        "id": f"c{index}",
+        "type": "function",
+        "function": {"name": name, "arguments": arguments},
+    }
+    return [
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": f"c{index}", "name": name, "content": result},
+    ]
+
+
+GROUPS = (
+    LabelledGroup(
+        "What is 17 * 23?",
+        [
+            [_say("17 * 23 = 391.")],
+            [_say("17 * 20 = 340, 17 * 3 = 51, and 340 + 51 = 391. Let me double-check: 391.")],
+            [_say("17 * 20 = 340, so the answer is a bit more than 340.")],
+            [_say("17 * 23 = 401.")],
+        ],
+    ),
+    LabelledGroup(
+        "What is the capital of Australia?",
+        [
+            [_say("Canberra.")],
+            [_say("Many think Sydney, but the capital of Australia is Canberra.")],
+            [_say("It is not Sydney; I am not sure which city it is.")],
+            [_say("Sydney.")],
+        ],
+    ),
+    LabelledGroup(
+        "What is the weather in Paris right now? Use the tools.",
+        [
+            [*_call("get_weather", '{"city": "Paris"}', "18 C, sunny", 1), _say("18 C, sunny.")],
+            [
+                *_call("get_weather", '{"city": "Pari"}', "error: unknown city", 1),
+                *_call("get_weather", '{"city": "Paris"}', "18 C, sunny", 2),
+                _say("18 C and sunny in Paris."),
+            ],
+            [*_call("get_weather", '{"city": "Pari"}', "error: unknown city", 1), _say("Unknown.")],
+            [_say("It is probably raining in Paris.")],
+        ],
+    ),
+    LabelledGroup(
+        "Translate 'good morning' into French.",
+        [
+            [_say("Bonjour.")],
+            [_say("In French, 'good morning' is usually just 'bonjour' (literally 'good day').")],
+            [_say("'Bon' means 'good' in French.")],
+            [_say("Buenos dias.")],
+        ],
+    ),
+    LabelledGroup(
+        "Sort these numbers ascending: 5, 2, 9, 1.",
+        [
+            [_say("1, 2, 5, 9")],
+            [_say("First 1 is smallest, then 2, then 5, then 9: 1, 2, 5, 9")],
+            [_say("1, 2, ... I am not sure about the rest.")],
+            [_say("9, 5, 2, 1")],
+        ],
+    ),
+    LabelledGroup(
+        "How many files are in /data? Use the tools.",
+        [
+            [*_call("list_dir", '{"path": "/data"}', '["a.csv", "b.csv"]', 1), _say("2 files.")],
+            [
+                *_call("list_dir", '{"path": "/"}', '["data", "home"]', 1),
+                *_call("list_dir", '{"path": "/data"}', '["a.csv", "b.csv"]', 2),
+                _say("There are 2 files in /data."),
+            ],
+            [*_call("list_dir", '{"path": "/"}', '["data", "home"]', 1), _say("There is /data.")],
+            [_say("There are 10 files.")],
+        ],
+    ),
+)
+
+
+def kendall_tau_b(x: Sequence[float], y: Sequence[float]) -> float:
+    """Kendall's tau-b (ties in either ranking allowed); 0 when one side is all ties."""
+    concordant = discordant = ties_x = ties_y = 0
+    for (x1, y1), (x2, y2) in combinations(zip(x, y, strict=True), 2):
+        dx, dy = x1 - x2, y1 - y2
+        if dx == 0 and dy == 0:
+            continue
+        if dx == 0:
+            ties_x += 1
+        elif dy == 0:
+            ties_y += 1
+        elif (dx > 0) == (dy > 0):
+            concordant += 1
+        else:
+            discordant += 1
+    untied_x = concordant + discordant + ties_y  # pairs that x orders
+    untied_y = concordant + discordant + ties_x  # pairs that y orders
+    if untied_x == 0 or untied_y == 0:
+        return 0.0
+    return float((concordant - discordant) / (untied_x * untied_y) ** 0.5)
+
+
+async def agreement(client: LitellmJudge, mode: JudgeMode, budget: int) -> list[float]:
+    """Tau per group, in the order of GROUPS."""
+    taus = []
+    with tempfile.TemporaryDirectory() as folder:
+        store = await TrajectoryStore.open(f"sqlite:///{Path(folder) / 'agreement.db'}")
+        try:
+            ruler = Ruler(client, store, RulerSettings(DEFAULT_RUBRIC, mode, budget))
+            for index, group in enumerate(GROUPS):
+                opening = [{"role": "user", "content": group.task}]
+                # Shown in a scrambled order, so a judge that favours position gains nothing.
+                order = [2, 0, 3, 1]
+                members = [
+                    Member(f"g{index}-rank{rank}", [*opening, *group.endings[rank]])
+                    for rank in order
+                ]
+                judgment = await ruler.score_group(await _group(store, index), members)
+                if judgment.status != "scored":
+                    print(f"group {index}: {judgment.status}: {judgment.reason}")
+                    taus.append(0.0)
+                    continue
+                by_id = {score.trajectory_id: score.score for score in judgment.scores}
+                scores = [by_id[member.trajectory_id] for member in members]
+                taus.append(kendall_tau_b(scores, [-float(rank) for rank in order]))
+                print(f"group {index}: tau {taus[-1]:+.2f}  ({group.task})")
+        finally:
+            await store.aclose()
+    return taus
+
+
+async def _group(store: TrajectoryStore, index: int) -> str:
+    """A group row for the judgment to belong to (its trajectories need not be stored)."""
+    now = utcnow()
+    scenario = {"id": f"agreement-{index}", "created_at": now, "auto": False, "opening": []}
+    group = {"id": f"g{index}", "scenario_id": scenario["id"], "created_at": now}
+    await store.write(Batch([(RowKind.scenario, scenario), (RowKind.group, group)]))
+    return str(group["id"])
+
+
+@asynccontextmanager
+async def bundled_judge() -> AsyncIterator[tuple[str, str]]:
+    """SmolLM2-135M served by local-llm in this process: (model, base URL)."""
+    from art_proxy.local.model_loading import load_model
+    from art_proxy.local.served import ServedModel
+    from art_proxy.local.server import running_local_llm
+
+    served = ServedModel.create(load_model(None), max_model_len=2048, max_batch_size=4)
+    async with running_local_llm(served, "127.0.0.1", 0) as local:
+        yield f"openai/{served.name}", local.base_url
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--local", action="store_true", help="judge with the bundled SmolLM2")
+    parser.add_argument("--judge", help="litellm model name, e.g. openai/MODEL")
+    parser.add_argument("--judge-base-url", help="OpenAI-compatible base URL ending in /v1")
+    parser.add_argument("--mode", choices=["json", "logprob"], help="default: logprob with --local")
+    parser.add_argument("--max-prompt-tokens", type=int, default=1500)
+    args = parser.parse_args()
+    if args.local == bool(args.judge):
+        parser.error("give either --local or --judge")
+    mode: JudgeMode = args.mode or ("logprob" if args.local else "json")
+    async with _judge(args) as (model, base_url):
+        client = LitellmJudge(model, base_url=base_url)
+        try:
+            taus = await agreement(client, mode, args.max_prompt_tokens)
+        finally:
+            await client.aclose()
+    print(
+        f"mean Kendall tau of {model} ({mode}) over {len(taus)} groups: {sum(taus) / len(taus):+.2f}"
+    )
+
+
+@asynccontextmanager
+async def _judge(args: argparse.Namespace) -> AsyncIterator[tuple[str, str | None]]:
+    if args.local:
+        async with bundled_judge() as (model, base_url):
+            yield model, base_url
+    else:
+        yield args.judge, args.judge_base_url
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

@@ -1,0 +1,194 @@
+"""`art-proxy judge` on groups the proxy recorded (fake vLLM upstream), on SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import openai
+from rich.console import Console
+
+from art_proxy.config import JudgeSettings
+from art_proxy.proxy.server import RunningProxy
+from art_proxy.ruler.command import run_judge
+from art_proxy.ruler.rubric import DEFAULT_RUBRIC
+from art_proxy.ruler.run import Totals
+from art_proxy.store.trajectory_store import TrajectoryStore
+from tests.ruler.scripted_judge import Reply, answer_by_content, running_scripted_judge
+
+MODEL = "Qwen/Qwen2.5-0.5B-Instruct"
+
+
+def judge_command(*args: str) -> subprocess.CompletedProcess[str]:
+    command = [str(Path(sys.executable).parent / "art-proxy"), "judge", *args]
+    return subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
+
+
+async def run_agent(proxy: RunningProxy, scenario: str, trajectory: str, turns: int) -> None:
+    """One agent run of `turns` turns, attributed by URL, then finished."""
+    base_url = f"{proxy.root_url}/scenario/{scenario}/trajectory/{trajectory}/v1"
+    async with openai.AsyncOpenAI(base_url=base_url, api_key="unused") as client:
+        messages: list[Any] = [{"role": "user", "content": f"Task of {scenario}: plan a trip."}]
+        for turn in range(turns):
+            reply = await client.chat.completions.create(model=MODEL, messages=messages)
+            messages.append(reply.choices[0].message.model_dump(exclude_none=True))
+            messages.append({"role": "user", "content": f"Not done yet ({turn + 1})."})
+    async with aiohttp.ClientSession() as http:
+        finish = f"{proxy.root_url}/art/v1/trajectories/{trajectory}/finish"
+        async with http.post(finish, json={}) as response:
+            assert response.status == 200, await response.text()
+
+
+def fewer_turns_is_better(text: str) -> float:
+    return round(1.0 - 0.2 * text.count("Not done yet"), 3)
+
+
+async def test_judge_scores_recorded_groups_and_skips_a_group_of_one(
+    proxy: RunningProxy, tmp_path: Path
+) -> None:
+    for trajectory, turns in (("quick", 1), ("slow", 3), ("middle", 2)):
+        await run_agent(proxy, "trip", trajectory, turns)
+    await run_agent(proxy, "lonely", "alone", 1)
+    store_url = proxy.parts.settings.store
+    args = ["--store", store_url, "--judge", "openai/scripted", "--wait", "0"]
+
+    async with running_scripted_judge(answer_by_content(fewer_turns_is_better)) as judge:
+        first = await asyncio.to_thread(judge_command, *args, "--judge-base-url", judge.base_url)
+        again = await asyncio.to_thread(judge_command, *args, "--judge-base-url", judge.base_url)
+
+    assert first.returncode == 0, first.stderr
+    assert len(judge.requests) == 1, "one call for the group of three, none for the group of one"
+    assert "Task of trip: plan a trip." in judge.prompt()
+    assert re.search(r"1 │ scored", first.stdout) and re.search(r"1 │ skipped", first.stdout)
+    assert "has 1 finished trajectory" in first.stdout
+    assert again.returncode == 0, again.stderr
+    store = await TrajectoryStore.open(store_url, writer=False)
+    try:
+        judgments = {j.status: j for j in await store.judgments()}
+    finally:
+        await store.aclose()
+    assert sorted(judgments) == ["scored", "skipped"]
+    scored = judgments["scored"]
+    assert {s.trajectory_id: s.score for s in scored.scores} == {
+        "quick": 1.0,
+        "slow": 0.6,
+        "middle": 0.8,
+    }
+    assert scored.judge_model == "openai/scripted" and scored.prompt_tokens > 0
+    assert judgments["skipped"].trajectory_ids == ["alone"]
+
+
+def settings(store_url: str, judge_url: str, **overrides: Any) -> JudgeSettings:
+    return JudgeSettings.model_validate(
+        {"store": store_url, "judge": "openai/scripted", "judge_base_url": judge_url, **overrides}
+    )
+
+
+async def judge_in_process(settings: JudgeSettings) -> Totals:
+    quiet = Console(file=io.StringIO())
+    return await run_judge(settings, DEFAULT_RUBRIC, quiet, quiet)
+
+
+async def test_judge_waits_for_a_full_group_or_the_wait(proxy: RunningProxy) -> None:
+    await run_agent(proxy, "trip", "done-1", 1)
+    await run_agent(proxy, "trip", "done-2", 2)
+    store_url = proxy.parts.settings.store
+    async with running_scripted_judge(answer_by_content(fewer_turns_is_better)) as judge:
+        waiting = await judge_in_process(settings(store_url, judge.base_url, group_size=3))
+        assert waiting.judged == 0 and judge.requests == []
+        full = await judge_in_process(settings(store_url, judge.base_url, group_size=2))
+        assert full.scored == 1 and len(judge.requests) == 1
+        done = await judge_in_process(settings(store_url, judge.base_url, wait=0))
+        assert done.judged == 0 and len(judge.requests) == 1
+
+
+async def test_an_open_member_is_left_out_once_the_wait_is_over(proxy: RunningProxy) -> None:
+    await run_agent(proxy, "trip", "done-1", 1)
+    await run_agent(proxy, "trip", "done-2", 2)
+    async with openai.AsyncOpenAI(
+        base_url=f"{proxy.root_url}/scenario/trip/trajectory/still-open/v1", api_key="unused"
+    ) as client:
+        await client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "Task of trip: plan a trip."}]
+        )
+    store_url = proxy.parts.settings.store
+    async with running_scripted_judge(answer_by_content(fewer_turns_is_better)) as judge:
+        waiting = await judge_in_process(settings(store_url, judge.base_url, group_size=3))
+        over = await judge_in_process(settings(store_url, judge.base_url, wait=0))
+    assert waiting.judged == 0 and over.scored == 1
+    assert "still-open" not in judge.prompt()
+
+
+async def test_an_unreachable_judge_leaves_a_readable_record(proxy: RunningProxy) -> None:
+    await run_agent(proxy, "trip", "a", 1)
+    await run_agent(proxy, "trip", "b", 2)
+    store_url = proxy.parts.settings.store
+    async with running_scripted_judge(Reply("overloaded", status=503)) as judge:
+        totals = await judge_in_process(
+            settings(store_url, judge.base_url, wait=0, judge_retries=1, judge_backoff=0.01)
+        )
+        again = await judge_in_process(settings(store_url, judge.base_url, wait=0))
+    assert totals.judge_failed == 1 and len(judge.requests) == 2
+    reason = totals.failures[0].reason
+    assert reason is not None and "judge unavailable after 2 tries" in reason
+    assert "overloaded" in reason
+    assert again.judged == 0, "a failed group is judged again only with --retry-failed"
+
+
+def test_a_missing_rubric_file_is_a_one_line_error(sqlite_url: str, tmp_path: Path) -> None:
+    result = judge_command(
+        "--store", sqlite_url, "--judge", "openai/x", "--rubric", str(tmp_path / "nope.txt")
+    )
+    assert result.returncode != 0
+    assert result.stderr.strip().count("\n") == 0
+    assert "rubric file" in result.stderr and "does not exist" in result.stderr
+
+
+def test_an_empty_rubric_file_is_a_one_line_error(sqlite_url: str, tmp_path: Path) -> None:
+    empty = tmp_path / "rubric.txt"
+    empty.write_text("  \n")
+    result = judge_command("--store", sqlite_url, "--judge", "openai/x", "--rubric", str(empty))
+    assert result.returncode != 0
+    assert result.stderr.strip() == f"error: rubric file {empty} is empty"
+
+
+async def test_watch_judges_groups_as_they_become_ready_until_interrupted(
+    proxy: RunningProxy,
+) -> None:
+    store_url = proxy.parts.settings.store
+    store = await TrajectoryStore.open(store_url, writer=False)
+    async with running_scripted_judge(answer_by_content(fewer_turns_is_better)) as judge:
+        watcher = await asyncio.create_subprocess_exec(
+            str(Path(sys.executable).parent / "art-proxy"),
+            *("judge", "--store", store_url, "--judge", "openai/scripted", "--watch"),
+            *("--judge-base-url", judge.base_url, "--group-size", "2", "--poll", "0.1"),
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        try:
+            for scenario in ("first", "second"):
+                await run_agent(proxy, scenario, f"{scenario}-a", 1)
+                await run_agent(proxy, scenario, f"{scenario}-b", 2)
+                await until_judged(store, count=1 if scenario == "first" else 2)
+        finally:
+            watcher.send_signal(signal.SIGINT)
+            stdout, stderr = await asyncio.wait_for(watcher.communicate(), 30)
+            await store.aclose()
+    assert watcher.returncode == 0, stderr.decode()
+    assert re.search(r"2 │ scored", stdout.decode())
+    assert len(judge.requests) == 2
+
+
+async def until_judged(store: TrajectoryStore, count: int) -> None:
+    for _ in range(600):
+        if len(await store.judgments()) >= count:
+            return
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"no {count} judgments within a minute")

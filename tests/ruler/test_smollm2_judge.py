@@ -1,0 +1,58 @@
+"""End to end: the bundled SmolLM2-135M, served by local-llm, judges a group in logprob mode.
+
+A 135M model's opinion of the group is noise; what this pins down is the path: the digit prompt
+reaches a real vLLM-compatible server, its `top_logprobs` come back through litellm, and every
+trajectory gets an expected-digit score. Small on purpose: two short trajectories, one call.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+
+from art_proxy.local.model_loading import LoadedModel, load_model
+from art_proxy.local.served import ServedModel
+from art_proxy.local.server import RunningLocalLlm, running_local_llm
+from art_proxy.ruler.judge import LitellmJudge
+from art_proxy.ruler.rubric import DEFAULT_RUBRIC
+from art_proxy.ruler.run import finished_members
+from art_proxy.ruler.scorer import Ruler, RulerSettings
+from art_proxy.store.trajectory_store import TrajectoryStore
+from tests.ruler.recorded import answered, record_group
+
+
+@pytest.fixture(scope="module")
+def smollm2() -> LoadedModel:
+    return load_model(None)
+
+
+@pytest.fixture
+async def local_judge(smollm2: LoadedModel) -> AsyncIterator[RunningLocalLlm]:
+    served = ServedModel.create(smollm2, max_model_len=1024, max_batch_size=2)
+    async with running_local_llm(served) as running:
+        yield running
+
+
+async def test_smollm2_scores_a_group_by_its_digit_probabilities(
+    local_judge: RunningLocalLlm, store: TrajectoryStore
+) -> None:
+    group, ids = await record_group(store, [answered("Paris."), answered("I like turtles.")])
+    client = LitellmJudge(f"openai/{local_judge.served.name}", base_url=local_judge.base_url)
+    settings = RulerSettings(rubric=DEFAULT_RUBRIC, mode="logprob", max_prompt_tokens=800)
+    try:
+        judgment = await Ruler(client, store, settings).score_group(
+            group, await finished_members(store, group)
+        )
+    finally:
+        await client.aclose()
+    assert judgment.status == "scored", judgment.reason
+    assert [score.trajectory_id for score in judgment.scores] == ids
+    for score in judgment.scores:
+        assert 0.0 <= score.score <= 1.0
+        assert score.explanation.startswith("expected digit")
+    # An expectation over several digits, not one sampled digit: not a multiple of 1/9.
+    assert any(abs(score.score * 9 - round(score.score * 9)) > 1e-6 for score in judgment.scores)
+    assert judgment.prompt_tokens > 0 and judgment.completion_tokens > 0
+    assert judgment.cost_usd == 0.0
+    assert await store.judgments(group=group) == [judgment]

@@ -1,0 +1,306 @@
+"""`art-proxy up` as a user runs it: a real process supervising a real local-llm (SmolLM2 on CPU) and
+a real proxy, driven by the official OpenAI SDK, stopped by SIGINT, by the end of `--run`, or by a
+part that dies. Whatever way it ends, no part may be left running.
+
+vLLM mode is checked by its plan only (vLLM is not installed here), and by the one-line error a
+machine without it gets.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+import shlex
+import shutil
+import signal
+import socket
+import sys
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import aiohttp
+import openai
+import pytest
+
+from art_proxy.config import UpSettings
+from art_proxy.up import plan
+
+ART_PROXY = str(Path(sys.executable).parent / "art-proxy")
+MODEL = "SmolLM2-135M-Instruct"
+# The first start on a machine converts the bundled GGUF; later ones take seconds.
+READY_TIMEOUT_S = 120.0
+# `up` stops its parts one by one, each with a grace period.
+EXIT_TIMEOUT_S = 60.0
+
+# A tiny agent run by `--run`: the SDK finds the proxy through OPENAI_BASE_URL, set by `up`.
+AGENT = """
+import sys, openai
+reply = openai.OpenAI().chat.completions.create(
+    model="SmolLM2-135M-Instruct",
+    messages=[{"role": "user", "content": "Answer yes or no: is the sky blue?"}],
+    max_tokens=8,
+    temperature=0,
+)
+print("agent got:", reply.choices[0].message.content)
+sys.exit(int(sys.argv[1]))
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def accepts_connections(port: int) -> bool:
+    with socket.socket() as sock:
+        return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
+def processes_on_port(port: int) -> list[str]:
+    """Command lines of the live processes started with `--port PORT` (read from /proc)."""
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            argv = cmdline.read_bytes().decode(errors="replace").split("\0")
+        except OSError:  # the process ended while we looked
+            continue
+        if ("--port", str(port)) in itertools.pairwise(argv):
+            found.append(" ".join(argv))
+    return found
+
+
+@dataclass
+class Up:
+    """A running `art-proxy up`: its process, its ports, and everything it printed so far."""
+
+    process: asyncio.subprocess.Process
+    port: int
+    llm_port: int
+    log: Path
+
+    @property
+    def proxy_root(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    async def wait(self, timeout_s: float = EXIT_TIMEOUT_S) -> int:
+        return await asyncio.wait_for(self.process.wait(), timeout_s)
+
+    async def wait_until_ready(self) -> None:
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2)) as http:
+            while time.monotonic() < deadline:
+                assert self.process.returncode is None, f"up exited early:\n{self.output()}"
+                try:
+                    async with http.get(f"{self.proxy_root}/health") as response:
+                        if response.status == 200:
+                            return
+                except (aiohttp.ClientError, TimeoutError):
+                    pass
+                await asyncio.sleep(0.25)
+        raise AssertionError(f"the proxy was not ready after {READY_TIMEOUT_S} s:\n{self.output()}")
+
+    async def wait_for_output(self, text: str, timeout_s: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while text not in self.output():
+            assert time.monotonic() < deadline, f"{text!r} never printed:\n{self.output()}"
+            await asyncio.sleep(0.05)
+
+    def assert_nothing_left_running(self) -> None:
+        for port in (self.port, self.llm_port):
+            assert processes_on_port(port) == [], self.output()
+        assert not accepts_connections(self.port)
+
+
+@asynccontextmanager
+async def art_proxy_up(tmp_path: Path, *flags: str, llm_port: int = 0) -> AsyncIterator[Up]:
+    """`art-proxy up` on free ports with a SQLite store in tmp_path; killed if a test leaves it."""
+    log = tmp_path / "up.log"
+    port, llm_port = free_port(), llm_port or free_port()
+    argv = [ART_PROXY, "up", "--port", str(port), "--llm-port", str(llm_port)]
+    argv += ["--store", f"sqlite:///{tmp_path / 'art.db'}", *flags]
+    with log.open("wb") as out:
+        # A file, not a pipe: `up` relays every line its parts print, and nobody may block it.
+        process = await asyncio.create_subprocess_exec(*argv, stdout=out, stderr=out)
+    up = Up(process, port, llm_port, log)
+    try:
+        yield up
+    finally:
+        if process.returncode is None:  # a failed test: stop the stack the way a user would
+            process.send_signal(signal.SIGINT)
+            try:
+                await up.wait()
+            except TimeoutError:
+                process.kill()
+                await process.wait()
+
+
+def error_lines(output: str) -> list[str]:
+    return [line for line in output.splitlines() if line.startswith("error:")]
+
+
+async def test_up_records_a_chat_answered_by_smollm2_and_sigint_stops_both_parts(
+    tmp_path: Path,
+) -> None:
+    async with art_proxy_up(tmp_path) as up:
+        await up.wait_until_ready()
+        async with openai.AsyncOpenAI(
+            base_url=f"{up.proxy_root}/v1", api_key="unused", max_retries=0
+        ) as client:
+            completion = await client.chat.completions.create(
+                model=MODEL,
+                messages=[{"role": "user", "content": "Answer yes or no: is the sky blue?"}],
+                max_tokens=8,
+                temperature=0,  # SmolLM2 then answers in a word: a short call on a busy CPU
+            )
+        async with aiohttp.ClientSession() as http:
+            async with http.get(f"{up.proxy_root}/art/v1/trajectories") as response:
+                [summary] = (await response.json())["data"]
+            async with http.get(f"{up.proxy_root}/art/v1/trajectories/{summary['id']}") as response:
+                trajectory = await response.json()
+
+        up.process.send_signal(signal.SIGINT)
+        status = await up.wait()
+
+    assert completion.model == MODEL and completion.choices[0].message.content
+    call = trajectory["calls"][0]
+    assert call["trainable"] is True
+    assert call["prompt_token_ids"] and call["completion_token_ids"][0]
+    assert completion.usage is not None
+    assert len(call["completion_token_ids"][0]) == completion.usage.completion_tokens
+    assert status == 0, up.output()
+    assert not accepts_connections(up.llm_port)
+    up.assert_nothing_left_running()
+    # The proxy goes first, so no client call meets a model that is already gone.
+    assert up.output().index("stopped proxy") < up.output().index("stopped local-llm")
+
+
+async def test_up_run_exits_with_the_commands_status_after_summarizing_the_recording(
+    tmp_path: Path,
+) -> None:
+    # A failing status, and not 1: `up` must hand back the command's own status.
+    command = shlex.join([sys.executable, "-c", AGENT, "3"])
+
+    async with art_proxy_up(tmp_path, "--run", command) as up:
+        status = await up.wait(READY_TIMEOUT_S)
+
+    output = up.output()
+    assert status == 3, output
+    assert "agent got:" in output
+    assert "recorded trajectories" in output
+    assert "1 calls recorded, 0 failed" in output
+    up.assert_nothing_left_running()
+
+
+async def test_a_part_that_dies_stops_up_with_one_error_line_and_its_last_lines(
+    tmp_path: Path,
+) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        llm_port = taken.getsockname()[1]
+        async with art_proxy_up(tmp_path, llm_port=llm_port) as up:
+            status = await up.wait(READY_TIMEOUT_S)
+
+    output = up.output()
+    assert status == 1, output
+    [error] = error_lines(output)
+    assert error == "error: local-llm exited with status 1; its last lines:"
+    tail = output.split(error, 1)[1]
+    assert "address already in use" in tail
+    up.assert_nothing_left_running()
+    assert "starting proxy" not in output
+
+
+async def test_a_parts_last_lines_are_shown_verbatim_even_when_they_look_like_markup(
+    tmp_path: Path,
+) -> None:
+    model = str(tmp_path / "[/missing]" / "[bold]model.gguf")
+
+    async with art_proxy_up(tmp_path, "--model", model) as up:
+        status = await up.wait(READY_TIMEOUT_S)
+
+    output = up.output()
+    assert status == 1, output
+    assert error_lines(output)[-1] == "error: local-llm exited with status 1; its last lines:"
+    assert f"    error: --model {model}: not a Hugging Face model" in output
+    up.assert_nothing_left_running()
+
+
+async def test_sigint_while_a_part_starts_stops_up_without_waiting_for_it(
+    tmp_path: Path,
+) -> None:
+    async with art_proxy_up(tmp_path) as up:
+        await up.wait_for_output("starting local-llm")
+        up.process.send_signal(signal.SIGINT)
+        status = await up.wait(10)
+
+    assert status == 1
+    assert error_lines(up.output()) == ["error: interrupted while local-llm was starting"]
+    up.assert_nothing_left_running()
+
+
+def test_plan_in_vllm_mode_serves_the_model_with_runtime_lora_and_processed_logprobs() -> None:
+    llm, proxy = plan(UpSettings(vllm="Qwen/Qwen2.5-7B-Instruct", llm_port=8001, port=8101))
+
+    assert llm.name == "vllm"
+    assert llm.argv == [
+        "vllm",
+        "serve",
+        "Qwen/Qwen2.5-7B-Instruct",
+        "--port",
+        "8001",
+        "--enable-lora",
+        "--max-lora-rank",
+        "16",
+        "--max-loras",
+        "4",
+        "--logprobs-mode",
+        "processed_logprobs",
+        "--enable-auto-tool-choice",
+        "--tool-call-parser",
+        "hermes",
+    ]
+    assert llm.env == {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}
+    assert llm.health_url == "http://127.0.0.1:8001/health"
+    assert proxy.argv == [
+        ART_PROXY,
+        "serve",
+        "--upstream",
+        "http://127.0.0.1:8001/v1",
+        "--store",
+        "sqlite:///art.db",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "8101",
+    ]
+
+
+async def test_up_vllm_without_vllm_installed_fails_with_one_clear_line(tmp_path: Path) -> None:
+    # Only the virtual environment and the system's own tools: no vllm on this PATH.
+    path = os.pathsep.join([str(Path(ART_PROXY).parent), "/usr/bin", "/bin"])
+    if shutil.which("vllm", path=path):
+        pytest.skip("vllm is installed here")
+    port, llm_port = free_port(), free_port()
+    process = await asyncio.create_subprocess_exec(
+        *[ART_PROXY, "up", "--vllm", "Qwen/Qwen2.5-7B-Instruct"],
+        *["--port", str(port), "--llm-port", str(llm_port)],
+        *["--store", f"sqlite:///{tmp_path / 'art.db'}"],
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+        env={**os.environ, "PATH": path},
+    )
+    output = (await asyncio.wait_for(process.communicate(), 30))[0].decode()
+
+    assert process.returncode == 1, output
+    assert error_lines(output) == ["error: vllm: vllm is not installed"]
+    assert output.rstrip().endswith("error: vllm: vllm is not installed")
