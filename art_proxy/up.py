@@ -223,6 +223,8 @@ async def _run_command(command: str, base_url: str, stop: asyncio.Event) -> int:
         process.terminate()
         await process.wait()
     status = process.returncode or 0
+    if status < 0:  # killed by a signal: report it the way a shell does
+        status = 128 - status
     console.rule(f"command exited with status {status}")
     return status
 

@@ -7,12 +7,13 @@ SQLite hands them back naive, so they are made aware again on read.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.exc import SQLAlchemyError
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from art_proxy.errors import StoreError
 from art_proxy.records import (
@@ -176,8 +177,11 @@ class TrajectoryStore:
         group: str | None = None,
         limit: int = 100,
         offset: int = 0,
+        oldest_first: bool = False,
     ) -> list[TrajectoryRecord]:
-        query = sa.select(T).order_by(T.c.created_at.desc(), T.c.id).limit(limit).offset(offset)
+        """Newest first (or oldest first: stable pages while new ones arrive, for export)."""
+        order = T.c.created_at.asc() if oldest_first else T.c.created_at.desc()
+        query = sa.select(T).order_by(order, T.c.id).limit(limit).offset(offset)
         for column, value in (
             (T.c.scenario_id, scenario),
             (T.c.status, status),
@@ -250,11 +254,8 @@ class TrajectoryStore:
     async def add_judgment(self, judgment: Judgment) -> None:
         row = judgment.model_dump(exclude={"scores"})
         row["scores"] = [score.model_dump() for score in judgment.scores]
-        try:
-            async with self.engine.begin() as connection:
-                await connection.execute(sa.insert(J).values(row))
-        except SQLAlchemyError as exc:
-            raise StoreError(f"{type(exc).__name__}: {exc}") from exc
+        async with self._transaction() as connection:
+            await connection.execute(sa.insert(J).values(row))
 
     async def judgments(self, *, group: str | None = None, limit: int = 100) -> list[Judgment]:
         """Newest first."""
@@ -287,7 +288,12 @@ class TrajectoryStore:
         offset = 0
         while True:
             page = await self.trajectories(
-                scenario=scenario, status=status, split=split, limit=page_size, offset=offset
+                scenario=scenario,
+                status=status,
+                split=split,
+                limit=page_size,
+                offset=offset,
+                oldest_first=True,
             )
             if not page:
                 return
@@ -303,8 +309,14 @@ class TrajectoryStore:
 
     # --- plumbing --------------------------------------------------------------------------------
 
-    def _transaction(self) -> Any:
-        return _translated(self.engine.begin())
+    @asynccontextmanager
+    async def _transaction(self) -> AsyncIterator[AsyncConnection]:
+        """A transaction whose database errors, inside the block too, become `StoreError`."""
+        try:
+            async with self.engine.begin() as connection:
+                yield connection
+        except SQLAlchemyError as exc:
+            raise StoreError(f"{type(exc).__name__}: {exc}") from exc
 
     async def _first(self, query: sa.Select[Any]) -> JsonObject | None:
         rows = await self._all(query)
@@ -315,25 +327,6 @@ class TrajectoryStore:
             async with self.engine.connect() as connection:
                 result = await connection.execute(query)
                 return [dict(row) for row in result.mappings()]
-        except SQLAlchemyError as exc:
-            raise StoreError(f"{type(exc).__name__}: {exc}") from exc
-
-
-class _translated:
-    """`async with` over a transaction that turns database errors into `StoreError`."""
-
-    def __init__(self, context: Any) -> None:
-        self._context = context
-
-    async def __aenter__(self) -> Any:
-        try:
-            return await self._context.__aenter__()
-        except SQLAlchemyError as exc:
-            raise StoreError(f"{type(exc).__name__}: {exc}") from exc
-
-    async def __aexit__(self, *exc_info: Any) -> bool:
-        try:
-            return bool(await self._context.__aexit__(*exc_info))
         except SQLAlchemyError as exc:
             raise StoreError(f"{type(exc).__name__}: {exc}") from exc
 
