@@ -18,6 +18,7 @@ from art_proxy.local.errors import AdapterNotFound, EngineFailure, PromptError
 from art_proxy.local.generation import ChoiceDelta, ChoiceOutput, Generation
 from art_proxy.local.request_params import check_supported, sampling_params
 from art_proxy.local.served import ServedModel, not_found
+from art_proxy.local.stream import relay_deltas
 from art_proxy.local.tool_calls import ToolCallStream, parse_tool_calls
 from art_proxy.wire import (
     MAX_LOGPROBS,
@@ -235,19 +236,13 @@ async def _stream(
         parsers = [
             ToolCallStream() if chat.parse_tools else None for _ in range(generation.choices)
         ]
-        completion_tokens = 0
-        try:
-            async for delta in generation.deltas():
-                completion_tokens += len(delta.token_ids)
-                chunk = _stream_choice(served, chat, delta, parsers[delta.index])
-                await send_event(response, {**head, "choices": [chunk]})
-        except EngineFailure as exc:
-            await send_event(response, ApiError(500, str(exc)).body())
-            await close_event_stream(response)
-            return response
-        if chat.include_usage:
-            usage = _usage(prompt_ids, completion_tokens)
-            await send_event(response, {**head, "choices": [], "usage": usage})
+        await relay_deltas(
+            response,
+            head,
+            generation,
+            lambda delta: _stream_choice(served, chat, delta, parsers[delta.index]),
+            (lambda tokens: _usage(prompt_ids, tokens)) if chat.include_usage else None,
+        )
         await close_event_stream(response)
     return response
 

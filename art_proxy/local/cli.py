@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import asyncio
 import os
-import signal
 import sys
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from art_proxy import serving
 
 
 class LocalLlmSettings(BaseModel):
@@ -47,12 +48,7 @@ class LocalLlmSettings(BaseModel):
 
 def run_local_llm(settings: LocalLlmSettings) -> None:
     """Load the model, then serve until interrupted; prints a ready line once listening."""
-    try:
-        import uvloop
-    except ImportError:  # pragma: no cover - uvloop is a dependency except on Windows
-        asyncio.run(_serve_until_stopped(settings))
-    else:
-        uvloop.run(_serve_until_stopped(settings))
+    serving.run(_serve_until_stopped(settings))
 
 
 async def _serve_until_stopped(settings: LocalLlmSettings) -> None:
@@ -71,10 +67,7 @@ async def _serve_until_stopped(settings: LocalLlmSettings) -> None:
         max_model_len=settings.max_model_len,
         max_batch_size=settings.max_batch_size,
     )
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(signum, stop.set)
+    stop = serving.stop_requested()
     async with running_local_llm(served, settings.host, settings.port) as local:
         print(f"local-llm ready: {local.base_url} (model {served.name})", flush=True)
         await stop.wait()

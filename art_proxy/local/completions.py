@@ -19,6 +19,7 @@ from art_proxy.local.generation import ChoiceDelta, ChoiceOutput, Generation
 from art_proxy.local.request_params import check_supported, sampling_params
 from art_proxy.local.sampling import TokenLogprob
 from art_proxy.local.served import ServedModel, not_found, wire_logprob
+from art_proxy.local.stream import relay_deltas
 from art_proxy.wire import (
     MAX_LOGPROBS,
     ApiError,
@@ -30,7 +31,6 @@ from art_proxy.wire import (
     int_field,
     json_response,
     read_json_object,
-    send_event,
 )
 
 # OpenAI's legacy default, which vLLM keeps.
@@ -219,19 +219,13 @@ async def _stream(
         }
         text_offsets = [0] * generation.choices
         started = [False] * generation.choices
-        completion_tokens = 0
-        try:
-            async for delta in generation.deltas():
-                completion_tokens += len(delta.token_ids)
-                chunk = _stream_choice(served, completion, delta, text_offsets, started)
-                await send_event(response, {**head, "choices": [chunk]})
-        except EngineFailure as exc:
-            await send_event(response, ApiError(500, str(exc)).body())
-            await close_event_stream(response)
-            return response
-        if completion.include_usage:
-            usage = _usage(completion, completion_tokens)
-            await send_event(response, {**head, "choices": [], "usage": usage})
+        await relay_deltas(
+            response,
+            head,
+            generation,
+            lambda delta: _stream_choice(served, completion, delta, text_offsets, started),
+            (lambda tokens: _usage(completion, tokens)) if completion.include_usage else None,
+        )
         await close_event_stream(response)
     return response
 

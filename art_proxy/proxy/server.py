@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import asyncio
 import ipaddress
 import logging
-import signal
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -14,6 +12,7 @@ from aiohttp import web
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
+from art_proxy import serving
 from art_proxy.config import ProxySettings
 
 from .app import PARTS, ProxyParts, create_app
@@ -74,19 +73,11 @@ async def running_proxy(settings: ProxySettings) -> AsyncIterator[RunningProxy]:
 def serve(settings: ProxySettings) -> None:
     """Serve until SIGINT/SIGTERM, on uvloop where available."""
     warn_if_exposed(settings)
-    try:
-        import uvloop
-    except ImportError:  # pragma: no cover - uvloop is a dependency except on Windows
-        asyncio.run(_serve_until_stopped(settings))
-    else:
-        uvloop.run(_serve_until_stopped(settings))
+    serving.run(_serve_until_stopped(settings))
 
 
 async def _serve_until_stopped(settings: ProxySettings) -> None:
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(signum, stop.set)
+    stop = serving.stop_requested()
     async with running_proxy(settings) as proxy:
         upstreams = ", ".join(settings.upstream)
         log.info(
