@@ -11,7 +11,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 JsonObject = dict[str, Any]
 
@@ -119,11 +119,67 @@ JudgmentStatus = Literal["scored", "judge_failed", "skipped"]
 JudgeMode = Literal["json", "logprob"]
 
 
+# An ensemble member either scored the group or failed it (the ensemble scores from the rest).
+MemberStatus = Literal["scored", "judge_failed"]
+# ruler: the reward is the RULER score. mix: a * programmatic + b * RULER score (--reward-mix).
+RewardSource = Literal["ruler", "mix"]
+
+
+class CriterionMark(_Record):
+    """One criterion of a checklist rubric, as marked for one trajectory."""
+
+    id: str
+    mark: float = Field(
+        ge=0.0, le=1.0, description="1 met, 0.5 partially, 0 not (an ensemble: the mean)."
+    )
+    explanation: str
+
+
 class TrajectoryScore(_Record):
     trajectory_id: str
     label: str = Field(description="The short id the judge saw (t1, t2...).")
-    score: float = Field(ge=0.0, le=1.0)
+    score: float = Field(ge=0.0, le=1.0, description="RULER's score (an ensemble: the mean).")
     explanation: str
+    std: float | None = Field(
+        default=None,
+        description="Population std of the ensemble members' scores (None: fewer than two).",
+    )
+    criteria: list[CriterionMark] = Field(
+        default_factory=list,
+        description="A checklist rubric's marks; the score is their weighted mean.",
+    )
+    programmatic: float | None = Field(
+        default=None,
+        description="The reward the agent reported at finish, where the reward rule uses it.",
+    )
+    reward: float = Field(
+        description="What the trainer uses: the score, or the score mixed with `programmatic`."
+    )
+    reward_source: RewardSource = "ruler"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _reward_defaults_to_score(cls, data: Any) -> Any:
+        # Scores stored before hybrid rewards existed carry no reward: it was the score.
+        if isinstance(data, dict) and "reward" not in data and "score" in data:
+            return {**data, "reward": data["score"]}
+        return data
+
+
+class EnsembleMember(_Record):
+    """One judge of an ensemble (or one sample of it): its scores, or why it failed."""
+
+    judge_model: str
+    sample: int = Field(description="1 to the number of samples asked of this judge.")
+    status: MemberStatus
+    reason: str | None = None
+    scores: dict[str, float] = Field(
+        default_factory=dict, description="Label the judge saw (t1...) -> its score."
+    )
+    attempts: int = Field(description="Judge calls made (0 for a cache hit).")
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cost_usd: float = 0.0
 
 
 class Judgment(_Record):
@@ -131,7 +187,9 @@ class Judgment(_Record):
 
     id: str
     group_id: str
-    judge_model: str
+    judge_model: str = Field(
+        description="The judge, or an ensemble's judges joined by + (*N: N samples of each)."
+    )
     mode: JudgeMode
     rubric_hash: str
     cache_key: str = Field(description="Hash of judge model, mode and the rendered judge prompt.")
@@ -147,6 +205,20 @@ class Judgment(_Record):
     cost_usd: float = Field(0.0, description="As priced by litellm; 0 for local models.")
     cached_from: str | None = Field(
         default=None, description="The judgment whose answer was reused (a cache hit)."
+    )
+    members: list[EnsembleMember] = Field(
+        default_factory=list,
+        description="An ensemble's members, failed ones with their reason (empty: one judge).",
+    )
+    rank_agreement: float | None = Field(
+        default=None,
+        description="Mean Kendall tau-b between every two scored members' rankings: 1 = all "
+        "rank alike, 0 = unrelated (None: fewer than two scored).",
+    )
+    reward_rule: str = Field(
+        default="ruler",
+        description="How each score's reward was made: ruler, A*programmatic+B*ruler, or "
+        "ruler with the programmatic reward recorded for validation.",
     )
     created_at: datetime
 

@@ -20,10 +20,10 @@ import tempfile
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from itertools import combinations
 from pathlib import Path
 
 from art_proxy.records import JsonObject, JudgeMode
+from art_proxy.ruler.ensemble import kendall_tau_b
 from art_proxy.ruler.judge import LitellmJudge
 from art_proxy.ruler.prompt import Member
 from art_proxy.ruler.rubric import DEFAULT_RUBRIC
@@ -118,28 +118,6 @@ GROUPS = (
         ],
     ),
 )
-
-
-def kendall_tau_b(x: Sequence[float], y: Sequence[float]) -> float:
-    """Kendall's tau-b (ties in either ranking allowed); 0 when one side is all ties."""
-    concordant = discordant = ties_x = ties_y = 0
-    for (x1, y1), (x2, y2) in combinations(zip(x, y, strict=True), 2):
-        dx, dy = x1 - x2, y1 - y2
-        if dx == 0 and dy == 0:
-            continue
-        if dx == 0:
-            ties_x += 1
-        elif dy == 0:
-            ties_y += 1
-        elif (dx > 0) == (dy > 0):
-            concordant += 1
-        else:
-            discordant += 1
-    untied_x = concordant + discordant + ties_y  # pairs that x orders
-    untied_y = concordant + discordant + ties_x  # pairs that y orders
-    if untied_x == 0 or untied_y == 0:
-        return 0.0
-    return float((concordant - discordant) / (untied_x * untied_y) ** 0.5)
 
 
 async def agreement(client: LitellmJudge, mode: JudgeMode, budget: int) -> list[float]:

@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
+from pydantic import BaseModel
+
 from art_proxy.records import JsonObject, JudgeMode
 from art_proxy.ruler.logprob import TokenChoice
 
@@ -18,6 +20,7 @@ class JudgeRequest:
     messages: list[JsonObject]
     mode: JudgeMode
     labels: int  # trajectories in the prompt: bounds a logprob answer's length
+    answer_schema: type[BaseModel] | None = None  # structured output, where the judge has it
 
 
 @dataclass(frozen=True)

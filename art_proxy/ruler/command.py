@@ -19,7 +19,10 @@ from rich.table import Table
 
 from art_proxy.config import JudgeSettings
 from art_proxy.records import Judgment
+from art_proxy.ruler.ensemble import ensemble_name
 from art_proxy.ruler.judge import LitellmJudge, litellm_token_counter
+from art_proxy.ruler.reward import RewardRule
+from art_proxy.ruler.rubric import Rubric
 from art_proxy.ruler.run import GroupJudge, Readiness, Totals
 from art_proxy.ruler.scorer import Ruler, RulerSettings
 from art_proxy.store.trajectory_store import TrajectoryStore
@@ -28,28 +31,35 @@ from art_proxy.store.trajectory_store import TrajectoryStore
 _FAILURES_SHOWN = 8
 
 
-async def run_judge(settings: JudgeSettings, rubric: str, out: Console, err: Console) -> Totals:
-    """Raises `ConfigError` or `StoreError` before judging anything."""
-    store = await TrajectoryStore.open(settings.store, writer=False)
-    client = LitellmJudge(
-        settings.judge,
-        base_url=settings.judge_base_url,
-        api_key=settings.judge_api_key,
-        temperature=settings.judge_temperature,
-        timeout=settings.judge_timeout,
-    )
-    ruler = Ruler(
-        client,
-        store,
-        RulerSettings(
-            rubric=rubric,
-            mode=settings.judge_mode.value,
-            max_prompt_tokens=settings.judge_max_prompt_tokens,
-            attempts=settings.judge_attempts,
-            retries=settings.judge_retries,
-            backoff=settings.judge_backoff,
+async def run_judge(settings: JudgeSettings, rubric: Rubric, out: Console, err: Console) -> Totals:
+    """Raises `RubricError`, `ConfigError` or `StoreError` before judging anything."""
+    ruler_settings = RulerSettings(
+        rubric=rubric,
+        mode=settings.judge_mode.value,
+        max_prompt_tokens=settings.judge_max_prompt_tokens,
+        attempts=settings.judge_attempts,
+        retries=settings.judge_retries,
+        backoff=settings.judge_backoff,
+        samples=settings.judge_samples,
+        reward=RewardRule(
+            mix=settings.reward_weights,
+            programmatic_for_validation=settings.programmatic_for is not None,
         ),
-        count_tokens=litellm_token_counter(settings.judge),
+    )
+    store = await TrajectoryStore.open(settings.store, writer=False)
+    clients = [
+        LitellmJudge(
+            model,
+            base_url=base_url,
+            api_key=settings.judge_api_key,
+            temperature=settings.temperature,
+            timeout=settings.judge_timeout,
+        )
+        for model, base_url in zip(settings.judge, settings.base_urls, strict=True)
+    ]
+    # One prompt for the whole ensemble: its budget is counted with the first judge's tokenizer.
+    ruler = Ruler(
+        clients, store, ruler_settings, count_tokens=litellm_token_counter(settings.judge[0])
     )
     judge = GroupJudge(
         ruler,
@@ -60,7 +70,8 @@ async def run_judge(settings: JudgeSettings, rubric: str, out: Console, err: Con
     try:
         await _passes(judge, settings, err)
     finally:
-        await client.aclose()
+        for client in clients:
+            await client.aclose()
         await store.aclose()
     out.print(summary(judge.totals, settings))
     return judge.totals
@@ -113,7 +124,8 @@ def _progress_line(totals: Totals) -> str:
 
 
 def summary(totals: Totals, settings: JudgeSettings) -> Table:
-    title = f"art-proxy judge: {settings.judge} ({settings.judge_mode.value})"
+    name = ensemble_name(settings.judge, settings.judge_samples)
+    title = f"art-proxy judge: {name} ({settings.judge_mode.value})"
     table = Table(title=title, title_justify="left", show_header=False)
     table.add_column(justify="right")
     table.add_column()
@@ -123,6 +135,8 @@ def summary(totals: Totals, settings: JudgeSettings) -> Table:
         (totals.skipped, "skipped"),
         (totals.cache_hits, "answered from the cache"),
     ]
+    if totals.failed_members:
+        rows.append((totals.failed_members, "ensemble members failed (see members)"))
     for count, label in rows:
         table.add_row(str(count), label)
     table.add_section()

@@ -19,7 +19,6 @@ import aiohttp
 from art_proxy.ruler.client import JudgeReply, JudgeRequest
 from art_proxy.ruler.errors import JudgeRejected, JudgeUnavailable
 from art_proxy.ruler.logprob import TOP_LOGPROBS, TokenChoice
-from art_proxy.ruler.parse import JudgeAnswer
 from art_proxy.ruler.prompt import TokenCounter, approx_tokens
 
 # Imported with it, litellm would otherwise fetch its price list from the network on every start.
@@ -60,7 +59,7 @@ class LitellmJudge:
         self._session: aiohttp.ClientSession | None = None
 
     async def complete(self, request: JudgeRequest) -> JudgeReply:
-        structured = request.mode == "json" and self._structured
+        structured = request.answer_schema is not None and self._structured
         try:
             return await self._complete(request, structured=structured)
         except JudgeRejected as exc:
@@ -81,7 +80,7 @@ class LitellmJudge:
             self._session = aiohttp.ClientSession()
         options: dict[str, Any] = {}
         if structured:
-            options["response_format"] = JudgeAnswer
+            options["response_format"] = request.answer_schema
         if request.mode == "logprob":
             options.update(
                 logprobs=True,

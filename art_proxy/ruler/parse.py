@@ -3,7 +3,8 @@
 Judges wrap JSON in prose or code fences, rename keys (`trajectory_id`, `reasoning`) or write
 scores as strings; all of that is accepted. What is not: an id missing, repeated or unknown, or a
 score outside [0, 1]. Those raise `InvalidAnswer` listing every problem at once, which the scorer
-shows to the judge when it asks again.
+shows to the judge when it asks again. Checklist answers (`checklist.py`) are found and checked
+for ids the same way; only what each entry holds is read differently.
 """
 
 from __future__ import annotations
@@ -11,12 +12,13 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from art_proxy.records import CriterionMark
 from art_proxy.ruler.errors import InvalidAnswer
 
 _ID_KEYS = ("id", "trajectory_id", "trajectory", "label")
@@ -46,11 +48,16 @@ class JudgeAnswer(BaseModel):
 class ParsedScore:
     score: float
     explanation: str
+    criteria: tuple[CriterionMark, ...] = ()  # a checklist rubric's marks
+
+
+# Reads one entry of an answer, already known to be for `label`: its score, or what is wrong.
+EntryReader = Callable[[dict[str, Any], str], "ParsedScore | str"]
 
 
 def parse_answer(text: str, labels: Sequence[str]) -> dict[str, ParsedScore]:
     """One score per label from the judge's reply `text`, or `InvalidAnswer` saying what is wrong."""
-    items = _items(_find_json(text))
+    items = answer_items(find_json(text))
     if items is None:
         raise InvalidAnswer(
             'the answer holds no JSON object of the form {"scores": [{"id", "explanation", '
@@ -59,14 +66,31 @@ def parse_answer(text: str, labels: Sequence[str]) -> dict[str, ParsedScore]:
     return validate(items, labels)
 
 
-def validate(items: Sequence[Any], labels: Sequence[str]) -> dict[str, ParsedScore]:
+def _read_score(item: dict[str, Any], label: str) -> ParsedScore | str:
+    score = _number(first_of(item, _SCORE_KEYS))
+    if score is None:
+        return f"{label} has no numeric score"
+    if not 0.0 <= score <= 1.0:
+        return f"{label} scores {score:g}, outside 0 to 1"
+    return ParsedScore(score, explanation_of(item))
+
+
+def explanation_of(item: dict[str, Any]) -> str:
+    explanation = first_of(item, _EXPLANATION_KEYS)
+    return "" if explanation is None else str(explanation)
+
+
+def validate(
+    items: Sequence[Any], labels: Sequence[str], read: EntryReader = _read_score
+) -> dict[str, ParsedScore]:
+    """Every label exactly once among `items`, each entry read by `read` (default: a score)."""
     problems: list[str] = []
     scores: dict[str, ParsedScore] = {}
     for position, item in enumerate(items, 1):
         if not isinstance(item, dict):
             problems.append(f"entry {position} is not an object")
             continue
-        label = _first(item, _ID_KEYS)
+        label = first_of(item, _ID_KEYS)
         if label is None:
             problems.append(f"entry {position} has no id")
             continue
@@ -77,15 +101,11 @@ def validate(items: Sequence[Any], labels: Sequence[str]) -> dict[str, ParsedSco
         if label in scores:
             problems.append(f"id {label} appears more than once")
             continue
-        score = _number(_first(item, _SCORE_KEYS))
-        if score is None:
-            problems.append(f"{label} has no numeric score")
+        parsed = read(item, label)
+        if isinstance(parsed, str):
+            problems.append(parsed)
             continue
-        if not 0.0 <= score <= 1.0:
-            problems.append(f"{label} scores {score:g}, outside 0 to 1")
-            continue
-        explanation = _first(item, _EXPLANATION_KEYS)
-        scores[label] = ParsedScore(score, "" if explanation is None else str(explanation))
+        scores[label] = parsed
     missing = [label for label in labels if label not in scores and not _mentioned(label, items)]
     if missing:
         problems.append(f"missing: {', '.join(missing)}")
@@ -94,7 +114,7 @@ def validate(items: Sequence[Any], labels: Sequence[str]) -> dict[str, ParsedSco
     return scores
 
 
-def _find_json(text: str) -> Any:
+def find_json(text: str) -> Any:
     """The first JSON value in `text` that looks like an answer: fenced, bare or inside prose."""
     candidates = [match.group(1) for match in _FENCE.finditer(text)] + [text]
     decoder = json.JSONDecoder()
@@ -106,12 +126,12 @@ def _find_json(text: str) -> Any:
                 value, _ = decoder.raw_decode(candidate, start)
             except json.JSONDecodeError:
                 continue
-            if _items(value) is not None:
+            if answer_items(value) is not None:
                 return value
     return None
 
 
-def _items(value: Any) -> list[Any] | None:
+def answer_items(value: Any) -> list[Any] | None:
     """The list of per-trajectory entries in a decoded answer, None if it has no such list."""
     if isinstance(value, list) and value and all(isinstance(item, dict) for item in value):
         return value
@@ -129,7 +149,7 @@ def _items(value: Any) -> list[Any] | None:
     return None
 
 
-def _first(item: dict[str, Any], keys: Sequence[str]) -> Any:
+def first_of(item: dict[str, Any], keys: Sequence[str]) -> Any:
     return next((item[key] for key in keys if key in item), None)
 
 
@@ -151,6 +171,6 @@ def _number(value: Any) -> float | None:
 def _mentioned(label: str, items: Sequence[Any]) -> bool:
     """Whether an entry names `label` (a problem with it is reported already, not as missing)."""
     return any(
-        isinstance(item, dict) and str(_first(item, _ID_KEYS) or "").strip() == label
+        isinstance(item, dict) and str(first_of(item, _ID_KEYS) or "").strip() == label
         for item in items
     )

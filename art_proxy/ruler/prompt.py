@@ -16,7 +16,9 @@ from dataclasses import dataclass
 from typing import Literal
 
 from art_proxy.records import JsonObject, JudgeMode
+from art_proxy.ruler.checklist import checklist_answer_format, checklist_text
 from art_proxy.ruler.errors import PromptTooLong
+from art_proxy.ruler.rubric import Rubric
 
 TokenCounter = Callable[[str], int]
 # What trimming may shorten: tool results only, or every text (messages, tool-call arguments).
@@ -36,10 +38,11 @@ NO_REST = "(nothing beyond the shared beginning)"
 
 @dataclass(frozen=True)
 class Member:
-    """One trajectory to judge: its id and its conversation as it ended."""
+    """One trajectory to judge: its id, its conversation as it ended, the reward it reported."""
 
     trajectory_id: str
     messages: Sequence[JsonObject]
+    reward: float | None = None  # programmatic, from the agent's finish; never shown to the judge
 
 
 @dataclass(frozen=True)
@@ -57,7 +60,7 @@ def approx_tokens(text: str) -> int:
 
 def build_prompt(
     members: Sequence[Member],
-    rubric: str,
+    rubric: Rubric,
     mode: JudgeMode,
     *,
     max_tokens: int = 0,
@@ -158,7 +161,9 @@ def trim_middle(text: str, cap: int | None) -> str:
     return f"{text[:head]}\n{marker}\n{text[len(text) - tail :]}"
 
 
-def answer_format(labels: Sequence[str], mode: JudgeMode) -> str:
+def answer_format(labels: Sequence[str], mode: JudgeMode, rubric: Rubric = "") -> str:
+    if not isinstance(rubric, str):
+        return checklist_answer_format(labels, rubric)
     ids = ", ".join(labels)
     if mode == "logprob":
         lines = "\n".join(f"{label}: <digit>" for label in labels)
@@ -177,7 +182,7 @@ def _messages(
     members: Sequence[Member],
     shared: int,
     labels: Sequence[str],
-    rubric: str,
+    rubric: Rubric,
     mode: JudgeMode,
     cap: int | None,
     scope: TrimScope,
@@ -193,8 +198,9 @@ def _messages(
     for label, member in zip(labels, members, strict=True):
         rest = "\n\n".join(render_message(m, cap, scope) for m in member.messages[shared:])
         sections.append(f'<trajectory id="{label}">\n{rest or NO_REST}\n</trajectory>')
-    sections.append(f"<rubric>\n{rubric}\n</rubric>")
-    sections.append(answer_format(labels, mode))
+    rubric_text = rubric if isinstance(rubric, str) else checklist_text(rubric)
+    sections.append(f"<rubric>\n{rubric_text}\n</rubric>")
+    sections.append(answer_format(labels, mode, rubric))
     return [
         {"role": "system", "content": SYSTEM},
         {"role": "user", "content": "\n\n".join(sections)},

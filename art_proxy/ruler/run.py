@@ -3,8 +3,8 @@
 A group is ready when it has `group_size` finished members, or when `wait` seconds have passed
 since its newest member started and at least two have finished; a group whose members all finished
 with fewer than two is ready too, and is recorded `skipped`. Each pass takes the groups with no
-judgment by this judge, mode and rubric; a group is scored at most once per run, so a judge that
-keeps failing costs one `judge_failed` record per group, never a loop.
+judgment by this judge (or ensemble), mode, rubric and reward rule; a group is scored at most once
+per run, so a judge that keeps failing costs one `judge_failed` record per group, never a loop.
 """
 
 from __future__ import annotations
@@ -47,6 +47,7 @@ class Totals:
     judge_failed: int = 0
     skipped: int = 0
     cache_hits: int = 0
+    failed_members: int = 0  # ensemble members that failed, their group scored or not
     calls: int = 0
     prompt_tokens: int = 0
     completion_tokens: int = 0
@@ -63,6 +64,7 @@ class Totals:
         if judgment.status != "scored":
             self.failures.append(judgment)
         self.cache_hits += judgment.cached_from is not None
+        self.failed_members += sum(m.status == "judge_failed" for m in judgment.members)
         self.calls += judgment.attempts
         self.prompt_tokens += judgment.prompt_tokens
         self.completion_tokens += judgment.completion_tokens
@@ -74,11 +76,12 @@ class Totals:
 
 
 async def finished_members(store: TrajectoryStore, group_id: str) -> list[Member]:
-    """The group's finished trajectories, oldest first, each with its conversation as it ended."""
+    """The group's finished trajectories, oldest first, each with its conversation as it ended
+    and the reward the agent reported."""
     found = await store.trajectories(group=group_id, status="finished", limit=_MAX_MEMBERS)
     found.sort(key=lambda trajectory: (trajectory.created_at, trajectory.id))
     calls = await store.calls([trajectory.id for trajectory in found])
-    return [Member(t.id, final_messages(calls.get(t.id, []))) for t in found]
+    return [Member(t.id, final_messages(calls.get(t.id, [])), t.reward) for t in found]
 
 
 class GroupJudge:
@@ -105,9 +108,10 @@ class GroupJudge:
         offset = 0
         while True:  # page by page: groups still filling must not hide the ready ones behind them
             page = await self.ruler.store.unjudged_groups(
-                judge_model=self.ruler.client.model,
+                judge_model=self.ruler.judge_model,
                 mode=self.ruler.settings.mode,
                 rubric_hash=self.ruler.rubric_hash,
+                reward_rule=self.ruler.settings.reward.name,
                 retry_failed=self._retry_failed,
                 limit=_PAGE,
                 offset=offset,

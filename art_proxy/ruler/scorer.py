@@ -1,28 +1,48 @@
-"""Scoring one group: cache, one judge call, validation, retries; the outcome is always a Judgment.
+"""Scoring one group: cache, one call per judge, validation, retries; the outcome is a Judgment.
 
-A group of one is `skipped` (nothing to compare it with). Otherwise the prompt is built, looked up
-in the cache, and sent. An invalid answer is sent back to the judge with what was wrong, up to
-`attempts` answers; an unreachable or rate-limited judge is retried `retries` times with
-exponential backoff. When that runs out, or the judge rejects the request, or the group does not fit
-the prompt budget, the group is recorded `judge_failed` with the reason: a failure is data, and
-the trainer skips and counts such groups. Every call's tokens and cost are added to the judgment.
+A group of one is `skipped` (nothing to compare it with). Otherwise the prompt is built once,
+looked up in the cache, and sent to every judge (one judge is an ensemble of one; `samples` asks
+each judge that many times). An invalid answer is sent back to the judge with what was wrong, up
+to `attempts` answers; an unreachable or rate-limited judge is retried `retries` times with
+exponential backoff. When that runs out, or the judge rejects the request, that judge has failed.
+The group is recorded `judge_failed` with the reason when every judge failed or the group does
+not fit the prompt budget: a failure is data, and the trainer skips and counts such groups. The
+judges that scored are averaged (`ensemble.py`), then the reward rule sets each trajectory's
+reward (`reward.py`). Every call's tokens and cost are added to the judgment.
 """
 
 from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from art_proxy.records import JudgeMode, Judgment, JudgmentStatus, TrajectoryScore
-from art_proxy.ruler.cache import cache_key, reuse
+from pydantic import BaseModel
+
+from art_proxy.records import (
+    EnsembleMember,
+    JudgeMode,
+    Judgment,
+    JudgmentStatus,
+    TrajectoryScore,
+)
+from art_proxy.ruler.cache import cache_key, reusable, reuse
+from art_proxy.ruler.checklist import ChecklistAnswer, parse_checklist_answer
 from art_proxy.ruler.client import JudgeClient, JudgeReply, JudgeRequest
-from art_proxy.ruler.errors import InvalidAnswer, JudgeRejected, JudgeUnavailable, PromptTooLong
+from art_proxy.ruler.ensemble import consensus, ensemble_name
+from art_proxy.ruler.errors import (
+    InvalidAnswer,
+    JudgeRejected,
+    JudgeUnavailable,
+    PromptTooLong,
+    RubricError,
+)
 from art_proxy.ruler.logprob import parse_logprob_answer
-from art_proxy.ruler.parse import ParsedScore, parse_answer
+from art_proxy.ruler.parse import JudgeAnswer, ParsedScore, parse_answer
 from art_proxy.ruler.prompt import JudgePrompt, Member, TokenCounter, approx_tokens, build_prompt
-from art_proxy.ruler.rubric import rubric_hash
+from art_proxy.ruler.reward import RewardRule
+from art_proxy.ruler.rubric import Rubric, rubric_hash
 from art_proxy.store.trajectory_store import TrajectoryStore, utcnow
 
 # Backoff doubles from `backoff` up to this many seconds between two tries.
@@ -31,12 +51,21 @@ _MAX_BACKOFF_S = 60.0
 
 @dataclass(frozen=True)
 class RulerSettings:
-    rubric: str
+    rubric: Rubric
     mode: JudgeMode = "json"
     max_prompt_tokens: int = 32_000  # 0 = no limit
     attempts: int = 3  # answers asked for before judge_failed
     retries: int = 4  # extra tries of an unreachable or rate-limited call
     backoff: float = 1.0  # seconds before the first retry; doubles each time
+    samples: int = 1  # answers asked of each judge (several: sample at a temperature above 0)
+    reward: RewardRule = field(default_factory=RewardRule)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.rubric, str) and self.mode != "json":
+            raise RubricError(
+                "a checklist rubric needs --judge-mode json (logprob mode reads one digit per "
+                "trajectory)"
+            )
 
 
 @dataclass
@@ -51,28 +80,50 @@ class _Tally:
         self.completion_tokens += reply.completion_tokens
         self.cost_usd += reply.cost_usd
 
+    def merge(self, other: _Tally) -> None:
+        self.calls += other.calls
+        self.prompt_tokens += other.prompt_tokens
+        self.completion_tokens += other.completion_tokens
+        self.cost_usd += other.cost_usd
+
 
 @dataclass
 class _Outcome:
     status: JudgmentStatus
     reason: str | None = None
     scores: dict[str, ParsedScore] = field(default_factory=dict)
+    std: dict[str, float] = field(default_factory=dict)  # an ensemble's spread, by label
+    rank_agreement: float | None = None
+    members: list[EnsembleMember] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class _Verdict:
+    """What one member of the ensemble concluded, and what asking it cost."""
+
+    judge_model: str
+    sample: int
+    outcome: _Outcome
+    tally: _Tally
 
 
 class Ruler:
-    """Scores groups with one judge and one rubric and records each judgment in the store."""
+    """Scores groups with one judge or an ensemble and one rubric; stores each judgment."""
 
     def __init__(
         self,
-        client: JudgeClient,
+        judges: JudgeClient | Sequence[JudgeClient],
         store: TrajectoryStore,
         settings: RulerSettings,
         *,
         count_tokens: TokenCounter = approx_tokens,
     ) -> None:
-        self.client = client
+        self.judges = list(judges) if isinstance(judges, Sequence) else [judges]
+        if not self.judges:
+            raise ValueError("a Ruler needs at least one judge")
         self.store = store
         self.settings = settings
+        self.judge_model = ensemble_name([judge.model for judge in self.judges], settings.samples)
         self.rubric_hash = rubric_hash(settings.rubric)
         self._count_tokens = count_tokens
 
@@ -101,25 +152,37 @@ class Ruler:
         except PromptTooLong as exc:
             outcome = _Outcome("judge_failed", str(exc))
             return self._record(group_id, ids, "", outcome, _Tally()), True
-        key = cache_key(self.client.model, self.settings.mode, prompt)
+        key = cache_key(self.judge_model, self.settings.mode, prompt)
+        programmatic = {member.trajectory_id: member.reward for member in members}
         cached = await self.store.cached_judgment(key)
-        if cached is not None:
-            if cached.group_id == group_id and cached.trajectory_ids == ids:
+        if cached is not None and reusable(cached):
+            judgment = reuse(cached, group_id, prompt.labels, self.settings.reward, programmatic)
+            if cached.group_id == group_id and _same_result(cached, judgment):
                 return cached, False
-            return reuse(cached, group_id, prompt.labels), True
-        tally = _Tally()
-        outcome = await self._ask(prompt, tally)
-        return self._record(group_id, ids, key, outcome, tally, prompt), True
+            return judgment, True
+        verdicts = await asyncio.gather(
+            *(
+                self._member(judge, sample, prompt)
+                for judge in self.judges
+                for sample in range(1, self.settings.samples + 1)
+            )
+        )
+        outcome, tally = self._combined(verdicts, list(prompt.labels))
+        return self._record(group_id, ids, key, outcome, tally, prompt, programmatic), True
 
-    async def _ask(self, prompt: JudgePrompt, tally: _Tally) -> _Outcome:
+    async def _member(self, judge: JudgeClient, sample: int, prompt: JudgePrompt) -> _Verdict:
+        tally = _Tally()
+        outcome = await self._ask(judge, prompt, tally)
+        return _Verdict(judge.model, sample, outcome, tally)
+
+    async def _ask(self, judge: JudgeClient, prompt: JudgePrompt, tally: _Tally) -> _Outcome:
         labels = list(prompt.labels)
         messages = prompt.messages
         problem = ""
         for _ in range(self.settings.attempts):
+            request = JudgeRequest(messages, self.settings.mode, len(labels), self._answer_schema())
             try:
-                reply = await self._call(
-                    JudgeRequest(messages, self.settings.mode, len(labels)), tally
-                )
+                reply = await self._call(judge, request, tally)
             except JudgeUnavailable as exc:
                 return _Outcome(
                     "judge_failed", f"judge unavailable after {tally.calls} tries: {exc}"
@@ -143,12 +206,12 @@ class Ruler:
         attempts = self.settings.attempts
         return _Outcome("judge_failed", f"no valid answer in {attempts} attempts: {problem}")
 
-    async def _call(self, request: JudgeRequest, tally: _Tally) -> JudgeReply:
+    async def _call(self, judge: JudgeClient, request: JudgeRequest, tally: _Tally) -> JudgeReply:
         delay = self.settings.backoff
         for retry in range(self.settings.retries + 1):
             tally.calls += 1
             try:
-                reply = await self.client.complete(request)
+                reply = await judge.complete(request)
             except JudgeUnavailable:
                 if retry == self.settings.retries:
                     raise
@@ -159,12 +222,53 @@ class Ruler:
             return reply
         raise AssertionError("unreachable: the last retry raises or returns")
 
+    def _answer_schema(self) -> type[BaseModel] | None:
+        if self.settings.mode == "logprob":
+            return None
+        return JudgeAnswer if isinstance(self.settings.rubric, str) else ChecklistAnswer
+
     def _parse(self, reply: JudgeReply, labels: Sequence[str]) -> dict[str, ParsedScore]:
-        if self.settings.mode == "json":
+        rubric = self.settings.rubric
+        if self.settings.mode == "logprob":
+            if not reply.tokens:
+                raise InvalidAnswer("the answer came without logprobs; logprob mode needs them")
+            return parse_logprob_answer(reply.tokens, labels)
+        if isinstance(rubric, str):
             return parse_answer(reply.text, labels)
-        if not reply.tokens:
-            raise InvalidAnswer("the answer came without logprobs; logprob mode needs them")
-        return parse_logprob_answer(reply.tokens, labels)
+        return parse_checklist_answer(reply.text, labels, rubric)
+
+    def _combined(
+        self, verdicts: Sequence[_Verdict], labels: Sequence[str]
+    ) -> tuple[_Outcome, _Tally]:
+        """One outcome from the ensemble's verdicts (one judge's verdict stands as it is)."""
+        tally = _Tally()
+        for verdict in verdicts:
+            tally.merge(verdict.tally)
+        if len(verdicts) == 1:
+            return verdicts[0].outcome, tally
+        members = [_member_record(verdict, labels) for verdict in verdicts]
+        named = [(self._member_name(verdict), verdict) for verdict in verdicts]
+        scored = [(name, v.outcome.scores) for name, v in named if v.outcome.status == "scored"]
+        if not scored:
+            reasons = "; ".join(f"[{name}] {verdict.outcome.reason}" for name, verdict in named)
+            reason = f"every member of the ensemble failed: {reasons}"
+            return _Outcome("judge_failed", reason, members=members), tally
+        if len(scored) == 1:
+            return _Outcome("scored", scores=dict(scored[0][1]), members=members), tally
+        agreed = consensus(scored, labels)
+        outcome = _Outcome(
+            "scored",
+            scores=agreed.scores,
+            std=agreed.std,
+            rank_agreement=agreed.rank_agreement,
+            members=members,
+        )
+        return outcome, tally
+
+    def _member_name(self, verdict: _Verdict) -> str:
+        if self.settings.samples == 1:
+            return verdict.judge_model
+        return f"{verdict.judge_model} #{verdict.sample}"
 
     def _record(
         self,
@@ -174,33 +278,65 @@ class Ruler:
         outcome: _Outcome,
         tally: _Tally,
         prompt: JudgePrompt | None = None,
+        programmatic: Mapping[str, float | None] | None = None,
     ) -> Judgment:
         labels = prompt.labels if prompt is not None else {}
+        scores = [
+            TrajectoryScore(
+                trajectory_id=labels[label],
+                label=label,
+                score=parsed.score,
+                explanation=parsed.explanation,
+                std=outcome.std.get(label),
+                criteria=list(parsed.criteria),
+                reward=parsed.score,
+            )
+            for label, parsed in sorted(outcome.scores.items(), key=_label_order)
+        ]
         return Judgment(
             id=uuid.uuid4().hex,
             group_id=group_id,
-            judge_model=self.client.model,
+            judge_model=self.judge_model,
             mode=self.settings.mode,
             rubric_hash=self.rubric_hash,
             cache_key=key,
             status=outcome.status,
             reason=outcome.reason,
             trajectory_ids=ids,
-            scores=[
-                TrajectoryScore(
-                    trajectory_id=labels[label],
-                    label=label,
-                    score=parsed.score,
-                    explanation=parsed.explanation,
-                )
-                for label, parsed in sorted(outcome.scores.items(), key=_label_order)
-            ],
+            scores=self.settings.reward.apply(scores, programmatic or {}),
             attempts=tally.calls,
             prompt_tokens=tally.prompt_tokens,
             completion_tokens=tally.completion_tokens,
             cost_usd=tally.cost_usd,
+            members=outcome.members,
+            rank_agreement=outcome.rank_agreement,
+            reward_rule=self.settings.reward.name,
             created_at=utcnow(),
         )
+
+
+def _member_record(verdict: _Verdict, labels: Sequence[str]) -> EnsembleMember:
+    scores = verdict.outcome.scores
+    return EnsembleMember(
+        judge_model=verdict.judge_model,
+        sample=verdict.sample,
+        status="scored" if verdict.outcome.status == "scored" else "judge_failed",
+        reason=verdict.outcome.reason,
+        scores={label: scores[label].score for label in labels if label in scores},
+        attempts=verdict.tally.calls,
+        prompt_tokens=verdict.tally.prompt_tokens,
+        completion_tokens=verdict.tally.completion_tokens,
+        cost_usd=verdict.tally.cost_usd,
+    )
+
+
+def _same_result(cached: Judgment, judgment: Judgment) -> bool:
+    """Whether re-judging the same group from the cache would record nothing new."""
+    return (
+        judgment.trajectory_ids == cached.trajectory_ids
+        and judgment.scores == cached.scores
+        and judgment.reward_rule == cached.reward_rule
+    )
 
 
 def _label_order(item: tuple[str, ParsedScore]) -> int:

@@ -91,14 +91,14 @@ calls = sa.Table(
     sa.Index("ix_calls_continuation_key", "continuation_key"),
 )
 
-# RULER's verdicts (records.Judgment). A group may have several: one per judge model and rubric,
-# and a retried `judge_failed` one keeps its failed predecessor as history.
+# RULER's verdicts (records.Judgment). A group may have several: one per judge (or ensemble),
+# rubric and reward rule, and a retried `judge_failed` one keeps its failed predecessor as history.
 judgments = sa.Table(
     "judgments",
     metadata,
     sa.Column("id", sa.String(64), primary_key=True),
     sa.Column("group_id", sa.String(64), sa.ForeignKey("groups.id"), nullable=False),
-    sa.Column("judge_model", sa.String(200), nullable=False),
+    sa.Column("judge_model", sa.String(1000), nullable=False),  # an ensemble names every judge
     sa.Column("mode", sa.String(16), nullable=False),
     sa.Column("rubric_hash", sa.String(64), nullable=False),
     sa.Column("cache_key", sa.String(64), nullable=False),
@@ -112,6 +112,9 @@ judgments = sa.Table(
     sa.Column("cost_usd", sa.Float, nullable=False),
     sa.Column("cached_from", sa.String(64)),
     sa.Column("created_at", Timestamp, nullable=False),
+    sa.Column("members", Json),  # records.EnsembleMember; NULL before migration 0003
+    sa.Column("rank_agreement", sa.Float),
+    sa.Column("reward_rule", sa.String(200), nullable=False, server_default="ruler"),
     sa.Index("ix_judgments_group_judge", "group_id", "judge_model", "rubric_hash"),
     sa.Index("ix_judgments_cache_key", "cache_key"),
 )

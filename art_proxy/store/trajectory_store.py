@@ -226,17 +226,19 @@ class TrajectoryStore:
         judge_model: str,
         mode: JudgeMode,
         rubric_hash: str,
+        reward_rule: str = "ruler",
         retry_failed: bool = False,
         limit: int = 1000,
         offset: int = 0,
     ) -> list[GroupRecord]:
-        """Groups without a judgment by this judge, mode and rubric, oldest first; with
-        `retry_failed`, groups whose judgments all failed count as unjudged too."""
+        """Groups without a judgment by this judge, mode, rubric and reward rule, oldest first;
+        with `retry_failed`, groups whose judgments all failed count as unjudged too."""
         judged = sa.select(J.c.id).where(
             J.c.group_id == G.c.id,
             J.c.judge_model == judge_model,
             J.c.mode == mode,
             J.c.rubric_hash == rubric_hash,
+            J.c.reward_rule == reward_rule,
         )
         if retry_failed:
             judged = judged.where(J.c.status != "judge_failed")
@@ -252,8 +254,9 @@ class TrajectoryStore:
         return [_group_record(row) for row in await self._all(query)]
 
     async def add_judgment(self, judgment: Judgment) -> None:
-        row = judgment.model_dump(exclude={"scores"})
+        row = judgment.model_dump(exclude={"scores", "members"})
         row["scores"] = [score.model_dump() for score in judgment.scores]
+        row["members"] = [member.model_dump() for member in judgment.members]
         async with self._transaction() as connection:
             await connection.execute(sa.insert(J).values(row))
 
@@ -386,7 +389,11 @@ def _group_record(row: JsonObject) -> GroupRecord:
 
 
 def _judgment(row: JsonObject) -> Judgment:
-    return Judgment.model_validate({**row, "created_at": _aware(row["created_at"])})
+    # Judgments stored before ensembles (migration 0003) have no members.
+    members = row["members"] or []
+    return Judgment.model_validate(
+        {**row, "members": members, "created_at": _aware(row["created_at"])}
+    )
 
 
 def _call_record(row: JsonObject) -> CallRecord:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 import pytest
@@ -28,15 +28,20 @@ async def store(sqlite_url: str) -> AsyncIterator[TrajectoryStore]:
 
 @pytest.fixture
 async def make_ruler(store: TrajectoryStore) -> AsyncIterator[MakeRuler]:
-    """`make_ruler(judge, **settings)`: a Ruler over `store` asking the scripted `judge`."""
+    """`make_ruler(judge, **settings)`: a Ruler over `store` asking the scripted `judge`; given
+    several judges, an ensemble of them named `JUDGE_MODEL-1`, `JUDGE_MODEL-2`..."""
     clients: list[LitellmJudge] = []
 
-    def make(judge: ScriptedJudge | str, **settings: Any) -> Ruler:
-        base_url = judge if isinstance(judge, str) else judge.base_url
-        client = LitellmJudge(JUDGE_MODEL, base_url=base_url, timeout=10)
-        clients.append(client)
+    def make(judge: ScriptedJudge | str | Sequence[ScriptedJudge | str], **settings: Any) -> Ruler:
+        judges = [judge] if isinstance(judge, ScriptedJudge | str) else list(judge)
+        ensemble = []
+        for index, one in enumerate(judges, 1):
+            base_url = one if isinstance(one, str) else one.base_url
+            model = JUDGE_MODEL if len(judges) == 1 else f"{JUDGE_MODEL}-{index}"
+            ensemble.append(LitellmJudge(model, base_url=base_url, timeout=10))
+        clients.extend(ensemble)
         settings = {"rubric": DEFAULT_RUBRIC, "backoff": 0.01, **settings}
-        return Ruler(client, store, RulerSettings(**settings))
+        return Ruler(ensemble, store, RulerSettings(**settings))
 
     yield make
     for client in clients:

@@ -22,9 +22,11 @@ async def record_group(
     conversations: Sequence[Sequence[JsonObject]],
     *,
     finished: Sequence[bool] | None = None,
+    rewards: Sequence[float | None] | None = None,
     started_ago_s: float = 3600.0,
 ) -> tuple[str, list[str]]:
-    """A group of trajectories whose final conversations are `conversations`; its id and theirs."""
+    """A group of trajectories whose final conversations are `conversations` (and whose agent
+    reported `rewards` at finish); its id and theirs."""
     now = utcnow()
     started = now - timedelta(seconds=started_ago_s)
     scenario, group = f"s-{uuid.uuid4().hex[:8]}", uuid.uuid4().hex
@@ -52,6 +54,7 @@ async def record_group(
                     "finished_at": now if done else None,
                     "upstream": "http://upstream/v1",
                     "call_count": 1,
+                    "reward": rewards[index] if rewards is not None else None,
                     "metrics": {},
                     "metadata": {},
                 },

@@ -107,6 +107,21 @@ def json_answer(scores: Sequence[tuple[str, float]]) -> Reply:
     return Reply(json.dumps({"scores": items}))
 
 
+def checklist_answer(marks: Mapping[str, Mapping[str, object]]) -> Reply:
+    """A checklist answer: label -> criterion id -> mark, each explained as `<label> <criterion>`."""
+    items = [
+        {
+            "id": label,
+            "criteria": [
+                {"id": criterion, "explanation": f"{label} {criterion}", "mark": mark}
+                for criterion, mark in by_criterion.items()
+            ],
+        }
+        for label, by_criterion in marks.items()
+    ]
+    return Reply(json.dumps({"scores": items}))
+
+
 def answer_by_content(score_of: Callable[[str], float], *, reverse: bool = True) -> Script:
     """Scores each trajectory by its text; answers in reverse label order to test the mapping."""
 
