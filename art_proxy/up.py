@@ -190,7 +190,7 @@ async def run_stack(settings: UpSettings) -> int:
         )
         console.print("trainer: not part of this release yet (the GRPO sidecar comes next)")
         if settings.run:
-            status = await _run_command(settings.run, f"{proxy_root}/v1", stop)
+            status = await _run_command(settings.run, f"{proxy_root}/v1", stop, parts)
             await summarize(proxy_root)
             return status
         console.print("Ctrl-C stops everything.")
@@ -211,17 +211,23 @@ async def run_stack(settings: UpSettings) -> int:
             pipe.cancel()
 
 
-async def _run_command(command: str, base_url: str, stop: asyncio.Event) -> int:
+async def _run_command(command: str, base_url: str, stop: asyncio.Event, parts: list[Part]) -> int:
+    """Run `command` against the stack; a part dying meanwhile stops it and is the error."""
     console.rule(f"running: {escape(command)}")
     env = {**os.environ, "OPENAI_BASE_URL": base_url, "OPENAI_API_KEY": "art-proxy-local"}
     process = await asyncio.create_subprocess_shell(command, env=env)
     stopper = asyncio.create_task(stop.wait())
+    death = asyncio.create_task(_first_death(parts))
     finished = asyncio.create_task(process.wait())
-    await asyncio.wait({stopper, finished}, return_when=asyncio.FIRST_COMPLETED)
+    await asyncio.wait({stopper, death, finished}, return_when=asyncio.FIRST_COMPLETED)
     stopper.cancel()
+    part_died = death.done() and not finished.done()
     if not finished.done():
         process.terminate()
         await process.wait()
+    if part_died:
+        raise death.result().died()
+    death.cancel()
     status = process.returncode or 0
     if status < 0:  # killed by a signal: report it the way a shell does
         status = 128 - status

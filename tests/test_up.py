@@ -304,3 +304,32 @@ async def test_up_vllm_without_vllm_installed_fails_with_one_clear_line(tmp_path
     assert process.returncode == 1, output
     assert error_lines(output) == ["error: vllm: vllm is not installed"]
     assert output.rstrip().endswith("error: vllm: vllm is not installed")
+
+
+# Kills the local-llm of the stack it runs against (found by its --port), then waits far longer
+# than the test: only `up` noticing the death can end it early.
+KILL_LLM = """
+import itertools, os, pathlib, signal, sys, time
+for cmdline in pathlib.Path("/proc").glob("[0-9]*/cmdline"):
+    try:
+        argv = cmdline.read_bytes().decode(errors="replace").split("\\0")
+    except OSError:
+        continue
+    if "local-llm" in argv and ("--port", sys.argv[1]) in itertools.pairwise(argv):
+        os.kill(int(cmdline.parent.name), signal.SIGKILL)
+time.sleep(120)
+"""
+
+
+async def test_a_part_that_dies_while_the_run_command_runs_stops_up_with_an_error(
+    tmp_path: Path,
+) -> None:
+    llm_port = free_port()
+    command = shlex.join([sys.executable, "-c", KILL_LLM, str(llm_port)])
+    async with art_proxy_up(tmp_path, "--run", command, llm_port=llm_port) as up:
+        status = await up.wait(READY_TIMEOUT_S)
+
+    output = up.output()
+    assert status == 1, output
+    assert error_lines(output) == ["error: local-llm exited with status -9; its last lines:"]
+    up.assert_nothing_left_running()
