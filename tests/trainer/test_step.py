@@ -1,0 +1,118 @@
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from peft import LoraConfig, PeftModel
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from art_proxy_trainer.batch import SequenceStats, TrainingBatch
+from art_proxy_trainer.config import TrainerConfig
+from art_proxy_trainer.loss import token_logprobs
+from art_proxy_trainer.step import lora_model, make_optimizer, train_step
+
+# A fast learning rate so that a few steps on a random model move the loss visibly.
+CONFIG = TrainerConfig(learning_rate=1e-2)
+
+
+def _model(config: TrainerConfig = CONFIG) -> PeftModel:
+    torch.manual_seed(0)
+    base = LlamaForCausalLM(
+        LlamaConfig(
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            vocab_size=128,
+            max_position_embeddings=64,
+        )
+    )
+    return lora_model(base, config)
+
+
+def _batch(model: PeftModel) -> TrainingBatch:
+    """Two sequences sampled by the model as it is now (pi_old = pi_theta), one good, one bad."""
+    generator = torch.Generator().manual_seed(1)
+    tokens_B_T = torch.randint(0, 128, (2, 12), generator=generator)
+    mask_B_T = torch.zeros(2, 12)
+    mask_B_T[:, 6:] = 1.0
+    attention_mask_B_T = torch.ones(2, 12, dtype=torch.int64)
+    with torch.no_grad():
+        logits = model(input_ids=tokens_B_T, attention_mask=attention_mask_B_T).logits
+    old_logprobs_B_T = token_logprobs(logits, tokens_B_T) * mask_B_T
+    return TrainingBatch(
+        tokens_B_T,
+        attention_mask_B_T,
+        mask_B_T,
+        old_logprobs_B_T,
+        torch.tensor([1.0, -1.0]),
+        SequenceStats(sequences=2),
+    )
+
+
+def _lora_weights(model: PeftModel) -> dict[str, torch.Tensor]:
+    return {
+        name: parameter.detach().clone()
+        for name, parameter in model.named_parameters()
+        if "lora_" in name
+    }
+
+
+def test_lora_defaults_cover_every_linear_projection() -> None:
+    model = _model()
+    lora_modules = {name.split(".")[-4] for name in _lora_weights(model)}
+    assert lora_modules == {
+        "q_proj",
+        "k_proj",
+        "v_proj",
+        "o_proj",
+        "gate_proj",
+        "up_proj",
+        "down_proj",
+    }
+    config = model.peft_config["default"]
+    assert isinstance(config, LoraConfig)
+    assert (config.r, config.lora_alpha) == (8, 16)
+
+
+def test_steps_change_the_adapter_and_lower_the_loss_on_a_repeated_batch() -> None:
+    model = _model()
+    optimizer = make_optimizer(model, CONFIG)
+    batch = _batch(model)
+    before = _lora_weights(model)
+    results = [train_step(model, optimizer, batch, CONFIG) for _ in range(5)]
+    assert all(result.applied for result in results)
+    assert results[0].loss == pytest.approx(0.0, abs=1e-5)  # pi_theta = pi_old, advantages cancel
+    assert results[-1].loss < results[0].loss - 0.05
+    after = _lora_weights(model)
+    assert any(not torch.equal(before[name], after[name]) for name in before)
+    assert all(math.isfinite(result.grad_norm) for result in results)
+
+
+def test_kl_reference_is_the_base_model_with_the_adapter_off() -> None:
+    config = TrainerConfig(learning_rate=1e-2, kl_coef=0.1)
+    model = _model(config)
+    optimizer = make_optimizer(model, config)
+    batch = _batch(model)
+    first = train_step(model, optimizer, batch, config)
+    second = train_step(model, optimizer, batch, config)
+    assert first.metrics is not None and second.metrics is not None
+    # The fresh adapter is zero (LoRA's B starts at 0): the policy is the reference.
+    assert first.metrics.kl == pytest.approx(0.0, abs=1e-7)
+    assert second.metrics.kl > 0.0
+
+
+def test_a_nan_loss_abandons_the_step_and_leaves_the_adapter_alone() -> None:
+    model = _model()
+    optimizer = make_optimizer(model, CONFIG)
+    batch = _batch(model)
+    batch.old_logprobs_B_T[0, 7] = math.nan
+    before = _lora_weights(model)
+    result = train_step(model, optimizer, batch, CONFIG)
+    assert (result.applied, result.reason) == (False, "nan_loss")
+    assert math.isnan(result.loss)
+    after = _lora_weights(model)
+    assert all(torch.equal(before[name], after[name]) for name in before)
+    assert not optimizer.state  # AdamW never stepped

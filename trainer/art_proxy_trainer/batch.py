@@ -1,0 +1,151 @@
+"""Training sequences built from the token ids the proxy recorded (never a re-rendered template).
+
+Calls of a trajectory are walked in `seq` order. A call whose prompt ids start with the sequence built
+so far extends it: the new prompt ids are context (mask 0), its completion ids are sampled (mask 1). A
+call that does not extend it is a stitch miss: the sequence so far is closed and the call starts a new
+one. The ids decide, not the recorded `stitched` flag, which the proxy sets against any choice of the
+previous call only. Only choice 0 of each call is trained for now, so an agent that continued another
+choice shows up here as a stitch miss rather than as wrong tokens. Calls without captured ids are
+skipped and counted; their completion still reaches a later prompt, where it is context like a tool
+result.
+
+Position `t` of `mask_B_T` and `old_logprobs_B_T` describes token `t` of `tokens_B_T` (the logprob of
+predicting it from the tokens before), so the loss sees the four tensors aligned. Rows are padded on
+the right; padding has attention 0, mask 0 and old logprob 0.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from art_proxy.records import CallRecord
+from art_proxy_trainer.errors import EmptyBatchError
+
+# The choice trained per call; see the module docstring.
+TRAINED_CHOICE = 0
+
+
+@dataclass(frozen=True)
+class TrajectorySample:
+    """A trajectory's calls and the advantage every one of its sampled tokens gets."""
+
+    trajectory_id: str
+    calls: Sequence[CallRecord]
+    advantage: float
+
+
+@dataclass
+class TrainingSequence:
+    trajectory_id: str
+    tokens: list[int] = field(default_factory=list)
+    mask: list[int] = field(default_factory=list)
+    old_logprobs: list[float] = field(default_factory=list)
+
+    def add_context(self, token_ids: Sequence[int]) -> None:
+        self.tokens.extend(token_ids)
+        self.mask.extend([0] * len(token_ids))
+        self.old_logprobs.extend([0.0] * len(token_ids))
+
+    def add_sampled(self, token_ids: Sequence[int], logprobs: Sequence[float]) -> None:
+        if len(token_ids) != len(logprobs):
+            raise ValueError(f"{len(token_ids)} completion ids but {len(logprobs)} logprobs")
+        self.tokens.extend(token_ids)
+        self.mask.extend([1] * len(token_ids))
+        self.old_logprobs.extend(logprobs)
+
+
+@dataclass(frozen=True)
+class SequenceStats:
+    sequences: int = 0
+    stitch_misses: int = 0
+    skipped_calls: int = 0
+
+    def __add__(self, other: SequenceStats) -> SequenceStats:
+        return SequenceStats(
+            self.sequences + other.sequences,
+            self.stitch_misses + other.stitch_misses,
+            self.skipped_calls + other.skipped_calls,
+        )
+
+
+@dataclass(frozen=True)
+class TrainingBatch:
+    tokens_B_T: torch.Tensor  # int64
+    attention_mask_B_T: torch.Tensor  # int64, 1 on real tokens
+    mask_B_T: torch.Tensor  # float32, 1 on sampled tokens (the loss mask)
+    old_logprobs_B_T: torch.Tensor  # float32, pi_old of each sampled token
+    advantages_B: torch.Tensor  # float32, the row's trajectory advantage
+    stats: SequenceStats
+
+    @property
+    def trained_tokens(self) -> int:
+        return int(self.mask_B_T.sum().item())
+
+
+def _trainable(call: CallRecord) -> bool:
+    return (
+        call.status == "ok"
+        and call.trainable
+        and call.prompt_token_ids is not None
+        and bool(call.completion_token_ids)
+        and bool(call.logprobs)
+    )
+
+
+def sequences_from_calls(
+    trajectory_id: str, calls: Iterable[CallRecord]
+) -> tuple[list[TrainingSequence], SequenceStats]:
+    """Stitch a trajectory's calls into as few sequences as their token ids allow."""
+    sequences: list[TrainingSequence] = []
+    stitch_misses = skipped = 0
+    for call in sorted(calls, key=lambda c: c.seq):
+        if not _trainable(call):
+            skipped += 1
+            continue
+        # _trainable checked these are present.
+        assert call.prompt_token_ids is not None
+        assert call.completion_token_ids is not None and call.logprobs is not None
+        prompt = call.prompt_token_ids
+        current = sequences[-1] if sequences else None
+        if current is not None and prompt[: len(current.tokens)] == current.tokens:
+            current.add_context(prompt[len(current.tokens) :])
+        else:
+            if current is not None:
+                stitch_misses += 1
+            current = TrainingSequence(trajectory_id)
+            current.add_context(prompt)
+            sequences.append(current)
+        current.add_sampled(
+            call.completion_token_ids[TRAINED_CHOICE], call.logprobs[TRAINED_CHOICE]
+        )
+    return sequences, SequenceStats(len(sequences), stitch_misses, skipped)
+
+
+def build_batch(samples: Iterable[TrajectorySample], *, pad_token_id: int = 0) -> TrainingBatch:
+    """Right-padded tensors for every sequence of every sample; raises EmptyBatchError if none."""
+    rows: list[tuple[TrainingSequence, float]] = []
+    stats = SequenceStats()
+    for sample in samples:
+        sequences, sample_stats = sequences_from_calls(sample.trajectory_id, sample.calls)
+        rows.extend((sequence, sample.advantage) for sequence in sequences)
+        stats += sample_stats
+    if not rows:
+        raise EmptyBatchError("no call of these trajectories carried trainable token ids")
+    length = max(len(sequence.tokens) for sequence, _ in rows)
+    tokens_B_T = torch.full((len(rows), length), pad_token_id, dtype=torch.int64)
+    attention_mask_B_T = torch.zeros((len(rows), length), dtype=torch.int64)
+    mask_B_T = torch.zeros((len(rows), length), dtype=torch.float32)
+    old_logprobs_B_T = torch.zeros((len(rows), length), dtype=torch.float32)
+    for row, (sequence, _) in enumerate(rows):
+        n = len(sequence.tokens)
+        tokens_B_T[row, :n] = torch.tensor(sequence.tokens, dtype=torch.int64)
+        attention_mask_B_T[row, :n] = 1
+        mask_B_T[row, :n] = torch.tensor(sequence.mask, dtype=torch.float32)
+        old_logprobs_B_T[row, :n] = torch.tensor(sequence.old_logprobs, dtype=torch.float32)
+    advantages_B = torch.tensor([advantage for _, advantage in rows], dtype=torch.float32)
+    return TrainingBatch(
+        tokens_B_T, attention_mask_B_T, mask_B_T, old_logprobs_B_T, advantages_B, stats
+    )
