@@ -22,6 +22,8 @@ MAX_LOGPROBS = 20
 MIN_LOGPROB = -9999.0
 # vLLM sets no body limit; agent histories easily pass aiohttp's 1 MiB default.
 MAX_BODY_BYTES = 256 * 1024 * 1024
+# `/v1/completions` without `max_tokens`: OpenAI's legacy default, which vLLM keeps.
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16
 
 _STATUS_TYPES = {
     400: "BadRequestError",
@@ -128,6 +130,33 @@ def model_card(
             }
         ],
     }
+
+
+# -- the application ----------------------------------------------------------------------
+
+
+def vllm_app(
+    *,
+    chat: Handler,
+    completions: Handler,
+    models: Handler,
+    lora: tuple[Handler, Handler] | None,
+) -> web.Application:
+    """vLLM's routes: generation, `/v1/models`, `/health`, and (load, unload) runtime LoRA."""
+    app = web.Application(middlewares=[errors_middleware], client_max_size=MAX_BODY_BYTES)
+    app.router.add_get("/health", _health)
+    app.router.add_get("/v1/models", models)
+    app.router.add_post("/v1/chat/completions", chat)
+    app.router.add_post("/v1/completions", completions)
+    if lora is not None:
+        load, unload = lora
+        app.router.add_post("/v1/load_lora_adapter", load)
+        app.router.add_post("/v1/unload_lora_adapter", unload)
+    return app
+
+
+async def _health(request: web.Request) -> web.StreamResponse:
+    return web.Response(status=200)
 
 
 # -- request bodies ------------------------------------------------------------------------

@@ -9,11 +9,11 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-import orjson
 import pytest
 
 from art_proxy.testing.fake_tokenizer import IM_END_ID
 from art_proxy.testing.fake_vllm import FakeVllm, FakeVllmConfig, running_fake_vllm
+from tests.wire_client import choice_chunks, post, stream_events
 
 USER = [{"role": "user", "content": "What is the capital of France?"}]
 SEARCH_TOOL = {
@@ -37,19 +37,6 @@ async def vllm() -> AsyncIterator[FakeVllm]:
         yield fake
 
 
-async def post(
-    http: aiohttp.ClientSession, url: str, body: dict[str, Any] | bytes
-) -> tuple[int, Any]:
-    data = body if isinstance(body, bytes) else orjson.dumps(body)
-    headers = {"Content-Type": "application/json"}
-    async with http.post(url, data=data, headers=headers) as response:
-        text = await response.text()
-        try:
-            return response.status, orjson.loads(text)
-        except orjson.JSONDecodeError:
-            return response.status, text
-
-
 async def chat(http: aiohttp.ClientSession, vllm: FakeVllm, **fields: Any) -> dict[str, Any]:
     status, body = await post(
         http, f"{vllm.base_url}/chat/completions", {"messages": USER, **fields}
@@ -59,36 +46,10 @@ async def chat(http: aiohttp.ClientSession, vllm: FakeVllm, **fields: Any) -> di
     return body
 
 
-async def stream_events(http: aiohttp.ClientSession, url: str, body: dict[str, Any]) -> list[Any]:
-    """Each `data:` event in order, JSON-decoded, with the final "[DONE]" kept as a string."""
-    async with http.post(url, json={**body, "stream": True}) as response:
-        assert response.status == 200
-        assert response.headers["Content-Type"].startswith("text/event-stream")
-        raw = await response.text()
-    assert raw.endswith("\n\n")
-    events: list[Any] = []
-    for block in raw.split("\n\n")[:-1]:
-        assert block.startswith("data: "), block
-        payload = block.removeprefix("data: ")
-        events.append(payload if payload == "[DONE]" else orjson.loads(payload))
-    return events
-
-
 async def chat_stream(http: aiohttp.ClientSession, vllm: FakeVllm, **fields: Any) -> list[Any]:
     return await stream_events(
         http, f"{vllm.base_url}/chat/completions", {"messages": USER, **fields}
     )
-
-
-def choice_chunks(events: list[Any], index: int) -> list[dict[str, Any]]:
-    """The choice objects of one index, role chunk excluded, in order."""
-    return [
-        choice
-        for event in events
-        if isinstance(event, dict)
-        for choice in event.get("choices", [])
-        if choice["index"] == index and "role" not in choice["delta"]
-    ]
 
 
 # -- 1 to 6: non-stream chat -----------------------------------------------------------------

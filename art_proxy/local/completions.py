@@ -21,6 +21,7 @@ from art_proxy.local.sampling import TokenLogprob
 from art_proxy.local.served import ServedModel, not_found, wire_logprob
 from art_proxy.local.stream import relay_deltas
 from art_proxy.wire import (
+    COMPLETIONS_DEFAULT_MAX_TOKENS,
     MAX_LOGPROBS,
     ApiError,
     bool_field,
@@ -32,9 +33,6 @@ from art_proxy.wire import (
     json_response,
     read_json_object,
 )
-
-# OpenAI's legacy default, which vLLM keeps.
-_DEFAULT_MAX_TOKENS = 16
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,8 +83,8 @@ def _parse(served: ServedModel, body: dict[str, Any]) -> _CompletionRequest:
         adapter=chosen.adapter,
         prompts=_prompts(served, body.get("prompt")),
         n=int_field(body, "n", 1, minimum=1) or 1,
-        max_tokens=int_field(body, "max_tokens", _DEFAULT_MAX_TOKENS, minimum=1)
-        or _DEFAULT_MAX_TOKENS,
+        max_tokens=int_field(body, "max_tokens", COMPLETIONS_DEFAULT_MAX_TOKENS, minimum=1)
+        or COMPLETIONS_DEFAULT_MAX_TOKENS,
         logprobs=int_field(body, "logprobs", None, minimum=0, maximum=MAX_LOGPROBS),
         return_token_ids=bool_field(body, "return_token_ids"),
         stream=stream,

@@ -23,12 +23,11 @@ from art_proxy.local.completions import handle_completions
 from art_proxy.local.errors import AdapterExists, AdapterLoadFailed, AdapterNotFound
 from art_proxy.local.served import ServedModel
 from art_proxy.wire import (
-    MAX_BODY_BYTES,
     ApiError,
-    errors_middleware,
     json_response,
     model_card,
     read_json_object,
+    vllm_app,
 )
 
 SERVED = web.AppKey("local_llm_served", ServedModel)
@@ -43,9 +42,6 @@ class RunningLocalLlm:
 
 
 def create_app(served: ServedModel) -> web.Application:
-    app = web.Application(middlewares=[errors_middleware], client_max_size=MAX_BODY_BYTES)
-    app[SERVED] = served
-
     async def chat(request: web.Request) -> web.StreamResponse:
         return await handle_chat_completions(served, request)
 
@@ -61,12 +57,8 @@ def create_app(served: ServedModel) -> web.Application:
     async def unload(request: web.Request) -> web.StreamResponse:
         return await _unload_lora_adapter(served, request)
 
-    app.router.add_get("/health", _health)
-    app.router.add_get("/v1/models", models)
-    app.router.add_post("/v1/chat/completions", chat)
-    app.router.add_post("/v1/completions", completions)
-    app.router.add_post("/v1/load_lora_adapter", load)
-    app.router.add_post("/v1/unload_lora_adapter", unload)
+    app = vllm_app(chat=chat, completions=completions, models=models, lora=(load, unload))
+    app[SERVED] = served
     return app
 
 
@@ -89,10 +81,6 @@ async def running_local_llm(
     finally:
         await runner.cleanup()
         served.engine.close()
-
-
-async def _health(request: web.Request) -> web.StreamResponse:
-    return web.Response(status=200)
 
 
 def _models(served: ServedModel) -> dict[str, Any]:

@@ -24,6 +24,7 @@ from art_proxy.testing.fake_engine import (
 )
 from art_proxy.testing.fake_tokenizer import VOCAB_SIZE
 from art_proxy.wire import (
+    COMPLETIONS_DEFAULT_MAX_TOKENS,
     MAX_LOGPROBS,
     ApiError,
     bool_field,
@@ -32,9 +33,6 @@ from art_proxy.wire import (
     json_response,
     read_json_object,
 )
-
-# OpenAI's legacy default, which vLLM keeps.
-_DEFAULT_MAX_TOKENS = 16
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,7 +81,7 @@ def _parse(engine: FakeEngine, body: dict[str, Any]) -> _CompletionRequest:
         model=model,
         prompts=_prompts(engine, body.get("prompt")),
         n=int_field(body, "n", 1, minimum=1) or 1,
-        max_tokens=int_field(body, "max_tokens", _DEFAULT_MAX_TOKENS, minimum=0) or 0,
+        max_tokens=int_field(body, "max_tokens", COMPLETIONS_DEFAULT_MAX_TOKENS, minimum=0) or 0,
         logprobs=logprobs,
         return_token_ids=bool_field(body, "return_token_ids"),
         stream=stream,

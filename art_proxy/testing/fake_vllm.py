@@ -30,12 +30,11 @@ from art_proxy.testing.fake_engine import (
 )
 from art_proxy.testing.fake_tokenizer import FakeTokenizer
 from art_proxy.wire import (
-    MAX_BODY_BYTES,
     ApiError,
-    errors_middleware,
     json_response,
     model_card,
     read_json_object,
+    vllm_app,
 )
 
 __all__ = ["FakeVllm", "FakeVllmConfig", "create_fake_vllm_app", "running_fake_vllm"]
@@ -56,8 +55,6 @@ class FakeVllm:
 
 def create_fake_vllm_app(config: FakeVllmConfig | None = None) -> web.Application:
     engine = FakeEngine(config or FakeVllmConfig())
-    app = web.Application(middlewares=[errors_middleware], client_max_size=MAX_BODY_BYTES)
-    app[ENGINE] = engine
 
     async def chat(request: web.Request) -> web.StreamResponse:
         return await handle_chat_completions(engine, request)
@@ -68,20 +65,16 @@ def create_fake_vllm_app(config: FakeVllmConfig | None = None) -> web.Applicatio
     async def models(request: web.Request) -> web.StreamResponse:
         return json_response(_models(engine))
 
-    app.router.add_get("/health", _health)
-    app.router.add_get("/v1/models", models)
-    app.router.add_post("/v1/chat/completions", chat)
-    app.router.add_post("/v1/completions", completions)
-    if engine.config.allow_runtime_lora:
+    async def load(request: web.Request) -> web.StreamResponse:
+        return await _load_lora_adapter(engine, request)
 
-        async def load(request: web.Request) -> web.StreamResponse:
-            return await _load_lora_adapter(engine, request)
+    async def unload(request: web.Request) -> web.StreamResponse:
+        return await _unload_lora_adapter(engine, request)
 
-        async def unload(request: web.Request) -> web.StreamResponse:
-            return await _unload_lora_adapter(engine, request)
-
-        app.router.add_post("/v1/load_lora_adapter", load)
-        app.router.add_post("/v1/unload_lora_adapter", unload)
+    # Without runtime LoRA the routes do not exist, as in vLLM without the environment variable.
+    lora = (load, unload) if engine.config.allow_runtime_lora else None
+    app = vllm_app(chat=chat, completions=completions, models=models, lora=lora)
+    app[ENGINE] = engine
     return app
 
 
@@ -106,10 +99,6 @@ async def running_fake_vllm(config: FakeVllmConfig | None = None) -> AsyncIterat
         )
     finally:
         await runner.cleanup()
-
-
-async def _health(request: web.Request) -> web.StreamResponse:
-    return web.Response(status=200)
 
 
 def _models(engine: FakeEngine) -> dict[str, Any]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import aiohttp
 
 from tests.conformance.upstream import GREEDY, Upstream, is_token_ids
-from tests.local.wire_client import post
+from tests.wire_client import post
 
 
 async def test_completions_put_prompt_and_completion_ids_in_each_choice(

@@ -11,7 +11,7 @@ from tests.conformance.upstream import (
     chat_body,
     model_cards,
 )
-from tests.local.wire_client import post
+from tests.wire_client import post
 
 
 async def test_unknown_model_is_404_not_found_error_with_param_model(

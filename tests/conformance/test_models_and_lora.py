@@ -14,7 +14,7 @@ import aiohttp
 import pytest
 
 from tests.conformance.upstream import Upstream, assert_vllm_error, chat, model_cards
-from tests.local.wire_client import post
+from tests.wire_client import post
 
 
 async def test_models_lists_the_base_model_first_with_its_context_length(

@@ -11,9 +11,9 @@ from tests.conformance.upstream import (
     Upstream,
     chat,
     chat_stream,
-    choice_chunks,
     is_token_ids,
 )
+from tests.wire_client import choice_chunks
 
 INCLUDE_USAGE = {"stream_options": {"include_usage": True}}
 

@@ -16,8 +16,8 @@ from tests.conformance.upstream import (
     Upstream,
     chat,
     chat_stream,
-    choice_chunks,
 )
+from tests.wire_client import choice_chunks
 
 WEATHER_TOOL = {
     "type": "function",

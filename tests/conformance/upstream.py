@@ -11,7 +11,7 @@ from typing import Any
 
 import aiohttp
 
-from tests.local.wire_client import post, stream_events
+from tests.wire_client import post, stream_events
 
 # A question small models answer in a word, then end their turn: EOS within a few tokens.
 YES_OR_NO = [{"role": "user", "content": "Answer yes or no: is the sky blue?"}]
@@ -59,17 +59,6 @@ async def chat_stream(http: aiohttp.ClientSession, upstream: Upstream, **fields:
     return await stream_events(
         http, f"{upstream.base_url}/chat/completions", chat_body(upstream, **fields)
     )
-
-
-def choice_chunks(events: list[Any], index: int) -> list[dict[str, Any]]:
-    """The stream choices of one index after its role chunk, in order."""
-    return [
-        choice
-        for event in events
-        if isinstance(event, dict)
-        for choice in event.get("choices") or []
-        if choice["index"] == index and "role" not in choice["delta"]
-    ]
 
 
 async def model_cards(http: aiohttp.ClientSession, upstream: Upstream) -> list[dict[str, Any]]:

@@ -14,7 +14,8 @@ import torch
 from art_proxy.local.model_loading import LoadedModel
 from art_proxy.local.sampling import SamplingParams, processed_logprobs
 from art_proxy.local.server import RunningLocalLlm
-from tests.local.wire_client import USER, chat, post, stream_events
+from tests.local.wire_client import USER, chat
+from tests.wire_client import post, stream_events
 
 IDS_AND_LOGPROBS = {"return_token_ids": True, "logprobs": True}
 

@@ -10,7 +10,8 @@ from typing import Any
 import aiohttp
 
 from art_proxy.local.server import RunningLocalLlm
-from tests.local.wire_client import chat, post
+from tests.local.wire_client import chat
+from tests.wire_client import post
 
 GREEDY = {"temperature": 0, "max_tokens": 8, "return_token_ids": True}
 

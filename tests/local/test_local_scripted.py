@@ -13,7 +13,8 @@ from art_proxy.local import engine as engine_module
 from art_proxy.local.model_loading import LoadedModel
 from art_proxy.local.sampling import Sampled, SamplingParams, TokenLogprob
 from art_proxy.local.server import RunningLocalLlm
-from tests.local.wire_client import USER, chat, stream_events
+from tests.local.wire_client import USER, chat
+from tests.wire_client import stream_events
 
 WEATHER_TOOL = {
     "type": "function",

@@ -9,7 +9,8 @@ import pytest
 
 from art_proxy.local.server import RunningLocalLlm
 from tests.local.conftest import MAX_MODEL_LEN
-from tests.local.wire_client import USER, chat, post, stream_events
+from tests.local.wire_client import USER, chat
+from tests.wire_client import post, stream_events
 
 WEATHER_TOOL = {
     "type": "function",
