@@ -208,3 +208,30 @@ async def test_stream_chunks_reach_the_client_before_the_upstream_finishes(
             rest = await response.read()
         assert rest.rstrip().endswith(b"data: [DONE]")
         assert proxy.parts.counters.calls == 1
+
+
+def test_incremental_keys_equal_the_keys_of_whole_prefixes() -> None:
+    from art_proxy.proxy.attribution import continuation_candidates, conversation_key, reply_keys
+
+    messages: list[dict[str, Any]] = [
+        {"role": "system", "content": "s"},
+        {"role": "user", "content": "u1"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "f", "arguments": '{"a": 1}'}}
+            ],
+        },
+        {"role": "tool", "tool_call_id": "c1", "content": "r"},
+        {"role": "assistant", "content": "a2"},
+        {"role": "user", "content": "u2"},
+    ]
+    assert continuation_candidates(messages) == [
+        conversation_key(messages[:5]),
+        conversation_key(messages[:3]),
+    ]
+    replies = [{"role": "assistant", "content": "x"}, {"role": "assistant", "content": "y"}]
+    assert reply_keys(messages, replies) == [
+        conversation_key([*messages, reply]) for reply in replies
+    ]

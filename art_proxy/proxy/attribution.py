@@ -92,10 +92,37 @@ def _canonical_tool_call(call: Any) -> JsonObject:
     return {"id": call.get("id"), "name": function.get("name"), "arguments": arguments}
 
 
+def _hasher(messages: list[JsonObject]) -> hashlib.blake2b:
+    """A hash fed message by message, so every prefix's key costs one `copy()`, not a re-hash.
+
+    Each canonical message is one orjson line (orjson escapes newlines, so lines cannot run
+    together).
+    """
+    hasher = hashlib.blake2b(digest_size=16)
+    for message in messages:
+        _feed(hasher, message)
+    return hasher
+
+
+def _feed(hasher: hashlib.blake2b, message: JsonObject) -> None:
+    hasher.update(orjson.dumps(canonical_message(message), option=orjson.OPT_SORT_KEYS))
+    hasher.update(b"\n")
+
+
 def conversation_key(messages: list[JsonObject]) -> str:
     """A stable hash of canonical messages (the keys of automatic attribution)."""
-    encoded = orjson.dumps([canonical_message(m) for m in messages], option=orjson.OPT_SORT_KEYS)
-    return hashlib.blake2b(encoded, digest_size=16).hexdigest()
+    return _hasher(messages).hexdigest()
+
+
+def reply_keys(messages: list[JsonObject], replies: list[JsonObject]) -> list[str]:
+    """`conversation_key(messages + [reply])` for each reply, hashing `messages` once."""
+    prefix = _hasher(messages)
+    keys = []
+    for reply in replies:
+        hasher = prefix.copy()
+        _feed(hasher, reply)
+        keys.append(hasher.hexdigest())
+    return keys
 
 
 def opening_of(messages: list[JsonObject]) -> list[JsonObject]:
@@ -116,11 +143,14 @@ def continuation_candidates(messages: list[JsonObject]) -> list[str]:
     A call continues an earlier one when its messages start with that call's messages plus its
     reply, so every prefix ending in an assistant message is a candidate.
     """
-    return [
-        conversation_key(messages[: position + 1])
-        for position in range(len(messages) - 1, -1, -1)
-        if messages[position].get("role") == "assistant"
-    ]
+    hasher = hashlib.blake2b(digest_size=16)
+    keys = []
+    for message in messages:
+        _feed(hasher, message)
+        if message.get("role") == "assistant":
+            keys.append(hasher.copy().hexdigest())
+    keys.reverse()
+    return keys
 
 
 def reply_messages(response: JsonObject) -> list[JsonObject]:

@@ -20,7 +20,7 @@ from art_proxy.records import CallKind, CallStatus, JsonObject
 from art_proxy.store.trajectory_store import TrajectoryStore, utcnow
 from art_proxy.store.writer import Batch, RowKind
 
-from .attribution import conversation_key, reply_messages
+from .attribution import reply_keys, reply_messages
 from .capture import ClientAsks, Tokens, sampling_of, strip_response, tokens_of
 from .tracker import Assignment, TrajectoryTracker
 
@@ -148,7 +148,7 @@ class Recorder:
         if call.kind != "chat" or outcome.response is None or outcome.status != "ok":
             return []
         messages = list(call.body.get("messages") or [])
-        return [conversation_key([*messages, reply]) for reply in reply_messages(outcome.response)]
+        return reply_keys(messages, reply_messages(outcome.response))
 
 
 def _stitched(prompt_ids: list[int] | None, previous: list[list[int]]) -> bool:
