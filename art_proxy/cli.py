@@ -6,17 +6,30 @@ import asyncio
 import logging
 import sys
 from contextlib import nullcontext
-from typing import IO
+from typing import IO, TYPE_CHECKING
 
 import typer
 from rich.console import Console
 from rich.logging import RichHandler
 from rich.markup import escape
+from rich.progress import MofNCompleteColumn, Progress
+from rich.table import Table
 
 from art_proxy.cli_options import settings_command
-from art_proxy.config import ExportSettings, JudgeSettings, ProxySettings, UpSettings
+from art_proxy.config import (
+    ExportSettings,
+    JudgeSettings,
+    ProxySettings,
+    RolloutSettings,
+    TrainSettings,
+    UpSettings,
+)
 from art_proxy.errors import ConfigError, StoreError
 from art_proxy.local.cli import LocalLlmSettings
+
+if TYPE_CHECKING:
+    from art_proxy.rollout import Agent, RolloutReport
+    from art_proxy.scenarios import Scenario
 
 app = typer.Typer(
     name="art-proxy",
@@ -125,6 +138,31 @@ def local_llm(settings: LocalLlmSettings) -> None:
 
 
 @settings_command(
+    app,
+    "train",
+    TrainSettings,
+    "Train a LoRA adapter with GRPO on scored groups and hot-swap it in; with --agent and "
+    "--scenarios, run the whole loop (rollouts, rewards, training, swap).",
+)
+def train(settings: TrainSettings) -> None:
+    try:
+        from art_proxy_trainer.command import run_train
+        from art_proxy_trainer.errors import TrainerError
+    except ImportError as exc:
+        _fail(f"art-proxy train needs the trainer: pip install art-proxy-trainer ({exc})")
+    from art_proxy.local.errors import ModelLoadError
+    from art_proxy.ruler.errors import RubricError
+
+    _configure_logging()
+    console = Console()
+    try:
+        summary = asyncio.run(run_train(settings, console))
+    except (TrainerError, ModelLoadError, RubricError, ConfigError, StoreError, OSError) as exc:
+        _fail(str(exc))
+    console.print(summary.table())
+
+
+@settings_command(
     app, "up", UpSettings, "Start the embedded stack: inference server and proxy (Ctrl-C stops)."
 )
 def up(settings: UpSettings) -> None:
@@ -133,6 +171,100 @@ def up(settings: UpSettings) -> None:
     status = asyncio.run(run_stack(settings))
     if status:
         raise typer.Exit(status)
+
+
+@settings_command(
+    app,
+    "rollout",
+    RolloutSettings,
+    "Run an agent group-size times on every scenario through the proxy, one group per scenario.",
+)
+def rollout(settings: RolloutSettings) -> None:
+    from art_proxy.rollout import load_agent
+    from art_proxy.scenarios import load_scenarios
+
+    try:
+        scenarios = load_scenarios(settings.scenarios)
+        if settings.split is not None:
+            scenarios = [s for s in scenarios if s.split == settings.split]
+            if not scenarios:
+                _fail(f"{settings.scenarios}: no scenarios of split {settings.split.value}")
+        agent = load_agent(settings.agent)
+        report = asyncio.run(_rollouts(settings, agent, scenarios))
+    except ConfigError as exc:
+        _fail(str(exc))
+    else:
+        _print_rollout_summary(report)
+        if report.rollouts and not any(group.succeeded for group in report.groups):
+            _fail("no rollout succeeded")
+
+
+async def _rollouts(
+    settings: RolloutSettings, agent: Agent, scenarios: list[Scenario]
+) -> RolloutReport:
+    from art_proxy.rollout import run_rollouts
+
+    columns = (*Progress.get_default_columns(), MofNCompleteColumn())
+    with Progress(*columns, console=stderr, transient=True) as progress:
+        bar = progress.add_task("rollouts", total=len(scenarios) * settings.group_size)
+        return await run_rollouts(
+            agent,
+            scenarios,
+            proxy_url=settings.proxy,
+            group_size=settings.group_size,
+            concurrency=settings.concurrency,
+            timeout_s=settings.timeout,
+            model=settings.model,
+            api_key=settings.api_key,
+            admin_key=settings.admin_key,
+            progress=lambda done, _total: progress.update(bar, completed=done),
+        )
+
+
+# Failures listed under the summary; the rest are counted (each is in the trajectory's metadata).
+_LISTED_FAILURES = 5
+
+
+def _print_rollout_summary(report: RolloutReport) -> None:
+    from art_proxy.rollout import ready_for_judging
+
+    table = Table(
+        "split",
+        "groups",
+        "judgeable",
+        "rollouts",
+        "failed",
+        "timed out",
+        "mean reward",
+        title=f"rollouts in {report.seconds:.1f}s",
+    )
+    for split in sorted({group.split for group in report.groups}):
+        groups = [group for group in report.groups if group.split == split]
+        rewards = [r for g in groups for r in g.rewards.values() if r is not None]
+        table.add_row(
+            split,
+            str(len(groups)),
+            str(sum(ready_for_judging(group) for group in groups)),
+            str(sum(len(group.trajectory_ids) for group in groups)),
+            str(sum(len(group.errors) for group in groups)),
+            str(sum(len(group.timed_out) for group in groups)),
+            f"{sum(rewards) / len(rewards):.3f}" if rewards else "-",
+        )
+    console = Console()
+    console.print(table)
+    # The agent's error, else why a rollout that returned is not in the store.
+    failures = [
+        f"{trajectory}: {group.errors.get(trajectory) or group.unrecorded[trajectory]}"
+        for group in report.groups
+        for trajectory in group.trajectory_ids
+        if trajectory in group.errors or trajectory in group.unrecorded
+    ]
+    for line in failures[:_LISTED_FAILURES]:
+        console.print(escape(line), highlight=False, soft_wrap=True)
+    if len(failures) > _LISTED_FAILURES:
+        console.print(f"... and {len(failures) - _LISTED_FAILURES} more")
+    for warning in report.warnings:
+        stderr.print(f"[yellow]warning:[/yellow] {escape(warning)}", highlight=False)
 
 
 def main() -> None:

@@ -6,7 +6,7 @@ import math
 from enum import StrEnum
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 DEFAULT_STORE = "sqlite:///art.db"
 
@@ -57,12 +57,16 @@ class ProxySettings(StoreSettings):
     @field_validator("upstream")
     @classmethod
     def _upstreams_are_base_urls(cls, urls: list[str]) -> list[str]:
-        if not urls:
-            raise ValueError("at least one --upstream is needed")
-        for url in urls:
-            if not url.startswith(("http://", "https://")):
-                raise ValueError(f"upstream {url!r} is not an http(s) URL")
-        return [url.rstrip("/") for url in urls]
+        return _upstream_base_urls(urls)
+
+
+def _upstream_base_urls(urls: list[str]) -> list[str]:
+    if not urls:
+        raise ValueError("at least one --upstream is needed")
+    for url in urls:
+        if not url.startswith(("http://", "https://")):
+            raise ValueError(f"upstream {url!r} is not an http(s) URL")
+    return [url.rstrip("/") for url in urls]
 
 
 class ExportSettings(StoreSettings):
@@ -236,6 +240,158 @@ def _weights(mix: str) -> tuple[float, float]:
     return a, b
 
 
+class TrainerConfig(BaseModel):
+    """The GRPO algorithm's knobs (the trainer's core reads only these)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    lora_rank: int = Field(8, ge=1, description="LoRA rank r.")
+    lora_alpha: int = Field(16, gt=0, description="LoRA alpha (the update is scaled alpha/r).")
+    target_modules: list[str] = Field(
+        default_factory=lambda: ["all-linear"],
+        description='Modules given an adapter (repeat the flag); "all-linear": every linear '
+        "projection.",
+    )
+    learning_rate: float = Field(
+        2e-4,
+        gt=0,
+        description="AdamW step size (LoRA wants ~10x a full fine-tune's; 2e-4 learned a "
+        "single-word task in ~10 steps on SmolLM2-135M).",
+    )
+    weight_decay: float = Field(0.0, ge=0, description="AdamW decoupled weight decay; 0 = off.")
+    max_grad_norm: float = Field(1.0, ge=0, description="Clip the global L2 grad norm; 0 = off.")
+    eps_low: float = Field(0.2, ge=0, lt=1, description="Lower clip: rho >= 1 - eps_low.")
+    eps_high: float = Field(
+        0.28, ge=0, description="Upper clip (clip-higher): rho <= 1 + eps_high."
+    )
+    ratio_cap: float = Field(
+        3.0,
+        ge=0,
+        description="Truncate the importance ratio at this value before clipping (bounds the "
+        "term of negative-advantage tokens sampled by an older adapter); 0 = off.",
+    )
+    kl_coef: float = Field(
+        0.0, ge=0, description="Weight of the k3 KL to the base model (adapter off); 0 = off."
+    )
+    scale_advantages_by_std: bool = Field(
+        False, description="Divide group advantages by the group's std (Dr. GRPO: off)."
+    )
+    micro_batch_tokens: int = Field(
+        8192,
+        ge=0,
+        description="Tokens per forward/backward pass (rows are accumulated in chunks of about "
+        "this many padded tokens); 0 = the whole batch at once.",
+    )
+
+
+class RewardSource(StrEnum):
+    judgment = "judgment"
+    finish = "finish"
+
+
+class TrainSettings(StoreSettings, TrainerConfig):
+    """`art-proxy train`: the sidecar (train on scored groups) or, with --agent, the whole loop."""
+
+    proxy: str = Field(
+        "http://127.0.0.1:8100", description="The proxy whose model alias the trainer moves."
+    )
+    admin_key: str | None = Field(None, description="The proxy's admin key, when it has one.")
+    upstream: list[str] = Field(
+        default_factory=lambda: ["http://127.0.0.1:8000/v1"],
+        description="Every inference server the adapter is loaded into, ending in /v1.",
+    )
+    upstream_api_key: str | None = Field(
+        None, description="Bearer key for the upstreams (never stored or logged)."
+    )
+    model: str | None = Field(
+        None,
+        description="Base model to train: HF directory or .gguf file (default: bundled SmolLM2); "
+        "it must be the upstream's base model.",
+    )
+    alias: str | None = Field(
+        None,
+        description="Model name agents call; it moves to each new adapter alias@step "
+        "(default: the base model's served name).",
+    )
+    out: str = Field(
+        "art-train", description="Directory of checkpoints, adapters and metrics.jsonl."
+    )
+    run: str | None = Field(
+        None, description="Name of the run in the store (default: the --out directory's name)."
+    )
+    steps: int = Field(0, ge=0, description="Stop after this many steps (0 = never).")
+    groups_per_step: int = Field(2, ge=1, description="Scored groups consumed by one step.")
+    max_staleness: int = Field(
+        1,
+        ge=0,
+        description="Train on groups sampled by adapters at most this many steps old; older "
+        "ones are consumed as stale.",
+    )
+    reward_source: RewardSource = Field(
+        RewardSource.judgment,
+        description="judgment: RULER's stored scores; finish: the rewards agents reported at "
+        "finish (the whole loop picks finish when it has no --judge).",
+    )
+    poll: float = Field(2.0, gt=0, description="Seconds between looks for new scored groups.")
+    keep_adapters: int = Field(
+        3, ge=1, description="Adapters kept loaded upstream (older ones are unloaded)."
+    )
+    swap: bool = Field(True, description="Load each new adapter upstream and move the alias.")
+    val_every: int = Field(
+        5, ge=0, description="Validate every N steps (scenarios of split val); 0 = off."
+    )
+    patience: int = Field(
+        0,
+        ge=0,
+        description="Stop after this many validations without improvement (0 = never).",
+    )
+    min_delta: float = Field(
+        0.01, ge=0, description="Validation gain that counts as an improvement."
+    )
+    tensorboard: str | None = Field(
+        None, description="Also write metrics for TensorBoard into this directory."
+    )
+    agent: str | None = Field(
+        None,
+        description="The whole loop: module:function or file.py:function, an async agent "
+        "run on the scenarios through the proxy each step.",
+    )
+    scenarios: str | None = Field(None, description="Scenarios JSONL for --agent.")
+    group_size: int = Field(8, ge=2, description="Rollouts per scenario per step (--agent).")
+    concurrency: int = Field(8, ge=1, description="Rollouts run at once (--agent).")
+    rollout_timeout: float = Field(
+        300.0, ge=0, description="Seconds one rollout may take (0 = no limit)."
+    )
+    judge: list[str] = Field(
+        default_factory=list,
+        description="RULER judge(s) for the whole loop, as `art-proxy judge --judge` (unset: "
+        "the reward the agent returns).",
+    )
+    judge_base_url: list[str] = Field(
+        default_factory=list, description="Base URL of an OpenAI-compatible judge, ending in /v1."
+    )
+    judge_mode: JudgeModeOption = Field(
+        JudgeModeOption.json, description="json or logprob (small local judges)."
+    )
+    rubric: str | None = Field(None, description="Rubric file (unset = RULER's).")
+    seed: int = Field(0, description="Seeds torch and the order scenarios are drawn in.")
+
+    @field_validator("upstream")
+    @classmethod
+    def _upstreams_are_base_urls(cls, urls: list[str]) -> list[str]:
+        return _upstream_base_urls(urls)
+
+    @model_validator(mode="after")
+    def _scenarios_with_agent(self) -> TrainSettings:
+        if (self.scenarios is None) != (self.agent is None):
+            raise ValueError("--agent and --scenarios go together")
+        return self
+
+    @property
+    def run_name(self) -> str:
+        return self.run or (self.out.rstrip("/").rsplit("/", 1)[-1] or "art-train")
+
+
 class UpSettings(StoreSettings):
     model: str | None = Field(
         None, description="local-llm model: HF directory or .gguf file (default: bundled SmolLM2)."
@@ -253,3 +409,66 @@ class UpSettings(StoreSettings):
         description="Once up, run this shell command with OPENAI_BASE_URL set, print what was "
         "recorded, and stop the stack when it ends.",
     )
+    agent: str | None = Field(
+        None,
+        description="Train this agent (module:function or file.py:function) on --scenarios: "
+        "the trainer runs the whole loop, then the stack stops.",
+    )
+    scenarios: str | None = Field(None, description="Scenarios JSONL for --agent.")
+    steps: int = Field(20, ge=1, description="Training steps with --agent.")
+    out: str = Field("art-train", description="Trainer directory (checkpoints, metrics.jsonl).")
+
+    @model_validator(mode="after")
+    def _one_job(self) -> UpSettings:
+        if (self.scenarios is None) != (self.agent is None):
+            raise ValueError("--agent and --scenarios go together")
+        if self.agent and self.run:
+            raise ValueError("--run and --agent each give the stack its job: pick one")
+        return self
+
+
+class SplitOption(StrEnum):
+    train = "train"
+    val = "val"
+    prod = "prod"
+
+
+class RolloutSettings(BaseModel):
+    """`art-proxy rollout`: run an agent group-size times on every scenario through the proxy."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    agent: str = Field(
+        description="The agent: module.path:function or path/to/file.py:function, an async "
+        "function taking an art_proxy.rollout.Rollout."
+    )
+    scenarios: str = Field(
+        description='Scenarios file: JSONL, one {"input": ..., "id", "split", "reference", '
+        '"metadata"} a line (only input is required).'
+    )
+    proxy: str = Field("http://127.0.0.1:8100", description="Root URL of the art-proxy to call.")
+    group_size: int = Field(
+        4, ge=1, description="Rollouts per scenario, recorded as one group (RULER ranks them)."
+    )
+    concurrency: int = Field(8, ge=1, description="Rollouts running at once, over all scenarios.")
+    timeout: float = Field(
+        300.0, ge=0, description="Seconds one rollout may take before it is cut (0 = no limit)."
+    )
+    # The name `art-proxy local-llm` serves its bundled model under (local/model_loading.py).
+    model: str = Field(
+        "SmolLM2-135M-Instruct", description="Model name the agent calls (the trainer's alias)."
+    )
+    split: SplitOption | None = Field(
+        None, description="Only the scenarios of this split (train, val, prod; unset = all)."
+    )
+    api_key: str | None = Field(None, description="The proxy's client key (unset = none).")
+    admin_key: str | None = Field(
+        None, description="The proxy's admin key, to finish trajectories (unset = none)."
+    )
+
+    @field_validator("proxy")
+    @classmethod
+    def _proxy_is_http(cls, url: str) -> str:
+        if not url.startswith(("http://", "https://")):
+            raise ValueError(f"proxy {url!r} is not an http(s) URL")
+        return url.rstrip("/")

@@ -89,5 +89,23 @@ class StoreError(Exception):
     """A database failure inside the store; the proxy decides what it means for the client."""
 
 
+class GroupAlreadyConsumed(StoreError):
+    """A training step named a group its run already trained on at another step: nothing of the
+    step was written (each group feeds exactly one step of a run)."""
+
+    def __init__(self, run: str, step: int, consumed: dict[str, int]) -> None:
+        self.run = run
+        self.step = step
+        self.consumed = consumed  # group id -> the step that consumed it
+        listed = ", ".join(f"{group} (step {at})" for group, at in sorted(consumed.items()))
+        super().__init__(
+            f"step {step} of run {run!r} names groups the run already consumed: {listed}"
+        )
+
+
 class ConfigError(Exception):
     """A setting that cannot work (bad store URL, no upstream): a one-line CLI message."""
+
+
+class ScenarioFileError(ConfigError):
+    """A scenarios file that cannot be run: `FILE:LINE: reason`, before any rollout starts."""

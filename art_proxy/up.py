@@ -108,6 +108,24 @@ def plan(settings: UpSettings) -> list[Part]:
     return [llm, proxy]
 
 
+def trainer_command(settings: UpSettings) -> str | None:
+    """`art-proxy train` running the whole loop against this stack (None without --agent)."""
+    if not settings.agent or not settings.scenarios:
+        return None
+    art_proxy = str(Path(sys.executable).parent / "art-proxy")
+    flags = _flags(
+        agent=settings.agent,
+        scenarios=settings.scenarios,
+        steps=settings.steps,
+        out=settings.out,
+        store=settings.store,
+        proxy=f"http://{settings.host}:{settings.port}",
+        upstream=f"http://127.0.0.1:{settings.llm_port}/v1",
+        model=settings.model,
+    )
+    return shlex.join([art_proxy, "train", *flags])
+
+
 async def _pipe_output(part: Part) -> None:
     assert part.process is not None and part.process.stdout is not None
     async for raw in part.process.stdout:
@@ -188,9 +206,10 @@ async def run_stack(settings: UpSettings) -> int:
         console.print(
             f"store: {escape(settings.store)}   trajectories: {proxy_root}/art/v1/trajectories"
         )
-        console.print("trainer: not part of this release yet (the GRPO sidecar comes next)")
-        if settings.run:
-            status = await _run_command(settings.run, f"{proxy_root}/v1", stop, parts)
+        console.print(f"dashboard: {proxy_root}/dashboard")
+        command = settings.run or trainer_command(settings)
+        if command:
+            status = await _run_command(command, f"{proxy_root}/v1", stop, parts)
             await summarize(proxy_root)
             return status
         console.print("Ctrl-C stops everything.")

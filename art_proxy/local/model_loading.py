@@ -72,7 +72,7 @@ def load_model(model: str | None, *, cache_dir: str | Path | None = None) -> Loa
         source, name = Path(model).expanduser(), model
     if source.is_file() and source.suffix == ".gguf":
         cache = Path(cache_dir).expanduser() if cache_dir else default_cache_dir()
-        directory = _converted_gguf(source, cache)
+        directory = converted_gguf(source, cache)
     elif source.is_dir():
         directory = source
     else:
@@ -82,7 +82,7 @@ def load_model(model: str | None, *, cache_dir: str | Path | None = None) -> Loa
     return loaded
 
 
-def _converted_gguf(gguf: Path, cache_dir: Path) -> Path:
+def converted_gguf(gguf: Path, cache_dir: Path) -> Path:
     stat = gguf.stat()
     key = hashlib.sha256(f"{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:16]
     target = cache_dir / f"{gguf.stem}-{key}"

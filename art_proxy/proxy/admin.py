@@ -1,4 +1,5 @@
-"""`/art/v1`: reading trajectories back and finishing them (admin key when one is set)."""
+"""`/art/v1`: reading trajectories back, finishing them, moving model aliases, reading the
+trainer's steps (admin key when one is set)."""
 
 from __future__ import annotations
 
@@ -9,12 +10,14 @@ from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
 from art_proxy.errors import BadRequest, NotFound
-from art_proxy.records import FinishRequest
+from art_proxy.records import AliasRequest, FinishRequest
 from art_proxy.store.trajectory_store import TrajectoryStore
 
+from .aliases import Aliases
 from .tracker import TrajectoryTracker
 
 _MAX_PAGE = 1000
+_MAX_NAME = 200  # the store's aliases.alias
 
 
 def json_response(payload: BaseModel | Sequence[BaseModel]) -> web.Response:
@@ -27,9 +30,12 @@ def json_response(payload: BaseModel | Sequence[BaseModel]) -> web.Response:
 
 
 class Admin:
-    def __init__(self, store: TrajectoryStore, tracker: TrajectoryTracker) -> None:
+    def __init__(
+        self, store: TrajectoryStore, tracker: TrajectoryTracker, aliases: Aliases
+    ) -> None:
         self._store = store
         self._tracker = tracker
+        self._aliases = aliases
 
     async def trajectories(self, request: web.Request) -> web.Response:
         query = request.query
@@ -74,10 +80,34 @@ class Admin:
     async def scenarios(self, request: web.Request) -> web.Response:
         return json_response(await self._store.scenarios())
 
+    async def aliases(self, request: web.Request) -> web.Response:
+        return json_response(await self._store.aliases())
 
-def _paging(request: web.Request) -> tuple[int, int]:
+    async def set_alias(self, request: web.Request) -> web.Response:
+        """Move an alias; the trainer calls it once every upstream has loaded the adapter."""
+        alias = request.match_info["alias"]
+        if len(alias) > _MAX_NAME or not alias.isprintable():
+            raise BadRequest(f"alias must be printable and at most {_MAX_NAME} characters")
+        raw = await request.read()
+        try:
+            move = AliasRequest.model_validate(orjson.loads(raw))
+        except (orjson.JSONDecodeError, ValidationError) as exc:
+            raise BadRequest(f"invalid alias body: {exc}") from exc
+        return json_response(await self._aliases.move(alias, move))
+
+    async def alias_moves(self, request: web.Request) -> web.Response:
+        limit, _ = _paging(request)
+        found = await self._store.alias_moves(request.query.get("alias"), limit=limit)
+        return json_response(found)
+
+    async def training_steps(self, request: web.Request) -> web.Response:
+        limit, _ = _paging(request, default_limit=_MAX_PAGE)
+        return json_response(await self._store.training_steps(request.query.get("run"), limit))
+
+
+def _paging(request: web.Request, *, default_limit: int = 100) -> tuple[int, int]:
     try:
-        limit = int(request.query.get("limit", "100"))
+        limit = int(request.query.get("limit", str(default_limit)))
         offset = int(request.query.get("offset", "0"))
     except ValueError as exc:
         raise BadRequest("limit and offset must be integers") from exc

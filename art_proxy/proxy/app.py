@@ -18,6 +18,7 @@ from typing import Literal
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
+from art_proxy import dashboard
 from art_proxy.config import ProxySettings
 from art_proxy.errors import (
     ArtProxyError,
@@ -30,6 +31,7 @@ from art_proxy.errors import (
 from art_proxy.store.trajectory_store import TrajectoryStore, utcnow
 
 from .admin import Admin
+from .aliases import Aliases
 from .recording import Counters, Recorder
 from .relay import Relay
 from .tracker import TrajectoryTracker
@@ -51,6 +53,7 @@ class ProxyParts:
     counters: Counters
     relay: Relay
     admin: Admin
+    aliases: Aliases
 
 
 PARTS = web.AppKey("parts", ProxyParts)
@@ -73,19 +76,25 @@ def _lifecycle(settings: ProxySettings) -> Callable[[web.Application], AsyncIter
         tracker = TrajectoryTracker(
             store, settings.upstream, group_size=settings.group_size, group_window=GROUP_WINDOW_S
         )
+        aliases = Aliases(store)
+        try:
+            await aliases.reload()
+        except StoreError:
+            await store.aclose()
+            raise
         async with Upstreams(
             settings.upstream,
             api_key=settings.upstream_api_key,
             timeout_s=settings.upstream_timeout,
             pass_client_key=not settings.api_key,
         ) as upstreams:
-            relay = Relay(
-                upstreams, tracker, Recorder(store, tracker, settings.on_store_error, counters)
+            recorder = Recorder(store, tracker, settings.on_store_error, counters)
+            relay = Relay(upstreams, tracker, recorder, aliases)
+            admin = Admin(store, tracker, aliases)
+            app[PARTS] = ProxyParts(settings, store, tracker, counters, relay, admin, aliases)
+            sweeper = asyncio.create_task(
+                _housekeeping(settings.idle_timeout, store, tracker, aliases)
             )
-            app[PARTS] = ProxyParts(
-                settings, store, tracker, counters, relay, Admin(store, tracker)
-            )
-            sweeper = asyncio.create_task(_housekeeping(settings.idle_timeout, store, tracker))
             try:
                 yield
             finally:
@@ -107,7 +116,18 @@ def _add_routes(router: web.UrlDispatcher) -> None:
         return handle
 
     router.add_get("/health", _health)
-    for prefix in ("", "/scenario/{scenario}", "/scenario/{scenario}/trajectory/{trajectory}"):
+    scenario, group, trajectory = (
+        "/scenario/{scenario}",
+        "/group/{group}",
+        "/trajectory/{trajectory}",
+    )
+    for prefix in (
+        "",
+        scenario,
+        scenario + trajectory,
+        scenario + group,
+        scenario + group + trajectory,
+    ):
         router.add_post(prefix + "/v1/chat/completions", via("relay", "chat"))
         router.add_post(prefix + "/v1/completions", via("relay", "completion"))
         router.add_get(prefix + "/v1/models", via("relay", "models"))
@@ -116,6 +136,11 @@ def _add_routes(router: web.UrlDispatcher) -> None:
     router.add_post("/art/v1/trajectories/{trajectory}/finish", via("admin", "finish"))
     router.add_get("/art/v1/groups", via("admin", "groups"))
     router.add_get("/art/v1/scenarios", via("admin", "scenarios"))
+    router.add_get("/art/v1/aliases", via("admin", "aliases"))
+    router.add_put("/art/v1/aliases/{alias}", via("admin", "set_alias"))
+    router.add_get("/art/v1/alias_moves", via("admin", "alias_moves"))
+    router.add_get("/art/v1/training_steps", via("admin", "training_steps"))
+    dashboard.add_routes(router, lambda request: request.app[PARTS].store)
 
 
 async def _health(request: web.Request) -> web.Response:
@@ -136,14 +161,16 @@ async def _health(request: web.Request) -> web.Response:
     )
 
 
-# Seconds between merges of the store's open groups into memory (see tracker.refresh_groups).
+# Seconds between merges of the store's open groups and aliases into memory (see
+# tracker.refresh_groups and aliases.py).
 _GROUP_REFRESH_S = 1.0
 
 
 async def _housekeeping(
-    idle_timeout: float, store: TrajectoryStore, tracker: TrajectoryTracker
+    idle_timeout: float, store: TrajectoryStore, tracker: TrajectoryTracker, aliases: Aliases
 ) -> None:
-    """Finish idle trajectories and keep the tracker's view of groups current, off the hot path."""
+    """Finish idle trajectories and keep the tracker's view of groups and the aliases current,
+    off the hot path."""
     period = (
         min(_GROUP_REFRESH_S, max(idle_timeout / 4, 0.05)) if idle_timeout > 0 else _GROUP_REFRESH_S
     )
@@ -154,6 +181,7 @@ async def _housekeeping(
             started = utcnow()
             tracker.refresh_groups(await store.active_groups(since - timedelta(seconds=period)))
             since = started
+            await aliases.reload()
             if idle_timeout > 0:
                 finished = await store.finish_idle(utcnow() - timedelta(seconds=idle_timeout))
                 if finished:
@@ -198,6 +226,10 @@ def _auth(settings: ProxySettings) -> Middleware:
     @web.middleware
     async def auth(request: web.Request, handler: Handler) -> web.StreamResponse:
         path = request.path
+        if dashboard.is_dashboard_path(path):  # the admin key, by header or session cookie
+            return await dashboard.guard_dashboard(
+                request, handler, settings.admin_key, _bearer_matches
+            )
         key = settings.admin_key if path.startswith("/art/") else settings.api_key
         if key and path != "/health" and not _bearer_matches(request, key):
             return web.json_response(

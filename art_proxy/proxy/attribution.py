@@ -1,10 +1,13 @@
 """Which scenario and trajectory a call belongs to, strongest signal first.
 
-1. URL prefix `/scenario/{scenario}[/trajectory/{trajectory}]/v1/...`;
-2. headers `X-Art-Scenario`, `X-Art-Trajectory`, `X-Art-Split`;
+1. URL prefix `/scenario/{scenario}[/group/{group}][/trajectory/{trajectory}]/v1/...`;
+2. headers `X-Art-Scenario`, `X-Art-Group`, `X-Art-Trajectory`, `X-Art-Split`;
 3. automatic, for unmodified agents: a call whose messages start with an open trajectory's last
    call (its messages plus the reply) continues that trajectory, and the scenario is a hash of the
    conversation before the first assistant turn.
+
+An explicit group is for rollout runners: each batch of one scenario is its own group whatever the
+group window says (see tracker.py).
 
 Automatic matching compares *canonical* messages, since clients echo a reply back in their own way:
 the OpenAI SDK sends `content: null` and extra null keys, LangChain re-serialises tool-call arguments
@@ -16,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, cast, get_args
 
@@ -26,6 +30,7 @@ from art_proxy.records import JsonObject, Split
 
 SPLITS: tuple[str, ...] = get_args(Split)
 _MAX_ID_LENGTH = 200
+_MAX_GROUP_ID_LENGTH = 64  # the store's groups.id
 
 
 @dataclass(frozen=True)
@@ -36,28 +41,33 @@ class Explicit:
     trajectory_id: str | None
     split: Split
     source: Literal["url", "header", "none"]
+    group_id: str | None = None
 
 
-def explicit_attribution(
-    url_scenario: str | None, url_trajectory: str | None, headers: Any
-) -> Explicit:
-    """Merge the URL prefix and `X-Art-*` headers; the URL wins where both speak."""
+def explicit_attribution(url: Mapping[str, str], headers: Mapping[str, str]) -> Explicit:
+    """Merge the URL prefix (the route's `scenario`, `group`, `trajectory`) and `X-Art-*`
+    headers; the URL wins where both speak."""
     split = headers.get("X-Art-Split") or "train"
     if split not in SPLITS:
         raise BadRequest(f"X-Art-Split must be one of {', '.join(SPLITS)}, not {split!r}")
-    scenario = url_scenario or headers.get("X-Art-Scenario") or None
-    trajectory = url_trajectory or headers.get("X-Art-Trajectory") or None
-    for name, value in (("scenario", scenario), ("trajectory", trajectory)):
-        if value is not None and (len(value) > _MAX_ID_LENGTH or not value.isprintable()):
-            raise BadRequest(f"{name} id must be printable and at most {_MAX_ID_LENGTH} characters")
+    scenario = url.get("scenario") or headers.get("X-Art-Scenario") or None
+    group = url.get("group") or headers.get("X-Art-Group") or None
+    trajectory = url.get("trajectory") or headers.get("X-Art-Trajectory") or None
+    for name, value, limit in (
+        ("scenario", scenario, _MAX_ID_LENGTH),
+        ("group", group, _MAX_GROUP_ID_LENGTH),
+        ("trajectory", trajectory, _MAX_ID_LENGTH),
+    ):
+        if value is not None and (len(value) > limit or not value.isprintable()):
+            raise BadRequest(f"{name} id must be printable and at most {limit} characters")
     source: Literal["url", "header", "none"]
-    if url_scenario or url_trajectory:
+    if any(url.get(part) for part in ("scenario", "group", "trajectory")):
         source = "url"
-    elif scenario or trajectory:
+    elif scenario or group or trajectory:
         source = "header"
     else:
         source = "none"
-    return Explicit(scenario, trajectory, cast(Split, split), source)
+    return Explicit(scenario, trajectory, cast(Split, split), source, group)
 
 
 def canonical_message(message: JsonObject) -> JsonObject:

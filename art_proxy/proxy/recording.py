@@ -45,6 +45,7 @@ class CallInProgress:
     body: JsonObject
     assignment: Assignment
     stream: bool
+    model: str | None = None  # the served model: an alias's target, else the client's `model`
     asks: ClientAsks = field(default_factory=lambda: ClientAsks(False, False, False))
     created_at: datetime = field(default_factory=utcnow)
     started: float = field(default_factory=time.perf_counter)
@@ -94,7 +95,7 @@ class Recorder:
             "http_status": outcome.http_status,
             "error": outcome.error,
             "stream": call.stream,
-            "model": call.body.get("model"),
+            "model": call.model,
             "request": call.body,
             # As the client received it: the ids and logprobs it did not ask for live in their
             # own fields, so the row does not carry them twice.

@@ -5,6 +5,8 @@ what it asked for. Stream: every chunk is written to the client as it arrives; `
 until the record is committed, so a client that saw the end of a stream finds it in the store.
 Upstream 4xx/5xx answers pass through unchanged. A client that leaves mid-stream closes the upstream
 response (vLLM then aborts the request) and leaves an `aborted` record of what was generated.
+A `model` that names an alias goes upstream as the alias's target (aliases.py); nothing else in the
+body changes, and the answer names the served model, as OpenAI's does.
 """
 
 from __future__ import annotations
@@ -17,8 +19,9 @@ import orjson
 from aiohttp import web
 
 from art_proxy.errors import ArtProxyError, BadRequest, StoreUnavailable, UpstreamError
-from art_proxy.records import CallKind, CallStatus, JsonObject
+from art_proxy.records import AliasRecord, CallKind, CallStatus, JsonObject
 
+from .aliases import Aliases
 from .attribution import explicit_attribution
 from .capture import ClientAsks, StreamRecorder, strip_chunk, strip_response, upstream_body
 from .recording import CallInProgress, Outcome, Recorder
@@ -33,11 +36,16 @@ _DONE = b"data: [DONE]\n\n"
 
 class Relay:
     def __init__(
-        self, upstreams: Upstreams, tracker: TrajectoryTracker, recorder: Recorder
+        self,
+        upstreams: Upstreams,
+        tracker: TrajectoryTracker,
+        recorder: Recorder,
+        aliases: Aliases,
     ) -> None:
         self._upstreams = upstreams
         self._tracker = tracker
         self._recorder = recorder
+        self._aliases = aliases
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
         return await self._generate(request, "chat")
@@ -49,21 +57,21 @@ class Relay:
         upstream = self._upstreams.urls[0]
         response = await self._upstreams.get(upstream, "/models", _client_auth(request))
         raw = await read_body(upstream, response)
+        if response.status == 200 and self._aliases.records:
+            raw = _with_aliases(raw, self._aliases.records)
         return web.Response(body=raw, status=response.status, content_type="application/json")
 
     async def _generate(self, request: web.Request, kind: CallKind) -> web.StreamResponse:
         body = await parse_body(request, kind)
-        explicit = explicit_attribution(
-            request.match_info.get("scenario"),
-            request.match_info.get("trajectory"),
-            request.headers,
-        )
+        explicit = explicit_attribution(request.match_info, request.headers)
         messages = body.get("messages") if kind == "chat" else None
         assignment = await self._tracker.assign(explicit, messages)
-        call = CallInProgress(kind, body, assignment, stream=bool(body.get("stream")))
+        model = body.get("model")
+        served = self._aliases.resolve(model) if isinstance(model, str) else None
+        call = CallInProgress(kind, body, assignment, stream=bool(body.get("stream")), model=served)
         upstream = assignment.upstream
         token_ids = self._upstreams.returns_token_ids(upstream)
-        sent, asks = upstream_body(body, kind, token_ids=token_ids)
+        sent, asks = _upstream_body(call, token_ids=token_ids)
         call.asks = asks
         try:
             response = await self._upstreams.post(
@@ -80,7 +88,7 @@ class Relay:
                     "upstream %s returns no token ids: its calls are not trainable", upstream
                 )
                 self._upstreams.mark_without_token_ids(upstream)
-                sent, asks = upstream_body(body, kind, token_ids=False)
+                sent, asks = _upstream_body(call, token_ids=False)
                 response = await self._upstreams.post(
                     upstream, _PATHS[kind], sent, _client_auth(request)
                 )
@@ -192,6 +200,30 @@ async def parse_body(request: web.Request, kind: CallKind) -> JsonObject:
     elif "prompt" not in body:
         raise BadRequest("'prompt' is required", param="prompt")
     return body
+
+
+def _upstream_body(call: CallInProgress, *, token_ids: bool) -> tuple[JsonObject, ClientAsks]:
+    sent, asks = upstream_body(call.body, call.kind, token_ids=token_ids)
+    if call.model is not None and call.model != call.body["model"]:
+        sent["model"] = call.model  # an alias: the upstream serves its target
+    return sent, asks
+
+
+def _with_aliases(raw: bytes, aliases: list[AliasRecord]) -> bytes:
+    """The upstream's model list plus a card for each alias it lacks (SDKs check the list)."""
+    try:
+        listed = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return raw
+    if not isinstance(listed, dict) or not isinstance(listed.get("data"), list):
+        return raw
+    names = {card.get("id") for card in listed["data"] if isinstance(card, dict)}
+    listed["data"] += [
+        {"id": alias.alias, "object": "model", "owned_by": "art-proxy", "root": alias.model}
+        for alias in aliases
+        if alias.alias not in names
+    ]
+    return orjson.dumps(listed)
 
 
 def _client_auth(request: web.Request) -> str | None:

@@ -86,6 +86,8 @@ async def _serve_until_stopped(settings: ProxySettings) -> None:
             _safe_url(settings.store),
             upstreams,
         )
+        key_hint = " (open it once with ?key=<admin key>)" if settings.admin_key else ""
+        log.info("dashboard: %s/dashboard%s", proxy.root_url, key_hint)
         await stop.wait()
         log.info("stopping")
 

@@ -9,6 +9,12 @@ with the call, so a trajectory never exists without its first call.
 A new trajectory joins its scenario's current group while that group has an open member or its
 newest member started less than `group_window` seconds ago, and while the group is not full: runs
 of one scenario side by side (or in quick succession) become siblings that RULER ranks together.
+
+An explicit group (`X-Art-Group` or `/group/{id}` in the URL) overrides that: a new trajectory joins
+the named group, whatever the window and size, and the group is created on first use. Without an
+explicit scenario the trajectory takes the group's; an explicit scenario that differs from it is a
+conflict. A call never continues a trajectory of another group, and an existing trajectory keeps
+its group. Explicit groups are never joined automatically.
 """
 
 from __future__ import annotations
@@ -91,7 +97,9 @@ class TrajectoryTracker:
         self._group_window = group_window
         self._trajectories: OrderedDict[str, _Trajectory] = OrderedDict()  # least recent first
         self._tips: dict[str, list[str]] = {}  # continuation key -> trajectory ids, oldest first
-        self._groups: dict[str, _Group] = {}
+        self._groups: dict[str, _Group] = {}  # scenario id -> its current automatic group
+        # Explicit group id -> its scenario, oldest first (bounded like the trajectories).
+        self._explicit_groups: OrderedDict[str, str] = OrderedDict()
 
     @property
     def open_count(self) -> int:
@@ -103,13 +111,13 @@ class TrajectoryTracker:
             if known is not None:
                 return self._next_call(known, "url" if explicit.source == "url" else "header")
         elif messages:
-            continued = await self._by_continuation(
-                continuation_candidates(messages), explicit.scenario_id
-            )
+            continued = await self._by_continuation(continuation_candidates(messages), explicit)
             if continued is not None:
                 claimed = self._move_tip(continued, [])
                 return self._next_call(continued, "continuation", claimed)
         scenario_id = explicit.scenario_id or auto_scenario_id(messages or [])
+        if explicit.group_id is not None:
+            scenario_id = await self._explicit_group_scenario(explicit, scenario_id)
         return self._start(explicit, scenario_id, messages)
 
     def record_call(
@@ -182,9 +190,7 @@ class TrajectoryTracker:
             )
         return self._adopt(row)
 
-    async def _by_continuation(
-        self, keys: list[str], scenario_id: str | None
-    ) -> _Trajectory | None:
+    async def _by_continuation(self, keys: list[str], explicit: Explicit) -> _Trajectory | None:
         """The open trajectory whose tip this call extends (keys longest conversation first).
 
         Memory answers when it knows the newest candidate (the common case: the agent's last call
@@ -194,13 +200,13 @@ class TrajectoryTracker:
         """
         if not keys:
             return None
-        newest = self._tip_owner(keys[0], scenario_id)
+        newest = self._tip_owner(keys[0], explicit)
         if newest is not None:
             return newest
         found = await self._store.open_trajectories_by_tip(keys)
         for key in keys:
             for row in found.get(key, []):
-                if scenario_id not in (None, row["scenario_id"]):
+                if not _fits(explicit, row["scenario_id"], row["group_id"]):
                     continue
                 state = self._trajectories.get(row["id"])
                 if state is not None and not state.tip_keys:
@@ -210,15 +216,31 @@ class TrajectoryTracker:
                 state.previous_sequences = _sequences(row)
                 return state
         # Not in the store: maybe its record was lost (store errors) while memory kept it.
-        owners = (self._tip_owner(key, scenario_id) for key in keys[1:])
+        owners = (self._tip_owner(key, explicit) for key in keys[1:])
         return next((owner for owner in owners if owner is not None), None)
 
-    def _tip_owner(self, key: str, scenario_id: str | None) -> _Trajectory | None:
+    def _tip_owner(self, key: str, explicit: Explicit) -> _Trajectory | None:
         for trajectory_id in self._tips.get(key, []):
             state = self._trajectories[trajectory_id]
-            if scenario_id in (None, state.scenario_id):
+            if _fits(explicit, state.scenario_id, state.group_id):
                 return state
         return None
+
+    async def _explicit_group_scenario(self, explicit: Explicit, scenario_id: str) -> str:
+        """The scenario a new trajectory of an explicit group gets: the group's, if it exists."""
+        assert explicit.group_id is not None
+        known = self._explicit_groups.get(explicit.group_id)
+        if known is None:
+            known = await self._store.group_scenario(explicit.group_id)
+        if known is None:
+            return scenario_id
+        if explicit.scenario_id not in (None, known):
+            raise Conflict(
+                f"group {explicit.group_id!r} belongs to scenario {known!r}, "
+                f"not {explicit.scenario_id!r}",
+                param="group",
+            )
+        return known
 
     def _adopt(self, row: JsonObject) -> _Trajectory:
         """Take over an open trajectory another proxy (or an earlier run) started."""
@@ -249,14 +271,15 @@ class TrajectoryTracker:
     ) -> Assignment:
         now = utcnow()
         trajectory_id = explicit.trajectory_id or uuid.uuid4().hex
-        group = self._group_for(scenario_id)
-        group.size += 1
-        group.open_ids.add(trajectory_id)
-        group.newest_start = time.monotonic()
+        group_id = (
+            self._explicit_group(explicit.group_id, scenario_id)
+            if explicit.group_id is not None
+            else self._automatic_group(scenario_id, trajectory_id)
+        )
         state = _Trajectory(
             id=trajectory_id,
             scenario_id=scenario_id,
-            group_id=group.id,
+            group_id=group_id,
             split=explicit.split,
             upstream=next(self._upstreams),
             next_seq=1,
@@ -272,13 +295,13 @@ class TrajectoryTracker:
                     "opening": opening_of(messages or []),
                 },
             ),
-            (RowKind.group, {"id": group.id, "scenario_id": scenario_id, "created_at": now}),
+            (RowKind.group, {"id": group_id, "scenario_id": scenario_id, "created_at": now}),
             (
                 RowKind.trajectory,
                 {
                     "id": trajectory_id,
                     "scenario_id": scenario_id,
-                    "group_id": group.id,
+                    "group_id": group_id,
                     "split": explicit.split,
                     "status": "open",
                     "created_at": now,
@@ -294,6 +317,20 @@ class TrajectoryTracker:
         state.unsaved_rows = rows
         attribution: Attribution = "new" if explicit.source == "none" else explicit.source
         return _assignment(state, 0, attribution, rows)
+
+    def _automatic_group(self, scenario_id: str, trajectory_id: str) -> str:
+        group = self._group_for(scenario_id)
+        group.size += 1
+        group.open_ids.add(trajectory_id)
+        group.newest_start = time.monotonic()
+        return group.id
+
+    def _explicit_group(self, group_id: str, scenario_id: str) -> str:
+        self._explicit_groups[group_id] = scenario_id
+        self._explicit_groups.move_to_end(group_id)
+        while len(self._explicit_groups) > MAX_TRAJECTORIES_IN_MEMORY:
+            self._explicit_groups.popitem(last=False)
+        return group_id
 
     def _group_for(self, scenario_id: str) -> _Group:
         group = self._groups.get(scenario_id)
@@ -319,6 +356,8 @@ class TrajectoryTracker:
         now = time.monotonic()
         for row in active_groups:
             scenario_id, group_id = row["scenario_id"], row["id"]
+            if group_id in self._explicit_groups:
+                continue
             group = self._groups.get(scenario_id)
             if group is None or (group.id != group_id and not self._joinable(group)):
                 group = _Group(group_id, 0, set(), now)
@@ -351,6 +390,11 @@ def _assignment(
         new_rows=rows,
         claimed_tip=claimed_tip or [],
     )
+
+
+def _fits(explicit: Explicit, scenario_id: str, group_id: str) -> bool:
+    """Whether a trajectory of this scenario and group can take a call that said `explicit`."""
+    return explicit.scenario_id in (None, scenario_id) and explicit.group_id in (None, group_id)
 
 
 def _sequences(row: JsonObject) -> list[list[int]]:

@@ -31,8 +31,10 @@ from art_proxy.store.trajectory_store import TrajectoryStore
 _FAILURES_SHOWN = 8
 
 
-async def run_judge(settings: JudgeSettings, rubric: Rubric, out: Console, err: Console) -> Totals:
-    """Raises `RubricError`, `ConfigError` or `StoreError` before judging anything."""
+def build_ruler(
+    settings: JudgeSettings, rubric: Rubric, store: TrajectoryStore
+) -> tuple[Ruler, list[LitellmJudge]]:
+    """The Ruler the settings describe, and its judge clients (the caller closes them)."""
     ruler_settings = RulerSettings(
         rubric=rubric,
         mode=settings.judge_mode.value,
@@ -46,7 +48,6 @@ async def run_judge(settings: JudgeSettings, rubric: Rubric, out: Console, err: 
             programmatic_for_validation=settings.programmatic_for is not None,
         ),
     )
-    store = await TrajectoryStore.open(settings.store, writer=False)
     clients = [
         LitellmJudge(
             model,
@@ -61,13 +62,21 @@ async def run_judge(settings: JudgeSettings, rubric: Rubric, out: Console, err: 
     ruler = Ruler(
         clients, store, ruler_settings, count_tokens=litellm_token_counter(settings.judge[0])
     )
-    judge = GroupJudge(
-        ruler,
-        Readiness(settings.group_size, settings.wait),
-        concurrency=settings.concurrency,
-        retry_failed=settings.retry_failed,
-    )
+    return ruler, clients
+
+
+async def run_judge(settings: JudgeSettings, rubric: Rubric, out: Console, err: Console) -> Totals:
+    """Raises `RubricError`, `ConfigError` or `StoreError` before judging anything."""
+    store = await TrajectoryStore.open(settings.store, writer=False)
+    clients: list[LitellmJudge] = []
     try:
+        ruler, clients = build_ruler(settings, rubric, store)
+        judge = GroupJudge(
+            ruler,
+            Readiness(settings.group_size, settings.wait),
+            concurrency=settings.concurrency,
+            retry_failed=settings.retry_failed,
+        )
         await _passes(judge, settings, err)
     finally:
         for client in clients:

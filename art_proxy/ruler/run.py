@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from art_proxy.records import GroupRecord, Judgment
+from art_proxy.rollout import ROLLOUT_ERROR
 from art_proxy.ruler.prompt import Member
 from art_proxy.ruler.scorer import Ruler
 from art_proxy.store.trajectory_store import TrajectoryStore, final_messages, utcnow
@@ -77,8 +78,9 @@ class Totals:
 
 async def finished_members(store: TrajectoryStore, group_id: str) -> list[Member]:
     """The group's finished trajectories, oldest first, each with its conversation as it ended
-    and the reward the agent reported."""
+    and the reward the agent reported; rollouts whose agent failed (`rollout_error`) are left out."""
     found = await store.trajectories(group=group_id, status="finished", limit=_MAX_MEMBERS)
+    found = [trajectory for trajectory in found if ROLLOUT_ERROR not in trajectory.metadata]
     found.sort(key=lambda trajectory: (trajectory.created_at, trajectory.id))
     calls = await store.calls([trajectory.id for trajectory in found])
     return [Member(t.id, final_messages(calls.get(t.id, [])), t.reward) for t in found]

@@ -118,3 +118,58 @@ judgments = sa.Table(
     sa.Index("ix_judgments_group_judge", "group_id", "judge_model", "rubric_hash"),
     sa.Index("ix_judgments_cache_key", "cache_key"),
 )
+
+# --- Training: model aliases, their history, the trainer's steps and the groups they consumed ---
+
+# The model name each alias serves now (records.AliasRecord); proxies poll it every second.
+aliases = sa.Table(
+    "aliases",
+    metadata,
+    sa.Column("alias", sa.String(200), primary_key=True),
+    sa.Column("model", sa.String(200), nullable=False),
+    sa.Column("step", sa.Integer),
+    sa.Column("updated_at", Timestamp, nullable=False),
+)
+
+# Every move of an alias (records.AliasMove): which adapter served when, and why it moved.
+alias_moves = sa.Table(
+    "alias_moves",
+    metadata,
+    sa.Column("id", sa.String(64), primary_key=True),
+    sa.Column("alias", sa.String(200), nullable=False),
+    sa.Column("model", sa.String(200), nullable=False),
+    sa.Column("previous", sa.String(200)),
+    sa.Column("step", sa.Integer),
+    sa.Column("reason", sa.String(16), nullable=False),
+    sa.Column("moved_at", Timestamp, nullable=False),
+    sa.Index("ix_alias_moves_alias_moved", "alias", "moved_at"),
+)
+
+# One row per step of a trainer run (records.TrainingStep); `groups` repeats consumed_groups
+# so a step reads back whole.
+training_steps = sa.Table(
+    "training_steps",
+    metadata,
+    sa.Column("run", sa.String(200), primary_key=True),
+    sa.Column("step", sa.Integer, primary_key=True),
+    sa.Column("status", sa.String(16), nullable=False),
+    sa.Column("reason", sa.Text),
+    sa.Column("adapter", sa.String(200)),
+    sa.Column("swap", sa.String(16)),
+    sa.Column("swap_error", sa.Text),
+    sa.Column("groups", Json, nullable=False),
+    sa.Column("metrics", Json, nullable=False),
+    sa.Column("created_at", Timestamp, nullable=False),
+)
+
+# The primary key is the invariant: a run consumes each group at exactly one step, whatever the
+# caller does (a resumed trainer, two trainers under one run name).
+consumed_groups = sa.Table(
+    "consumed_groups",
+    metadata,
+    sa.Column("run", sa.String(200), primary_key=True),
+    sa.Column("group_id", sa.String(64), sa.ForeignKey("groups.id"), primary_key=True),
+    sa.Column("step", sa.Integer, nullable=False),
+    sa.Column("outcome", sa.String(16), nullable=False),
+    sa.Column("consumed_at", Timestamp, nullable=False),
+)

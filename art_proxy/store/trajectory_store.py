@@ -1,19 +1,18 @@
 """The trajectory store: group-committed writes on the hot path, typed records on the way out.
 
-Rows become records (`art_proxy.records`) here and nowhere else. Timestamps are stored in UTC;
-SQLite hands them back naive, so they are made aware again on read.
+Rows become records (`art_proxy.records`) here and in `training.py` (aliases and trainer steps,
+which this store inherits), nowhere else.
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Sequence
-from contextlib import asynccontextmanager
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.exc import SQLAlchemyError
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from art_proxy.errors import StoreError
 from art_proxy.records import (
@@ -28,29 +27,23 @@ from art_proxy.records import (
     TrajectoryRecord,
 )
 from art_proxy.store import schema
+from art_proxy.store.base import aware, utcnow
 from art_proxy.store.engine import (
     TransactionRunner,
     create_engine,
     migrate,
     transaction_runner,
 )
+from art_proxy.store.training import TrainingRecords
 from art_proxy.store.writer import Batch, GroupCommitWriter
+
+__all__ = ["TrajectoryStore", "final_messages", "utcnow"]
 
 T, C, G, S = schema.trajectories, schema.calls, schema.groups, schema.scenarios
 J = schema.judgments
 
 
-def utcnow() -> datetime:
-    return datetime.now(UTC)
-
-
-def _aware(value: datetime | None) -> datetime | None:
-    if value is None or value.tzinfo is not None:
-        return value
-    return value.replace(tzinfo=UTC)
-
-
-class TrajectoryStore:
+class TrajectoryStore(TrainingRecords):
     def __init__(self, engine: AsyncEngine, runner: TransactionRunner) -> None:
         self.engine = engine
         self.writer = GroupCommitWriter(engine.dialect.name, runner)
@@ -104,6 +97,11 @@ class TrajectoryStore:
             .limit(1)
         )
         return {**row, **(last or {"prompt_token_ids": None, "completion_token_ids": None})}
+
+    async def group_scenario(self, group_id: str) -> str | None:
+        """The scenario of a group, None when there is no such group (yet)."""
+        row = await self._first(sa.select(G.c.scenario_id).where(G.c.id == group_id))
+        return None if row is None else str(row["scenario_id"])
 
     async def active_groups(self, since: datetime) -> list[JsonObject]:
         """Groups with an open member active since `since`: id, scenario_id, size, open_count."""
@@ -280,7 +278,7 @@ class TrajectoryStore:
     async def scenarios(self) -> list[ScenarioRecord]:
         rows = await self._all(sa.select(S).order_by(S.c.created_at.desc()))
         return [
-            ScenarioRecord.model_validate({**row, "created_at": _aware(row["created_at"])})
+            ScenarioRecord.model_validate({**row, "created_at": aware(row["created_at"])})
             for row in rows
         ]
 
@@ -310,29 +308,6 @@ class TrajectoryStore:
                 )
             offset += page_size
 
-    # --- plumbing --------------------------------------------------------------------------------
-
-    @asynccontextmanager
-    async def _transaction(self) -> AsyncIterator[AsyncConnection]:
-        """A transaction whose database errors, inside the block too, become `StoreError`."""
-        try:
-            async with self.engine.begin() as connection:
-                yield connection
-        except SQLAlchemyError as exc:
-            raise StoreError(f"{type(exc).__name__}: {exc}") from exc
-
-    async def _first(self, query: sa.Select[Any]) -> JsonObject | None:
-        rows = await self._all(query)
-        return rows[0] if rows else None
-
-    async def _all(self, query: sa.Select[Any]) -> list[JsonObject]:
-        try:
-            async with self.engine.connect() as connection:
-                result = await connection.execute(query)
-                return [dict(row) for row in result.mappings()]
-        except SQLAlchemyError as exc:
-            raise StoreError(f"{type(exc).__name__}: {exc}") from exc
-
 
 def final_messages(calls: Sequence[CallRecord]) -> list[JsonObject]:
     """The conversation as it ended: the last chat call's messages plus its first reply."""
@@ -356,9 +331,9 @@ def _trajectory_record(row: JsonObject, calls: list[CallRecord] | None) -> Traje
         split=row["split"],
         status=row["status"],
         finish_reason=row["finish_reason"],
-        created_at=_aware(row["created_at"]),
-        updated_at=_aware(row["updated_at"]),
-        finished_at=_aware(row["finished_at"]),
+        created_at=aware(row["created_at"]),
+        updated_at=aware(row["updated_at"]),
+        finished_at=aware(row["finished_at"]),
         upstream=row["upstream"],
         call_count=row["call_count"],
         reward=row["reward"],
@@ -381,10 +356,10 @@ def _group_record(row: JsonObject) -> GroupRecord:
     return GroupRecord(
         id=row["id"],
         scenario_id=row["scenario_id"],
-        created_at=_aware(row["created_at"]),
+        created_at=aware(row["created_at"]),
         size=int(row["size"]),
         open_count=int(row["open_count"] or 0),
-        newest_started_at=_aware(row["newest_started_at"]),
+        newest_started_at=aware(row["newest_started_at"]),
     )
 
 
@@ -392,11 +367,11 @@ def _judgment(row: JsonObject) -> Judgment:
     # Judgments stored before ensembles (migration 0003) have no members.
     members = row["members"] or []
     return Judgment.model_validate(
-        {**row, "members": members, "created_at": _aware(row["created_at"])}
+        {**row, "members": members, "created_at": aware(row["created_at"])}
     )
 
 
 def _call_record(row: JsonObject) -> CallRecord:
     fields = {name: row[name] for name in CallRecord.model_fields if name in row}
-    fields["created_at"] = _aware(row["created_at"])
+    fields["created_at"] = aware(row["created_at"])
     return CallRecord.model_validate(fields)

@@ -17,6 +17,7 @@ from rich.console import Console
 
 from art_proxy.config import JudgeSettings
 from art_proxy.proxy.server import RunningProxy
+from art_proxy.rollout import ROLLOUT_ERROR
 from art_proxy.ruler.command import run_judge
 from art_proxy.ruler.rubric import DEFAULT_RUBRIC
 from art_proxy.ruler.run import Totals
@@ -140,6 +141,29 @@ async def test_an_unreachable_judge_leaves_a_readable_record(proxy: RunningProxy
     assert reason is not None and "judge unavailable after 2 tries" in reason
     assert "overloaded" in reason
     assert again.judged == 0, "a failed group is judged again only with --retry-failed"
+
+
+async def test_a_rollout_whose_agent_failed_is_left_out_of_the_judgment(
+    proxy: RunningProxy,
+) -> None:
+    for trajectory, turns in (("quick", 1), ("slow", 3), ("crashed", 2)):
+        await run_agent(proxy, "trip", trajectory, turns)
+    async with aiohttp.ClientSession() as http:
+        finish = f"{proxy.root_url}/art/v1/trajectories/crashed/finish"
+        body = {"metadata": {ROLLOUT_ERROR: "RuntimeError: the tool broke"}}
+        async with http.post(finish, json=body) as response:
+            assert response.status == 200, await response.text()
+    store_url = proxy.parts.settings.store
+    async with running_scripted_judge(answer_by_content(fewer_turns_is_better)) as judge:
+        totals = await judge_in_process(settings(store_url, judge.base_url, group_size=3))
+    assert totals.scored == 1
+    store = await TrajectoryStore.open(store_url, writer=False)
+    try:
+        (judgment,) = await store.judgments()
+    finally:
+        await store.aclose()
+    assert judgment.trajectory_ids == ["quick", "slow"]
+    assert [score.trajectory_id for score in judgment.scores] == ["quick", "slow"]
 
 
 def test_a_missing_rubric_file_is_a_one_line_error(sqlite_url: str, tmp_path: Path) -> None:

@@ -9,9 +9,12 @@ choice shows up here as a stitch miss rather than as wrong tokens. Calls without
 skipped and counted; their completion still reaches a later prompt, where it is context like a tool
 result.
 
-Position `t` of `mask_B_T` and `old_logprobs_B_T` describes token `t` of `tokens_B_T` (the logprob of
-predicting it from the tokens before), so the loss sees the four tensors aligned. Rows are padded on
-the right; padding has attention 0, mask 0 and old logprob 0.
+Position `t` of `mask_B_T`, `old_logprobs_B_T` and `temperatures_B_T` describes token `t` of
+`tokens_B_T` (predicting it from the tokens before), so the loss sees the tensors aligned. Recorded
+logprobs are those of the distribution sampled from (vLLM's processed logprobs), so a token sampled
+at temperature 0.7 is scored from logits divided by 0.7: `temperatures_B_T` carries the temperature
+the call asked for (1 where it set none or asked for greedy decoding, and on context). Rows are
+padded on the right; padding has attention 0, mask 0, old logprob 0 and temperature 1.
 """
 
 from __future__ import annotations
@@ -26,6 +29,14 @@ from art_proxy_trainer.errors import EmptyBatchError
 
 # The choice trained per call; see the module docstring.
 TRAINED_CHOICE = 0
+
+
+def sampling_temperature(call: CallRecord) -> float:
+    """The temperature the call's tokens were sampled at (1 when unset or greedy)."""
+    temperature = call.sampling.get("temperature")
+    if isinstance(temperature, int | float) and temperature > 0:
+        return float(temperature)
+    return 1.0
 
 
 @dataclass(frozen=True)
@@ -43,18 +54,23 @@ class TrainingSequence:
     tokens: list[int] = field(default_factory=list)
     mask: list[int] = field(default_factory=list)
     old_logprobs: list[float] = field(default_factory=list)
+    temperatures: list[float] = field(default_factory=list)
 
     def add_context(self, token_ids: Sequence[int]) -> None:
         self.tokens.extend(token_ids)
         self.mask.extend([0] * len(token_ids))
         self.old_logprobs.extend([0.0] * len(token_ids))
+        self.temperatures.extend([1.0] * len(token_ids))
 
-    def add_sampled(self, token_ids: Sequence[int], logprobs: Sequence[float]) -> None:
+    def add_sampled(
+        self, token_ids: Sequence[int], logprobs: Sequence[float], temperature: float = 1.0
+    ) -> None:
         if len(token_ids) != len(logprobs):
             raise ValueError(f"{len(token_ids)} completion ids but {len(logprobs)} logprobs")
         self.tokens.extend(token_ids)
         self.mask.extend([1] * len(token_ids))
         self.old_logprobs.extend(logprobs)
+        self.temperatures.extend([temperature] * len(token_ids))
 
 
 @dataclass(frozen=True)
@@ -79,6 +95,7 @@ class TrainingBatch:
     old_logprobs_B_T: torch.Tensor  # float32, pi_old of each sampled token
     advantages_B: torch.Tensor  # float32, the row's trajectory advantage
     stats: SequenceStats
+    temperatures_B_T: torch.Tensor | None = None  # float32; None: all 1
 
     @property
     def trained_tokens(self) -> int:
@@ -119,7 +136,9 @@ def sequences_from_calls(
             current.add_context(prompt)
             sequences.append(current)
         current.add_sampled(
-            call.completion_token_ids[TRAINED_CHOICE], call.logprobs[TRAINED_CHOICE]
+            call.completion_token_ids[TRAINED_CHOICE],
+            call.logprobs[TRAINED_CHOICE],
+            sampling_temperature(call),
         )
     return sequences, SequenceStats(len(sequences), stitch_misses, skipped)
 
@@ -139,13 +158,22 @@ def build_batch(samples: Iterable[TrajectorySample], *, pad_token_id: int = 0) -
     attention_mask_B_T = torch.zeros((len(rows), length), dtype=torch.int64)
     mask_B_T = torch.zeros((len(rows), length), dtype=torch.float32)
     old_logprobs_B_T = torch.zeros((len(rows), length), dtype=torch.float32)
+    temperatures_B_T = torch.ones((len(rows), length), dtype=torch.float32)
     for row, (sequence, _) in enumerate(rows):
         n = len(sequence.tokens)
         tokens_B_T[row, :n] = torch.tensor(sequence.tokens, dtype=torch.int64)
         attention_mask_B_T[row, :n] = 1
         mask_B_T[row, :n] = torch.tensor(sequence.mask, dtype=torch.float32)
         old_logprobs_B_T[row, :n] = torch.tensor(sequence.old_logprobs, dtype=torch.float32)
+        temperatures_B_T[row, :n] = torch.tensor(sequence.temperatures, dtype=torch.float32)
     advantages_B = torch.tensor([advantage for _, advantage in rows], dtype=torch.float32)
+    tempered = bool((temperatures_B_T != 1.0).any())
     return TrainingBatch(
-        tokens_B_T, attention_mask_B_T, mask_B_T, old_logprobs_B_T, advantages_B, stats
+        tokens_B_T,
+        attention_mask_B_T,
+        mask_B_T,
+        old_logprobs_B_T,
+        advantages_B,
+        stats,
+        temperatures_B_T if tempered else None,
     )

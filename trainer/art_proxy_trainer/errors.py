@@ -9,3 +9,15 @@ class TrainerError(Exception):
 
 class EmptyBatchError(TrainerError):
     """No recorded call of the given trajectories carried trainable token ids."""
+
+
+class SwapError(TrainerError):
+    """An upstream or the proxy could not be reached or answered unexpectedly."""
+
+
+class BaseModelMismatch(TrainerError):
+    """The upstream serves another base model than the one the trainer loaded."""
+
+
+class CheckpointError(TrainerError):
+    """A checkpoint could not be read back (wrong run, wrong shapes, damaged files)."""

@@ -29,13 +29,23 @@ class LossResult:
     metrics: LossMetrics
 
 
-def token_logprobs(logits_B_T_V: torch.Tensor, tokens_B_T: torch.Tensor) -> torch.Tensor:
+def token_logprobs(
+    logits_B_T_V: torch.Tensor,
+    tokens_B_T: torch.Tensor,
+    temperatures_B_T: torch.Tensor | None = None,
+) -> torch.Tensor:
     """logprobs_B_T[b, t] = log p(tokens[b, t] | tokens[b, :t]); position 0 has no prediction: 0.
 
-    The only full-vocabulary tensor beyond the logits is log_softmax's own output (plus the fp32
-    cast when the logits are half precision); the gather keeps one value per position.
+    With `temperatures_B_T`, token t is scored from the logits divided by its temperature (the
+    distribution it was sampled from). The only full-vocabulary tensor beyond the logits is
+    log_softmax's own output (plus the fp32 cast, or the division); the gather keeps one value per
+    position.
     """
-    logprobs_B_Tm1_V = torch.log_softmax(logits_B_T_V[:, :-1].float(), dim=-1)
+    logits_B_Tm1_V = logits_B_T_V[:, :-1].float()
+    if temperatures_B_T is not None:
+        # The logits at t-1 predict token t: they take token t's temperature.
+        logits_B_Tm1_V = logits_B_Tm1_V / temperatures_B_T[:, 1:].unsqueeze(-1)
+    logprobs_B_Tm1_V = torch.log_softmax(logits_B_Tm1_V, dim=-1)
     predicted_B_Tm1 = logprobs_B_Tm1_V.gather(-1, tokens_B_T[:, 1:].unsqueeze(-1)).squeeze(-1)
     return torch.nn.functional.pad(predicted_B_Tm1, (1, 0))
 

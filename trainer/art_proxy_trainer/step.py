@@ -37,7 +37,12 @@ def lora_model(base: PreTrainedModel, config: TrainerConfig) -> PeftModel:
     lora = LoraConfig(
         r=config.lora_rank,
         lora_alpha=config.lora_alpha,
-        target_modules=config.target_modules,
+        # peft reads the one string "all-linear" as every linear projection but the head.
+        target_modules=(
+            config.target_modules[0]
+            if config.target_modules == ["all-linear"]
+            else config.target_modules
+        ),
         lora_dropout=0.0,
         task_type="CAUSAL_LM",
     )
@@ -50,11 +55,39 @@ def make_optimizer(model: PeftModel, config: TrainerConfig) -> torch.optim.AdamW
     return torch.optim.AdamW(trainable, lr=config.learning_rate, weight_decay=config.weight_decay)
 
 
-def _logprobs(model: PeftModel, batch: TrainingBatch) -> torch.Tensor:
+def _logprobs(
+    model: PeftModel,
+    tokens_B_T: torch.Tensor,
+    attention_mask_B_T: torch.Tensor,
+    temperatures_B_T: torch.Tensor | None,
+) -> torch.Tensor:
     logits_B_T_V: torch.Tensor = model(
-        input_ids=batch.tokens_B_T, attention_mask=batch.attention_mask_B_T
+        input_ids=tokens_B_T, attention_mask=attention_mask_B_T
     ).logits
-    return token_logprobs(logits_B_T_V, batch.tokens_B_T)
+    return token_logprobs(logits_B_T_V, tokens_B_T, temperatures_B_T)
+
+
+def micro_batches(batch: TrainingBatch, max_tokens: int) -> list[slice]:
+    """Consecutive row ranges of at most ~max_tokens padded tokens each (0 = one range).
+
+    Rows are right-padded to the batch's longest; a range is cut to its own longest row by the
+    caller, so short rows together cost less than the whole batch's padding.
+    """
+    rows, length = batch.tokens_B_T.shape
+    if max_tokens <= 0 or rows * length <= max_tokens:
+        return [slice(0, rows)]
+    lengths = batch.attention_mask_B_T.sum(dim=1).tolist()
+    ranges: list[slice] = []
+    start = 0
+    longest = 0
+    for row, row_length in enumerate(lengths):
+        longest_with_row = max(longest, int(row_length))
+        if row > start and longest_with_row * (row - start + 1) > max_tokens:
+            ranges.append(slice(start, row))
+            start, longest_with_row = row, int(row_length)
+        longest = longest_with_row
+    ranges.append(slice(start, rows))
+    return ranges
 
 
 def _abandon(
@@ -68,6 +101,53 @@ def _abandon(
     return StepResult(False, reason, loss, grad_norm, metrics)
 
 
+def _accumulate(
+    model: PeftModel, batch: TrainingBatch, config: TrainerConfig
+) -> tuple[float, LossMetrics]:
+    """Backward every micro-batch; returns the batch loss and its metrics (token-weighted).
+
+    Each micro-batch's loss is a mean over its own masked tokens; weighting it by its share of the
+    batch's tokens makes the accumulated gradient that of the token-level mean over the batch.
+    """
+    total_tokens = max(batch.trained_tokens, 1)
+    loss_sum = clip_sum = ratio_sum = kl_sum = 0.0
+    for rows in micro_batches(batch, config.micro_batch_tokens):
+        length = int(batch.attention_mask_B_T[rows].sum(dim=1).max())
+        tokens_B_T = batch.tokens_B_T[rows, :length]
+        attention_B_T = batch.attention_mask_B_T[rows, :length]
+        mask_B_T = batch.mask_B_T[rows, :length]
+        temperatures_B_T = (
+            None if batch.temperatures_B_T is None else batch.temperatures_B_T[rows, :length]
+        )
+        share = float(mask_B_T.sum()) / total_tokens
+        if share == 0:
+            continue
+        ref_logprobs_B_T = None
+        if config.kl_coef > 0:
+            with torch.no_grad(), model.disable_adapter():
+                ref_logprobs_B_T = _logprobs(model, tokens_B_T, attention_B_T, temperatures_B_T)
+        result = grpo_loss(
+            _logprobs(model, tokens_B_T, attention_B_T, temperatures_B_T),
+            batch.old_logprobs_B_T[rows, :length],
+            batch.advantages_B[rows],
+            mask_B_T,
+            eps_low=config.eps_low,
+            eps_high=config.eps_high,
+            ratio_cap=config.ratio_cap,
+            kl_coef=config.kl_coef,
+            ref_logprobs_B_T=ref_logprobs_B_T,
+        )
+        loss = float(result.loss.detach())
+        if not math.isfinite(loss):
+            return loss, result.metrics
+        torch.autograd.backward(result.loss * share)
+        loss_sum += loss * share
+        clip_sum += result.metrics.clip_fraction * share
+        ratio_sum += result.metrics.mean_ratio * share
+        kl_sum += result.metrics.kl * share
+    return loss_sum, LossMetrics(clip_sum, ratio_sum, kl_sum, batch.trained_tokens)
+
+
 def train_step(
     model: PeftModel,
     optimizer: torch.optim.Optimizer,
@@ -77,32 +157,16 @@ def train_step(
     model.eval()
     optimizer.zero_grad(set_to_none=True)
     try:
-        ref_logprobs_B_T = None
-        if config.kl_coef > 0:
-            with torch.no_grad(), model.disable_adapter():
-                ref_logprobs_B_T = _logprobs(model, batch)
-        result = grpo_loss(
-            _logprobs(model, batch),
-            batch.old_logprobs_B_T,
-            batch.advantages_B,
-            batch.mask_B_T,
-            eps_low=config.eps_low,
-            eps_high=config.eps_high,
-            ratio_cap=config.ratio_cap,
-            kl_coef=config.kl_coef,
-            ref_logprobs_B_T=ref_logprobs_B_T,
-        )
-        loss = float(result.loss.detach())
-        if not math.isfinite(loss):
-            return _abandon(optimizer, "nan_loss", loss, metrics=result.metrics)
-        torch.autograd.backward(result.loss)
+        loss, metrics = _accumulate(model, batch, config)
     except torch.OutOfMemoryError:
         return _abandon(optimizer, "out_of_memory")
+    if not math.isfinite(loss):
+        return _abandon(optimizer, "nan_loss", loss, metrics=metrics)
     trainable = [p for group in optimizer.param_groups for p in group["params"]]
     max_norm = config.max_grad_norm if config.max_grad_norm > 0 else math.inf
     grad_norm = float(torch.nn.utils.clip_grad_norm_(trainable, max_norm))
     if not math.isfinite(grad_norm):
-        return _abandon(optimizer, "nan_grad", loss, grad_norm, result.metrics)
+        return _abandon(optimizer, "nan_grad", loss, grad_norm, metrics)
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-    return StepResult(True, None, loss, grad_norm, result.metrics)
+    return StepResult(True, None, loss, grad_norm, metrics)

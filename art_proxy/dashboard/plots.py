@@ -1,0 +1,144 @@
+"""Line charts as inline SVG, laid out here and drawn by the `chart` template macro.
+
+Server-side on purpose: no chart library, no CDN, nothing for the Content-Security-Policy to allow;
+a chart is a few paths and one dot per point (each with a tooltip). Labels reach the page through
+the template, escaped like everything else.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+WIDTH, HEIGHT = 640.0, 220.0
+# Room for the y labels on the left and the x labels below.
+LEFT, RIGHT, TOP, BOTTOM = 56.0, 12.0, 12.0, 28.0
+Y_TICKS = 5
+MAX_X_TICKS = 8
+
+
+@dataclass(frozen=True)
+class Series:
+    name: str
+    points: Sequence[tuple[float, float]]  # (step, value)
+    spread: Sequence[float] | None = None  # +- per point: drawn as a band around the line
+
+
+@dataclass(frozen=True)
+class Dot:
+    x: float
+    y: float
+    label: str
+
+
+@dataclass(frozen=True)
+class Line:
+    name: str
+    index: int  # picks the colour (CSS class s0, s1...)
+    path: str
+    band: str | None
+    dots: list[Dot]
+
+
+@dataclass(frozen=True)
+class Tick:
+    position: float
+    label: str
+
+
+@dataclass(frozen=True)
+class Chart:
+    title: str
+    width: float
+    height: float
+    lines: list[Line]
+    x_ticks: list[Tick]
+    y_ticks: list[Tick]
+    plot_left: float = LEFT
+    plot_right: float = WIDTH - RIGHT
+    plot_top: float = TOP
+    plot_bottom: float = HEIGHT - BOTTOM
+
+
+def line_chart(title: str, series: Sequence[Series]) -> Chart | None:
+    """None when no series has a finite point (the page says there is nothing yet)."""
+    drawn = [_finite(one) for one in series]
+    points = [point for one in drawn for point in one.points]
+    if not points:
+        return None
+    xs = [x for x, _ in points]
+    ys = [y for _, y in points]
+    for one in drawn:
+        for (_, y), spread in zip(one.points, one.spread or [0.0] * len(one.points), strict=True):
+            ys.extend((y - spread, y + spread))
+    x_low, x_high = _span(min(xs), max(xs))
+    y_low, y_high = _span(min(ys), max(ys))
+
+    def to_x(x: float) -> float:
+        return LEFT + (x - x_low) / (x_high - x_low) * (WIDTH - LEFT - RIGHT)
+
+    def to_y(y: float) -> float:
+        return HEIGHT - BOTTOM - (y - y_low) / (y_high - y_low) * (HEIGHT - TOP - BOTTOM)
+
+    lines = []
+    for index, one in enumerate(drawn):
+        if not one.points:
+            continue
+        at = [(to_x(x), to_y(y)) for x, y in one.points]
+        band = None
+        if one.spread and any(one.spread):
+            pairs = list(zip(one.points, one.spread, strict=True))
+            upper = [(to_x(x), to_y(y + s)) for (x, y), s in pairs]
+            lower = [(to_x(x), to_y(y - s)) for (x, y), s in pairs]
+            band = _path(upper + lower[::-1]) + " Z"
+        dots = [
+            Dot(px, py, f"{one.name}, step {x:g}: {y:.4g}")
+            for (px, py), (x, y) in zip(at, one.points, strict=True)
+        ]
+        lines.append(Line(one.name, index, _path(at), band, dots))
+    y_ticks = [y_low + i * (y_high - y_low) / (Y_TICKS - 1) for i in range(Y_TICKS)]
+    return Chart(
+        title=title,
+        width=WIDTH,
+        height=HEIGHT,
+        lines=lines,
+        x_ticks=[Tick(to_x(x), f"{x:g}") for x in _x_ticks(min(xs), max(xs))],
+        y_ticks=[Tick(to_y(y), f"{y:.3g}") for y in y_ticks],
+    )
+
+
+def _finite(series: Series) -> Series:
+    """The series without NaN or infinite points (an abandoned step's loss, say)."""
+    spread = series.spread or [0.0] * len(series.points)
+    kept = [
+        (point, s if math.isfinite(s) else 0.0)
+        for point, s in zip(series.points, spread, strict=True)
+        if math.isfinite(point[0]) and math.isfinite(point[1])
+    ]
+    return Series(
+        series.name,
+        [point for point, _ in kept],
+        [s for _, s in kept] if series.spread is not None else None,
+    )
+
+
+def _span(low: float, high: float) -> tuple[float, float]:
+    """A non-empty range around [low, high] (one point, or a flat line, gets room around it)."""
+    if high > low:
+        return low, high
+    pad = abs(low) * 0.1 or 1.0
+    return low - pad, high + pad
+
+
+def _x_ticks(low: float, high: float) -> list[float]:
+    """Whole steps, at most MAX_X_TICKS of them, evenly spaced."""
+    first, last = math.ceil(low), math.floor(high)
+    if last < first:
+        return [low]
+    stride = max(1, math.ceil((last - first + 1) / MAX_X_TICKS))
+    return [float(step) for step in range(first, last + 1, stride)]
+
+
+def _path(points: Sequence[tuple[float, float]]) -> str:
+    return " ".join(f"{'M' if i == 0 else 'L'}{x:.1f},{y:.1f}" for i, (x, y) in enumerate(points))

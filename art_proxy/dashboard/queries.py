@@ -1,0 +1,159 @@
+"""Read-only queries the dashboard needs beyond `TrajectoryStore`'s: a filtered page of groups with
+the status a person watches (running, waiting for the judge, scored...), the trainer runs, and
+which steps consumed a group. Nothing here writes.
+
+A group's status is its newest judgment's (`scored`, `judge_failed`, `skipped`) once it has one,
+else `open` while a member runs and `finished` when all are done and the judge has not spoken yet.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Literal, get_args
+
+import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from art_proxy.records import GroupOutcome, JsonObject, Split, TrajectoryScore
+from art_proxy.store import schema
+from art_proxy.store.base import StoreBase
+
+T, G, S, J = schema.trajectories, schema.groups, schema.scenarios, schema.judgments
+CG, TS = schema.consumed_groups, schema.training_steps
+
+GroupStatus = Literal["open", "finished", "scored", "judge_failed", "skipped"]
+GROUP_STATUSES: tuple[GroupStatus, ...] = get_args(GroupStatus)
+SPLITS: tuple[Split, ...] = get_args(Split)
+
+
+@dataclass(frozen=True)
+class GroupFilter:
+    split: Split | None = None
+    status: GroupStatus | None = None
+    scenario: str | None = None
+    limit: int = 50
+    offset: int = 0
+
+
+@dataclass(frozen=True)
+class GroupSummary:
+    id: str
+    scenario_id: str
+    created_at: datetime
+    size: int
+    open_count: int
+    split: str
+    status: GroupStatus
+    opening: list[JsonObject]
+    programmatic_mean: float | None  # mean of the rewards the agent reported at finish
+    judge_model: str | None
+    judge_reason: str | None
+    scores: list[TrajectoryScore]  # the newest judgment's
+
+    @property
+    def reward_mean(self) -> float | None:
+        if not self.scores:
+            return None
+        return sum(score.reward for score in self.scores) / len(self.scores)
+
+
+@dataclass(frozen=True)
+class Consumption:
+    run: str
+    step: int
+    outcome: GroupOutcome
+
+
+class DashboardQueries(StoreBase):
+    def __init__(self, engine: AsyncEngine) -> None:
+        self.engine = engine
+
+    async def group_page(self, where: GroupFilter) -> list[GroupSummary]:
+        """Groups matching `where`, newest first."""
+        newest_judgment = (
+            sa.select(J.c.id)
+            .where(J.c.group_id == G.c.id)
+            .order_by(J.c.created_at.desc(), J.c.id.desc())
+            .limit(1)
+            .correlate(G)
+            .scalar_subquery()
+        )
+        per_group = (
+            sa.select(
+                G.c.id,
+                G.c.scenario_id,
+                G.c.created_at,
+                sa.func.count(T.c.id).label("size"),
+                sa.func.sum(sa.case((T.c.status == "open", 1), else_=0)).label("open_count"),
+                sa.func.min(T.c.split).label("split"),
+                sa.func.avg(T.c.reward).label("programmatic_mean"),
+                newest_judgment.label("judgment_id"),
+            )
+            .join(T, T.c.group_id == G.c.id)
+            .group_by(G.c.id, G.c.scenario_id, G.c.created_at)
+        )
+        if where.scenario is not None:
+            per_group = per_group.where(G.c.scenario_id == where.scenario)
+        if where.split is not None:
+            member = T.alias("member")
+            per_group = per_group.where(
+                sa.exists().where(member.c.group_id == G.c.id, member.c.split == where.split)
+            )
+        page = per_group.subquery("page")
+        query = (
+            sa.select(
+                page,
+                S.c.opening,
+                J.c.status.label("judgment_status"),
+                J.c.reason.label("judge_reason"),
+                J.c.judge_model,
+                J.c.scores,
+            )
+            .join(S, S.c.id == page.c.scenario_id)
+            .outerjoin(J, J.c.id == page.c.judgment_id)
+            .order_by(page.c.created_at.desc(), page.c.id)
+            .limit(where.limit)
+            .offset(where.offset)
+        )
+        if where.status in ("scored", "judge_failed", "skipped"):
+            query = query.where(J.c.status == where.status)
+        elif where.status is not None:
+            open_members = page.c.open_count > 0
+            query = query.where(
+                J.c.id.is_(None), open_members if where.status == "open" else ~open_members
+            )
+        return [_group_summary(row) for row in await self._all(query)]
+
+    async def runs(self) -> list[str]:
+        """Trainer runs, the one with the newest step first."""
+        newest = sa.func.max(TS.c.created_at)
+        rows = await self._all(sa.select(TS.c.run).group_by(TS.c.run).order_by(newest.desc()))
+        return [row["run"] for row in rows]
+
+    async def consumptions(self, group_id: str) -> list[Consumption]:
+        """Which trainer runs consumed the group, at which step, and what the step did with it."""
+        query = sa.select(CG).where(CG.c.group_id == group_id).order_by(CG.c.consumed_at)
+        return [
+            Consumption(run=row["run"], step=row["step"], outcome=row["outcome"])
+            for row in await self._all(query)
+        ]
+
+
+def _group_summary(row: JsonObject) -> GroupSummary:
+    open_count = int(row["open_count"] or 0)
+    status: GroupStatus = row["judgment_status"] or ("open" if open_count else "finished")
+    return GroupSummary(
+        id=row["id"],
+        scenario_id=row["scenario_id"],
+        created_at=row["created_at"],  # naive from SQLite: the pages read it as UTC
+        size=int(row["size"]),
+        open_count=open_count,
+        split=row["split"],
+        status=status,
+        opening=row["opening"] or [],
+        programmatic_mean=row["programmatic_mean"],
+        judge_model=row["judge_model"],
+        judge_reason=row["judge_reason"],
+        scores=[TrajectoryScore.model_validate(score) for score in row["scores"] or []],
+    )

@@ -1,0 +1,385 @@
+"""The rollout runner: an async agent, run `group_size` times on every scenario through the proxy.
+
+Each scenario's batch of rollouts is one group (a fresh group id per run), which is what RULER ranks
+and GRPO learns from. Each rollout gets its own base URL,
+`{proxy}/scenario/{scenario}/group/{group}/trajectory/{trajectory}/v1`, so every call the agent makes
+through it lands in that trajectory; the split travels as the `X-Art-Split` header, which
+`Rollout.openai_client()` sends (an agent with its own client passes `default_headers=rollout.headers`).
+
+When the agent returns, the runner finishes the trajectory with the reward it returned. A bad rollout
+is data, not a crash: an agent that raises or runs past the timeout leaves a finished trajectory
+whose metadata holds `rollout_error`, which judging leaves out, and the other rollouts go on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import importlib.util
+import inspect
+import math
+import os
+import sys
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
+from urllib.parse import quote
+
+import aiohttp
+
+from art_proxy.errors import ConfigError
+from art_proxy.records import JsonObject, Split, TrajectoryRecord
+from art_proxy.scenarios import Scenario
+
+if TYPE_CHECKING:
+    import openai
+
+__all__ = [
+    "ROLLOUT_ERROR",
+    "Agent",
+    "AgentResult",
+    "GroupReport",
+    "Rollout",
+    "RolloutOutcome",
+    "RolloutReport",
+    "load_agent",
+    "ready_for_judging",
+    "run_rollouts",
+    "trajectory_base_url",
+]
+
+# The metadata key of a trajectory whose agent raised or timed out; judging leaves it out.
+ROLLOUT_ERROR = "rollout_error"
+# Error texts longer than this are cut: an exception may carry a whole response body.
+_MAX_ERROR_CHARS = 1000
+# Seconds to wait for the proxy's admin endpoints (a finish is one small transaction).
+_ADMIN_TIMEOUT_S = 30.0
+
+
+@dataclass(frozen=True)
+class RolloutOutcome:
+    """What an agent may return instead of a bare reward."""
+
+    reward: float | None = None  # None: no programmatic reward (RULER judges)
+    metrics: dict[str, float] = field(default_factory=dict)
+    metadata: JsonObject = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Rollout:
+    """One run of the agent on one scenario: where to send its calls and under which names."""
+
+    scenario: Scenario
+    base_url: str  # the OpenAI base URL of this trajectory, ending in /v1
+    trajectory_id: str
+    group_id: str
+    index: int  # 0 .. group_size - 1 within its group
+    model: str  # the model name to call: the alias the trainer moves
+    api_key: str = "unused"  # the proxy's client key
+
+    @property
+    def headers(self) -> dict[str, str]:
+        """The attribution as `X-Art-*` headers; the split travels only here."""
+        return {
+            "X-Art-Scenario": self.scenario.id,
+            "X-Art-Group": self.group_id,
+            "X-Art-Trajectory": self.trajectory_id,
+            "X-Art-Split": self.scenario.split,
+        }
+
+    def openai_client(self, **options: Any) -> openai.AsyncOpenAI:
+        """An `openai.AsyncOpenAI` for this rollout: its base URL, key and headers."""
+        import openai  # the SDK comes with litellm; imported only by agents that use it
+
+        return openai.AsyncOpenAI(
+            base_url=self.base_url, api_key=self.api_key, default_headers=self.headers, **options
+        )
+
+
+AgentResult = float | RolloutOutcome | None
+Agent = Callable[[Rollout], Awaitable[AgentResult]]
+
+
+@dataclass
+class GroupReport:
+    """One scenario's batch of rollouts: one group in the store."""
+
+    group_id: str
+    scenario_id: str
+    split: Split
+    trajectory_ids: list[str]
+    rewards: dict[str, float | None] = field(default_factory=dict)
+    errors: dict[str, str] = field(default_factory=dict)  # the agent raised or timed out
+    timed_out: list[str] = field(default_factory=list)  # of `errors`, those cut by the timeout
+    # Finished trajectories the store did not get: the agent made no call, or the finish failed.
+    unrecorded: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def succeeded(self) -> list[str]:
+        """Rollouts the agent completed whose trajectory is in the store."""
+        return [
+            id_
+            for id_ in self.trajectory_ids
+            if id_ not in self.errors and id_ not in self.unrecorded
+        ]
+
+
+def ready_for_judging(group: GroupReport) -> bool:
+    """A group is judged when at least two of its rollouts succeeded."""
+    return len(group.succeeded) >= 2
+
+
+@dataclass
+class RolloutReport:
+    groups: list[GroupReport]
+    seconds: float
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def rollouts(self) -> int:
+        return sum(len(group.trajectory_ids) for group in self.groups)
+
+    @property
+    def failed(self) -> int:
+        """Rollouts whose agent raised or timed out."""
+        return sum(len(group.errors) for group in self.groups)
+
+    @property
+    def timed_out(self) -> int:
+        return sum(len(group.timed_out) for group in self.groups)
+
+
+def trajectory_base_url(proxy_url: str, scenario: str, group: str, trajectory: str) -> str:
+    ids = (quote(part, safe="") for part in (scenario, group, trajectory))
+    return "{}/scenario/{}/group/{}/trajectory/{}/v1".format(proxy_url.rstrip("/"), *ids)
+
+
+async def run_rollouts(
+    agent: Agent,
+    scenarios: Sequence[Scenario],
+    *,
+    proxy_url: str,
+    group_size: int,
+    concurrency: int,
+    timeout_s: float,
+    model: str,
+    api_key: str | None = None,
+    admin_key: str | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> RolloutReport:
+    """Run `agent` `group_size` times on every scenario, at most `concurrency` at once.
+
+    `timeout_s` bounds each rollout (0 = no bound). `progress(done, total)` is called as rollouts
+    end. Raises `ConfigError` before running anything when the proxy cannot be reached or refuses
+    `admin_key`.
+    """
+    if group_size < 1 or concurrency < 1:
+        raise ValueError("group_size and concurrency must be at least 1")
+    proxy_url = proxy_url.rstrip("/").removesuffix("/v1")
+    started = time.monotonic()
+    headers = {"Authorization": f"Bearer {admin_key}"} if admin_key else {}
+    timeout = aiohttp.ClientTimeout(total=_ADMIN_TIMEOUT_S)
+    async with aiohttp.ClientSession(headers=headers, timeout=timeout) as http:
+        await _check_proxy(http, proxy_url)
+        runner = _Runner(agent, http, proxy_url, timeout_s, asyncio.Semaphore(concurrency))
+        groups = [_new_group(scenario, group_size) for scenario in scenarios]
+        rollouts = [
+            Rollout(
+                scenario=scenario,
+                base_url=trajectory_base_url(proxy_url, scenario.id, group.group_id, trajectory),
+                trajectory_id=trajectory,
+                group_id=group.group_id,
+                index=index,
+                model=model,
+                api_key=api_key or "unused",
+            )
+            for scenario, group in zip(scenarios, groups, strict=True)
+            for index, trajectory in enumerate(group.trajectory_ids)
+        ]
+        by_id = {group.group_id: group for group in groups}
+        done = 0
+
+        async def one(rollout: Rollout) -> None:
+            nonlocal done
+            await runner.run(rollout, by_id[rollout.group_id])
+            done += 1
+            if progress is not None:
+                progress(done, len(rollouts))
+
+        async with asyncio.TaskGroup() as tasks:
+            for rollout in rollouts:
+                tasks.create_task(one(rollout))
+    return RolloutReport(groups, time.monotonic() - started, runner.warnings)
+
+
+def _new_group(scenario: Scenario, size: int) -> GroupReport:
+    return GroupReport(
+        group_id=uuid.uuid4().hex,
+        scenario_id=scenario.id,
+        split=scenario.split,
+        trajectory_ids=[uuid.uuid4().hex for _ in range(size)],
+    )
+
+
+async def _check_proxy(http: aiohttp.ClientSession, proxy_url: str) -> None:
+    """Fail before any agent runs when the proxy is down or the admin key is wrong."""
+    url = f"{proxy_url}/art/v1/trajectories?limit=1"
+    try:
+        async with http.get(url) as response:
+            if response.status in (401, 403):
+                given = "refused the admin key given" if http.headers else "wants its admin key"
+                raise ConfigError(f"the proxy at {proxy_url} {given} (--admin-key)")
+            if response.status != 200:
+                raise ConfigError(f"{url} answered HTTP {response.status}: is it art-proxy?")
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        raise ConfigError(f"the proxy at {proxy_url} is unreachable: {_describe(exc)}") from exc
+
+
+class _Runner:
+    def __init__(
+        self,
+        agent: Agent,
+        http: aiohttp.ClientSession,
+        proxy_url: str,
+        timeout_s: float,
+        semaphore: asyncio.Semaphore,
+    ) -> None:
+        self._agent = agent
+        self._http = http
+        self._proxy_url = proxy_url
+        self._timeout_s = timeout_s
+        self._semaphore = semaphore
+        self._misfiled: set[str] = set()
+        self.warnings: list[str] = []
+
+    async def run(self, rollout: Rollout, group: GroupReport) -> None:
+        trajectory = rollout.trajectory_id
+        async with self._semaphore:
+            outcome, error = await self._call_agent(rollout)
+        if error is not None:
+            group.errors[trajectory] = error
+            if error.startswith("timeout after"):
+                group.timed_out.append(trajectory)
+            body: JsonObject = {"metadata": {ROLLOUT_ERROR: error}}
+        else:
+            body = {
+                "reward": outcome.reward,
+                "metrics": outcome.metrics,
+                "metadata": outcome.metadata,
+            }
+            group.rewards[trajectory] = outcome.reward
+        await self._finish(rollout, group, body)
+
+    async def _call_agent(self, rollout: Rollout) -> tuple[RolloutOutcome, str | None]:
+        try:
+            async with asyncio.timeout(self._timeout_s or None):
+                result = await self._agent(rollout)
+        except TimeoutError:
+            return RolloutOutcome(), f"timeout after {self._timeout_s:g}s"
+        except Exception as exc:  # a bad rollout is data, not a crash
+            return RolloutOutcome(), _describe(exc)
+        try:
+            return _outcome(result), None
+        except TypeError as exc:
+            return RolloutOutcome(), _describe(exc)
+
+    async def _finish(self, rollout: Rollout, group: GroupReport, body: JsonObject) -> None:
+        trajectory = rollout.trajectory_id
+        url = f"{self._proxy_url}/art/v1/trajectories/{quote(trajectory, safe='')}/finish"
+        try:
+            async with self._http.post(url, json=body) as response:
+                text = await response.text()
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            group.unrecorded[trajectory] = f"finish failed: {_describe(exc)}"
+            return
+        if response.status == 404:
+            group.unrecorded[trajectory] = "the agent made no call through rollout.base_url"
+        elif response.status != 200:
+            group.unrecorded[trajectory] = f"finish failed: HTTP {response.status}: {text[:200]}"
+        else:
+            self._check_split(group, TrajectoryRecord.model_validate_json(text))
+
+    def _check_split(self, group: GroupReport, recorded: TrajectoryRecord) -> None:
+        # The URL carries scenario, group and trajectory; only the headers carry the split.
+        if recorded.split != group.split and group.group_id not in self._misfiled:
+            self._misfiled.add(group.group_id)
+            self.warnings.append(
+                f"scenario {group.scenario_id!r} was recorded as split {recorded.split!r}, not "
+                f"{group.split!r}: the agent's client must send rollout.headers"
+            )
+
+
+def _outcome(result: object) -> RolloutOutcome:
+    if result is None:
+        return RolloutOutcome()
+    if isinstance(result, RolloutOutcome):
+        outcome = result
+    elif isinstance(result, int | float) and not isinstance(result, bool):
+        outcome = RolloutOutcome(reward=float(result))
+    else:
+        raise TypeError(
+            f"the agent returned {type(result).__name__}, not a float, RolloutOutcome or None"
+        )
+    if outcome.reward is not None and not math.isfinite(outcome.reward):
+        raise TypeError(f"the agent returned a reward of {outcome.reward}, not a finite number")
+    return outcome
+
+
+def _describe(exc: BaseException) -> str:
+    text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    return text if len(text) <= _MAX_ERROR_CHARS else text[: _MAX_ERROR_CHARS - 3] + "..."
+
+
+def load_agent(spec: str) -> Agent:
+    """The async function named by `module.path:function` or `path/to/file.py:function`.
+
+    As with `python -m module` and `python file.py`, the working directory (a module) or the
+    file's directory (a file) is importable, so an agent's own helper modules are found.
+    """
+    where, _, name = spec.rpartition(":")
+    if not where or not name.isidentifier():
+        raise ConfigError(f"agent {spec!r} is not MODULE:FUNCTION or FILE.py:FUNCTION")
+    try:
+        module = _load_file(Path(where)) if where.endswith(".py") else _load_module(where)
+    except ConfigError:
+        raise
+    except Exception as exc:
+        raise ConfigError(f"cannot load agent {spec!r}: {_describe(exc)}") from exc
+    agent = getattr(module, name, None)
+    if agent is None:
+        raise ConfigError(f"agent {spec!r}: {where} has no {name!r}")
+    if not _is_async_callable(agent):
+        raise ConfigError(f"agent {spec!r} is not an async function (async def {name}(rollout))")
+    return cast(Agent, agent)
+
+
+def _load_module(name: str) -> object:
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    return importlib.import_module(name)
+
+
+def _load_file(path: Path) -> object:
+    if not path.is_file():
+        raise ConfigError(f"agent file {str(path)!r} does not exist")
+    directory = str(path.resolve().parent)
+    if directory not in sys.path:
+        sys.path.insert(0, directory)
+    # A name of its own per file, so two agent files named agent.py do not collide.
+    module_name = f"art_proxy_agent_{uuid.uuid5(uuid.NAMESPACE_URL, str(path.resolve())).hex}"
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    if spec is None or spec.loader is None:
+        raise ConfigError(f"agent file {str(path)!r} cannot be imported")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _is_async_callable(value: object) -> bool:
+    return inspect.iscoroutinefunction(value) or inspect.iscoroutinefunction(
+        getattr(value, "__call__", None)  # noqa: B004  # an object with an async __call__
+    )

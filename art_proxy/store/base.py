@@ -1,0 +1,53 @@
+"""What every part of the store shares: reads and transactions that fail as `StoreError`, UTC time.
+
+Timestamps are stored in UTC; SQLite hands them back naive, so they are made aware again on read.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from datetime import UTC, datetime
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from art_proxy.errors import StoreError
+from art_proxy.records import JsonObject
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+def aware(value: datetime | None) -> datetime | None:
+    if value is None or value.tzinfo is not None:
+        return value
+    return value.replace(tzinfo=UTC)
+
+
+class StoreBase:
+    engine: AsyncEngine
+
+    @asynccontextmanager
+    async def _transaction(self) -> AsyncIterator[AsyncConnection]:
+        """A transaction whose database errors, inside the block too, become `StoreError`."""
+        try:
+            async with self.engine.begin() as connection:
+                yield connection
+        except SQLAlchemyError as exc:
+            raise StoreError(f"{type(exc).__name__}: {exc}") from exc
+
+    async def _first(self, query: sa.Select[Any]) -> JsonObject | None:
+        rows = await self._all(query)
+        return rows[0] if rows else None
+
+    async def _all(self, query: sa.Select[Any]) -> list[JsonObject]:
+        try:
+            async with self.engine.connect() as connection:
+                result = await connection.execute(query)
+                return [dict(row) for row in result.mappings()]
+        except SQLAlchemyError as exc:
+            raise StoreError(f"{type(exc).__name__}: {exc}") from exc

@@ -1,0 +1,255 @@
+"""Training records: model aliases and their moves, trainer steps, and what each run consumed.
+
+An alias and the move that records it are written in one transaction, so the history never misses
+a move. A run consumes each group at exactly one step: `consumed_groups` has (run, group) as its
+primary key, and a step that names a group its run already consumed is refused whole. Recording a
+step is idempotent (a resumed trainer rolls a checkpointed step forward): a recorded step is left
+as it is.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Literal
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql, sqlite
+
+from art_proxy.errors import GroupAlreadyConsumed
+from art_proxy.records import (
+    AliasMove,
+    AliasRecord,
+    AliasRequest,
+    JsonObject,
+    SwapStatus,
+    TrainableGroup,
+    TrainingStep,
+    TrajectoryScore,
+)
+from art_proxy.store import schema
+from art_proxy.store.base import StoreBase, aware, utcnow
+
+A, M, TS, CG = schema.aliases, schema.alias_moves, schema.training_steps, schema.consumed_groups
+G, T, J = schema.groups, schema.trajectories, schema.judgments
+
+# Where a trainable group's rewards come from: RULER's judgment, or what the agent reported at finish.
+TrainableSource = Literal["judgment", "finish"]
+
+
+class TrainingRecords(StoreBase):
+    # --- model aliases ---------------------------------------------------------------------------
+
+    async def set_alias(self, alias: str, request: AliasRequest) -> AliasMove:
+        """Point `alias` at `request.model` and record the move, in one transaction."""
+        now = utcnow()
+        row = {"alias": alias, "model": request.model, "step": request.step, "updated_at": now}
+        async with self._transaction() as connection:
+            previous = await connection.scalar(
+                sa.select(A.c.model).where(A.c.alias == alias).with_for_update()
+            )
+            await connection.execute(self._upsert(A, row, key="alias"))
+            move = AliasMove(
+                alias=alias,
+                model=request.model,
+                previous=previous,
+                step=request.step,
+                reason=request.reason,
+                moved_at=now,
+            )
+            await connection.execute(sa.insert(M).values(id=uuid.uuid4().hex, **move.model_dump()))
+        return move
+
+    async def aliases(self) -> list[AliasRecord]:
+        rows = await self._all(sa.select(A).order_by(A.c.alias))
+        return [
+            AliasRecord.model_validate({**row, "updated_at": aware(row["updated_at"])})
+            for row in rows
+        ]
+
+    async def alias_moves(self, alias: str | None = None, limit: int = 100) -> list[AliasMove]:
+        """Newest first."""
+        query = sa.select(M).order_by(M.c.moved_at.desc(), M.c.id).limit(limit)
+        if alias is not None:
+            query = query.where(M.c.alias == alias)
+        return [_alias_move(row) for row in await self._all(query)]
+
+    # --- trainer steps ---------------------------------------------------------------------------
+
+    async def record_step(self, step: TrainingStep) -> bool:
+        """Record a step and the groups it consumed; False (nothing written) when the run has
+        this step already. Raises `GroupAlreadyConsumed` (nothing written) when one of its groups
+        was consumed by another step of the run."""
+        now = utcnow()
+        async with self._transaction() as connection:
+            inserted = await connection.execute(
+                self._insert_new(TS, step.model_dump()).returning(TS.c.step)
+            )
+            if inserted.first() is None:
+                return False
+            if not step.groups:
+                return True
+            consumed = await connection.execute(
+                sa.select(CG.c.group_id, CG.c.step).where(
+                    CG.c.run == step.run, CG.c.group_id.in_(list(step.groups))
+                )
+            )
+            clashes = {str(group_id): int(at) for group_id, at in consumed}
+            if clashes:
+                raise GroupAlreadyConsumed(step.run, step.step, clashes)  # rolls the step back
+            await connection.execute(
+                sa.insert(CG),
+                [
+                    {
+                        "run": step.run,
+                        "group_id": group_id,
+                        "step": step.step,
+                        "outcome": outcome,
+                        "consumed_at": now,
+                    }
+                    for group_id, outcome in step.groups.items()
+                ],
+            )
+        return True
+
+    async def set_step_swap(
+        self, run: str, step: int, swap: SwapStatus, swap_error: str | None
+    ) -> None:
+        """Record how the step's adapter swap went (it happens after the step is recorded)."""
+        async with self._transaction() as connection:
+            await connection.execute(
+                sa.update(TS)
+                .where(TS.c.run == run, TS.c.step == step)
+                .values(swap=swap, swap_error=swap_error)
+            )
+
+    async def training_steps(self, run: str | None = None, limit: int = 1000) -> list[TrainingStep]:
+        """The last `limit` steps, oldest first (by creation, then step)."""
+        query = sa.select(TS).order_by(TS.c.created_at.desc(), TS.c.step.desc()).limit(limit)
+        if run is not None:
+            query = query.where(TS.c.run == run)
+        return [_training_step(row) for row in reversed(await self._all(query))]
+
+    async def last_step(self, run: str) -> TrainingStep | None:
+        row = await self._first(
+            sa.select(TS).where(TS.c.run == run).order_by(TS.c.step.desc()).limit(1)
+        )
+        return None if row is None else _training_step(row)
+
+    async def consumed_group_ids(self, run: str) -> set[str]:
+        rows = await self._all(sa.select(CG.c.group_id).where(CG.c.run == run))
+        return {str(row["group_id"]) for row in rows}
+
+    # --- what a run can train on next ------------------------------------------------------------
+
+    async def trainable_groups(
+        self, run: str, *, source: TrainableSource, limit: int = 100
+    ) -> list[TrainableGroup]:
+        """Groups `run` has not consumed, oldest first, with their members' rewards.
+
+        judgment: groups with a scored judgment; rewards from the newest one, cost summed over all
+        of the group's judgments. finish: groups with no open member and at least two finished
+        members that reported a reward (`POST .../finish`).
+        """
+        not_consumed = ~sa.exists(
+            sa.select(CG.c.group_id).where(CG.c.run == run, CG.c.group_id == G.c.id)
+        )
+        if source == "judgment":
+            return await self._judged_groups(not_consumed, limit)
+        return await self._finished_groups(not_consumed, limit)
+
+    async def _judged_groups(
+        self, not_consumed: sa.ColumnElement[bool], limit: int
+    ) -> list[TrainableGroup]:
+        split = sa.select(sa.func.min(T.c.split)).where(T.c.group_id == G.c.id).scalar_subquery()
+        scored = sa.exists(sa.select(J.c.id).where(J.c.group_id == G.c.id, J.c.status == "scored"))
+        groups = await self._all(
+            sa.select(G, split.label("split"))
+            .where(scored, not_consumed)
+            .order_by(G.c.created_at, G.c.id)
+            .limit(limit)
+        )
+        judgments = await self._all(
+            sa.select(J.c.group_id, J.c.status, J.c.scores, J.c.cost_usd)
+            .where(J.c.group_id.in_([group["id"] for group in groups]))
+            .order_by(J.c.created_at, J.c.id)
+        )
+        rewards: dict[str, dict[str, float]] = {}
+        costs: dict[str, float] = {}
+        for judgment in judgments:  # oldest first: the newest scored one is written last
+            group_id = judgment["group_id"]
+            costs[group_id] = costs.get(group_id, 0.0) + float(judgment["cost_usd"])
+            if judgment["status"] == "scored":
+                scores = [TrajectoryScore.model_validate(s) for s in judgment["scores"]]
+                rewards[group_id] = {score.trajectory_id: score.reward for score in scores}
+        return [
+            _trainable(group, rewards.get(group["id"], {}), costs.get(group["id"], 0.0))
+            for group in groups
+        ]
+
+    async def _finished_groups(
+        self, not_consumed: sa.ColumnElement[bool], limit: int
+    ) -> list[TrainableGroup]:
+        rewarded = sa.and_(T.c.status == "finished", T.c.reward.is_not(None))
+        groups = await self._all(
+            sa.select(G, sa.func.min(T.c.split).label("split"))
+            .join(T, T.c.group_id == G.c.id)
+            .where(not_consumed)
+            .group_by(G.c.id, G.c.scenario_id, G.c.created_at)
+            .having(
+                sa.func.sum(sa.case((T.c.status == "open", 1), else_=0)) == 0,
+                sa.func.sum(sa.case((rewarded, 1), else_=0)) >= 2,
+            )
+            .order_by(G.c.created_at, G.c.id)
+            .limit(limit)
+        )
+        members = await self._all(
+            sa.select(T.c.group_id, T.c.id, T.c.reward).where(
+                T.c.group_id.in_([group["id"] for group in groups]), rewarded
+            )
+        )
+        rewards: dict[str, dict[str, float]] = {}
+        for member in members:
+            rewards.setdefault(member["group_id"], {})[member["id"]] = float(member["reward"])
+        return [_trainable(group, rewards.get(group["id"], {}), 0.0) for group in groups]
+
+    # --- plumbing --------------------------------------------------------------------------------
+
+    def _upsert(self, table: sa.Table, row: JsonObject, *, key: str) -> sa.Insert:
+        update = {name: value for name, value in row.items() if name != key}
+        if self.engine.dialect.name == "postgresql":
+            return (
+                postgresql.insert(table)
+                .values(row)
+                .on_conflict_do_update(index_elements=[key], set_=update)
+            )
+        return (
+            sqlite.insert(table)
+            .values(row)
+            .on_conflict_do_update(index_elements=[key], set_=update)
+        )
+
+    def _insert_new(self, table: sa.Table, row: JsonObject) -> sa.Insert:
+        """An insert that does nothing when the row's primary key exists."""
+        if self.engine.dialect.name == "postgresql":
+            return postgresql.insert(table).values(row).on_conflict_do_nothing()
+        return sqlite.insert(table).values(row).on_conflict_do_nothing()
+
+
+def _alias_move(row: JsonObject) -> AliasMove:
+    fields = {name: row[name] for name in AliasMove.model_fields}
+    return AliasMove.model_validate({**fields, "moved_at": aware(row["moved_at"])})
+
+
+def _training_step(row: JsonObject) -> TrainingStep:
+    return TrainingStep.model_validate({**row, "created_at": aware(row["created_at"])})
+
+
+def _trainable(group: JsonObject, rewards: dict[str, float], cost: float) -> TrainableGroup:
+    return TrainableGroup(
+        group_id=group["id"],
+        scenario_id=group["scenario_id"],
+        split=group["split"],
+        created_at=aware(group["created_at"]),
+        rewards=rewards,
+        judge_cost_usd=cost,
+    )

@@ -1,0 +1,45 @@
+"""A verifiable task the base model fails: answer with one word. The reward is checked by code.
+
+SmolLM2-135M-Instruct answers "Name a fruit." (told to answer with a single word) with a sentence
+nearly every time, so its reward starts near 0. The reward is 1/words for an answer that ended (one
+word scores 1, three words 1/3) and 0 for one cut off by `max_tokens`, so most groups of 8 hold some
+spread for GRPO to learn from. The agent is plain OpenAI SDK code: art-proxy's rollout runner hands
+it a base URL (its trajectory's) and the model name to call (the alias the trainer moves).
+
+    .venv/bin/art-proxy up --agent examples/single_word/agent.py:rollout \\
+        --scenarios examples/single_word/scenarios.jsonl --steps 20
+"""
+
+from __future__ import annotations
+
+import re
+
+from art_proxy.rollout import Rollout
+
+SYSTEM = "You are a helpful assistant. Answer with a single word."
+# Room for a word and its end-of-turn token, not for a sentence.
+MAX_TOKENS = 8
+_WORD = re.compile(r"[^\W_]+(?:['-][^\W_]+)*")
+
+
+def reward(answer: str) -> float:
+    """1 / the number of words (1 for exactly one word; 0 for none)."""
+    words = len(_WORD.findall(answer))
+    return 1.0 / words if words else 0.0
+
+
+async def rollout(run: Rollout) -> float:
+    async with run.openai_client() as client:
+        reply = await client.chat.completions.create(
+            model=run.model,
+            messages=[
+                {"role": "system", "content": SYSTEM},
+                {"role": "user", "content": str(run.scenario.input)},
+            ],
+            max_tokens=MAX_TOKENS,
+            temperature=1.0,
+        )
+    choice = reply.choices[0]
+    # A reply cut by max_tokens did not stop after its words.
+    finished = choice.finish_reason == "stop"
+    return reward(choice.message.content or "") if finished else 0.0

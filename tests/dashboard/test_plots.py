@@ -1,0 +1,59 @@
+"""Chart layout: every finite point becomes a dot inside the plot area, a spread becomes a band."""
+
+from __future__ import annotations
+
+import math
+
+from art_proxy.dashboard.plots import HEIGHT, WIDTH, Series, line_chart
+
+
+def test_no_points_means_no_chart() -> None:
+    assert line_chart("Reward", [Series("reward", [])]) is None
+    assert line_chart("Loss", [Series("loss", [(1, math.nan), (2, math.inf)])]) is None
+
+
+def test_every_finite_point_is_a_dot_inside_the_plot() -> None:
+    chart = line_chart("Loss", [Series("loss", [(1, 2.0), (2, math.nan), (3, 0.5), (4, 1.0)])])
+    assert chart is not None
+    (line,) = chart.lines
+    assert [dot.label for dot in line.dots] == [
+        "loss, step 1: 2",
+        "loss, step 3: 0.5",
+        "loss, step 4: 1",
+    ]
+    for dot in line.dots:
+        assert chart.plot_left <= dot.x <= chart.plot_right <= WIDTH
+        assert chart.plot_top <= dot.y <= chart.plot_bottom <= HEIGHT
+    highest = min(line.dots, key=lambda dot: dot.y)
+    assert highest.label.endswith(": 2")  # SVG y grows downwards
+    assert line.path.startswith("M") and line.path.count("L") == 2
+
+
+def test_a_spread_is_a_closed_band_and_widens_the_range() -> None:
+    chart = line_chart("Reward", [Series("reward", [(1, 0.5), (2, 0.6)], [0.2, 0.1])])
+    assert chart is not None
+    (line,) = chart.lines
+    assert line.band is not None and line.band.endswith("Z")
+    labels = [float(tick.label) for tick in chart.y_ticks]
+    assert min(labels) <= 0.3 and max(labels) >= 0.7
+
+
+def test_one_point_gets_a_range_around_it() -> None:
+    chart = line_chart("KL", [Series("kl", [(3, 0.0)])])
+    assert chart is not None
+    assert [tick.label for tick in chart.x_ticks] == ["3"]
+    (dot,) = chart.lines[0].dots
+    assert chart.plot_top < dot.y < chart.plot_bottom
+
+
+def test_many_steps_get_at_most_eight_whole_step_ticks() -> None:
+    chart = line_chart("Reward", [Series("reward", [(step, step / 100) for step in range(1, 101)])])
+    assert chart is not None
+    assert 2 <= len(chart.x_ticks) <= 8
+    assert all(float(tick.label).is_integer() for tick in chart.x_ticks)
+
+
+def test_series_keep_their_colour_when_an_earlier_one_is_empty() -> None:
+    chart = line_chart("Reward", [Series("train", []), Series("validation", [(1, 0.4)])])
+    assert chart is not None
+    assert [(line.name, line.index) for line in chart.lines] == [("validation", 1)]

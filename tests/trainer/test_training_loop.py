@@ -1,0 +1,159 @@
+"""The whole loop on a tiny model: rollouts through the proxy, training, hot-swap under load."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import re
+from pathlib import Path
+
+import aiohttp
+import pytest
+from rich.console import Console
+
+from art_proxy.config import TrainSettings
+from art_proxy.store.trajectory_store import TrajectoryStore
+from art_proxy.testing.fake_vllm import FakeVllmConfig, running_fake_vllm
+from art_proxy_trainer.command import run_train
+from art_proxy_trainer.errors import BaseModelMismatch
+from tests.trainer.conftest import TINY_NAME, Stack
+
+HERE = Path(__file__).parent
+AGENT = f"{HERE / 'agents.py'}:length_agent"
+SCENARIOS = str(HERE / "scenarios.jsonl")
+
+
+def _settings(stack: Stack, out: Path, **overrides: object) -> TrainSettings:
+    return TrainSettings.model_validate(
+        {
+            "store": stack.store_url,
+            "proxy": stack.proxy.root_url,
+            "upstream": [stack.llm.base_url],
+            "model": str(stack.model_dir),
+            "out": str(out),
+            "agent": AGENT,
+            "scenarios": SCENARIOS,
+            "steps": 3,
+            "group_size": 4,
+            "groups_per_step": 2,
+            "val_every": 2,
+            "keep_adapters": 2,
+            "learning_rate": 1e-2,
+            **overrides,
+        }
+    )
+
+
+async def _models(http: aiohttp.ClientSession, base_url: str) -> list[str]:
+    async with http.get(f"{base_url}/models") as response:
+        return [entry["id"] for entry in (await response.json())["data"]]
+
+
+async def _steady_load(
+    http: aiohttp.ClientSession, base_url: str, served: list[str], failures: list[str]
+) -> None:
+    """An agent calling the alias without pause: every answer must be a 200."""
+    body = {
+        "model": TINY_NAME,
+        "messages": [{"role": "user", "content": "load"}],
+        "max_tokens": 2,
+    }
+    while True:
+        async with http.post(f"{base_url}/chat/completions", json=body) as response:
+            if response.status != 200:
+                failures.append(f"{response.status}: {await response.text()}")
+            else:
+                served.append((await response.json())["model"])
+
+
+async def test_the_whole_loop_swaps_each_step_in_with_no_failed_call_under_load(
+    stack: Stack, tmp_path: Path
+) -> None:
+    served: list[str] = []
+    failures: list[str] = []
+    async with aiohttp.ClientSession() as http:
+        load = asyncio.create_task(_steady_load(http, stack.proxy.base_url, served, failures))
+        try:
+            summary = await run_train(_settings(stack, tmp_path / "run"), Console(quiet=True))
+            # The last move happens as training ends: let the load see it.
+            for _ in range(100):
+                if f"{TINY_NAME}@3" in served:
+                    break
+                await asyncio.sleep(0.05)
+        finally:
+            load.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await load
+        upstream_models = await _models(http, stack.llm.base_url)
+
+    assert summary.stopped == "reached --steps 3"
+    assert failures == []
+    # The load saw the base model, then adapters, as the alias moved under it.
+    assert served[0] == TINY_NAME and f"{TINY_NAME}@3" in served
+    assert served.index(f"{TINY_NAME}@1") < served.index(f"{TINY_NAME}@3")
+    # Only the last --keep-adapters adapters stay loaded upstream.
+    assert upstream_models == [TINY_NAME, f"{TINY_NAME}@2", f"{TINY_NAME}@3"]
+
+    store = await TrajectoryStore.open(stack.store_url, writer=False)
+    try:
+        steps = await store.training_steps(run="run")
+        aliases = await store.aliases()
+        moves = await store.alias_moves(TINY_NAME)
+    finally:
+        await store.aclose()
+    assert [(s.step, s.status, s.swap) for s in steps] == [
+        (1, "applied", "swapped"),
+        (2, "applied", "swapped"),
+        (3, "applied", "swapped"),
+    ]
+    assert [(a.alias, a.model, a.step) for a in aliases] == [(TINY_NAME, f"{TINY_NAME}@3", 3)]
+    assert [m.model for m in reversed(moves)] == [f"{TINY_NAME}@{n}" for n in (1, 2, 3)]
+    # Each step trained on two fresh groups of this run's rollouts; step 2 validated.
+    for step in steps:
+        assert sum(o == "trained" for o in step.groups.values()) >= 1
+        assert {"loss", "grad_norm", "reward_mean", "tokens", "seconds_train"} <= set(step.metrics)
+    assert "val_reward" in steps[1].metrics
+    assert "validation" in steps[1].groups.values()
+    consumed = [g for s in steps for g in s.groups]
+    assert len(consumed) == len(set(consumed))
+    metrics_lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+    assert len(metrics_lines) == 3
+
+
+async def test_an_upstream_that_rejects_the_adapter_leaves_the_alias_where_it_was(
+    stack: Stack, tmp_path: Path
+) -> None:
+    # A second replica of the same base model whose runtime LoRA is off: it answers 404.
+    config = FakeVllmConfig(model=TINY_NAME, allow_runtime_lora=False)
+    async with running_fake_vllm(config) as refusing:
+        settings = _settings(
+            stack,
+            tmp_path / "run",
+            upstream=[stack.llm.base_url, refusing.base_url],
+            steps=1,
+            val_every=0,
+        )
+        await run_train(settings, Console(quiet=True))
+    async with aiohttp.ClientSession() as http:
+        upstream_models = await _models(http, stack.llm.base_url)
+
+    store = await TrajectoryStore.open(stack.store_url, writer=False)
+    try:
+        (step,) = await store.training_steps(run="run")
+        aliases = await store.aliases()
+    finally:
+        await store.aclose()
+    assert step.status == "applied" and step.swap == "rejected"
+    assert step.swap_error is not None and "404" in step.swap_error
+    assert aliases == []
+    # The replica that took the adapter gave it back.
+    assert upstream_models == [TINY_NAME]
+
+
+async def test_a_trainer_for_another_base_model_is_refused_before_training(
+    stack: Stack, tmp_path: Path
+) -> None:
+    async with running_fake_vllm(FakeVllmConfig()) as other:
+        settings = _settings(stack, tmp_path / "run", upstream=[other.base_url])
+        with pytest.raises(BaseModelMismatch, match=re.escape("Qwen/Qwen2.5-0.5B-Instruct")):
+            await run_train(settings, Console(quiet=True))

@@ -1,0 +1,118 @@
+"""Checkpoints: the trainer's whole state after a step, complete or absent, never half written.
+
+`OUT/checkpoints/step-000007/` holds `adapter/` (PEFT format, the directory upstreams load as
+`alias@7`), `optimizer.pt` and `state.json` (`TrainerState`, including the step's record with the
+groups it consumed). A checkpoint is written in a temporary directory and renamed into place, and
+only then does `OUT/latest.json` (replaced atomically) point at it. A trainer killed at any moment
+thus restarts from the previous step or this one; the step's record travels inside the checkpoint
+so a restart writes it to the store if the kill came before the store had it (exactly once: the
+store ignores a step it has). `best.json` names the checkpoint with the best validation reward;
+checkpoints that are neither the latest, the best, nor an adapter still loaded upstream are deleted.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import torch
+from peft import PeftModel, set_peft_model_state_dict
+from pydantic import BaseModel, ConfigDict, Field
+from safetensors.torch import load_file
+
+from art_proxy.records import TrainingStep
+from art_proxy_trainer.errors import CheckpointError
+
+_ADAPTER_WEIGHTS = "adapter_model.safetensors"
+
+
+class TrainerState(BaseModel):
+    """What a resumed trainer needs besides the weights."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    run: str
+    step: int = 0
+    record: TrainingStep | None = None  # the last step's record, for the store
+    best_val: float | None = None
+    best_step: int | None = None
+    val_history: list[tuple[int, float]] = Field(default_factory=list)
+    reward_history: list[tuple[int, float]] = Field(default_factory=list)
+    loaded_adapters: list[str] = Field(default_factory=list, description="Oldest first.")
+
+
+class Checkpoints:
+    def __init__(self, out: Path) -> None:
+        self.out = out.resolve()  # adapter paths go to upstreams with another working directory
+        self.directory = out / "checkpoints"
+
+    def path(self, step: int) -> Path:
+        return self.directory / f"step-{step:06d}"
+
+    def adapter_dir(self, step: int) -> Path:
+        return self.path(step) / "adapter"
+
+    def save(self, model: PeftModel, optimizer: torch.optim.Optimizer, state: TrainerState) -> Path:
+        final = self.path(state.step)
+        partial = final.with_name(final.name + ".partial")
+        shutil.rmtree(partial, ignore_errors=True)
+        partial.mkdir(parents=True)
+        model.save_pretrained(str(partial / "adapter"))
+        torch.save(optimizer.state_dict(), partial / "optimizer.pt")
+        (partial / "state.json").write_text(state.model_dump_json(indent=1))
+        shutil.rmtree(final, ignore_errors=True)  # a step redone after a kill before latest.json
+        os.replace(partial, final)
+        self._point("latest", state.step)
+        return final
+
+    def mark_best(self, step: int) -> None:
+        self._point("best", step)
+
+    def latest(self) -> TrainerState | None:
+        step = self._pointed("latest")
+        if step is None:
+            return None
+        try:
+            return TrainerState.model_validate_json((self.path(step) / "state.json").read_text())
+        except (OSError, ValueError) as exc:
+            raise CheckpointError(f"checkpoint {self.path(step)} is unreadable: {exc}") from exc
+
+    def restore(
+        self, state: TrainerState, model: PeftModel, optimizer: torch.optim.Optimizer
+    ) -> None:
+        path = self.path(state.step)
+        try:
+            set_peft_model_state_dict(model, load_file(str(path / "adapter" / _ADAPTER_WEIGHTS)))
+            optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=True))
+        except (OSError, RuntimeError, ValueError, KeyError) as exc:
+            raise CheckpointError(
+                f"cannot resume from {path}: {exc} (another model or LoRA shape? use a new --out)"
+            ) from exc
+
+    def prune(self, keep_steps: set[int]) -> None:
+        keep = keep_steps | {s for s in (self._pointed("latest"), self._pointed("best")) if s}
+        if not self.directory.is_dir():
+            return
+        for path in self.directory.iterdir():
+            name = path.name
+            if name.endswith(".partial") or (
+                name.startswith("step-") and int(name[5:]) not in keep
+            ):
+                shutil.rmtree(path, ignore_errors=True)
+
+    def _point(self, name: str, step: int) -> None:
+        pointer = self.out / f"{name}.json"
+        partial = pointer.with_suffix(".json.partial")
+        partial.write_text(f'{{"step": {step}}}\n')
+        os.replace(partial, pointer)
+
+    def _pointed(self, name: str) -> int | None:
+        pointer = self.out / f"{name}.json"
+        if not pointer.is_file():
+            return None
+        try:
+            return int(json.loads(pointer.read_text())["step"])
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise CheckpointError(f"{pointer} is unreadable: {exc}") from exc

@@ -1,0 +1,216 @@
+"""`art-proxy train`: wire the store, the policy, the swapper and a driver; show progress.
+
+Each step prints one line (reward, validation, loss, KL, clip fraction, tokens, swap, seconds) and
+the run ends with a one-screen summary. Ctrl-C stops at once: the checkpoints make that safe, and
+the next start resumes where the last complete step left off.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import time
+from collections.abc import Coroutine
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn
+from rich.table import Table
+
+from art_proxy.config import JudgeModeOption, JudgeSettings, TrainSettings
+from art_proxy.records import TrainingStep
+from art_proxy.rollout import load_agent
+from art_proxy.ruler.command import build_ruler
+from art_proxy.ruler.judge import LitellmJudge
+from art_proxy.ruler.rubric import load_rubric
+from art_proxy.ruler.scorer import Ruler
+from art_proxy.scenarios import load_scenarios
+from art_proxy.store.trajectory_store import TrajectoryStore
+from art_proxy_trainer.checkpoint import Checkpoints
+from art_proxy_trainer.drivers import Events, WholeLoop, run_sidecar
+from art_proxy_trainer.loop import Trainer
+from art_proxy_trainer.metrics import MetricsSink
+from art_proxy_trainer.policy import load_policy
+from art_proxy_trainer.swap import AdapterSwapper
+
+_COLUMNS = (
+    ("step", "step", "{:.0f}"),
+    ("reward", "reward_mean", "{:.3f}"),
+    ("spread", "reward_std", "{:.3f}"),
+    ("val", "val_reward", "{:.3f}"),
+    ("loss", "loss", "{:+.4f}"),
+    ("kl", "kl", "{:.4f}"),
+    ("clip", "clip_fraction", "{:.3f}"),
+    ("tokens", "tokens", "{:.0f}"),
+    ("s", "seconds_step", "{:.1f}"),
+)
+_SUMMARY_ROWS = 20
+
+
+async def run_train(settings: TrainSettings, console: Console) -> TrainSummary:
+    """Raises art_proxy errors (config, store, model loading) and TrainerError before training."""
+    agent = load_agent(settings.agent) if settings.agent else None
+    scenarios = load_scenarios(settings.scenarios) if settings.scenarios else []
+    rubric = load_rubric(settings.rubric)
+    out = Path(settings.out)
+    with console.status("loading the base model"):
+        policy = await asyncio.to_thread(load_policy, settings.model, settings, seed=settings.seed)
+    store = await TrajectoryStore.open(settings.store, writer=False)
+    judges: list[LitellmJudge] = []
+    summary = TrainSummary(settings, settings.alias or policy.served_name)
+    try:
+        async with contextlib.AsyncExitStack() as stack:
+            swapper = None
+            if settings.swap:
+                swapper = await stack.enter_async_context(
+                    AdapterSwapper(
+                        upstreams=settings.upstream,
+                        upstream_api_key=settings.upstream_api_key,
+                        proxy=settings.proxy,
+                        admin_key=settings.admin_key,
+                        alias=settings.alias,
+                        keep=settings.keep_adapters,
+                    )
+                )
+                served_as = await swapper.check_base_model(policy.names)
+                swapper.alias = summary.alias = settings.alias or served_as
+            sink = stack.enter_context(MetricsSink(out, settings.tensorboard))
+            trainer = Trainer(
+                settings,
+                store,
+                policy,
+                Checkpoints(out),
+                sink,
+                swapper,
+                on_warning=lambda text: console.print(f"[bold red]warning:[/] {escape(text)}"),
+            )
+            resumed = await trainer.resume()
+            if resumed:
+                console.print(f"resumed {settings.run_name!r} after step {resumed} from {out}")
+            ruler: Ruler | None = None
+            if settings.judge:
+                ruler, judges = build_ruler(_judge_settings(settings), rubric, store)
+            summary.trainer = trainer
+            with _Display(console, settings) as display:
+                events = Events(display.status, display.step, display.rollouts)
+                if agent is not None:
+                    loop = WholeLoop(trainer, settings, agent, scenarios, ruler, events)
+                    summary.stopped = await _until_interrupted(loop.run())
+                else:
+                    summary.stopped = await _until_interrupted(
+                        run_sidecar(trainer, settings, events)
+                    )
+    finally:
+        for judge in judges:
+            await judge.aclose()
+        await store.aclose()
+    return summary
+
+
+def _judge_settings(settings: TrainSettings) -> JudgeSettings:
+    return JudgeSettings(
+        store=settings.store,
+        judge=settings.judge,
+        judge_base_url=settings.judge_base_url,
+        judge_mode=JudgeModeOption(settings.judge_mode),
+        rubric=settings.rubric,
+        judge_max_prompt_tokens=0,
+    )
+
+
+async def _until_interrupted(work: Coroutine[Any, Any, str]) -> str:
+    task = asyncio.ensure_future(work)
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, task.cancel)
+    try:
+        reason: str = await task
+        return reason
+    except asyncio.CancelledError:
+        return "interrupted (the next start resumes from the last checkpoint)"
+    finally:
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(signum)
+
+
+class _Display:
+    """One line per step above a live status line and a rollout bar."""
+
+    def __init__(self, console: Console, settings: TrainSettings) -> None:
+        self._console = console
+        self._progress = Progress(
+            SpinnerColumn(),
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            console=console,
+            transient=True,
+        )
+        self._task = self._progress.add_task("starting", total=settings.steps or None)
+
+    def __enter__(self) -> _Display:
+        self._progress.start()
+        header = "  ".join(f"{title:>8}" for title, _, _ in _COLUMNS) + "  swap"
+        self._console.print(f"[bold]{header}[/]")
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self._progress.stop()
+
+    def status(self, text: str) -> None:
+        self._progress.update(self._task, description=text, total=None, completed=0)
+
+    def rollouts(self, done: int, total: int) -> None:
+        self._progress.update(self._task, total=total, completed=done)
+
+    def step(self, record: TrainingStep) -> None:
+        self._console.print(step_line(record), highlight=False)
+
+
+def step_line(record: TrainingStep) -> str:
+    values = {**record.metrics, "step": float(record.step)}
+    cells = [f"{fmt.format(values[key]) if key in values else '-':>8}" for _, key, fmt in _COLUMNS]
+    swap: str = record.swap or "-"
+    if record.status == "abandoned":
+        swap = f"abandoned: {record.reason}"
+    elif record.swap_error:
+        swap = f"{swap}: {record.swap_error}"
+    return "  ".join(cells) + f"  {swap}"
+
+
+class TrainSummary:
+    def __init__(self, settings: TrainSettings, alias: str) -> None:
+        self.settings = settings
+        self.alias = alias
+        self.trainer: Trainer | None = None
+        self.stopped = "not started"
+        self.started = time.monotonic()
+
+    def table(self) -> Table:
+        settings = self.settings
+        title = f"art-proxy train: run {settings.run_name!r}, alias {self.alias!r}"
+        table = Table(title=title, title_justify="left", show_header=False)
+        table.add_column(justify="right")
+        table.add_column()
+        rows = [("stopped", self.stopped)]
+        if self.trainer is not None:
+            state = self.trainer.state
+            rewards = state.reward_history
+            rows += [
+                ("steps", str(state.step)),
+                ("reward", " -> ".join(f"{r:.2f}" for _, r in rewards[-_SUMMARY_ROWS:]) or "-"),
+                ("validation", ", ".join(f"{v:.2f}@{s}" for s, v in state.val_history) or "-"),
+                ("best", "-" if state.best_step is None else f"step {state.best_step}"),
+                ("serving", state.loaded_adapters[-1] if state.loaded_adapters else "base model"),
+            ]
+            rows += [("warning", warning) for warning in self.trainer.stopping.warnings[-3:]]
+        rows += [
+            ("wall time", f"{time.monotonic() - self.started:.0f} s"),
+            ("metrics", str(Path(settings.out) / "metrics.jsonl")),
+        ]
+        for label, value in rows:
+            table.add_row(label, escape(value))
+        return table

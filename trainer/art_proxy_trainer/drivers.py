@@ -1,0 +1,193 @@
+"""What feeds the trainer its groups: the store (sidecar) or the user's agent (the whole loop).
+
+Sidecar: the proxy records whatever agents do, `art-proxy judge --watch` (or agents' own rewards)
+scores the groups, and the trainer takes them from the store, oldest first, once at least
+`groups_per_step` of them carry a signal; groups without one and validation groups ride along.
+
+Whole loop: each step runs the agent `group_size` times on `groups_per_step` training scenarios
+through the proxy (the alias serves the newest adapter), scores the groups (RULER with --judge,
+else the rewards the agent returned), and refills with more scenarios when too few groups carry a
+signal (a base model that fails every rollout of a scenario teaches nothing: DAPO's dynamic
+sampling). Every `val_every` steps the validation scenarios run too; their reward, recorded with
+the step, is that of the policy that sampled the step's training rollouts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from art_proxy.config import TrainSettings
+from art_proxy.records import TrainableGroup, TrainingStep
+from art_proxy.rollout import Agent, GroupReport, ready_for_judging, run_rollouts
+from art_proxy.ruler.run import finished_members
+from art_proxy.ruler.scorer import Ruler
+from art_proxy.scenarios import Scenario
+from art_proxy.store.trajectory_store import utcnow
+from art_proxy_trainer.loop import Trainer, has_signal
+
+log = logging.getLogger(__name__)
+
+# The whole loop draws at most this many batches of scenarios for one step before it trains on
+# what it has (or records a step without signal).
+_MAX_REFILLS = 4
+
+
+@dataclass
+class Events:
+    """How the drivers report to the display (the command's rich progress)."""
+
+    status: Callable[[str], None] = lambda _text: None
+    step: Callable[[TrainingStep], None] = lambda _record: None
+    rollouts: Callable[[int, int], None] = lambda _done, _total: None
+
+
+def stop_reason(trainer: Trainer, settings: TrainSettings) -> str | None:
+    if settings.steps and trainer.state.step >= settings.steps:
+        return f"reached --steps {settings.steps}"
+    if trainer.stopping.plateaued():
+        return (
+            f"validation reward has not improved by {settings.min_delta} for "
+            f"{settings.patience} validations (best {trainer.state.best_val:.3f} at step "
+            f"{trainer.state.best_step})"
+        )
+    return None
+
+
+async def run_sidecar(trainer: Trainer, settings: TrainSettings, events: Events) -> str:
+    """Train on the store's scored groups until a stop condition; returns why it stopped."""
+    while (reason := stop_reason(trainer, settings)) is None:
+        groups = await trainer.store.trainable_groups(
+            settings.run_name, source=settings.reward_source.value, limit=1000
+        )
+        with_signal = [g for g in groups if g.split != "val" and has_signal(g)]
+        if len(with_signal) < settings.groups_per_step:
+            events.status(
+                f"waiting for scored groups: {len(with_signal)} of {settings.groups_per_step} "
+                f"with a reward spread ({len(groups)} unconsumed in the store)"
+            )
+            await asyncio.sleep(settings.poll)
+            continue
+        chosen = with_signal[: settings.groups_per_step]
+        newest = chosen[-1].created_at
+        riders = [g for g in groups if g not in with_signal and g.created_at <= newest]
+        events.status(f"training step {trainer.state.step + 1}")
+        events.step(await trainer.train(chosen + riders))
+    return reason
+
+
+class WholeLoop:
+    def __init__(
+        self,
+        trainer: Trainer,
+        settings: TrainSettings,
+        agent: Agent,
+        scenarios: Sequence[Scenario],
+        ruler: Ruler | None,
+        events: Events,
+    ) -> None:
+        self.trainer = trainer
+        self.settings = settings
+        self.agent = agent
+        self.train_scenarios = [s for s in scenarios if s.split == "train"]
+        self.val_scenarios = [s for s in scenarios if s.split == "val"]
+        self.ruler = ruler
+        self.events = events
+        self._draws: list[Scenario] = []
+        self._random = random.Random(settings.seed)
+
+    async def run(self) -> str:
+        trainer, settings = self.trainer, self.settings
+        validating = bool(self.val_scenarios) and settings.val_every > 0
+        if validating and trainer.state.step == 0 and not trainer.state.val_history:
+            reward, _ = await self.validate()
+            trainer.validated_only(reward)
+            self.events.status(f"validation reward of the base model: {reward:.3f}")
+        while (reason := stop_reason(trainer, settings)) is None:
+            number = trainer.state.step + 1
+            groups, rollout_metrics = await self._training_groups(number)
+            if validating and number % settings.val_every == 0:
+                val_reward, val_groups = await self.validate()
+                rollout_metrics["val_reward"] = val_reward
+                groups += val_groups
+            self.events.status(f"training step {number}")
+            self.events.step(await trainer.train(groups, extra_metrics=rollout_metrics))
+        return reason
+
+    async def validate(self) -> tuple[float, list[TrainableGroup]]:
+        """Mean reward of the current policy on the validation scenarios."""
+        self.events.status("validating")
+        groups = await self._scored_groups(self.val_scenarios)
+        rewards = [r for g in groups for r in g.rewards.values()]
+        return (math.fsum(rewards) / len(rewards) if rewards else math.nan), groups
+
+    async def _training_groups(self, number: int) -> tuple[list[TrainableGroup], dict[str, float]]:
+        groups: list[TrainableGroup] = []
+        rounds = 0
+        while rounds < _MAX_REFILLS:
+            missing = self.settings.groups_per_step - sum(map(has_signal, groups))
+            if missing <= 0:
+                break
+            rounds += 1
+            self.events.status(f"step {number}: rollouts, round {rounds}")
+            groups += await self._scored_groups(self._draw(missing))
+        return groups, {"rollout_rounds": float(rounds)}
+
+    def _draw(self, count: int) -> list[Scenario]:
+        """The next training scenarios, each epoch in a new random order."""
+        drawn: list[Scenario] = []
+        while len(drawn) < count and self.train_scenarios:
+            if not self._draws:
+                self._draws = list(self.train_scenarios)
+                self._random.shuffle(self._draws)
+            drawn.append(self._draws.pop())
+        return drawn
+
+    async def _scored_groups(self, scenarios: Sequence[Scenario]) -> list[TrainableGroup]:
+        settings = self.settings
+        report = await run_rollouts(
+            self.agent,
+            scenarios,
+            proxy_url=settings.proxy,
+            group_size=settings.group_size,
+            concurrency=settings.concurrency,
+            timeout_s=settings.rollout_timeout,
+            model=self.trainer.alias,
+            admin_key=settings.admin_key,
+            progress=self.events.rollouts,
+        )
+        for warning in report.warnings:
+            log.warning("%s", warning)
+        scored = [await self._score(group) for group in report.groups]
+        return [group for group in scored if group is not None]
+
+    async def _score(self, group: GroupReport) -> TrainableGroup | None:
+        if not ready_for_judging(group):
+            return None
+        succeeded = set(group.succeeded)
+        rewards: dict[str, float] = {}
+        cost = 0.0
+        if self.ruler is None:
+            rewards = {t: r for t, r in group.rewards.items() if t in succeeded and r is not None}
+        else:
+            members = await finished_members(self.ruler.store, group.group_id)
+            judgment = await self.ruler.score_group(group.group_id, members)
+            cost = judgment.cost_usd
+            if judgment.status == "scored":
+                rewards = {s.trajectory_id: s.reward for s in judgment.scores}
+            else:
+                log.warning("group %s: %s (%s)", group.group_id, judgment.status, judgment.reason)
+        if len(rewards) < 2:
+            return None
+        return TrainableGroup(
+            group_id=group.group_id,
+            scenario_id=group.scenario_id,
+            split=group.split,
+            created_at=utcnow(),
+            rewards=rewards,
+            judge_cost_usd=cost,
+        )

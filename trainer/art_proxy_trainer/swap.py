@@ -1,0 +1,200 @@
+"""Hot-swap: a new adapter reaches every upstream before any agent is sent to it.
+
+The order is what makes a swap invisible to clients: load `alias@step` into every upstream (vLLM's
+`/v1/load_lora_adapter`; each replica must be told itself), and only when all have it move the
+proxy's alias, so no request can name an adapter some replica lacks. Adapters older than the last
+`keep` are unloaded afterwards; a request still running on one finishes (the local server and vLLM
+both keep an adapter alive for the rows that use it), and a proxy that has not yet seen the move
+(they refresh every second) still names one of the kept ones. An upstream that refuses the adapter
+leaves the alias where it was: the new adapter is unloaded from the upstreams that took it, and the
+refusal is returned as data for the step's record.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import orjson
+
+from art_proxy.records import AliasRecord, AliasRequest, SwapStatus
+from art_proxy_trainer.errors import BaseModelMismatch, SwapError
+
+_TIMEOUT = aiohttp.ClientTimeout(total=120)
+# vLLM's answer to loading a name twice; after a restart the upstream may still hold our adapter.
+_ALREADY_LOADED = "has already been loaded"
+
+
+@dataclass(frozen=True)
+class SwapOutcome:
+    status: SwapStatus
+    error: str | None = None
+
+
+def adapter_name(alias: str, step: int) -> str:
+    return f"{alias}@{step}"
+
+
+def step_of(model: str | None, alias: str) -> int:
+    """The training step of the adapter a call was served by (0: the base model)."""
+    prefix = alias + "@"
+    if model and model.startswith(prefix) and model[len(prefix) :].isdigit():
+        return int(model[len(prefix) :])
+    return 0
+
+
+class AdapterSwapper:
+    def __init__(
+        self,
+        *,
+        upstreams: list[str],
+        upstream_api_key: str | None,
+        proxy: str,
+        admin_key: str | None,
+        alias: str | None,
+        keep: int,
+    ) -> None:
+        # None: the name the upstreams serve the base model as (see check_base_model).
+        self.alias = alias or ""
+        self._upstreams = upstreams
+        self._proxy = proxy.rstrip("/")
+        self._upstream_headers = _bearer(upstream_api_key)
+        self._admin_headers = _bearer(admin_key)
+        self._keep = keep
+        self._loaded: deque[str] = deque()
+        self._session: aiohttp.ClientSession | None = None
+
+    async def __aenter__(self) -> AdapterSwapper:
+        self._session = aiohttp.ClientSession(timeout=_TIMEOUT)
+        return self
+
+    async def __aexit__(self, *_exc: object) -> None:
+        if self._session is not None:
+            await self._session.close()
+
+    async def check_base_model(self, names: set[str]) -> str:
+        """The name the upstreams serve the trainer's base model as; raises BaseModelMismatch
+        when some upstream does not serve it (an adapter for another base would be garbage)."""
+        served_as: str | None = None
+        for upstream in self._upstreams:
+            status, body = await self._request("GET", upstream + "/models", None, upstream=True)
+            if status != 200:
+                raise SwapError(f"upstream {upstream} answered {status} to GET /models: {body}")
+            entries = orjson.loads(body).get("data", [])
+            bases = [entry for entry in entries if entry.get("parent") is None]
+            matching = [e for e in bases if _same_model(e, names)]
+            if matching:
+                served_as = served_as or str(matching[0]["id"])
+            else:
+                shown = ", ".join(sorted(str(entry.get("id")) for entry in bases)) or "nothing"
+                raise BaseModelMismatch(
+                    f"upstream {upstream} serves {shown}, but the trainer loaded "
+                    f"{' / '.join(sorted(names))}: an adapter trained on another base model "
+                    "would be garbage there (pass --model with the upstream's base model)"
+                )
+        assert served_as is not None  # at least one upstream, each matched
+        return served_as
+
+    async def alias_target(self) -> AliasRecord | None:
+        status, body = await self._request("GET", self._proxy + "/art/v1/aliases", None)
+        if status != 200:
+            raise SwapError(f"the proxy answered {status} to GET /art/v1/aliases: {body}")
+        for item in orjson.loads(body).get("data", []):
+            record = AliasRecord.model_validate(item)
+            if record.alias == self.alias:
+                return record
+        return None
+
+    async def swap(self, step: int, adapter_dir: Path) -> SwapOutcome:
+        name = adapter_name(self.alias, step)
+        results = await asyncio.gather(
+            *(self._load(upstream, name, adapter_dir) for upstream in self._upstreams)
+        )
+        refused = [error for error in results if error is not None]
+        if refused:
+            await self._unload_everywhere(name)
+            return SwapOutcome("rejected", "; ".join(refused))
+        move = AliasRequest(model=name, step=step, reason="swap")
+        status, body = await self._request(
+            "PUT",
+            f"{self._proxy}/art/v1/aliases/{self.alias}",
+            move.model_dump(mode="json"),
+        )
+        if status != 200:
+            await self._unload_everywhere(name)
+            return SwapOutcome("rejected", f"the proxy answered {status} to the alias move: {body}")
+        if name not in self._loaded:
+            self._loaded.append(name)
+        while len(self._loaded) > self._keep:
+            await self._unload_everywhere(self._loaded.popleft())
+        return SwapOutcome("swapped")
+
+    @property
+    def loaded(self) -> list[str]:
+        """Our adapters loaded upstream, oldest first."""
+        return list(self._loaded)
+
+    def adopt(self, names: list[str]) -> None:
+        """Adapters a previous run of this trainer left loaded (oldest first): unloaded in turn."""
+        for name in names:
+            if name not in self._loaded:
+                self._loaded.append(name)
+
+    async def _load(self, upstream: str, name: str, adapter_dir: Path) -> str | None:
+        # Absolute (Checkpoints resolves its directory): the upstream runs elsewhere.
+        body = {"lora_name": name, "lora_path": str(adapter_dir)}
+        try:
+            status, text = await self._request(
+                "POST", upstream + "/load_lora_adapter", body, upstream=True
+            )
+        except SwapError as exc:
+            return str(exc)
+        if status == 200 or (status == 400 and _ALREADY_LOADED in text):
+            return None
+        return f"upstream {upstream} refused adapter {name} ({status}): {text[:500]}"
+
+    async def _unload_everywhere(self, name: str) -> None:
+        # Best effort: an adapter left loaded costs memory, not correctness.
+        for upstream in self._upstreams:
+            try:
+                await self._request(
+                    "POST", upstream + "/unload_lora_adapter", {"lora_name": name}, upstream=True
+                )
+            except SwapError:
+                continue
+
+    async def _request(
+        self, method: str, url: str, body: Any, *, upstream: bool = False
+    ) -> tuple[int, str]:
+        assert self._session is not None, "use `async with AdapterSwapper(...)`"
+        headers = self._upstream_headers if upstream else self._admin_headers
+        try:
+            async with self._session.request(
+                method, url, data=None if body is None else orjson.dumps(body), headers=headers
+            ) as response:
+                return response.status, await response.text()
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise SwapError(f"{method} {url} failed: {type(exc).__name__}: {exc}") from exc
+
+
+def _same_model(entry: dict[str, Any], names: set[str]) -> bool:
+    """A /v1/models base entry names the model by its served id or its root (a path or a hub
+    id): a match of the last path component (`Qwen/Qwen2.5-7B` and `/models/Qwen2.5-7B`) counts.
+    """
+    served = {str(entry.get("id")), str(entry.get("root"))}
+    return bool(served & names) or bool({_stem(n) for n in served} & {_stem(n) for n in names})
+
+
+def _stem(name: str) -> str:
+    return name.rstrip("/").rsplit("/", 1)[-1].removesuffix(".gguf")
+
+
+def _bearer(key: str | None) -> dict[str, str]:
+    headers = {"Content-Type": "application/json"}
+    if key:
+        headers["Authorization"] = f"Bearer {key}"
+    return headers
