@@ -37,7 +37,7 @@ browser:
 	  || echo "browser: apt-get could not install chromium: browser tests will skip"; }
 
 demo: $(STAMP)
-	$(BIN)/art-proxy up --run '$(BIN)/python examples/openai_sdk/agent.py --rollouts 4'
+	$(BIN)/art-proxy up --agent examples/single_word/agent.py:rollout --scenarios examples/single_word/scenarios.jsonl --steps 20
 
 lint: $(STAMP)
 	$(BIN)/ruff format --check .

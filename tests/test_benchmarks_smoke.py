@@ -5,15 +5,28 @@ Their figures come from running them in full (see benchmarks/README.md), never f
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
+import torch
 
 from benchmarks.trainer_step import main as trainer_step
 
 
+@pytest.fixture
+def torch_threads() -> Iterator[None]:
+    """The benchmark sets torch's thread count for the whole process: put it back after."""
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.mark.usefixtures("torch_threads")
 def test_trainer_step_benchmark_prints_its_ratio_to_raw_peft_last(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    trainer_step(["--quick"])
+    # One thread: two would crawl while other tests' processes keep the cores busy.
+    trainer_step(["--quick", "--threads", "1"])
     last = capsys.readouterr().out.strip().splitlines()[-1]
     assert last.startswith("train_step = ")
     assert "x raw peft forward+backward" in last

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import re
+import signal
+import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import aiohttp
@@ -12,6 +16,8 @@ import pytest
 from rich.console import Console
 
 from art_proxy.config import TrainSettings
+from art_proxy.rollout import load_agent, run_rollouts
+from art_proxy.scenarios import Scenario
 from art_proxy.store.trajectory_store import TrajectoryStore
 from art_proxy.testing.fake_vllm import FakeVllmConfig, running_fake_vllm
 from art_proxy_trainer.command import run_train
@@ -157,3 +163,79 @@ async def test_a_trainer_for_another_base_model_is_refused_before_training(
         settings = _settings(stack, tmp_path / "run", upstream=[other.base_url])
         with pytest.raises(BaseModelMismatch, match=re.escape("Qwen/Qwen2.5-0.5B-Instruct")):
             await run_train(settings, Console(quiet=True))
+
+
+def _train_process(stack: Stack, out: Path, steps: int) -> list[str]:
+    art_proxy = str(Path(sys.executable).parent / "art-proxy")
+    return [
+        art_proxy,
+        "train",
+        *("--store", stack.store_url, "--proxy", stack.proxy.root_url),
+        *("--upstream", stack.llm.base_url, "--model", str(stack.model_dir)),
+        *("--out", str(out), "--steps", str(steps), "--reward-source", "finish"),
+        *("--groups-per-step", "2", "--val-every", "0", "--poll", "0.2", "--keep-adapters", "2"),
+        # The groups were all sampled by the base model before training started.
+        *("--max-staleness", "10"),
+    ]
+
+
+async def _kill_when(process: asyncio.subprocess.Process, ready: Callable[[], bool]) -> None:
+    """SIGKILL the trainer the moment `ready()` holds (or when it ends by itself)."""
+    while True:
+        if process.returncode is not None or ready():
+            break
+        await asyncio.sleep(0.01)
+    if process.returncode is None:
+        process.kill()
+    await process.wait()
+
+
+async def test_a_trainer_killed_at_any_moment_resumes_without_losing_or_repeating_a_group(
+    stack: Stack, tmp_path: Path
+) -> None:
+    scenarios = [Scenario(id=f"s{n}", input=f"Question {n}?") for n in range(6)]
+    groups: set[str] = set()
+    for _ in range(2):  # 12 groups of 4, rewarded at finish: 6 steps of 2 groups
+        report = await run_rollouts(
+            load_agent(AGENT),
+            scenarios,
+            proxy_url=stack.proxy.root_url,
+            group_size=4,
+            concurrency=8,
+            timeout_s=60,
+            model=TINY_NAME,
+        )
+        groups |= {group.group_id for group in report.groups}
+    out = tmp_path / "run"
+    checkpoints = out / "checkpoints"
+    metrics = out / "metrics.jsonl"
+    kill_points: list[Callable[[], bool]] = [
+        # mid-write of the second checkpoint, before the store has the step
+        lambda: (checkpoints / "step-000002.partial").exists(),
+        # right after the fourth checkpoint is complete (store record and swap pending)
+        lambda: (checkpoints / "step-000004").exists(),
+    ]
+    command = _train_process(stack, out, steps=6)
+    statuses: list[int | None] = []
+    for ready in [*kill_points, lambda: False]:
+        process = await asyncio.create_subprocess_exec(
+            *command, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE
+        )
+        await _kill_when(process, ready)
+        statuses.append(process.returncode)
+    assert statuses[:2] == [-signal.SIGKILL, -signal.SIGKILL]
+    assert process.returncode == 0, (await process.stderr.read()).decode()  # type: ignore[union-attr]  # PIPE given
+
+    store = await TrajectoryStore.open(stack.store_url, writer=False)
+    try:
+        steps = await store.training_steps(run="run")
+        aliases = await store.aliases()
+    finally:
+        await store.aclose()
+    assert [s.step for s in steps] == [1, 2, 3, 4, 5, 6]
+    assert all(s.status == "applied" and s.swap == "swapped" for s in steps)
+    consumed = [group for step in steps for group in step.groups]
+    assert sorted(consumed) == sorted(groups)  # every group once: none lost, none repeated
+    assert [(a.model, a.step) for a in aliases] == [(f"{TINY_NAME}@6", 6)]
+    lines = [json.loads(line)["step"] for line in metrics.read_text().splitlines()]
+    assert sorted(set(lines)) == [1, 2, 3, 4, 5, 6]

@@ -41,7 +41,7 @@ _COLUMNS = (
     ("reward", "reward_mean", "{:.3f}"),
     ("spread", "reward_std", "{:.3f}"),
     ("val", "val_reward", "{:.3f}"),
-    ("loss", "loss", "{:+.4f}"),
+    ("loss", "loss", "{:+.3f}"),
     ("kl", "kl", "{:.4f}"),
     ("clip", "clip_fraction", "{:.3f}"),
     ("tokens", "tokens", "{:.0f}"),
@@ -153,7 +153,7 @@ class _Display:
 
     def __enter__(self) -> _Display:
         self._progress.start()
-        header = "  ".join(f"{title:>8}" for title, _, _ in _COLUMNS) + "  swap"
+        header = " ".join(f"{title:>7}" for title, _, _ in _COLUMNS) + "  swap"
         self._console.print(f"[bold]{header}[/]")
         return self
 
@@ -172,13 +172,13 @@ class _Display:
 
 def step_line(record: TrainingStep) -> str:
     values = {**record.metrics, "step": float(record.step)}
-    cells = [f"{fmt.format(values[key]) if key in values else '-':>8}" for _, key, fmt in _COLUMNS]
+    cells = [f"{fmt.format(values[key]) if key in values else '-':>7}" for _, key, fmt in _COLUMNS]
     swap: str = record.swap or "-"
     if record.status == "abandoned":
         swap = f"abandoned: {record.reason}"
     elif record.swap_error:
         swap = f"{swap}: {record.swap_error}"
-    return "  ".join(cells) + f"  {swap}"
+    return " ".join(cells) + f"  {swap}"
 
 
 class TrainSummary:

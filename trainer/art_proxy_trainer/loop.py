@@ -97,9 +97,12 @@ class Trainer:
         if state.record is not None:
             # A kill between the checkpoint and the store: the store learns the step now.
             await self.store.record_step(state.record)
+            record = state.record
             if self.swapper is not None:
                 self.swapper.adopt(state.loaded_adapters)
-                await self._finish_interrupted_swap(state.record)
+                record = await self._finish_interrupted_swap(record)
+            if self.sink.last_step() < record.step:
+                self.sink.write(record)
         return state.step
 
     async def train(
@@ -197,7 +200,8 @@ class Trainer:
         outcomes: dict[str, GroupOutcome],
     ) -> tuple[str, str | None]:
         if not samples:
-            return "abandoned", "no_signal"
+            stale = any(outcome == "stale" for outcome in outcomes.values())
+            return "abandoned", "stale" if stale else "no_signal"
         try:
             batch = build_batch(samples, pad_token_id=self.policy.pad_token_id)
         except EmptyBatchError:
@@ -221,10 +225,11 @@ class Trainer:
         }
         if result.metrics is not None:
             metrics |= {
-                "kl": result.metrics.kl,
                 "clip_fraction": result.metrics.clip_fraction,
                 "mean_ratio": result.metrics.mean_ratio,
             }
+            if self.settings.kl_coef > 0:  # measured only when it is part of the loss
+                metrics["kl"] = result.metrics.kl
         if result.applied:
             return "applied", None
         return "abandoned", result.reason
@@ -238,18 +243,21 @@ class Trainer:
         self.state.loaded_adapters = self.swapper.loaded
         return record.model_copy(update={"swap": outcome.status, "swap_error": outcome.error})
 
-    async def _finish_interrupted_swap(self, record: TrainingStep) -> None:
+    async def _finish_interrupted_swap(self, record: TrainingStep) -> TrainingStep:
         assert self.swapper is not None
-        if record.status != "applied" or record.swap not in (None, "skipped"):
-            return
+        if record.status != "applied" or record.swap is not None:
+            return record
         current = await self.swapper.alias_target()
         if current is not None and current.model == record.adapter:
-            outcome = SwapOutcome("swapped")
+            outcome = SwapOutcome("swapped")  # the kill came after the move
+            self.swapper.adopt([current.model])
         else:
             outcome = await self.swapper.swap(
                 record.step, self.checkpoints.adapter_dir(record.step)
             )
         await self.store.set_step_swap(record.run, record.step, outcome.status, outcome.error)
+        self.state.loaded_adapters = self.swapper.loaded
+        return record.model_copy(update={"swap": outcome.status, "swap_error": outcome.error})
 
     def _validated(self, step: int, val_reward: float) -> bool:
         """Track the validation reward; True when it is the best so far."""
@@ -272,7 +280,10 @@ class Trainer:
         state = self.state
         # Reward hacking: the policy gets better at what the judge rewards while getting worse
         # at what validation measures.
-        train_then = _mean([r for s, r in state.reward_history if s <= previous[0]][-3:])
+        # The training reward around the previous validation (the first steps' after a
+        # validation of the base model, which has none before it).
+        before = [r for s, r in state.reward_history if s <= previous[0]][-3:]
+        train_then = _mean(before or [r for _, r in state.reward_history][:3])
         train_now = _mean([r for s, r in state.reward_history if s <= step][-3:])
         delta = self.stopping.min_delta
         if train_now > train_then + delta and val_reward < previous[1] - delta:

@@ -45,6 +45,18 @@ class MetricsSink:
         if self._writer is not None:
             self._writer.close()
 
+    def last_step(self) -> int:
+        """The step of the file's last line (0: none), to replay one a kill kept from it."""
+        if not self.path.is_file():
+            return 0
+        lines = self.path.read_text().splitlines()
+        for line in reversed(lines):
+            try:
+                return TrainingStep.model_validate_json(line).step
+            except ValueError:
+                continue  # a line cut short by the kill
+        return 0
+
     def write(self, record: TrainingStep) -> None:
         assert self._file is not None, "use `with MetricsSink(...)`"
         self._file.write(record.model_dump_json() + "\n")

@@ -1,0 +1,169 @@
+"""The trainer's parts on their own: micro-batches, temperatures, checkpoints, stopping rules."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from art_proxy.config import TrainerConfig, TrainSettings
+from art_proxy.records import TrainableGroup
+from art_proxy_trainer.batch import TrajectorySample, build_batch
+from art_proxy_trainer.checkpoint import Checkpoints, TrainerState
+from art_proxy_trainer.errors import CheckpointError
+from art_proxy_trainer.loop import Trainer, has_signal
+from art_proxy_trainer.loss import token_logprobs
+from art_proxy_trainer.metrics import MetricsSink
+from art_proxy_trainer.policy import Policy
+from art_proxy_trainer.step import make_optimizer, micro_batches, train_step
+from art_proxy_trainer.swap import _same_model, step_of
+from tests.trainer.records import call
+from tests.trainer.test_step import _model
+
+
+def _grads(config: TrainerConfig, batch_rows: list[TrajectorySample]) -> dict[str, torch.Tensor]:
+    model = _model(config)
+    optimizer = make_optimizer(model, config)
+    batch = build_batch(batch_rows)
+    # Capture the gradient the optimiser would apply by stepping with lr so small nothing moves.
+    before = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+    result = train_step(model, optimizer, batch, config)
+    assert result.applied
+    return {n: p.detach() - before[n] for n, p in model.named_parameters() if p.requires_grad}
+
+
+def _samples() -> list[TrajectorySample]:
+    rows = []
+    for index, length in enumerate((3, 9, 5, 12)):
+        prompt = list(range(1, 6 + index))
+        completion = [(7 * index + t) % 100 + 1 for t in range(length)]
+        logprobs = [-1.0 - 0.1 * t for t in range(length)]
+        calls = [call(0, prompt, completion, logprobs, trajectory_id=f"t{index}")]
+        rows.append(TrajectorySample(f"t{index}", calls, advantage=(-1.0) ** index))
+    return rows
+
+
+def test_micro_batches_give_the_same_update_as_the_whole_batch() -> None:
+    whole = _grads(TrainerConfig(learning_rate=1e-3, micro_batch_tokens=0), _samples())
+    chunked = _grads(TrainerConfig(learning_rate=1e-3, micro_batch_tokens=20), _samples())
+    for name, update in whole.items():
+        torch.testing.assert_close(chunked[name], update, rtol=1e-4, atol=1e-7)
+
+
+def test_micro_batches_cut_rows_by_padded_tokens() -> None:
+    batch = build_batch(_samples())  # rows of 8, 15, 12 and 20 tokens
+    assert micro_batches(batch, 0) == [slice(0, 4)]
+    assert micro_batches(batch, 30) == [slice(0, 2), slice(2, 3), slice(3, 4)]
+
+
+def test_tokens_are_scored_at_the_temperature_they_were_sampled_at() -> None:
+    hot = call(0, [1, 2], [3, 4], [-0.5, -0.7]).model_copy(
+        update={"sampling": {"temperature": 0.5}}
+    )
+    batch = build_batch([TrajectorySample("t1", [hot], 1.0)])
+    assert batch.temperatures_B_T is not None
+    assert batch.temperatures_B_T.tolist() == [[1.0, 1.0, 0.5, 0.5]]
+    logits_B_T_V = torch.randn(1, 4, 10)
+    tokens_B_T = torch.tensor([[1, 2, 3, 4]])
+    scored = token_logprobs(logits_B_T_V, tokens_B_T, batch.temperatures_B_T)
+    expected = torch.log_softmax(logits_B_T_V[0, 2] / 0.5, dim=-1)[4]
+    assert scored[0, 3].item() == pytest.approx(expected.item(), rel=1e-5)
+    # An unset temperature, or greedy decoding, scores at 1.
+    plain = build_batch([TrajectorySample("t1", [call(0, [1, 2], [3], [-0.5])], 1.0)])
+    assert plain.temperatures_B_T is None
+
+
+def test_the_step_of_an_adapter_is_read_off_its_name() -> None:
+    assert step_of("policy@12", "policy") == 12
+    assert step_of("policy", "policy") == 0
+    assert step_of("other@3", "policy") == 0
+    assert step_of(None, "policy") == 0
+
+
+@pytest.mark.parametrize(
+    ("entry", "names", "same"),
+    [
+        ({"id": "SmolLM2", "root": "/x/model.gguf"}, {"SmolLM2"}, True),
+        ({"id": "Qwen/Qwen2.5-7B", "root": "Qwen/Qwen2.5-7B"}, {"/models/Qwen2.5-7B"}, True),
+        ({"id": "Qwen/Qwen2.5-7B", "root": "Qwen/Qwen2.5-7B"}, {"/models/Llama-3-8B"}, False),
+    ],
+)
+def test_a_base_model_matches_by_name_root_or_last_path_part(
+    entry: dict[str, Any], names: set[str], same: bool
+) -> None:
+    assert _same_model(entry, names) is same
+
+
+def _group(rewards: list[float], split: str = "train") -> TrainableGroup:
+    return TrainableGroup.model_validate(
+        {
+            "group_id": "g",
+            "scenario_id": "s",
+            "split": split,
+            "created_at": datetime(2026, 1, 1, tzinfo=UTC),
+            "rewards": {f"t{n}": reward for n, reward in enumerate(rewards)},
+            "judge_cost_usd": 0.0,
+        }
+    )
+
+
+def test_a_group_has_signal_only_with_two_different_rewards() -> None:
+    assert has_signal(_group([0.0, 1.0]))
+    assert not has_signal(_group([0.5, 0.5, 0.5]))
+    assert not has_signal(_group([1.0]))
+
+
+def test_a_checkpoint_restores_the_adapter_and_optimizer(tmp_path: Path) -> None:
+    config = TrainerConfig(learning_rate=1e-2)
+    model = _model(config)
+    optimizer = make_optimizer(model, config)
+    assert train_step(model, optimizer, build_batch(_samples()), config).applied
+    checkpoints = Checkpoints(tmp_path)
+    checkpoints.save(model, optimizer, TrainerState(run="r", step=1))
+
+    fresh = _model(config)
+    fresh_optimizer = make_optimizer(fresh, config)
+    state = checkpoints.latest()
+    assert state is not None and state.step == 1
+    checkpoints.restore(state, fresh, fresh_optimizer)
+    for (name, trained), (_, restored) in zip(
+        model.named_parameters(), fresh.named_parameters(), strict=True
+    ):
+        torch.testing.assert_close(restored, trained, msg=name)
+    assert fresh_optimizer.state_dict()["state"].keys() == optimizer.state_dict()["state"].keys()
+    assert (tmp_path / "checkpoints" / "step-000001" / "adapter" / "adapter_config.json").is_file()
+
+
+def test_a_damaged_pointer_is_a_checkpoint_error(tmp_path: Path) -> None:
+    (tmp_path / "latest.json").write_text("{not json")
+    with pytest.raises(CheckpointError, match=r"latest\.json"):
+        Checkpoints(tmp_path).latest()
+
+
+def _trainer(tmp_path: Path, **settings: Any) -> Trainer:
+    model = _model(TrainerConfig())
+    policy = Policy(model, make_optimizer(model, TrainerConfig()), 0, "m", {"m"})
+    config = TrainSettings.model_validate({"out": str(tmp_path), **settings})
+    return Trainer(config, None, policy, Checkpoints(tmp_path), MetricsSink(tmp_path), None)  # type: ignore[arg-type]  # no store needed
+
+
+def test_rising_training_reward_with_falling_validation_is_flagged(tmp_path: Path) -> None:
+    warnings: list[str] = []
+    trainer = _trainer(tmp_path)
+    trainer._on_warning = warnings.append
+    trainer.state.reward_history = [(1, 0.2), (2, 0.3), (3, 0.6), (4, 0.9)]
+    trainer.validated_only(0.7)  # at step 0
+    trainer.state.step = 4
+    trainer._validated(4, 0.4)
+    assert len(warnings) == 1 and "reward hacking" in warnings[0]
+
+
+def test_validation_without_improvement_for_patience_rounds_is_a_plateau(tmp_path: Path) -> None:
+    trainer = _trainer(tmp_path, patience=2, min_delta=0.05)
+    for step, reward in ((0, 0.5), (5, 0.52), (10, 0.54)):
+        trainer._validated(step, reward)
+    assert trainer.stopping.plateaued()
+    assert trainer.state.best_step == 0

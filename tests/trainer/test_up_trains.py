@@ -1,0 +1,28 @@
+"""`art-proxy up --agent --scenarios`: the embedded stack runs the whole training loop, then stops."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tests.test_up import art_proxy_up
+from tests.trainer.test_training_loop import AGENT, SCENARIOS
+
+# Starting two servers and a trainer, then two steps of a tiny model, on a busy 2-core machine.
+TRAIN_TIMEOUT_S = 300.0
+
+
+async def test_up_with_an_agent_trains_it_and_stops_the_stack_when_training_ends(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    flags = ("--model", str(tiny_model_dir), "--agent", AGENT, "--scenarios", SCENARIOS)
+    async with art_proxy_up(
+        tmp_path, *flags, "--steps", "2", "--out", str(tmp_path / "train")
+    ) as up:
+        status = await up.wait(TRAIN_TIMEOUT_S)
+
+    output = up.output()
+    assert status == 0, output
+    assert "reached --steps 2" in output
+    assert "recorded trajectories" in output
+    assert len((tmp_path / "train" / "metrics.jsonl").read_text().splitlines()) == 2
+    up.assert_nothing_left_running()
