@@ -18,12 +18,15 @@ On that batch it times, taking turns and after a warm-up of each (which also mak
 - `train_step` with `kl_coef > 0`, which adds one no-grad forward with the adapter off;
 - a no-grad forward alone, for scale: what the KL's reference pass costs.
 
-Each figure is the median of `--repeats` rounds. torch keeps its default thread count, and the
-load average before and after the run is printed with the figures: anything else on the cores
-shows in the absolute times, less in the ratios, whose arms run back to back.
+Each figure is the median of `--repeats` rounds (each arm's best round is shown beside it), and
+the load average before and after is printed with them. torch keeps its default thread count (one
+per core) unless `--threads` says otherwise: while another process keeps every core busy, torch's
+threads wait on each other at every parallel region and a step can take 2-6x longer from one
+round to the next, where one thread stays within ~15%; the ratio compares arms that run alike
+either way.
 
     .venv/bin/python benchmarks/trainer_step.py [--group 8] [--prompt-tokens 120]
-        [--completion-tokens 32] [--repeats 5] [--quick]
+        [--completion-tokens 32] [--repeats 5] [--threads 0] [--quick]
 """
 
 from __future__ import annotations

@@ -39,7 +39,7 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
         num_attention_heads=4,
         num_key_value_heads=2,
         vocab_size=len(tokenizer),
-        max_position_embeddings=512,
+        max_position_embeddings=2048,  # local-llm serves 2048 tokens by default
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
         tie_word_embeddings=True,
