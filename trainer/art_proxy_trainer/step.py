@@ -10,6 +10,7 @@ optimiser moves and is returned as data with its reason; the adapter is left as 
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass
 from typing import Literal
 
@@ -46,7 +47,11 @@ def lora_model(base: PreTrainedModel, config: TrainerConfig) -> PeftModel:
         lora_dropout=0.0,
         task_type="CAUSAL_LM",
     )
-    model: PeftModel = get_peft_model(base, lora)
+    with warnings.catch_warnings():
+        # peft asks transformers a deprecated question (is_gradient_checkpointing) on every
+        # wrap; the warning says nothing to a user of the trainer.
+        warnings.filterwarnings("ignore", category=FutureWarning, module="transformers")
+        model: PeftModel = get_peft_model(base, lora)
     return model
 
 
