@@ -21,9 +21,8 @@ On that batch it times, taking turns and after a warm-up of each (which also mak
 Each figure is the median of `--repeats` rounds (each arm's best round is shown beside it), and
 the load average before and after is printed with them. torch keeps its default thread count (one
 per core) unless `--threads` says otherwise: while another process keeps every core busy, torch's
-threads wait on each other at every parallel region and a step can take 2-6x longer from one
-round to the next, where one thread stays within ~15%; the ratio compares arms that run alike
-either way.
+threads wait on each other at every parallel region and a step can take up to 7x longer from one
+round to the next, which swamps the ratio; with `--threads 1` the rounds stay within ~15%.
 
     .venv/bin/python benchmarks/trainer_step.py [--group 8] [--prompt-tokens 120]
         [--completion-tokens 32] [--repeats 5] [--threads 0] [--quick]
@@ -73,6 +72,12 @@ TASK_SENTENCES = (
     "Keep the answer short, friendly, and end with the next step they should take.",
 )
 
+# The arms' names, as the report prints them.
+RAW = "raw peft forward+backward + AdamW"
+STEP = "train_step"
+STEP_KL = f"train_step, kl_coef {KL_COEF:g}"
+FORWARD = "no-grad forward (for scale)"
+
 # Wide enough for the report when the output goes to a file or CI log (rich assumes 80 there).
 console = Console(highlight=False, width=None if sys.stdout.isatty() else 120)
 
@@ -116,12 +121,6 @@ class Report:
 
     def best_ratio(self, name: str) -> float:
         return self.best(name) / self.best(RAW)
-
-
-RAW = "raw peft forward+backward + AdamW"
-STEP = "train_step"
-STEP_KL = f"train_step, kl_coef {KL_COEF:g}"
-FORWARD = "no-grad forward (for scale)"
 
 
 # ---------------------------------------------------------------- the batch
@@ -258,7 +257,7 @@ def no_grad_forward(model: PeftModel, batch: TrainingBatch) -> None:
 def arms(model: PeftModel, batch: TrainingBatch) -> list[Arm]:
     config = TrainerConfig()
     with_kl = TrainerConfig(kl_coef=KL_COEF)
-    # One AdamW per arm, the trainer's own: each arm's step pays for a state of its own, as it would.
+    # One AdamW per arm, made as the trainer makes it; they all move the same adapter.
     raw_optimizer = make_optimizer(model, config)
     step_optimizer = make_optimizer(model, config)
     kl_optimizer = make_optimizer(model, with_kl)
@@ -278,8 +277,8 @@ def arms(model: PeftModel, batch: TrainingBatch) -> list[Arm]:
 
 def measure(timed: list[Arm], sizes: Sizes) -> dict[str, list[float]]:
     """Seconds per arm and round. The arms take turns, each round starting one arm later, so
-    that a burst from another process, or a cost that falls on whichever arm runs first after
-    another (the allocator giving memory back), hits each arm alike."""
+    that a burst from another process, or a cost paid by whichever arm opens a round, falls on
+    every arm alike."""
     for arm in timed if sizes.warm_up else []:  # allocator, kernels, AdamW state
         arm.run()
     seconds: dict[str, list[float]] = {arm.name: [] for arm in timed}
