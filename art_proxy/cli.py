@@ -21,6 +21,7 @@ from art_proxy.config import (
     JudgeSettings,
     ProxySettings,
     RolloutSettings,
+    ScenarioBankSettings,
     TrainSettings,
     UpSettings,
 )
@@ -28,6 +29,7 @@ from art_proxy.errors import ConfigError, StoreError
 from art_proxy.local.cli import LocalLlmSettings
 
 if TYPE_CHECKING:
+    from art_proxy.records import ScenarioRecord
     from art_proxy.rollout import Agent, RolloutReport
     from art_proxy.scenarios import Scenario
 
@@ -101,6 +103,60 @@ async def _export(settings: ExportSettings, out: IO[str]) -> int:
     finally:
         await store.aclose()
     return count
+
+
+@settings_command(
+    app,
+    "scenario-bank",
+    ScenarioBankSettings,
+    "Write the openings of recorded conversations (prod by default) as a scenarios JSONL file.",
+)
+def scenario_bank(settings: ScenarioBankSettings) -> None:
+    try:
+        lines, skipped = asyncio.run(_scenario_bank(settings))
+        with nullcontext(sys.stdout) if settings.out == "-" else open(settings.out, "w") as out:
+            out.writelines(line + "\n" for line in lines)
+    except (ConfigError, StoreError, OSError) as exc:
+        _fail(str(exc))
+    else:
+        where = "standard output" if settings.out == "-" else settings.out
+        note = (
+            f" (skipped {skipped}: no opening or an id a scenario cannot have)" if skipped else ""
+        )
+        stderr.print(f"wrote {len(lines)} scenarios to {escape(where)}{note}")
+
+
+async def _scenario_bank(settings: ScenarioBankSettings) -> tuple[list[str], int]:
+    """The bank's JSONL lines, and how many scenarios could not become one."""
+    from art_proxy.store.trajectory_store import TrajectoryStore
+
+    store = await TrajectoryStore.open(settings.store, writer=False)
+    try:
+        records = await store.bank_scenarios(settings.split.value, settings.limit)
+    finally:
+        await store.aclose()
+    lines = [line for r in records if (line := _bank_line(r, settings.split.value)) is not None]
+    return lines, len(records) - len(lines)
+
+
+def _bank_line(record: ScenarioRecord, source: str) -> str | None:
+    """A scenario replaying `record`'s opening, trained on; None when it cannot be one."""
+    from pydantic import ValidationError
+
+    from art_proxy.scenarios import Scenario
+
+    if not record.opening:
+        return None
+    try:
+        scenario = Scenario(
+            id=record.id,
+            input={"messages": record.opening},
+            split="train",
+            metadata={"source": source, "first_seen": record.created_at.isoformat()},
+        )
+    except ValidationError:
+        return None
+    return scenario.model_dump_json()
 
 
 @settings_command(

@@ -472,3 +472,13 @@ class RolloutSettings(BaseModel):
         if not url.startswith(("http://", "https://")):
             raise ValueError(f"proxy {url!r} is not an http(s) URL")
         return url.rstrip("/")
+
+
+class ScenarioBankSettings(StoreSettings):
+    """`art-proxy scenario-bank`: the openings of recorded conversations as a scenarios file."""
+
+    out: str = Field("-", description="Scenarios JSONL to write (- = standard output).")
+    split: SplitOption = Field(
+        SplitOption.prod, description="Only scenarios with a trajectory of this split."
+    )
+    limit: int = Field(0, ge=0, description="At most this many scenarios, newest first (0 = all).")

@@ -20,7 +20,7 @@ from art_proxy.records import TrainingStep
 from art_proxy.store.trajectory_store import utcnow
 from art_proxy.testing.fake_vllm import FakeVllm
 from tests.conftest import proxy_settings
-from tests.wire_client import post, stream_events
+from tests.wire_client import admin_get, post, stream_events
 
 BASE = "Qwen/Qwen2.5-0.5B-Instruct"
 ALIAS = "email-agent"
@@ -46,12 +46,6 @@ async def put_alias(
         f"{proxy.root_url}/art/v1/aliases/{alias}", json=body, headers=headers or {}
     ) as response:
         return response.status, await response.json()
-
-
-async def admin_get(http: aiohttp.ClientSession, proxy: RunningProxy, path: str) -> Any:
-    async with http.get(f"{proxy.root_url}/art/v1{path}") as response:
-        assert response.status == 200, await response.text()
-        return await response.json()
 
 
 def chat_body(content: str = "Sort my inbox") -> dict[str, Any]:

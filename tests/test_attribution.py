@@ -15,6 +15,7 @@ from art_proxy.store.trajectory_store import utcnow
 from art_proxy.testing.fake_vllm import FakeVllm
 from art_proxy_integrations import attribution_headers, scenario_base_url
 from tests.conftest import proxy_settings
+from tests.wire_client import admin_get
 
 MODEL = "Qwen/Qwen2.5-0.5B-Instruct"
 
@@ -39,12 +40,6 @@ def continued(
     messages: list[dict[str, Any]], reply: dict[str, Any], user: str
 ) -> list[dict[str, Any]]:
     return [*messages, reply["choices"][0]["message"], {"role": "user", "content": user}]
-
-
-async def admin_get(http: aiohttp.ClientSession, proxy: RunningProxy, path: str) -> Any:
-    async with http.get(f"{proxy.root_url}/art/v1{path}") as response:
-        assert response.status == 200, await response.text()
-        return await response.json()
 
 
 async def test_url_prefix_names_scenario_and_trajectory(

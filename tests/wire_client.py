@@ -46,3 +46,10 @@ def choice_chunks(events: list[Any], index: int) -> list[dict[str, Any]]:
         for choice in event.get("choices") or []
         if choice["index"] == index and "role" not in choice["delta"]
     ]
+
+
+async def admin_get(http: aiohttp.ClientSession, proxy: Any, path: str) -> Any:
+    """GET `/art/v1{path}` of a running proxy (`proxy.root_url`), expecting a 200."""
+    async with http.get(f"{proxy.root_url}/art/v1{path}") as response:
+        assert response.status == 200, await response.text()
+        return await response.json()

@@ -1,16 +1,17 @@
-"""`/art/v1`: reading trajectories back, finishing them, moving model aliases, reading the
-trainer's steps (admin key when one is set)."""
+"""`/art/v1`: reading trajectories back, finishing them, users' feedback on them, moving model
+aliases, reading the trainer's steps (admin key when one is set)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TypeVar
 
 import orjson
 from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
 from art_proxy.errors import BadRequest, NotFound
-from art_proxy.records import AliasRequest, FinishRequest
+from art_proxy.records import AliasRequest, FeedbackRequest, FinishRequest
 from art_proxy.store.trajectory_store import TrajectoryStore
 
 from .aliases import Aliases
@@ -59,16 +60,26 @@ class Admin:
 
     async def finish(self, request: web.Request) -> web.Response:
         trajectory_id = request.match_info["trajectory"]
-        raw = await request.read()
-        try:
-            finish = FinishRequest.model_validate(orjson.loads(raw) if raw.strip() else {})
-        except (orjson.JSONDecodeError, ValidationError) as exc:
-            raise BadRequest(f"invalid finish body: {exc}") from exc
+        finish = await _body(request, FinishRequest, "finish", empty_ok=True)
         finished = await self._store.finish(trajectory_id, finish)
         if finished is None:
             raise NotFound(f"no trajectory {trajectory_id!r}", param="trajectory")
         self._tracker.forget([trajectory_id])
         return json_response(finished)
+
+    async def add_feedback(self, request: web.Request) -> web.Response:
+        feedback = await _body(request, FeedbackRequest, "feedback")
+        stored = await self._store.add_feedback(feedback)
+        if stored is None:
+            raise NotFound(f"no trajectory {feedback.trajectory_id!r}", param="trajectory_id")
+        return json_response(stored)
+
+    async def trajectory_feedback(self, request: web.Request) -> web.Response:
+        trajectory_id = request.match_info["trajectory"]
+        if await self._store.trajectory(trajectory_id, with_calls=False) is None:
+            raise NotFound(f"no trajectory {trajectory_id!r}", param="trajectory")
+        found = await self._store.feedback([trajectory_id])
+        return json_response(found.get(trajectory_id, []))
 
     async def groups(self, request: web.Request) -> web.Response:
         limit, offset = _paging(request)
@@ -88,11 +99,7 @@ class Admin:
         alias = request.match_info["alias"]
         if len(alias) > _MAX_NAME or not alias.isprintable():
             raise BadRequest(f"alias must be printable and at most {_MAX_NAME} characters")
-        raw = await request.read()
-        try:
-            move = AliasRequest.model_validate(orjson.loads(raw))
-        except (orjson.JSONDecodeError, ValidationError) as exc:
-            raise BadRequest(f"invalid alias body: {exc}") from exc
+        move = await _body(request, AliasRequest, "alias")
         return json_response(await self._aliases.move(alias, move))
 
     async def alias_moves(self, request: web.Request) -> web.Response:
@@ -103,6 +110,20 @@ class Admin:
     async def training_steps(self, request: web.Request) -> web.Response:
         limit, _ = _paging(request, default_limit=_MAX_PAGE)
         return json_response(await self._store.training_steps(request.query.get("run"), limit))
+
+
+RequestModel = TypeVar("RequestModel", bound=BaseModel)
+
+
+async def _body(
+    request: web.Request, model: type[RequestModel], what: str, *, empty_ok: bool = False
+) -> RequestModel:
+    """The request's JSON body as `model`; a 400 naming `what` when it is not one."""
+    raw = await request.read()
+    try:
+        return model.model_validate({} if empty_ok and not raw.strip() else orjson.loads(raw))
+    except (orjson.JSONDecodeError, ValidationError) as exc:
+        raise BadRequest(f"invalid {what} body: {exc}") from exc
 
 
 def _paging(request: web.Request, *, default_limit: int = 100) -> tuple[int, int]:

@@ -134,6 +134,10 @@ def _add_routes(router: web.UrlDispatcher) -> None:
     router.add_get("/art/v1/trajectories", via("admin", "trajectories"))
     router.add_get("/art/v1/trajectories/{trajectory}", via("admin", "trajectory"))
     router.add_post("/art/v1/trajectories/{trajectory}/finish", via("admin", "finish"))
+    router.add_get(
+        "/art/v1/trajectories/{trajectory}/feedback", via("admin", "trajectory_feedback")
+    )
+    router.add_post("/art/v1/feedback", via("admin", "add_feedback"))
     router.add_get("/art/v1/groups", via("admin", "groups"))
     router.add_get("/art/v1/scenarios", via("admin", "scenarios"))
     router.add_get("/art/v1/aliases", via("admin", "aliases"))

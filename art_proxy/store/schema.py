@@ -173,3 +173,16 @@ consumed_groups = sa.Table(
     sa.Column("outcome", sa.String(16), nullable=False),
     sa.Column("consumed_at", Timestamp, nullable=False),
 )
+
+# Feedback on trajectories from production users (records.Feedback); a trajectory may have many.
+feedback = sa.Table(
+    "feedback",
+    metadata,
+    sa.Column("id", sa.String(64), primary_key=True),
+    sa.Column("trajectory_id", sa.String(200), sa.ForeignKey("trajectories.id"), nullable=False),
+    sa.Column("score", sa.Float),
+    sa.Column("thumbs", sa.String(8)),
+    sa.Column("comment", sa.Text),
+    sa.Column("created_at", Timestamp, nullable=False),
+    sa.Index("ix_feedback_trajectory", "trajectory_id"),
+)

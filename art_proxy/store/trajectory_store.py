@@ -1,7 +1,7 @@
 """The trajectory store: group-committed writes on the hot path, typed records on the way out.
 
-Rows become records (`art_proxy.records`) here and in `training.py` (aliases and trainer steps,
-which this store inherits), nowhere else.
+Rows become records (`art_proxy.records`) here, in `training.py` (aliases and trainer steps) and
+in `feedback.py` (users' feedback, the scenario bank), which this store inherits, nowhere else.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from art_proxy.store.engine import (
     migrate,
     transaction_runner,
 )
+from art_proxy.store.feedback import FeedbackRecords
 from art_proxy.store.training import TrainingRecords
 from art_proxy.store.writer import Batch, GroupCommitWriter
 
@@ -43,7 +44,7 @@ T, C, G, S = schema.trajectories, schema.calls, schema.groups, schema.scenarios
 J = schema.judgments
 
 
-class TrajectoryStore(TrainingRecords):
+class TrajectoryStore(TrainingRecords, FeedbackRecords):
     def __init__(self, engine: AsyncEngine, runner: TransactionRunner) -> None:
         self.engine = engine
         self.writer = GroupCommitWriter(engine.dialect.name, runner)
