@@ -239,3 +239,41 @@ async def test_a_trainer_killed_at_any_moment_resumes_without_losing_or_repeatin
     assert [(a.model, a.step) for a in aliases] == [(f"{TINY_NAME}@6", 6)]
     lines = [json.loads(line)["step"] for line in metrics.read_text().splitlines()]
     assert sorted(set(lines)) == [1, 2, 3, 4, 5, 6]
+
+
+async def test_a_resumed_run_serves_its_adapter_again_and_a_new_run_starts_from_the_base(
+    stack: Stack, tmp_path: Path
+) -> None:
+    await run_train(_settings(stack, tmp_path / "first", steps=1, val_every=0), Console(quiet=True))
+    async with aiohttp.ClientSession() as http:
+        # The upstream restarts and forgets its adapters; the alias still names @1.
+        async with http.post(
+            f"{stack.llm.base_url}/unload_lora_adapter", json={"lora_name": f"{TINY_NAME}@1"}
+        ) as response:
+            assert response.status == 200
+        resumed = await run_train(
+            _settings(stack, tmp_path / "first", steps=2, val_every=0), Console(quiet=True)
+        )
+        assert resumed.stopped == "reached --steps 2"
+        assert await _models(http, stack.llm.base_url) == [
+            TINY_NAME,
+            f"{TINY_NAME}@1",
+            f"{TINY_NAME}@2",
+        ]
+        # A new run (another --out) owns the alias from the base model up.
+        fresh = await run_train(
+            _settings(stack, tmp_path / "second", steps=1, val_every=0), Console(quiet=True)
+        )
+        assert fresh.stopped == "reached --steps 1"
+        assert await _models(http, stack.llm.base_url) == [TINY_NAME, f"{TINY_NAME}@1"]
+
+    store = await TrajectoryStore.open(stack.store_url, writer=False)
+    try:
+        first = await store.training_steps(run="first")
+        second = await store.training_steps(run="second")
+        moves = [m.model for m in reversed(await store.alias_moves(TINY_NAME))]
+    finally:
+        await store.aclose()
+    assert [(s.step, s.swap) for s in first] == [(1, "swapped"), (2, "swapped")]
+    assert [(s.step, s.swap) for s in second] == [(1, "swapped")]
+    assert moves[-2:] == [TINY_NAME, f"{TINY_NAME}@1"]

@@ -27,7 +27,7 @@ from art_proxy_trainer.errors import CheckpointError, EmptyBatchError
 from art_proxy_trainer.metrics import MetricsSink
 from art_proxy_trainer.policy import Policy
 from art_proxy_trainer.step import train_step
-from art_proxy_trainer.swap import AdapterSwapper, SwapOutcome, adapter_name, step_of
+from art_proxy_trainer.swap import AdapterSwapper, adapter_name, step_of
 
 log = logging.getLogger(__name__)
 
@@ -84,9 +84,16 @@ class Trainer:
         return self.settings.alias or self.policy.served_name
 
     async def resume(self) -> int:
-        """Continue from the latest checkpoint, if any; returns the step it holds (0: none)."""
+        """Continue from the latest checkpoint, if any; returns the step it holds (0: none).
+
+        Either way the alias ends up serving this run's newest adapter (loaded again: the
+        upstream may have restarted since) or, for a new run, the base model: an alias a previous
+        run left on an adapter the upstream no longer holds would fail every agent call.
+        """
         state = self.checkpoints.latest()
         if state is None:
+            if self.swapper is not None:
+                await self.swapper.serve_base()
             return 0
         if state.run != self.settings.run_name:
             raise CheckpointError(
@@ -94,15 +101,14 @@ class Trainer:
             )
         self.checkpoints.restore(state, self.policy.model, self.policy.optimizer)
         self.state = state
-        if state.record is not None:
+        record = state.record
+        if record is not None:
             # A kill between the checkpoint and the store: the store learns the step now.
-            await self.store.record_step(state.record)
-            record = state.record
-            if self.swapper is not None:
-                self.swapper.adopt(state.loaded_adapters)
-                record = await self._finish_interrupted_swap(record)
-            if self.sink.last_step() < record.step:
-                self.sink.write(record)
+            await self.store.record_step(record)
+        if self.swapper is not None:
+            record = await self._serve_newest(record)
+        if record is not None and self.sink.last_step() < record.step:
+            self.sink.write(record)
         return state.step
 
     async def train(
@@ -243,20 +249,26 @@ class Trainer:
         self.state.loaded_adapters = self.swapper.loaded
         return record.model_copy(update={"swap": outcome.status, "swap_error": outcome.error})
 
-    async def _finish_interrupted_swap(self, record: TrainingStep) -> TrainingStep:
+    async def _serve_newest(self, record: TrainingStep | None) -> TrainingStep | None:
+        """Load this run's newest adapter again and point the alias at it; a swap the kill
+        interrupted is finished and recorded."""
         assert self.swapper is not None
-        if record.status != "applied" or record.swap is not None:
+        adapters = list(self.state.loaded_adapters)
+        pending = record is not None and record.status == "applied" and record.swap is None
+        if pending and record is not None and record.adapter not in adapters:
+            adapters.append(record.adapter or adapter_name(self.alias, record.step))
+        if not adapters:
+            await self.swapper.serve_base()
             return record
-        current = await self.swapper.alias_target()
-        if current is not None and current.model == record.adapter:
-            outcome = SwapOutcome("swapped")  # the kill came after the move
-            self.swapper.adopt([current.model])
-        else:
-            outcome = await self.swapper.swap(
-                record.step, self.checkpoints.adapter_dir(record.step)
-            )
-        await self.store.set_step_swap(record.run, record.step, outcome.status, outcome.error)
+        self.swapper.adopt(adapters[:-1])
+        newest = step_of(adapters[-1], self.alias)
+        outcome = await self.swapper.swap(newest, self.checkpoints.adapter_dir(newest))
+        if outcome.status == "rejected":
+            self._on_warning(f"the adapter of step {newest} could not be served: {outcome.error}")
         self.state.loaded_adapters = self.swapper.loaded
+        if not pending or record is None:
+            return record
+        await self.store.set_step_swap(record.run, record.step, outcome.status, outcome.error)
         return record.model_copy(update={"swap": outcome.status, "swap_error": outcome.error})
 
     def _validated(self, step: int, val_reward: float) -> bool:

@@ -60,6 +60,7 @@ class AdapterSwapper:
     ) -> None:
         # None: the name the upstreams serve the base model as (see check_base_model).
         self.alias = alias or ""
+        self.base_name = ""  # what the upstreams serve the base model as
         self._upstreams = upstreams
         self._proxy = proxy.rstrip("/")
         self._upstream_headers = _bearer(upstream_api_key)
@@ -97,6 +98,7 @@ class AdapterSwapper:
                     "would be garbage there (pass --model with the upstream's base model)"
                 )
         assert served_as is not None  # at least one upstream, each matched
+        self.base_name = served_as
         return served_as
 
     async def alias_target(self) -> AliasRecord | None:
@@ -108,6 +110,32 @@ class AdapterSwapper:
             if record.alias == self.alias:
                 return record
         return None
+
+    async def serve_base(self) -> None:
+        """Point the alias at the base model and unload the alias's adapters a previous run left
+        upstream: a new run starts from the base, and its `alias@1` must not meet an old one."""
+        current = await self.alias_target()
+        if current is not None and current.model != self.base_name:
+            move = AliasRequest(model=self.base_name, step=None, reason="swap")
+            status, body = await self._request(
+                "PUT", f"{self._proxy}/art/v1/aliases/{self.alias}", move.model_dump(mode="json")
+            )
+            if status != 200:
+                raise SwapError(f"the proxy answered {status} to moving the alias: {body}")
+        prefix = self.alias + "@"
+        for upstream in self._upstreams:
+            status, body = await self._request("GET", upstream + "/models", None, upstream=True)
+            if status != 200:
+                continue
+            for entry in orjson.loads(body).get("data", []):
+                name = str(entry.get("id"))
+                if name.startswith(prefix):
+                    await self._request(
+                        "POST",
+                        upstream + "/unload_lora_adapter",
+                        {"lora_name": name},
+                        upstream=True,
+                    )
 
     async def swap(self, step: int, adapter_dir: Path) -> SwapOutcome:
         name = adapter_name(self.alias, step)
