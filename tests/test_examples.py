@@ -16,12 +16,11 @@ ROOT = Path(__file__).resolve().parent.parent
 MODEL = "Qwen/Qwen2.5-0.5B-Instruct"
 
 
-async def test_openai_sdk_example_records_one_group_of_stitched_trajectories(
-    proxy: RunningProxy,
-) -> None:
+async def run_openai_sdk_example(base_url: str, rollouts: int) -> None:
+    """The example as a user runs it: only the environment points it at the proxy."""
     env = {
         **os.environ,
-        "OPENAI_BASE_URL": proxy.base_url,
+        "OPENAI_BASE_URL": base_url,
         "OPENAI_API_KEY": "unused",
         "ART_MODEL": MODEL,
     }
@@ -29,13 +28,19 @@ async def test_openai_sdk_example_records_one_group_of_stitched_trajectories(
         sys.executable,
         str(ROOT / "examples/openai_sdk/agent.py"),
         "--rollouts",
-        "3",
+        str(rollouts),
         env=env,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.STDOUT,
     )
     output, _ = await asyncio.wait_for(process.communicate(), timeout=60)
     assert process.returncode == 0, output.decode()
+
+
+async def test_openai_sdk_example_records_one_group_of_stitched_trajectories(
+    proxy: RunningProxy,
+) -> None:
+    await run_openai_sdk_example(proxy.base_url, rollouts=3)
     trajectories = await proxy.parts.store.trajectories()
     assert len(trajectories) == 3
     assert len({t.group_id for t in trajectories}) == 1
@@ -44,6 +49,18 @@ async def test_openai_sdk_example_records_one_group_of_stitched_trajectories(
         recorded = calls[trajectory.id]
         assert [c.seq for c in recorded] == [0, 1]
         assert all(c.trainable for c in recorded) and recorded[1].stitched
+
+
+async def test_an_unmodified_agent_names_its_scenario_and_group_by_base_url_alone(
+    proxy: RunningProxy,
+) -> None:
+    # A per-run base URL is the other path that needs no code change: the scenario and group
+    # ride in the URL, the turns are still stitched automatically.
+    await run_openai_sdk_example(f"{proxy.root_url}/scenario/sky/group/batch-1/v1", rollouts=2)
+    trajectories = await proxy.parts.store.trajectories()
+    assert {(t.scenario_id, t.group_id) for t in trajectories} == {("sky", "batch-1")}
+    calls = await proxy.parts.store.calls([t.id for t in trajectories])
+    assert sorted(len(recorded) for recorded in calls.values()) == [2, 2]
 
 
 def python_blocks(markdown: str) -> list[str]:

@@ -12,6 +12,10 @@ import aiohttp
 import pytest
 
 from art_proxy.proxy.server import RunningProxy, running_proxy
+from art_proxy.ruler.prompt import build_prompt
+from art_proxy.ruler.rubric import DEFAULT_RUBRIC
+from art_proxy.ruler.run import finished_members
+from art_proxy.store.trajectory_store import TrajectoryStore
 from art_proxy.testing.fake_vllm import FakeVllm
 from tests.conftest import proxy_settings
 from tests.wire_client import admin_get, post
@@ -171,3 +175,23 @@ async def test_feedback_as_reward_on_an_open_trajectory_is_409_and_stores_nothin
     assert (await admin_get(http, proxy, "/trajectories/chat-1/feedback"))["data"] == []
     trajectory = await admin_get(http, proxy, "/trajectories/chat-1")
     assert trajectory["status"] == "open" and trajectory["reward"] is None
+
+
+async def test_the_judge_sees_users_feedback(
+    proxy: RunningProxy, http: aiohttp.ClientSession, store_url: str
+) -> None:
+    for trajectory in ("chat-1", "chat-2"):
+        await record(http, proxy, trajectory)
+        await post(http, f"{proxy.root_url}/art/v1/trajectories/{trajectory}/finish", {})
+    body = {"trajectory_id": "chat-2", "thumbs": "down", "comment": "it booked the wrong day"}
+    assert (await send_feedback(http, proxy, body))[0] == 200
+
+    trajectory = await admin_get(http, proxy, "/trajectories/chat-2")
+    store = await TrajectoryStore.open(store_url)
+    try:
+        members = await finished_members(store, trajectory["group_id"])
+    finally:
+        await store.aclose()
+    assert [len(member.feedback) for member in members] == [0, 1]
+    text = str(build_prompt(members, DEFAULT_RUBRIC, "json").messages[1]["content"])
+    assert '[user feedback] thumbs down, "it booked the wrong day"' in text

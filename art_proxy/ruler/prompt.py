@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from art_proxy.records import JsonObject, JudgeMode
+from art_proxy.records import Feedback, JsonObject, JudgeMode
 from art_proxy.ruler.checklist import checklist_answer_format, checklist_text
 from art_proxy.ruler.errors import PromptTooLong
 from art_proxy.ruler.rubric import Rubric
@@ -43,6 +43,9 @@ class Member:
     trajectory_id: str
     messages: Sequence[JsonObject]
     reward: float | None = None  # programmatic, from the agent's finish; never shown to the judge
+    # Users' feedback on it (production traffic), oldest first: shown to the judge as evidence
+    # of how the answer landed, which a transcript alone cannot tell.
+    feedback: Sequence[Feedback] = ()
 
 
 @dataclass(frozen=True)
@@ -134,6 +137,18 @@ def render_message(message: JsonObject, cap: int | None, scope: TrimScope) -> st
     return "\n".join(lines)
 
 
+def render_feedback(feedback: Feedback) -> str:
+    """One piece of a user's feedback as the judge reads it, after the trajectory it is about."""
+    parts = []
+    if feedback.thumbs is not None:
+        parts.append(f"thumbs {feedback.thumbs}")
+    if feedback.score is not None:
+        parts.append(f"score {feedback.score:g}")
+    if feedback.comment:
+        parts.append(json.dumps(feedback.comment, ensure_ascii=False))
+    return f"[user feedback] {', '.join(parts)}"
+
+
 def content_text(content: object) -> str:
     """A message's text: a string, or the text parts of a list of parts ([image] for the rest)."""
     if content is None:
@@ -197,7 +212,8 @@ def _messages(
         )
     for label, member in zip(labels, members, strict=True):
         rest = "\n\n".join(render_message(m, cap, scope) for m in member.messages[shared:])
-        sections.append(f'<trajectory id="{label}">\n{rest or NO_REST}\n</trajectory>')
+        said = "".join(f"\n{render_feedback(feedback)}" for feedback in member.feedback)
+        sections.append(f'<trajectory id="{label}">\n{rest or NO_REST}{said}\n</trajectory>')
     rubric_text = rubric if isinstance(rubric, str) else checklist_text(rubric)
     sections.append(f"<rubric>\n{rubric_text}\n</rubric>")
     sections.append(answer_format(labels, mode, rubric))

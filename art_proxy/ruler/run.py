@@ -77,13 +77,18 @@ class Totals:
 
 
 async def finished_members(store: TrajectoryStore, group_id: str) -> list[Member]:
-    """The group's finished trajectories, oldest first, each with its conversation as it ended
-    and the reward the agent reported; rollouts whose agent failed (`rollout_error`) are left out."""
+    """The group's finished trajectories, oldest first, each with its conversation as it ended,
+    the reward the agent reported and users' feedback; rollouts whose agent failed
+    (`rollout_error`) are left out."""
     found = await store.trajectories(group=group_id, status="finished", limit=_MAX_MEMBERS)
     found = [trajectory for trajectory in found if ROLLOUT_ERROR not in trajectory.metadata]
     found.sort(key=lambda trajectory: (trajectory.created_at, trajectory.id))
-    calls = await store.calls([trajectory.id for trajectory in found])
-    return [Member(t.id, final_messages(calls.get(t.id, [])), t.reward) for t in found]
+    ids = [trajectory.id for trajectory in found]
+    calls, feedback = await store.calls(ids), await store.feedback(ids)
+    return [
+        Member(t.id, final_messages(calls.get(t.id, [])), t.reward, feedback.get(t.id, ()))
+        for t in found
+    ]
 
 
 class GroupJudge:

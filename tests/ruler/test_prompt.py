@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+
 import pytest
 
-from art_proxy.records import JsonObject
+from art_proxy.records import Feedback, JsonObject
 from art_proxy.ruler.errors import PromptTooLong
 from art_proxy.ruler.prompt import (
     NO_REST,
@@ -48,6 +50,24 @@ def test_the_logprob_prompt_asks_for_one_digit_line_per_label() -> None:
     members = [Member("a", answered("Paris")), Member("b", answered("Lyon"))]
     text = user_text(build_prompt(members, DEFAULT_RUBRIC, "logprob").messages)
     assert text.endswith("t1: <digit>\nt2: <digit>")
+
+
+def test_users_feedback_is_shown_after_the_trajectory_it_is_about() -> None:
+    said = [
+        Feedback(id="f1", trajectory_id="a", thumbs="down", created_at=datetime.now(UTC)),
+        Feedback(
+            id="f2",
+            trajectory_id="a",
+            score=0.2,
+            comment='wrong "city"',
+            created_at=datetime.now(UTC),
+        ),
+    ]
+    members = [Member("a", answered("Lyon"), feedback=said), Member("b", answered("Paris"))]
+    text = user_text(build_prompt(members, DEFAULT_RUBRIC, "json").messages)
+    first, second = text.split('<trajectory id="t2">')
+    assert '[user feedback] thumbs down\n[user feedback] score 0.2, "wrong \\"city\\""' in first
+    assert "[user feedback]" not in second
 
 
 def test_trimming_keeps_both_ends_and_says_how_much_went() -> None:
