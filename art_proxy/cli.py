@@ -52,8 +52,9 @@ def _configure_logging() -> None:
         handlers=[RichHandler(console=stderr, show_path=False, rich_tracebacks=False)],
     )
     # aiohttp's access log would print every request; secrets never reach it, but noise would.
-    # Alembic narrates every migration check at start-up.
-    for chatty in ("aiohttp.access", "alembic"):
+    # Alembic narrates every migration check at start-up; litellm logs every judge call at INFO
+    # (twice: through its own handler and ours).
+    for chatty in ("aiohttp.access", "alembic", "LiteLLM", "LiteLLM Router"):
         logging.getLogger(chatty).setLevel(logging.WARNING)
 
 

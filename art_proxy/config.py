@@ -16,6 +16,12 @@ class OnStoreError(StrEnum):
     fail = "fail"
 
 
+class SplitOption(StrEnum):
+    train = "train"
+    val = "val"
+    prod = "prod"
+
+
 class StoreSettings(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -52,6 +58,28 @@ class ProxySettings(StoreSettings):
     on_store_error: OnStoreError = Field(
         OnStoreError.serve,
         description="serve: answer the agent and count the lost record; fail: answer 503.",
+    )
+    default_split: SplitOption = Field(
+        SplitOption.train,
+        description="Split of the calls that name none by X-Art-Split (prod: an unmodified "
+        "production agent's traffic).",
+    )
+    shadow_fraction: float = Field(
+        0.0,
+        ge=0,
+        le=1,
+        description="Share of prod calls that open a conversation and answer without tool calls "
+        "that are sampled again after the answer was sent, as siblings in their group "
+        "(0 = off, 1 = every one).",
+    )
+    shadow_samples: int = Field(
+        3, ge=1, description="Extra samples of each shadowed call, each its own trajectory."
+    )
+    shadow_max_in_flight: int = Field(
+        8,
+        ge=1,
+        description="Shadowed calls whose samples may run at once; beyond it a call is not "
+        "shadowed (counted as shadow_skipped on /health).",
     )
 
     @field_validator("upstream")
@@ -179,13 +207,7 @@ class JudgeSettings(StoreSettings):
     @field_validator("judge_base_url")
     @classmethod
     def _base_urls_are_http(cls, urls: list[str], info: ValidationInfo) -> list[str]:
-        for url in urls:
-            if not url.startswith(("http://", "https://")):
-                raise ValueError(f"judge base URL {url!r} is not an http(s) URL")
-        judges = len(info.data.get("judge") or [])
-        if len(urls) > 1 and len(urls) != judges:
-            raise ValueError(f"{len(urls)} base URLs for {judges} judges: give one, or one each")
-        return [url.rstrip("/") for url in urls]
+        return _judge_base_urls(urls, info)
 
     @field_validator("judge_temperature")
     @classmethod
@@ -227,6 +249,17 @@ class JudgeSettings(StoreSettings):
     def reward_weights(self) -> tuple[float, float] | None:
         """(A, B) of --reward-mix."""
         return None if self.reward_mix is None else _weights(self.reward_mix)
+
+
+def _judge_base_urls(urls: list[str], info: ValidationInfo) -> list[str]:
+    """--judge-base-url: http(s) URLs, one for every judge or one per --judge."""
+    for url in urls:
+        if not url.startswith(("http://", "https://")):
+            raise ValueError(f"judge base URL {url!r} is not an http(s) URL")
+    judges = len(info.data.get("judge") or [])
+    if len(urls) > 1 and len(urls) != judges:
+        raise ValueError(f"{len(urls)} base URLs for {judges} judges: give one, or one each")
+    return [url.rstrip("/") for url in urls]
 
 
 def _weights(mix: str) -> tuple[float, float]:
@@ -334,9 +367,30 @@ class TrainSettings(StoreSettings, TrainerConfig):
     )
     poll: float = Field(2.0, gt=0, description="Seconds between looks for new scored groups.")
     keep_adapters: int = Field(
-        3, ge=1, description="Adapters kept loaded upstream (older ones are unloaded)."
+        3,
+        ge=1,
+        description="Adapters kept loaded upstream (older ones are unloaded, unless an alias "
+        "or the production alias's rollback target needs them).",
     )
     swap: bool = Field(True, description="Load each new adapter upstream and move the alias.")
+    promote_alias: str | None = Field(
+        None,
+        description="Production alias (e.g. prod-agent) moved to a validated adapter only when "
+        "its validation reward is at least that of the adapter it serves, and rolled back when "
+        "its live prod reward falls; unset = off. Must differ from --alias.",
+    )
+    rollback_min_trajectories: int = Field(
+        8,
+        ge=1,
+        description="Scored prod trajectories the promoted adapter serves before a rollback "
+        "is considered.",
+    )
+    rollback_margin: float = Field(
+        0.05,
+        ge=0,
+        description="Roll back when the promoted adapter's live mean reward is below the "
+        "previous target's by more than this.",
+    )
     val_every: int = Field(
         5, ge=0, description="Validate every N steps (scenarios of split val); 0 = off."
     )
@@ -375,16 +429,37 @@ class TrainSettings(StoreSettings, TrainerConfig):
     )
     rubric: str | None = Field(None, description="Rubric file (unset = RULER's).")
     seed: int = Field(0, description="Seeds torch and the order scenarios are drawn in.")
+    threads: int = Field(
+        0,
+        ge=0,
+        description="CPU threads for torch (0 = one per core the process may use); as "
+        "local-llm's --threads, to share the cores between the two.",
+    )
 
     @field_validator("upstream")
     @classmethod
     def _upstreams_are_base_urls(cls, urls: list[str]) -> list[str]:
         return _upstream_base_urls(urls)
 
+    @field_validator("judge_base_url")
+    @classmethod
+    def _judge_base_urls_are_http(cls, urls: list[str], info: ValidationInfo) -> list[str]:
+        return _judge_base_urls(urls, info)
+
     @model_validator(mode="after")
     def _scenarios_with_agent(self) -> TrainSettings:
         if (self.scenarios is None) != (self.agent is None):
             raise ValueError("--agent and --scenarios go together")
+        return self
+
+    @model_validator(mode="after")
+    def _promotion_needs_its_own_alias(self) -> TrainSettings:
+        if self.promote_alias is None:
+            return self
+        if not self.swap:
+            raise ValueError("--promote-alias needs --swap (adapters loaded upstream)")
+        if self.promote_alias == self.alias:
+            raise ValueError("--promote-alias must differ from --alias, which moves every step")
         return self
 
     @property
@@ -425,12 +500,6 @@ class UpSettings(StoreSettings):
         if self.agent and self.run:
             raise ValueError("--run and --agent each give the stack its job: pick one")
         return self
-
-
-class SplitOption(StrEnum):
-    train = "train"
-    val = "val"
-    prod = "prod"
 
 
 class RolloutSettings(BaseModel):

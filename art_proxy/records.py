@@ -21,9 +21,10 @@ CallKind = Literal["chat", "completion"]
 # failed: it could not be reached or timed out (the proxy answered 502/504). aborted: the client left.
 CallStatus = Literal["ok", "upstream_error", "failed", "aborted"]
 TrajectoryStatus = Literal["open", "finished"]
-FinishReason = Literal["client", "idle"]
-# How a call was attributed to its trajectory, strongest first.
-Attribution = Literal["url", "header", "continuation", "new"]
+# shadow: an extra sample the proxy drew beside a served prod call (proxy/shadow.py), one call long.
+FinishReason = Literal["client", "idle", "shadow"]
+# How a call was attributed to its trajectory, strongest first; shadow: the proxy's own sample.
+Attribution = Literal["url", "header", "continuation", "new", "shadow"]
 
 
 class _Record(BaseModel):
@@ -249,6 +250,7 @@ StepStatus = Literal["applied", "abandoned"]
 SwapStatus = Literal["swapped", "rejected", "skipped"]
 # Why an alias moved: a trainer swap, safe promotion, an automatic rollback, or by hand.
 MoveReason = Literal["swap", "promote", "rollback", "manual"]
+MAX_NOTE = 500  # characters: a line of evidence for a move, not a report
 
 
 class AliasRecord(_Record):
@@ -268,6 +270,9 @@ class AliasMove(_Record):
     previous: str | None = Field(description="What the alias served before (None: the name).")
     step: int | None = None
     reason: MoveReason
+    note: str | None = Field(
+        default=None, description="The evidence for the move, e.g. `val 0.71 >= 0.62 (a@4)`."
+    )
     moved_at: datetime
 
 
@@ -277,6 +282,7 @@ class AliasRequest(_Record):
     model: str = Field(min_length=1, max_length=200)
     step: int | None = None
     reason: MoveReason = "manual"
+    note: str | None = Field(default=None, max_length=MAX_NOTE)
 
 
 class TrainingStep(_Record):
@@ -289,6 +295,11 @@ class TrainingStep(_Record):
     adapter: str | None = Field(default=None, description="The saved adapter, `alias@step`.")
     swap: SwapStatus | None = None
     swap_error: str | None = Field(default=None, description="What the upstream answered.")
+    promotion: str | None = Field(
+        default=None,
+        description="What safe promotion did with the step's validation (promoted or kept, "
+        "and why); None when nothing was up for promotion.",
+    )
     groups: dict[str, GroupOutcome] = Field(
         default_factory=dict, description="Group id -> what the step did with it."
     )
@@ -345,6 +356,14 @@ class FeedbackRequest(_Record):
         if self.score is not None:
             return self.score
         return None if self.thumbs is None else float(self.thumbs == "up")
+
+
+class LiveReward(_Record):
+    """How production rated one served model: finished `prod` trajectories with a reward."""
+
+    model: str = Field(description="The served model (a trajectory counts for its first call's).")
+    count: int = Field(ge=0, description="Trajectories with a reward.")
+    mean: float | None = Field(description="Their mean reward (None: none has one).")
 
 
 class Feedback(_Record):

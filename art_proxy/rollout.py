@@ -73,12 +73,20 @@ class Rollout:
     """One run of the agent on one scenario: where to send its calls and under which names."""
 
     scenario: Scenario
-    base_url: str  # the OpenAI base URL of this trajectory, ending in /v1
+    proxy_url: str  # the proxy's root URL (its `/art/` endpoints)
     trajectory_id: str
     group_id: str
     index: int  # 0 .. group_size - 1 within its group
     model: str  # the model name to call: the alias the trainer moves
     api_key: str = "unused"  # the proxy's client key
+
+    @property
+    def base_url(self) -> str:
+        """The OpenAI base URL of this trajectory, ending in /v1: its scenario, group and id
+        ride in the path, so an agent that only sets a base URL is attributed too."""
+        return trajectory_base_url(
+            self.proxy_url, self.scenario.id, self.group_id, self.trajectory_id
+        )
 
     @property
     def headers(self) -> dict[str, str]:
@@ -189,7 +197,7 @@ async def run_rollouts(
         rollouts = [
             Rollout(
                 scenario=scenario,
-                base_url=trajectory_base_url(proxy_url, scenario.id, group.group_id, trajectory),
+                proxy_url=proxy_url,
                 trajectory_id=trajectory,
                 group_id=group.group_id,
                 index=index,

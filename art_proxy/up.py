@@ -9,14 +9,17 @@ SIGKILL after a grace period) on Ctrl-C, when any part dies (its last lines are 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shlex
 import signal
 import sys
 import time
 from collections import deque
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 import aiohttp
 from rich.console import Console
@@ -32,15 +35,22 @@ _STOP_GRACE_S = 10.0
 _TAIL_LINES = 15
 
 
+T = TypeVar("T")
+
+
 class StackError(Exception):
     """A part failed to start or died; the message says which and shows its last lines."""
+
+
+class Interrupted(StackError):
+    """Ctrl-C (or SIGTERM) came while the stack was working."""
 
 
 @dataclass
 class Part:
     name: str
     argv: list[str]
-    health_url: str
+    health_url: str | None  # None: ready once started (a part without a health check)
     ready_timeout_s: float
     color: str
     env: dict[str, str] = field(default_factory=dict)
@@ -53,8 +63,8 @@ class Part:
         return StackError(f"{self.name} exited with status {code}; its last lines:\n{lines}")
 
 
-def _flags(**values: object) -> list[str]:
-    """`_flags(max_loras=4)` -> `["--max-loras", "4"]`; True is a bare flag, None is left out."""
+def flags(**values: object) -> list[str]:
+    """`flags(max_loras=4)` -> `["--max-loras", "4"]`; True is a bare flag, None is left out."""
     argv: list[str] = []
     for name, value in values.items():
         if value is None or value is False:
@@ -70,7 +80,7 @@ def plan(settings: UpSettings) -> list[Part]:
     art_proxy = str(Path(sys.executable).parent / "art-proxy")
     llm_url = f"http://127.0.0.1:{settings.llm_port}"
     if settings.vllm:
-        vllm_flags = _flags(
+        vllm_flags = flags(
             port=settings.llm_port,
             enable_lora=True,
             max_lora_rank=settings.max_lora_rank,
@@ -90,12 +100,12 @@ def plan(settings: UpSettings) -> list[Part]:
     else:
         llm = Part(
             "local-llm",
-            [art_proxy, "local-llm", *_flags(port=settings.llm_port, model=settings.model)],
+            [art_proxy, "local-llm", *flags(port=settings.llm_port, model=settings.model)],
             f"{llm_url}/health",
             ready_timeout_s=600,  # the first start converts the bundled GGUF once
             color="magenta",
         )
-    proxy_flags = _flags(
+    proxy_flags = flags(
         upstream=f"{llm_url}/v1", store=settings.store, host=settings.host, port=settings.port
     )
     proxy = Part(
@@ -113,7 +123,7 @@ def trainer_command(settings: UpSettings) -> str | None:
     if not settings.agent or not settings.scenarios:
         return None
     art_proxy = str(Path(sys.executable).parent / "art-proxy")
-    flags = _flags(
+    train_flags = flags(
         agent=settings.agent,
         scenarios=settings.scenarios,
         steps=settings.steps,
@@ -123,7 +133,7 @@ def trainer_command(settings: UpSettings) -> str | None:
         upstream=f"http://127.0.0.1:{settings.llm_port}/v1",
         model=settings.model,
     )
-    return shlex.join([art_proxy, "train", *flags])
+    return shlex.join([art_proxy, "train", *train_flags])
 
 
 async def _pipe_output(part: Part) -> None:
@@ -134,109 +144,143 @@ async def _pipe_output(part: Part) -> None:
         console.print(f"[{part.color}]{part.name:>9}[/] | {escape(line)}")
 
 
-async def _start(part: Part, pipes: list[asyncio.Task[None]], stop: asyncio.Event) -> None:
-    console.print(f"[bold]starting {part.name}[/]: {escape(shlex.join(part.argv))}")
-    try:
-        part.process = await asyncio.create_subprocess_exec(
-            *part.argv,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.STDOUT,
-            # Children print through a pipe; a wide console keeps their log lines whole.
-            env={**os.environ, "COLUMNS": "160", **part.env},
-            start_new_session=True,  # Ctrl-C reaches us only; we stop the parts in order
-        )
-    except FileNotFoundError as exc:
-        raise StackError(f"{part.name}: {part.argv[0]} is not installed") from exc
-    pipes.append(asyncio.create_task(_pipe_output(part)))
-    deadline = time.monotonic() + part.ready_timeout_s
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2)) as http:
-        while time.monotonic() < deadline:
-            if stop.is_set():  # Ctrl-C must not wait out a start that can take many minutes
-                raise StackError(f"interrupted while {part.name} was starting")
-            if part.process.returncode is not None:
-                await asyncio.sleep(0.2)  # let the last lines arrive
-                raise part.died()
-            try:
-                async with http.get(part.health_url) as response:
-                    if response.status == 200:
-                        console.print(f"[bold green]{part.name} ready[/]")
-                        return
-            except (aiohttp.ClientError, TimeoutError):
-                pass
-            await asyncio.sleep(0.25)
-    raise StackError(f"{part.name} was not ready after {part.ready_timeout_s:.0f} s")
+class Supervisor:
+    """A stack's parts as child processes: started in order (each ready before the next), their
+    output streamed, stopped in reverse when the `async with` block ends. SIGINT and SIGTERM set
+    `stop` instead of killing us, so the parts always stop cleanly."""
 
+    def __init__(self) -> None:
+        self.parts: list[Part] = []
+        self.stop = asyncio.Event()
+        self._pipes: list[asyncio.Task[None]] = []
 
-async def _stop(parts: list[Part]) -> None:
-    for part in reversed(parts):
-        process = part.process
-        if process is None or process.returncode is not None:
-            continue
-        process.send_signal(signal.SIGTERM)
+    async def __aenter__(self) -> Supervisor:
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(signum, self.stop.set)
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        for part in reversed(self.parts):
+            await _stop_part(part)
+        for pipe in self._pipes:
+            pipe.cancel()
+
+    async def start(self, part: Part) -> None:
+        """Start `part` and wait for its health check; a StackError if it dies or never answers."""
+        self.parts.append(part)
+        console.print(f"[bold]starting {part.name}[/]: {escape(shlex.join(part.argv))}")
         try:
-            await asyncio.wait_for(process.wait(), timeout=_STOP_GRACE_S)
-        except TimeoutError:
-            process.kill()
-            await process.wait()
-        console.print(f"stopped {part.name}")
+            part.process = await asyncio.create_subprocess_exec(
+                *part.argv,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.STDOUT,
+                # Children print through a pipe; a wide console keeps their log lines whole.
+                env={**os.environ, "COLUMNS": "160", **part.env},
+                start_new_session=True,  # Ctrl-C reaches us only; we stop the parts in order
+            )
+        except FileNotFoundError as exc:
+            raise StackError(f"{part.name}: {part.argv[0]} is not installed") from exc
+        self._pipes.append(asyncio.create_task(_pipe_output(part)))
+        if part.health_url is not None:
+            await self._ready(part, part.health_url)
 
-
-async def _first_death(parts: list[Part]) -> Part:
-    waits = {asyncio.create_task(part.process.wait()): part for part in parts if part.process}
-    done, pending = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-    for task in pending:
+    async def watch(self, work: Awaitable[T]) -> T:
+        """`work`'s result; a StackError when a part dies or Ctrl-C comes first (`work` is
+        cancelled then)."""
+        task = asyncio.ensure_future(work)
+        death = asyncio.create_task(self.first_death())
+        stopper = asyncio.create_task(self.stop.wait())
+        await asyncio.wait({task, death, stopper}, return_when=asyncio.FIRST_COMPLETED)
+        for waiter in (death, stopper):
+            waiter.cancel()
+        if task.done():
+            return task.result()
         task.cancel()
-    return waits[next(iter(done))]
+        if death.done() and not death.cancelled():
+            raise death.result().died()
+        raise Interrupted("interrupted")
+
+    async def serve(self) -> None:
+        """Until Ctrl-C (returns) or a part dies (a StackError)."""
+        with contextlib.suppress(Interrupted):
+            await self.watch(asyncio.get_running_loop().create_future())
+
+    async def first_death(self) -> Part:
+        """The first part to exit (waits for ever while all run)."""
+        waits = {asyncio.create_task(p.process.wait()): p for p in self.parts if p.process}
+        done, pending = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        for task in pending:
+            task.cancel()
+        return waits[next(iter(done))]
+
+    async def _ready(self, part: Part, health_url: str) -> None:
+        assert part.process is not None
+        deadline = time.monotonic() + part.ready_timeout_s
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2)) as http:
+            while time.monotonic() < deadline:
+                if self.stop.is_set():  # Ctrl-C must not wait out a start of many minutes
+                    raise Interrupted(f"interrupted while {part.name} was starting")
+                if part.process.returncode is not None:
+                    await asyncio.sleep(0.2)  # let the last lines arrive
+                    raise part.died()
+                try:
+                    async with http.get(health_url) as response:
+                        if response.status == 200:
+                            console.print(f"[bold green]{part.name} ready[/]")
+                            return
+                except (aiohttp.ClientError, TimeoutError):
+                    pass
+                await asyncio.sleep(0.25)
+        raise StackError(f"{part.name} was not ready after {part.ready_timeout_s:.0f} s")
+
+
+async def _stop_part(part: Part) -> None:
+    process = part.process
+    if process is None or process.returncode is not None:
+        return
+    process.send_signal(signal.SIGTERM)
+    try:
+        await asyncio.wait_for(process.wait(), timeout=_STOP_GRACE_S)
+    except TimeoutError:
+        process.kill()
+        await process.wait()
+    console.print(f"stopped {part.name}")
 
 
 async def run_stack(settings: UpSettings) -> int:
     """Bring the stack up, serve (or run `--run`), bring it down; returns an exit status."""
-    parts = plan(settings)
-    pipes: list[asyncio.Task[None]] = []
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(signum, stop.set)
     proxy_root = f"http://{settings.host}:{settings.port}"
     try:
-        for part in parts:
-            await _start(part, pipes, stop)
-        console.rule("[bold green]art-proxy is up")
-        console.print(f"export OPENAI_BASE_URL={proxy_root}/v1")
-        console.print(
-            f"store: {escape(settings.store)}   trajectories: {proxy_root}/art/v1/trajectories"
-        )
-        console.print(f"dashboard: {proxy_root}/dashboard")
-        command = settings.run or trainer_command(settings)
-        if command:
-            status = await _run_command(command, f"{proxy_root}/v1", stop, parts)
-            await summarize(proxy_root)
-            return status
-        console.print("Ctrl-C stops everything.")
-        stopper = asyncio.create_task(stop.wait())
-        death = asyncio.create_task(_first_death(parts))
-        done, _ = await asyncio.wait({stopper, death}, return_when=asyncio.FIRST_COMPLETED)
-        stopper.cancel()
-        death.cancel()
-        if death in done:
-            raise death.result().died()
-        return 0
+        async with Supervisor() as stack:
+            for part in plan(settings):
+                await stack.start(part)
+            console.rule("[bold green]art-proxy is up")
+            console.print(f"export OPENAI_BASE_URL={proxy_root}/v1")
+            console.print(
+                f"store: {escape(settings.store)}   trajectories: {proxy_root}/art/v1/trajectories"
+            )
+            console.print(f"dashboard: {proxy_root}/dashboard")
+            command = settings.run or trainer_command(settings)
+            if command:
+                status = await _run_command(command, f"{proxy_root}/v1", stack)
+                await summarize(proxy_root)
+                return status
+            console.print("Ctrl-C stops everything.")
+            await stack.serve()
+            return 0
     except StackError as exc:
         console.print(f"[red]error:[/] {escape(str(exc))}")
         return 1
-    finally:
-        await _stop(parts)
-        for pipe in pipes:
-            pipe.cancel()
 
 
-async def _run_command(command: str, base_url: str, stop: asyncio.Event, parts: list[Part]) -> int:
+async def _run_command(command: str, base_url: str, stack: Supervisor) -> int:
     """Run `command` against the stack; a part dying meanwhile stops it and is the error."""
     console.rule(f"running: {escape(command)}")
     env = {**os.environ, "OPENAI_BASE_URL": base_url, "OPENAI_API_KEY": "art-proxy-local"}
     process = await asyncio.create_subprocess_shell(command, env=env)
-    stopper = asyncio.create_task(stop.wait())
-    death = asyncio.create_task(_first_death(parts))
+    stopper = asyncio.create_task(stack.stop.wait())
+    death = asyncio.create_task(stack.first_death())
     finished = asyncio.create_task(process.wait())
     await asyncio.wait({stopper, death, finished}, return_when=asyncio.FIRST_COMPLETED)
     stopper.cancel()

@@ -19,7 +19,7 @@ import argparse
 import asyncio
 import json
 import math
-import socket
+import os
 import subprocess
 import sys
 import tempfile
@@ -33,17 +33,12 @@ from rich.table import Table
 
 from art_proxy.config import TrainSettings
 from art_proxy.store.trajectory_store import TrajectoryStore
+from art_proxy.testing.loopback import free_port
 from art_proxy_trainer.command import run_train
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "single_word"
 console = Console()
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 async def _wait_healthy(url: str, process: subprocess.Popen[bytes], timeout_s: float) -> None:
@@ -84,14 +79,17 @@ async def _programmatic_by_step(store_url: str, run: str) -> dict[int, float]:
 
 def main(args: argparse.Namespace) -> None:
     work = Path(tempfile.mkdtemp(prefix="art-learning-"))
-    port, llm_port = _free_port(), _free_port()
+    port, llm_port = free_port(), free_port()
     store = f"sqlite:///{work / 'art.db'}"
     art_proxy = str(Path(sys.executable).parent / "art-proxy")
+    # up's local-llm reads its --threads from the environment, as every flag can be.
+    env = {**os.environ, "ART_PROXY_THREADS": str(args.threads)}
     with (work / "stack.log").open("wb") as log:
         stack = subprocess.Popen(
             [art_proxy, "up", "--port", str(port), "--llm-port", str(llm_port), "--store", store],
             stdout=log,
             stderr=subprocess.STDOUT,
+            env=env,
         )
         try:
             asyncio.run(_train(args, work, stack, port, llm_port, store))
@@ -132,6 +130,7 @@ async def _train(
             "concurrency": args.group_size * args.groups_per_step,
             "val_every": args.val_every,
             "learning_rate": args.learning_rate,
+            "threads": args.threads,
             **judge,
         }
     )
@@ -185,4 +184,10 @@ if __name__ == "__main__":
     parser.add_argument("--learning-rate", type=float, default=2e-4)
     parser.add_argument("--target", type=float, default=0.9)
     parser.add_argument("--judge", action="store_true", help="SmolLM2 as a logprob RULER judge")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=0,
+        help="torch threads of local-llm and of the trainer each (0 = one per core)",
+    )
     main(parser.parse_args())

@@ -22,7 +22,6 @@ import json
 import os
 import secrets
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -39,6 +38,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from art_proxy.testing.fake_engine import FakeVllmConfig
+from art_proxy.testing.loopback import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 LITELLM_VENV = REPO / ".venv-litellm"
@@ -179,13 +179,6 @@ class Servers:
 def _signal_group(proc: subprocess.Popen[bytes], signum: int) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signum)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind((HOST, 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def litellm_config(workload: Workload, upstream: str) -> dict[str, Any]:

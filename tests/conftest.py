@@ -16,6 +16,8 @@ import pytest
 
 from art_proxy.config import ProxySettings
 from art_proxy.proxy.server import RunningProxy, running_proxy
+from art_proxy.records import TrajectoryRecord
+from art_proxy.store.trajectory_store import TrajectoryStore
 from art_proxy.testing.fake_vllm import FakeVllm, FakeVllmConfig, running_fake_vllm
 
 POSTGRES_ADMIN_DSN = "postgresql://postgres@127.0.0.1:5432/test"
@@ -58,6 +60,12 @@ async def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIter
 
 
 @pytest.fixture
+async def store(store_url: str) -> AsyncIterator[TrajectoryStore]:
+    async with TrajectoryStore.opened(store_url) as opened:
+        yield opened
+
+
+@pytest.fixture
 async def http() -> AsyncIterator[aiohttp.ClientSession]:
     async with aiohttp.ClientSession() as session:
         yield session
@@ -91,3 +99,13 @@ async def proxy(store_url: str, vllm: FakeVllm) -> AsyncIterator[RunningProxy]:
 async def sqlite_proxy(sqlite_url: str, vllm: FakeVllm) -> AsyncIterator[RunningProxy]:
     async with running_proxy(proxy_settings(sqlite_url, vllm.base_url)) as running:
         yield running
+
+
+async def trajectories(proxy: RunningProxy) -> list[TrajectoryRecord]:
+    """Every trajectory the proxy recorded, with its calls."""
+    found = await proxy.parts.store.trajectories()
+    return [
+        record
+        for summary in found
+        if (record := await proxy.parts.store.trajectory(summary.id)) is not None
+    ]

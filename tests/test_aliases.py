@@ -100,22 +100,23 @@ async def test_the_record_keeps_the_clients_model_and_the_served_one(
     ]
 
 
-async def test_alias_moves_are_recorded_with_previous_model_step_and_reason(
+async def test_alias_moves_are_recorded_with_previous_model_step_reason_and_evidence(
     proxy: RunningProxy, vllm: FakeVllm, http: aiohttp.ClientSession, tmp_path: Path
 ) -> None:
     await put_alias(http, proxy, {"model": BASE})
     await put_alias(http, proxy, {"model": f"{ALIAS}@1", "step": 1, "reason": "swap"})
+    note = "val 0.71 >= 0.62 (email-agent@1)"
     status, moved = await put_alias(
-        http, proxy, {"model": f"{ALIAS}@2", "step": 2, "reason": "promote"}
+        http, proxy, {"model": f"{ALIAS}@2", "step": 2, "reason": "promote", "note": note}
     )
     assert status == 200
     assert (moved["model"], moved["previous"], moved["step"]) == (f"{ALIAS}@2", f"{ALIAS}@1", 2)
 
     moves = (await admin_get(http, proxy, f"/alias_moves?alias={ALIAS}"))["data"]
-    assert [(m["model"], m["previous"], m["step"], m["reason"]) for m in moves] == [
-        (f"{ALIAS}@2", f"{ALIAS}@1", 2, "promote"),
-        (f"{ALIAS}@1", BASE, 1, "swap"),
-        (BASE, None, None, "manual"),
+    assert [(m["model"], m["previous"], m["step"], m["reason"], m["note"]) for m in moves] == [
+        (f"{ALIAS}@2", f"{ALIAS}@1", 2, "promote", note),
+        (f"{ALIAS}@1", BASE, 1, "swap", None),
+        (BASE, None, None, "manual", None),
     ]
     assert len((await admin_get(http, proxy, "/alias_moves?limit=1"))["data"]) == 1
     listed = (await admin_get(http, proxy, "/aliases"))["data"]
@@ -167,6 +168,7 @@ async def test_models_lists_each_alias_the_upstream_lacks(
         {"step": 3},
         {"model": "m", "reason": "whim"},
         {"model": "m", "extra": 1},
+        {"model": "m", "note": "x" * 501},
         ["m"],
     ],
 )

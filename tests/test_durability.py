@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import socket
 import sys
 import time
 from pathlib import Path
@@ -20,18 +19,12 @@ import orjson
 
 from art_proxy.store.trajectory_store import TrajectoryStore
 from art_proxy.testing.fake_vllm import FakeVllm
+from art_proxy.testing.loopback import free_port
 
 MODEL = "Qwen/Qwen2.5-0.5B-Instruct"
 CLIENTS = 16
 # Completed calls before the kill: enough that several group commits are in flight.
 ENOUGH = 200
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def art_proxy_command() -> list[str]:

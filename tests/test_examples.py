@@ -10,7 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from art_proxy.proxy.server import RunningProxy
+from art_proxy.proxy.server import RunningProxy, running_proxy
+from art_proxy.rollout import load_agent, run_rollouts
+from art_proxy.scenarios import load_scenarios
+from art_proxy.testing.fake_vllm import FakeVllmConfig, running_fake_vllm
+from tests.conftest import proxy_settings, trajectories
 
 ROOT = Path(__file__).resolve().parent.parent
 MODEL = "Qwen/Qwen2.5-0.5B-Instruct"
@@ -61,6 +65,36 @@ async def test_an_unmodified_agent_names_its_scenario_and_group_by_base_url_alon
     assert {(t.scenario_id, t.group_id) for t in trajectories} == {("sky", "batch-1")}
     calls = await proxy.parts.store.calls([t.id for t in trajectories])
     assert sorted(len(recorded) for recorded in calls.values()) == [2, 2]
+
+
+@pytest.mark.parametrize(
+    ("reply", "expected"),
+    [("Banana.", 1.0), ("Red apple", 0.5), ("A sentence far too long to end in eight tokens", 0.0)],
+    ids=["one-word", "two-words", "cut-off"],
+)
+async def test_the_demos_agent_file_is_rewarded_one_over_its_words(
+    sqlite_url: str, reply: str, expected: float
+) -> None:
+    # `make demo` names the agent by its file, as here; the fake answers in the model's stead.
+    agent = load_agent("examples/single_word/agent.py:rollout")
+    config = FakeVllmConfig(reply=reply)
+    async with (
+        running_fake_vllm(config) as vllm,
+        running_proxy(proxy_settings(sqlite_url, vllm.base_url)) as proxy,
+    ):
+        report = await run_rollouts(
+            agent,
+            load_scenarios(ROOT / "examples/single_word/scenarios.jsonl")[:1],
+            proxy_url=proxy.root_url,
+            group_size=2,
+            concurrency=2,
+            timeout_s=60,
+            model=config.model,
+        )
+        found = await trajectories(proxy)
+    assert report.failed == 0
+    assert sorted(t.reward or 0.0 for t in found) == [expected, expected]
+    assert all(t.status == "finished" and t.call_count == 1 for t in found)
 
 
 def python_blocks(markdown: str) -> list[str]:

@@ -277,7 +277,7 @@ def test_rollout_urls_and_headers_attribute_every_call() -> None:
     scenario = Scenario.model_validate({"id": "a b/c", "input": "x", "split": "val"})
     rollout = Rollout(
         scenario=scenario,
-        base_url="http://proxy/scenario/a%20b%2Fc/group/g/trajectory/t/v1",
+        proxy_url="http://proxy",
         trajectory_id="t",
         group_id="g",
         index=0,
@@ -289,6 +289,8 @@ def test_rollout_urls_and_headers_attribute_every_call() -> None:
         "X-Art-Trajectory": "t",
         "X-Art-Split": "val",
     }
+    assert rollout.proxy_url == "http://proxy"
+    assert rollout.base_url == "http://proxy/scenario/a%20b%2Fc/group/g/trajectory/t/v1"
     client = rollout.openai_client()
     assert str(client.base_url) == rollout.base_url + "/"
     assert client.default_headers["X-Art-Split"] == "val"

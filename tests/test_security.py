@@ -24,6 +24,7 @@ from aiohttp import web
 from art_proxy.config import ProxySettings
 from art_proxy.proxy.server import RunningProxy, running_proxy, warn_if_exposed
 from art_proxy.testing.fake_vllm import FakeVllm, create_fake_vllm_app
+from art_proxy.testing.loopback import serving
 from tests.conftest import proxy_settings
 
 MODEL = "Qwen/Qwen2.5-0.5B-Instruct"
@@ -196,14 +197,8 @@ async def fake_vllm_seeing_authorization() -> AsyncIterator[tuple[str, list[str 
         seen.append(request.headers.get("Authorization"))
 
     app.on_response_prepare.append(note)
-    runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.5)
-    await runner.setup()
-    try:
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        yield f"http://127.0.0.1:{runner.addresses[0][1]}/v1", seen
-    finally:
-        await runner.cleanup()
+    async with serving(app) as root_url:
+        yield f"{root_url}/v1", seen
 
 
 def dump_sqlite(path: str) -> str:
@@ -360,10 +355,12 @@ def the_error_line(stderr: str) -> str:
     [
         (("serve", "--port", "notanumber"), "--port", "integer"),
         (("serve", "--upstream", "ftp://x"), "--upstream", "ftp://x"),
+        (("train", "--judge", "openai/j", "--judge-base-url", "ftp://j"), "judge", "ftp://j"),
+        (("judge", "--judge", "openai/j", "--judge-base-url", "ftp://j"), "judge", "ftp://j"),
     ],
-    ids=["port", "upstream"],
+    ids=["port", "upstream", "train-judge-base-url", "judge-base-url"],
 )
-async def test_cli_serve_with_a_bad_flag_exits_nonzero_with_a_one_line_message(
+async def test_cli_with_a_bad_flag_exits_nonzero_with_a_one_line_message(
     args: tuple[str, ...], flag: str, reason: str
 ) -> None:
     returncode, stdout, stderr = await run_cli(*args)

@@ -6,7 +6,6 @@ groups offered for training are the ones the run has not consumed, with their me
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from datetime import timedelta
 
 import pytest
@@ -25,15 +24,6 @@ from art_proxy.store.trajectory_store import TrajectoryStore, utcnow
 from art_proxy.store.writer import Batch, RowKind
 
 START = utcnow()
-
-
-@pytest.fixture
-async def store(store_url: str) -> AsyncIterator[TrajectoryStore]:
-    opened = await TrajectoryStore.open(store_url)
-    try:
-        yield opened
-    finally:
-        await opened.aclose()
 
 
 async def add_group(

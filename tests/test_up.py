@@ -27,6 +27,7 @@ import openai
 import pytest
 
 from art_proxy.config import UpSettings
+from art_proxy.testing.loopback import free_port
 from art_proxy.up import plan
 
 ART_PROXY = str(Path(sys.executable).parent / "art-proxy")
@@ -48,13 +49,6 @@ reply = openai.OpenAI().chat.completions.create(
 print("agent got:", reply.choices[0].message.content)
 sys.exit(int(sys.argv[1]))
 """
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def accepts_connections(port: int) -> bool:

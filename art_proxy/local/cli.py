@@ -52,13 +52,11 @@ def run_local_llm(settings: LocalLlmSettings) -> None:
 
 
 async def _serve_until_stopped(settings: LocalLlmSettings) -> None:
-    import torch
-
     from art_proxy.local.model_loading import load_model
     from art_proxy.local.served import ServedModel
     from art_proxy.local.server import running_local_llm
 
-    torch.set_num_threads(settings.threads or _usable_cores())
+    set_torch_threads(settings.threads)
     print("local-llm: loading the model...", file=sys.stderr, flush=True)
     loaded = await asyncio.to_thread(load_model, settings.model, cache_dir=settings.cache_dir)
     served = ServedModel.create(
@@ -71,6 +69,14 @@ async def _serve_until_stopped(settings: LocalLlmSettings) -> None:
     async with running_local_llm(served, settings.host, settings.port) as local:
         print(f"local-llm ready: {local.base_url} (model {served.name})", flush=True)
         await stop.wait()
+
+
+def set_torch_threads(threads: int) -> None:
+    """torch's CPU threads: `threads`, or one per core this process may use (0). Two torch
+    processes on the same cores (local-llm and the trainer) contend; giving each its share helps."""
+    import torch
+
+    torch.set_num_threads(threads or _usable_cores())
 
 
 def _usable_cores() -> int:

@@ -34,6 +34,7 @@ from .admin import Admin
 from .aliases import Aliases
 from .recording import Counters, Recorder
 from .relay import Relay
+from .shadow import ShadowSampler
 from .tracker import TrajectoryTracker
 from .upstream import Upstreams
 
@@ -89,7 +90,22 @@ def _lifecycle(settings: ProxySettings) -> Callable[[web.Application], AsyncIter
             pass_client_key=not settings.api_key,
         ) as upstreams:
             recorder = Recorder(store, tracker, settings.on_store_error, counters)
-            relay = Relay(upstreams, tracker, recorder, aliases)
+            shadow = ShadowSampler(
+                upstreams,
+                tracker,
+                recorder,
+                fraction=settings.shadow_fraction,
+                samples=settings.shadow_samples,
+                max_in_flight=settings.shadow_max_in_flight,
+            )
+            relay = Relay(
+                upstreams,
+                tracker,
+                recorder,
+                aliases,
+                shadow,
+                default_split=settings.default_split.value,
+            )
             admin = Admin(store, tracker, aliases)
             app[PARTS] = ProxyParts(settings, store, tracker, counters, relay, admin, aliases)
             sweeper = asyncio.create_task(
@@ -98,6 +114,7 @@ def _lifecycle(settings: ProxySettings) -> Callable[[web.Application], AsyncIter
             try:
                 yield
             finally:
+                await shadow.aclose()  # while the store and the upstream session still serve
                 sweeper.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await sweeper
@@ -159,6 +176,9 @@ async def _health(request: web.Request) -> web.Response:
             "failed_calls": parts.counters.failed_calls,
             "lost_records": parts.counters.lost_records,
             "stitch_misses": parts.counters.stitch_misses,
+            "shadow_calls": parts.counters.shadow_calls,
+            "shadow_samples": parts.counters.shadow_samples,
+            "shadow_skipped": parts.counters.shadow_skipped,
             "commits": writer.commits,
             "records_committed": writer.batches,
         }

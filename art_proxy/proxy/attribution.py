@@ -44,10 +44,12 @@ class Explicit:
     group_id: str | None = None
 
 
-def explicit_attribution(url: Mapping[str, str], headers: Mapping[str, str]) -> Explicit:
+def explicit_attribution(
+    url: Mapping[str, str], headers: Mapping[str, str], default_split: Split = "train"
+) -> Explicit:
     """Merge the URL prefix (the route's `scenario`, `group`, `trajectory`) and `X-Art-*`
-    headers; the URL wins where both speak."""
-    split = headers.get("X-Art-Split") or "train"
+    headers; the URL wins where both speak. A call without `X-Art-Split` is `default_split`."""
+    split = headers.get("X-Art-Split") or default_split
     if split not in SPLITS:
         raise BadRequest(f"X-Art-Split must be one of {', '.join(SPLITS)}, not {split!r}")
     scenario = url.get("scenario") or headers.get("X-Art-Scenario") or None

@@ -14,14 +14,16 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+import orjson
+
 from art_proxy.config import OnStoreError
-from art_proxy.errors import StoreError, StoreUnavailable
+from art_proxy.errors import StoreError, StoreUnavailable, UpstreamError
 from art_proxy.records import CallKind, CallStatus, JsonObject
 from art_proxy.store.trajectory_store import TrajectoryStore, utcnow
 from art_proxy.store.writer import Batch, RowKind
 
 from .attribution import reply_keys, reply_messages
-from .capture import ClientAsks, Tokens, sampling_of, strip_response, tokens_of
+from .capture import ClientAsks, Tokens, sampling_of, strip_response, tokens_of, upstream_body
 from .tracker import Assignment, TrajectoryTracker
 
 log = logging.getLogger(__name__)
@@ -35,6 +37,9 @@ class Counters:
     failed_calls: int = 0
     lost_records: int = 0
     stitch_misses: int = 0
+    shadow_calls: int = 0  # served calls sampled again (shadow.py)
+    shadow_samples: int = 0  # their extra samples recorded, failed ones included
+    shadow_skipped: int = 0  # drawn for shadowing but over --shadow-max-in-flight
 
 
 @dataclass
@@ -50,6 +55,13 @@ class CallInProgress:
     created_at: datetime = field(default_factory=utcnow)
     started: float = field(default_factory=time.perf_counter)
 
+    def upstream_body(self, *, token_ids: bool) -> tuple[JsonObject, ClientAsks]:
+        """The body to send upstream (capture's asks added) and what the client itself asked."""
+        sent, asks = upstream_body(self.body, self.kind, token_ids=token_ids)
+        if self.model is not None and self.model != self.body["model"]:
+            sent["model"] = self.model  # an alias: the upstream serves its target
+        return sent, asks
+
 
 @dataclass(frozen=True)
 class Outcome:
@@ -57,6 +69,20 @@ class Outcome:
     http_status: int
     response: JsonObject | None = None
     error: str | None = None
+
+    @classmethod
+    def of_answer(cls, upstream: str, status: int, raw: bytes) -> Outcome:
+        """The outcome of a whole (non-stream or error) upstream answer; `UpstreamError` when a
+        2xx body is not a JSON object."""
+        if status >= 400:
+            return cls("upstream_error", status, error=raw.decode("utf-8", "replace")[:2000])
+        try:
+            parsed = orjson.loads(raw)
+        except orjson.JSONDecodeError as exc:
+            raise UpstreamError(f"upstream {upstream} sent invalid JSON") from exc
+        if not isinstance(parsed, dict):
+            raise UpstreamError(f"upstream {upstream} sent a non-object body")
+        return cls("ok", status, response=parsed)
 
 
 class Recorder:

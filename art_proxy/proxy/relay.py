@@ -6,7 +6,8 @@ until the record is committed, so a client that saw the end of a stream finds it
 Upstream 4xx/5xx answers pass through unchanged. A client that leaves mid-stream closes the upstream
 response (vLLM then aborts the request) and leaves an `aborted` record of what was generated.
 A `model` that names an alias goes upstream as the alias's target (aliases.py); nothing else in the
-body changes, and the answer names the served model, as OpenAI's does.
+body changes, and the answer names the served model, as OpenAI's does. Once an answer is wholly
+sent, the shadow sampler may sample the call again in the background (shadow.py).
 """
 
 from __future__ import annotations
@@ -19,18 +20,18 @@ import orjson
 from aiohttp import web
 
 from art_proxy.errors import ArtProxyError, BadRequest, StoreUnavailable, UpstreamError
-from art_proxy.records import AliasRecord, CallKind, CallStatus, JsonObject
+from art_proxy.records import AliasRecord, CallKind, CallStatus, JsonObject, Split
 
 from .aliases import Aliases
 from .attribution import explicit_attribution
-from .capture import ClientAsks, StreamRecorder, strip_chunk, strip_response, upstream_body
+from .capture import ClientAsks, StreamRecorder, strip_chunk, strip_response
 from .recording import CallInProgress, Outcome, Recorder
+from .shadow import ShadowSampler
 from .tracker import TrajectoryTracker
-from .upstream import Upstreams, read_body
+from .upstream import PATHS, Upstreams, read_body
 
 log = logging.getLogger(__name__)
 
-_PATHS: dict[CallKind, str] = {"chat": "/chat/completions", "completion": "/completions"}
 _DONE = b"data: [DONE]\n\n"
 
 
@@ -41,11 +42,16 @@ class Relay:
         tracker: TrajectoryTracker,
         recorder: Recorder,
         aliases: Aliases,
+        shadow: ShadowSampler,
+        *,
+        default_split: Split = "train",
     ) -> None:
         self._upstreams = upstreams
         self._tracker = tracker
         self._recorder = recorder
         self._aliases = aliases
+        self._shadow = shadow
+        self._default_split: Split = default_split
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
         return await self._generate(request, "chat")
@@ -63,7 +69,7 @@ class Relay:
 
     async def _generate(self, request: web.Request, kind: CallKind) -> web.StreamResponse:
         body = await parse_body(request, kind)
-        explicit = explicit_attribution(request.match_info, request.headers)
+        explicit = explicit_attribution(request.match_info, request.headers, self._default_split)
         messages = body.get("messages") if kind == "chat" else None
         assignment = await self._tracker.assign(explicit, messages)
         model = body.get("model")
@@ -71,30 +77,32 @@ class Relay:
         call = CallInProgress(kind, body, assignment, stream=bool(body.get("stream")), model=served)
         upstream = assignment.upstream
         token_ids = self._upstreams.returns_token_ids(upstream)
-        sent, asks = _upstream_body(call, token_ids=token_ids)
+        sent, asks = call.upstream_body(token_ids=token_ids)
         call.asks = asks
         try:
             response = await self._upstreams.post(
-                upstream, _PATHS[kind], sent, _client_auth(request)
+                upstream, PATHS[kind], sent, _client_auth(request)
             )
             if response.status == 400 and token_ids:
                 raw = await read_body(upstream, response)
                 if b"return_token_ids" not in raw:
                     return await self._answer(
-                        call, response.status, response.content_type, raw, asks
+                        request, call, response.status, response.content_type, raw, asks
                     )
                 # A hosted API rejects vLLM's field: learn that, ask again, record text only.
                 log.warning(
                     "upstream %s returns no token ids: its calls are not trainable", upstream
                 )
                 self._upstreams.mark_without_token_ids(upstream)
-                sent, asks = _upstream_body(call, token_ids=False)
+                sent, asks = call.upstream_body(token_ids=False)
                 response = await self._upstreams.post(
-                    upstream, _PATHS[kind], sent, _client_auth(request)
+                    upstream, PATHS[kind], sent, _client_auth(request)
                 )
             if response.status >= 400 or not call.stream:
                 raw = await read_body(upstream, response)
-                return await self._answer(call, response.status, response.content_type, raw, asks)
+                return await self._answer(
+                    request, call, response.status, response.content_type, raw, asks
+                )
         except ArtProxyError as exc:
             if not isinstance(exc, StoreUnavailable):
                 await self._recorder.record(call, Outcome("failed", exc.status, error=exc.message))
@@ -102,24 +110,26 @@ class Relay:
         return await self._relay_stream(request, call, response, asks)
 
     async def _answer(
-        self, call: CallInProgress, status: int, content_type: str, raw: bytes, asks: ClientAsks
+        self,
+        request: web.Request,
+        call: CallInProgress,
+        status: int,
+        content_type: str,
+        raw: bytes,
+        asks: ClientAsks,
     ) -> web.Response:
         """Answer with a whole (non-stream or error) upstream body."""
-        if status >= 400:
+        outcome = Outcome.of_answer(call.assignment.upstream, status, raw)
+        await self._recorder.record(call, outcome)
+        if outcome.response is None:
             # Passed through unchanged: vLLM's error bodies are already OpenAI-shaped.
-            error = raw.decode("utf-8", "replace")[:2000]
-            await self._recorder.record(call, Outcome("upstream_error", status, error=error))
             return web.Response(body=raw, status=status, content_type=content_type)
-        try:
-            parsed = orjson.loads(raw)
-        except orjson.JSONDecodeError as exc:
-            raise UpstreamError(f"upstream {call.assignment.upstream} sent invalid JSON") from exc
-        if not isinstance(parsed, dict):
-            raise UpstreamError(f"upstream {call.assignment.upstream} sent a non-object body")
-        await self._recorder.record(call, Outcome("ok", status, response=parsed))
-        return web.Response(
-            body=orjson.dumps(strip_response(parsed, asks)), content_type="application/json"
+        answer = web.Response(
+            body=orjson.dumps(strip_response(outcome.response, asks)),
+            content_type="application/json",
         )
+        await self._shadow.after_answer(request, answer, call, outcome)
+        return answer
 
     async def _relay_stream(
         self,
@@ -147,8 +157,11 @@ class Relay:
         except StoreUnavailable as exc:
             if outcome_status != "aborted":
                 await _write_quietly(client, b"data: " + orjson.dumps(exc.body()) + b"\n\n")
+                await _write_quietly(client, _DONE)
+            return client
         if outcome_status != "aborted":
             await _write_quietly(client, _DONE)
+            await self._shadow.after_answer(request, client, call, outcome)
         return client
 
     async def _pump(
@@ -200,13 +213,6 @@ async def parse_body(request: web.Request, kind: CallKind) -> JsonObject:
     elif "prompt" not in body:
         raise BadRequest("'prompt' is required", param="prompt")
     return body
-
-
-def _upstream_body(call: CallInProgress, *, token_ids: bool) -> tuple[JsonObject, ClientAsks]:
-    sent, asks = upstream_body(call.body, call.kind, token_ids=token_ids)
-    if call.model is not None and call.model != call.body["model"]:
-        sent["model"] = call.model  # an alias: the upstream serves its target
-    return sent, asks
 
 
 def _with_aliases(raw: bytes, aliases: list[AliasRecord]) -> bytes:

@@ -15,6 +15,9 @@ the named group, whatever the window and size, and the group is created on first
 explicit scenario the trajectory takes the group's; an explicit scenario that differs from it is a
 conflict. A call never continues a trajectory of another group, and an existing trajectory keeps
 its group. Explicit groups are never joined automatically.
+
+A shadow sample (shadow.py) is a new trajectory beside a served one, in its group and scenario,
+born finished: nothing continues it, so it is never kept in memory.
 """
 
 from __future__ import annotations
@@ -304,6 +307,10 @@ class TrajectoryTracker:
                     "group_id": group_id,
                     "split": explicit.split,
                     "status": "open",
+                    # Every trajectory row has the same keys (shadow_of's too): the writer
+                    # inserts a transaction's rows with one executemany.
+                    "finish_reason": None,
+                    "finished_at": None,
                     "created_at": now,
                     "updated_at": now,
                     "upstream": state.upstream,
@@ -317,6 +324,44 @@ class TrajectoryTracker:
         state.unsaved_rows = rows
         attribution: Attribution = "new" if explicit.source == "none" else explicit.source
         return _assignment(state, 0, attribution, rows)
+
+    def shadow_of(self, served: Assignment) -> Assignment:
+        """A new one-call trajectory beside `served` (which opened its own): same scenario, group,
+        split and upstream, finished from the start, marked by `finish_reason` "shadow" and
+        `metadata["shadow_of"]`."""
+        assert served.seq == 0, "only a call that opened its trajectory is shadowed"
+        now = utcnow()
+        trajectory_id = uuid.uuid4().hex
+        group = self._groups.get(served.scenario_id)
+        if group is not None and group.id == served.group_id:
+            group.size += 1  # a shadow fills a sized group like any member
+        trajectory_row = {
+            "status": "finished",
+            "finish_reason": "shadow",
+            "finished_at": now,
+            "created_at": now,
+            "updated_at": now,
+            "metadata": {"shadow_of": served.trajectory_id},
+        }
+        # The served call's creation rows: its scenario and group rows are idempotent inserts,
+        # which keeps the shadow recordable even if the served record was lost.
+        rows: list[tuple[RowKind, dict[str, Any]]] = [
+            (kind, {**row, "id": trajectory_id, **trajectory_row})
+            if kind is RowKind.trajectory
+            else (kind, row)
+            for kind, row in served.new_rows
+        ]
+        return Assignment(
+            trajectory_id=trajectory_id,
+            scenario_id=served.scenario_id,
+            group_id=served.group_id,
+            split=served.split,
+            upstream=served.upstream,
+            seq=0,
+            attribution="shadow",
+            previous_sequences=[],
+            new_rows=rows,
+        )
 
     def _automatic_group(self, scenario_id: str, trajectory_id: str) -> str:
         group = self._group_for(scenario_id)

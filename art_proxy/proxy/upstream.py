@@ -13,8 +13,10 @@ import aiohttp
 import orjson
 
 from art_proxy.errors import UpstreamError, UpstreamTimeout
-from art_proxy.records import JsonObject
+from art_proxy.records import CallKind, JsonObject
 
+# Where each kind of generation call goes below an upstream's /v1 base URL.
+PATHS: dict[CallKind, str] = {"chat": "/chat/completions", "completion": "/completions"}
 # Generous: a pool per upstream host, shared by every agent behind the proxy.
 _CONNECTIONS_PER_UPSTREAM = 512
 _CONNECT_TIMEOUT_S = 10.0

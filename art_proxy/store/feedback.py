@@ -1,23 +1,40 @@
-"""Learning from production: users' feedback on trajectories, and the scenario bank.
+"""Learning from production: users' feedback on trajectories, the scenario bank, live rewards.
 
 Feedback is appended, never edited; with `as_reward` it also sets the reward of a finished
 trajectory, in the same transaction (an open one may still change, so it is refused). The scenario
 bank is the scenarios that traffic of one split opened: their openings replay as rollout scenarios.
+The live reward of a served model is the mean reward of the finished `prod` trajectories it served:
+the reward the trajectory carries (finish or feedback), else its newest scored judgment's.
 """
 
 from __future__ import annotations
 
+import math
 import uuid
 from collections.abc import Sequence
+from datetime import datetime
 
 import sqlalchemy as sa
 
 from art_proxy.errors import Conflict
-from art_proxy.records import Feedback, FeedbackRequest, JsonObject, ScenarioRecord
+from art_proxy.records import (
+    Feedback,
+    FeedbackRequest,
+    JsonObject,
+    LiveReward,
+    ScenarioRecord,
+    TrajectoryScore,
+)
 from art_proxy.store import schema
 from art_proxy.store.base import StoreBase, aware, utcnow
 
-F, T, S = schema.feedback, schema.trajectories, schema.scenarios
+F, T, S, C, J = (
+    schema.feedback,
+    schema.trajectories,
+    schema.scenarios,
+    schema.calls,
+    schema.judgments,
+)
 
 
 class FeedbackRecords(StoreBase):
@@ -72,6 +89,54 @@ class FeedbackRecords(StoreBase):
             ScenarioRecord.model_validate({**row, "created_at": aware(row["created_at"])})
             for row in await self._all(query)
         ]
+
+    async def live_rewards(
+        self, since: datetime | None = None, until: datetime | None = None
+    ) -> dict[str, LiveReward]:
+        """Served model -> the live reward of the finished `prod` trajectories that started in
+        [since, until) (None: unbounded). A trajectory counts for the model of its first call:
+        the alias may move mid-conversation, and the opening is what it was served by."""
+        served = (
+            sa.select(C.c.model)
+            .where(C.c.trajectory_id == T.c.id)
+            .order_by(C.c.seq)
+            .limit(1)
+            .scalar_subquery()
+        )
+        query = sa.select(T.c.id, T.c.group_id, T.c.reward, served.label("model")).where(
+            T.c.split == "prod", T.c.status == "finished"
+        )
+        if since is not None:
+            query = query.where(T.c.created_at >= since)
+        if until is not None:
+            query = query.where(T.c.created_at < until)
+        rows = [row for row in await self._all(query) if row["model"] is not None]
+        judged = await self._judged_rewards([r["group_id"] for r in rows if r["reward"] is None])
+        rewards: dict[str, list[float]] = {}
+        for row in rows:
+            reward = row["reward"] if row["reward"] is not None else judged.get(row["id"])
+            if reward is not None:
+                rewards.setdefault(row["model"], []).append(float(reward))
+        return {
+            model: LiveReward(model=model, count=len(values), mean=math.fsum(values) / len(values))
+            for model, values in rewards.items()
+        }
+
+    async def _judged_rewards(self, group_ids: Sequence[str]) -> dict[str, float]:
+        """Trajectory id -> its reward in the newest scored judgment of its group that has it."""
+        if not group_ids:
+            return {}
+        judgments = await self._all(
+            sa.select(J.c.scores)
+            .where(J.c.group_id.in_(set(group_ids)), J.c.status == "scored")
+            .order_by(J.c.created_at, J.c.id)
+        )
+        rewards: dict[str, float] = {}
+        for judgment in judgments:  # oldest first: the newest one is written last
+            for score in judgment["scores"]:
+                parsed = TrajectoryScore.model_validate(score)
+                rewards[parsed.trajectory_id] = parsed.reward
+        return rewards
 
 
 def _feedback(row: JsonObject) -> Feedback:

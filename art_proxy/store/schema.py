@@ -142,6 +142,7 @@ alias_moves = sa.Table(
     sa.Column("step", sa.Integer),
     sa.Column("reason", sa.String(16), nullable=False),
     sa.Column("moved_at", Timestamp, nullable=False),
+    sa.Column("note", sa.String(500)),  # the evidence for the move; NULL before migration 0006
     sa.Index("ix_alias_moves_alias_moved", "alias", "moved_at"),
 )
 
@@ -160,6 +161,7 @@ training_steps = sa.Table(
     sa.Column("groups", Json, nullable=False),
     sa.Column("metrics", Json, nullable=False),
     sa.Column("created_at", Timestamp, nullable=False),
+    sa.Column("promotion", sa.Text),  # what safe promotion did at this step (migration 0006)
 )
 
 # The primary key is the invariant: a run consumes each group at exactly one step, whatever the

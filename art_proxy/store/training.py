@@ -54,6 +54,7 @@ class TrainingRecords(StoreBase):
                 previous=previous,
                 step=request.step,
                 reason=request.reason,
+                note=request.note,
                 moved_at=now,
             )
             await connection.execute(sa.insert(M).values(id=uuid.uuid4().hex, **move.model_dump()))

@@ -6,6 +6,7 @@ in `feedback.py` (users' feedback, the scenario bank), which this store inherits
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator, Sequence
 from datetime import datetime
 from typing import Any
@@ -62,6 +63,16 @@ class TrajectoryStore(TrainingRecords, FeedbackRecords):
         if writer:
             store.writer.start()
         return store
+
+    @classmethod
+    @contextlib.asynccontextmanager
+    async def opened(cls, url: str, *, writer: bool = True) -> AsyncIterator[TrajectoryStore]:
+        """`open` for an `async with` block, which closes the store when it ends."""
+        store = await cls.open(url, writer=writer)
+        try:
+            yield store
+        finally:
+            await store.aclose()
 
     async def aclose(self) -> None:
         await self.writer.aclose()

@@ -21,6 +21,7 @@ from aiohttp import web
 from art_proxy.testing.fake_engine import (
     FakeEngine,
     Generated,
+    ScriptedCall,
     chunks_of,
     mid_stream_error,
     sampled_logprob,
@@ -53,6 +54,8 @@ class _ChatRequest:
     include_usage: bool
     tool_mode: ToolMode
     tool: dict[str, Any] | None
+    after_tool_result: bool  # the last message is a tool result
+    arguments: str | None  # the tool call's arguments, from `tool_script` (None: from the reply)
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,7 +110,10 @@ def _parse(engine: FakeEngine, body: dict[str, Any]) -> _ChatRequest:
             400, "when using `top_logprobs`, `logprobs` must be set to true.", param="top_logprobs"
         )
     stream = bool_field(body, "stream")
-    tool_mode, tool = _tool_choice(engine, body, messages)
+    last = messages[-1]
+    after_tool_result = isinstance(last, dict) and last.get("role") == "tool"
+    scripted = engine.scripted_call(messages)
+    tool_mode, tool = _tool_choice(engine, body, after_tool_result, scripted)
     return _ChatRequest(
         model=model,
         n=n or 1,
@@ -120,11 +126,16 @@ def _parse(engine: FakeEngine, body: dict[str, Any]) -> _ChatRequest:
         include_usage=include_usage(body, stream),
         tool_mode=tool_mode,
         tool=tool,
+        after_tool_result=after_tool_result,
+        arguments=json.dumps(scripted.arguments) if scripted and tool_mode == "markup" else None,
     )
 
 
 def _tool_choice(
-    engine: FakeEngine, body: dict[str, Any], messages: list[Any]
+    engine: FakeEngine,
+    body: dict[str, Any],
+    after_tool_result: bool,
+    scripted: ScriptedCall | None,
 ) -> tuple[ToolMode, dict[str, Any] | None]:
     tools = body.get("tools")
     choice = body.get("tool_choice")
@@ -136,8 +147,8 @@ def _tool_choice(
         raise ApiError(400, "'tools' must be a non-empty list when given.", param="tools")
     functions = [_function_of(tool) for tool in tools]
     if choice is None or choice == "auto":
-        last = messages[-1]
-        after_tool_result = isinstance(last, dict) and last.get("role") == "tool"
+        if scripted is not None:
+            return "markup", _named_function(functions, scripted.name)
         if engine.config.tool_call and not after_tool_result:
             return "markup", functions[0]
         return "text", None
@@ -151,6 +162,13 @@ def _tool_choice(
         if name is not None and function["name"] == name:
             return "named", function
     raise ApiError(400, f"Invalid 'tool_choice': {json.dumps(choice)}.", param="tool_choice")
+
+
+def _named_function(functions: list[dict[str, Any]], name: str) -> dict[str, Any]:
+    for function in functions:
+        if function["name"] == name:
+            return function
+    raise ApiError(400, f"tool_script calls {name!r}, which is not offered.", param="tools")
 
 
 def _function_of(tool: Any) -> dict[str, Any]:
@@ -171,12 +189,12 @@ def _arguments(function: dict[str, Any], value: str) -> str:
 
 def _generate(engine: FakeEngine, chat: _ChatRequest, index: int, limit: int) -> _Choice:
     tokenizer = engine.tokenizer
-    reply = engine.reply_text(index)
+    reply = engine.reply_text(index, after_tool_result=chat.after_tool_result)
     if chat.tool_mode == "text" or chat.tool is None:
         output = engine.generate(tokenizer.encode(reply), limit, "stop")
         return _Choice(index, output, None, output.text)
     name = chat.tool["name"]
-    arguments = _arguments(chat.tool, reply)
+    arguments = chat.arguments if chat.arguments is not None else _arguments(chat.tool, reply)
     if chat.tool_mode == "markup":
         header, argument_ids, trailer = tokenizer.tool_call_segments(name, arguments)
         output = engine.generate((*header, *argument_ids, *trailer), limit, "tool_calls")

@@ -1,10 +1,11 @@
 """The fake vLLM's configuration, shared state and deterministic "sampling".
 
 Generation is a pure function of the request: choice `i` says `reply` (plus ` (i)` for i > 0), then
-EOS; `max_tokens` cuts it (no EOS then, finish reason "length"). Logprobs depend only on a token's
-position in its completion, so a stream and a non-stream call of the same request agree id for id and
-logprob for logprob. Errors and request-field rules are vLLM's own, from `art_proxy.wire`, which
-`art-proxy local-llm` shares.
+EOS; after a tool result it says `answer_after_tool` instead, when set; turn `k` of a conversation
+calls `tool_script[k]` instead, when there is one. `max_tokens` cuts it (no EOS then, finish reason
+"length"). Logprobs depend only on a token's position in its completion, so a stream and a
+non-stream call of the same request agree id for id and logprob for logprob. Errors and
+request-field rules are vLLM's own, from `art_proxy.wire`, which `art-proxy local-llm` shares.
 """
 
 from __future__ import annotations
@@ -33,6 +34,15 @@ _ALTERNATIVE_PIECES = (
 )  # fmt: skip
 
 
+class ScriptedCall(BaseModel):
+    """A tool call the fake makes at its turn of `tool_script`."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(description="An offered tool (else a 400).")
+    arguments: dict[str, Any] = Field(default_factory=dict)
+
+
 class FakeVllmConfig(BaseModel):
     """How the fake answers. Every knob has a default, so `FakeVllmConfig()` is a plain vLLM."""
 
@@ -44,6 +54,12 @@ class FakeVllmConfig(BaseModel):
         True, description="Serve /v1/load_lora_adapter and /v1/unload_lora_adapter (else 404)."
     )
     reply: str = Field("Hello from the fake.", description="Assistant text of choice 0.")
+    answer_after_tool: str | None = Field(
+        None,
+        description="Assistant text of choice 0 when the last message is a tool result (None = "
+        "reply): with tool_call, a scripted agent turn that calls a tool with `reply` as its "
+        "argument, then answers this.",
+    )
     delay_s: float = Field(0.0, ge=0, description="Seconds to wait before answering (0 = none).")
     chunk_delay_s: float = Field(0.0, ge=0, description="Seconds between stream chunks (0 = none).")
     tokens_per_chunk: int = Field(
@@ -59,6 +75,12 @@ class FakeVllmConfig(BaseModel):
         True,
         description="Call the first tool when tools are offered and the last message is not a "
         "tool result (False = always answer text, unless tool_choice names or requires a tool).",
+    )
+    tool_script: tuple[ScriptedCall, ...] = Field(
+        (),
+        description="Tool calls by turn, for multi-step agents: a request whose conversation holds "
+        "k assistant messages, with tools offered and tool_choice auto, calls tool_script[k]; past "
+        "its end the fake answers as without a script.",
     )
     record_requests: bool = Field(
         True, description="Keep each generation request body (off for long benchmark runs)."
@@ -110,9 +132,17 @@ class FakeEngine:
         """How many ids a choice may generate; a prompt that leaves no room is a 400."""
         return completion_limit(prompt_len, max_tokens, self.config.max_model_len)
 
-    def reply_text(self, choice_index: int) -> str:
+    def reply_text(self, choice_index: int, *, after_tool_result: bool = False) -> str:
         reply = self.config.reply
+        if after_tool_result and self.config.answer_after_tool is not None:
+            reply = self.config.answer_after_tool
         return reply if choice_index == 0 else f"{reply} ({choice_index})"
+
+    def scripted_call(self, messages: list[Any]) -> ScriptedCall | None:
+        """The call of `tool_script` for the turn that answers `messages` (None: past the end)."""
+        turn = sum(isinstance(m, dict) and m.get("role") == "assistant" for m in messages)
+        script = self.config.tool_script
+        return script[turn] if turn < len(script) else None
 
     def generate(self, body_ids: tuple[int, ...], limit: int, finish: FinishReason) -> Generated:
         """`body_ids` + EOS, cut to `limit` ids; `finish` is the reason when nothing was cut."""

@@ -27,8 +27,10 @@ from art_proxy.testing.fake_completions import handle_completions
 from art_proxy.testing.fake_engine import (
     FakeEngine,
     FakeVllmConfig,
+    ScriptedCall,
 )
 from art_proxy.testing.fake_tokenizer import FakeTokenizer
+from art_proxy.testing.loopback import serving
 from art_proxy.wire import (
     ApiError,
     json_response,
@@ -37,7 +39,13 @@ from art_proxy.wire import (
     vllm_app,
 )
 
-__all__ = ["FakeVllm", "FakeVllmConfig", "create_fake_vllm_app", "running_fake_vllm"]
+__all__ = [
+    "FakeVllm",
+    "FakeVllmConfig",
+    "ScriptedCall",
+    "create_fake_vllm_app",
+    "running_fake_vllm",
+]
 
 ENGINE = web.AppKey("fake_vllm_engine", FakeEngine)
 
@@ -83,22 +91,14 @@ async def running_fake_vllm(config: FakeVllmConfig | None = None) -> AsyncIterat
     """Serve a fake on 127.0.0.1 at a free port for the duration of the block."""
     app = create_fake_vllm_app(config)
     engine = app[ENGINE]
-    # A test that leaves a stream open must not hold up teardown for aiohttp's default minute.
-    runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
-    await runner.setup()
-    try:
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        port = runner.addresses[0][1]
+    async with serving(app) as root_url:
         yield FakeVllm(
-            base_url=f"http://127.0.0.1:{port}/v1",
+            base_url=f"{root_url}/v1",
             config=engine.config,
             requests=engine.requests,
             adapters=engine.adapters,
             tokenizer=engine.tokenizer,
         )
-    finally:
-        await runner.cleanup()
 
 
 def _models(engine: FakeEngine) -> dict[str, Any]:

@@ -14,6 +14,9 @@ from __future__ import annotations
 
 import re
 
+from openai import AsyncOpenAI
+from openai.types.chat import ChatCompletion
+
 from art_proxy.rollout import Rollout
 
 SYSTEM = "You are a helpful assistant. Answer with a single word."
@@ -28,18 +31,24 @@ def reward(answer: str) -> float:
     return 1.0 / words if words else 0.0
 
 
+def rate(answer: str | None, finish_reason: str) -> float:
+    """The reward of one reply: `reward` of its text, 0 for one cut off by `max_tokens` (it did
+    not stop after its words)."""
+    return reward(answer or "") if finish_reason == "stop" else 0.0
+
+
+async def ask(client: AsyncOpenAI, model: str, question: str) -> ChatCompletion:
+    """The task's one call: the question under the single-word instruction, sampled at 1."""
+    return await client.chat.completions.create(
+        model=model,
+        messages=[{"role": "system", "content": SYSTEM}, {"role": "user", "content": question}],
+        max_tokens=MAX_TOKENS,
+        temperature=1.0,
+    )
+
+
 async def rollout(run: Rollout) -> float:
     async with run.openai_client() as client:
-        reply = await client.chat.completions.create(
-            model=run.model,
-            messages=[
-                {"role": "system", "content": SYSTEM},
-                {"role": "user", "content": str(run.scenario.input)},
-            ],
-            max_tokens=MAX_TOKENS,
-            temperature=1.0,
-        )
+        reply = await ask(client, run.model, str(run.scenario.input))
     choice = reply.choices[0]
-    # A reply cut by max_tokens did not stop after its words.
-    finished = choice.finish_reason == "stop"
-    return reward(choice.message.content or "") if finished else 0.0
+    return rate(choice.message.content, choice.finish_reason)

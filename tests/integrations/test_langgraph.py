@@ -21,7 +21,6 @@ from langgraph.prebuilt import create_react_agent
 from pydantic import BaseModel
 
 from art_proxy.proxy.server import RunningProxy, running_proxy
-from art_proxy.records import TrajectoryRecord
 from art_proxy.testing.fake_vllm import FakeVllm, FakeVllmConfig, running_fake_vllm
 from art_proxy_integrations.langgraph import (
     SUBAGENT_TAG,
@@ -30,7 +29,7 @@ from art_proxy_integrations.langgraph import (
     current_trajectory_id,
     set_reward,
 )
-from tests.conftest import proxy_settings
+from tests.conftest import proxy_settings, trajectories
 
 # create_react_agent is the API the issue names; LangGraph 1.x points to langchain.agents instead.
 pytestmark = pytest.mark.filterwarnings("ignore:create_react_agent has been moved")
@@ -54,15 +53,6 @@ async def async_http() -> AsyncIterator[httpx.AsyncClient]:
 
 def model_for(proxy: RunningProxy, http: httpx.AsyncClient) -> ChatOpenAI:
     return chat_model(proxy.root_url, MODEL, http_async_client=http)
-
-
-async def trajectories(proxy: RunningProxy) -> list[TrajectoryRecord]:
-    found = await proxy.parts.store.trajectories()
-    return [
-        record
-        for summary in found
-        if (record := await proxy.parts.store.trajectory(summary.id)) is not None
-    ]
 
 
 def final_text(outputs: Any) -> str:

@@ -19,11 +19,8 @@ MakeRuler = Callable[..., Ruler]
 
 @pytest.fixture
 async def store(sqlite_url: str) -> AsyncIterator[TrajectoryStore]:
-    opened = await TrajectoryStore.open(sqlite_url)
-    try:
+    async with TrajectoryStore.opened(sqlite_url) as opened:
         yield opened
-    finally:
-        await opened.aclose()
 
 
 @pytest.fixture

@@ -19,6 +19,8 @@ from typing import Any
 
 from aiohttp import web
 
+from art_proxy.testing.loopback import serving
+
 Body = dict[str, Any]
 _TRAJECTORY = re.compile(r'<trajectory id="(t\d+)">\n(.*?)\n</trajectory>', re.DOTALL)
 
@@ -48,7 +50,6 @@ class ScriptedJudge:
 async def running_scripted_judge(*script: Script) -> AsyncIterator[ScriptedJudge]:
     entries = list(script) or [Reply("{}")]
     app = web.Application()
-    runner = web.AppRunner(app, access_log=None)
     judge = ScriptedJudge(base_url="")
 
     async def chat(request: web.Request) -> web.StreamResponse:
@@ -85,14 +86,9 @@ async def running_scripted_judge(*script: Script) -> AsyncIterator[ScriptedJudge
         )
 
     app.router.add_post("/v1/chat/completions", chat)
-    await runner.setup()
-    try:
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        judge.base_url = f"http://127.0.0.1:{runner.addresses[0][1]}/v1"
+    async with serving(app) as root_url:
+        judge.base_url = f"{root_url}/v1"
         yield judge
-    finally:
-        await runner.cleanup()
 
 
 def trajectories_in(body: Body) -> dict[str, str]:

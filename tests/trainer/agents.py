@@ -2,17 +2,43 @@
 
 from __future__ import annotations
 
+from openai.types.chat import ChatCompletion
+
 from art_proxy.rollout import Rollout
 
+# The validation reward of each served model: up at step 1, down at 2, back up (equal) at 3.
+SCRIPTED_VAL_REWARDS = {
+    "tiny-llama": 0.5,
+    "tiny-llama@1": 0.7,
+    "tiny-llama@2": 0.6,
+    "tiny-llama@3": 0.7,
+}
 
-async def length_agent(run: Rollout) -> float:
-    """One short call; the reward is a function of the reply's length that a random model's
-    replies spread over [0, 1] (what it measures does not matter here, only that it varies)."""
+
+async def _ask(run: Rollout) -> ChatCompletion:
     async with run.openai_client() as client:
-        reply = await client.chat.completions.create(
+        return await client.chat.completions.create(
             model=run.model,
             messages=[{"role": "user", "content": str(run.scenario.input)}],
             max_tokens=6,
             temperature=1.0,
         )
+
+
+def _length_reward(reply: ChatCompletion) -> float:
     return len(reply.choices[0].message.content or "") % 7 / 6
+
+
+async def length_agent(run: Rollout) -> float:
+    """One short call; the reward is a function of the reply's length that a random model's
+    replies spread over [0, 1] (what it measures does not matter here, only that it varies)."""
+    return _length_reward(await _ask(run))
+
+
+async def scripted_validation_agent(run: Rollout) -> float:
+    """`length_agent` on training scenarios; on validation ones, the reward scripted for the
+    model that served the call (the proxy answers with the served adapter's name)."""
+    reply = await _ask(run)
+    if run.scenario.split == "val":
+        return SCRIPTED_VAL_REWARDS.get(reply.model, 0.0)
+    return _length_reward(reply)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -10,7 +11,8 @@ import pytest
 import torch
 
 from art_proxy.config import TrainerConfig, TrainSettings
-from art_proxy.records import TrainableGroup
+from art_proxy.local.cli import set_torch_threads
+from art_proxy.records import CallRecord, GroupOutcome, TrainableGroup
 from art_proxy_trainer.batch import TrajectorySample, build_batch
 from art_proxy_trainer.checkpoint import Checkpoints, TrainerState
 from art_proxy_trainer.errors import CheckpointError
@@ -155,7 +157,7 @@ def test_rising_training_reward_with_falling_validation_is_flagged(tmp_path: Pat
     trainer = _trainer(tmp_path)
     trainer._on_warning = warnings.append
     trainer.state.reward_history = [(1, 0.2), (2, 0.3), (3, 0.6), (4, 0.9)]
-    trainer.validated_only(0.7)  # at step 0
+    trainer._validated(0, 0.7)  # the base model's validation
     trainer.state.step = 4
     trainer._validated(4, 0.4)
     assert len(warnings) == 1 and "reward hacking" in warnings[0]
@@ -167,3 +169,53 @@ def test_validation_without_improvement_for_patience_rounds_is_a_plateau(tmp_pat
         trainer._validated(step, reward)
     assert trainer.stopping.plateaued()
     assert trainer.state.best_step == 0
+
+
+def _served(group_id: str, model: str) -> tuple[TrainableGroup, dict[str, list[CallRecord]]]:
+    """A group of two trajectories with different rewards, both served by `model`."""
+    group = _group([0.0, 1.0]).model_copy(update={"group_id": group_id})
+    calls = {
+        t: [call(0, [1, 2], [3], [-0.5], trajectory_id=t).model_copy(update={"model": model})]
+        for t in group.rewards
+    }
+    return group, calls
+
+
+def test_staleness_counts_from_the_weights_trained_not_from_the_step_number(
+    tmp_path: Path,
+) -> None:
+    trainer = _trainer(tmp_path, alias="policy", max_staleness=1)
+    # Steps 1 and 2 were abandoned (no signal): the weights are still the base model's.
+    trainer.state.step = 2
+    base, base_calls = _served("base", "policy")
+    outcomes: dict[str, GroupOutcome] = {}
+    assert len(trainer._samples([base], base_calls, outcomes)) == 2
+    assert outcomes == {"base": "trained"}
+    # Once step 3 changed the weights, the base model is one step old and adapter 1 two.
+    trainer.state.policy_step = 3
+    old, old_calls = _served("old", "policy@1")
+    outcomes = {}
+    trainer._samples([base, old], base_calls | old_calls, outcomes)
+    assert outcomes == {"base": "stale", "old": "stale"}
+    recent, recent_calls = _served("recent", "policy@2")
+    outcomes = {}
+    trainer._samples([recent], recent_calls, outcomes)
+    assert outcomes == {"recent": "trained"}
+
+
+def test_a_checkpoint_from_before_policy_step_takes_its_step_for_it() -> None:
+    state = TrainerState.model_validate({"run": "r", "step": 7})
+    assert state.policy_step == 7
+    assert TrainerState.model_validate({"run": "r", "step": 7, "policy_step": 5}).policy_step == 5
+
+
+def test_torch_threads_are_the_setting_or_one_per_usable_core() -> None:
+    before = torch.get_num_threads()
+    try:
+        set_torch_threads(1)
+        assert torch.get_num_threads() == 1
+        set_torch_threads(0)
+        assert torch.get_num_threads() == len(os.sched_getaffinity(0))
+    finally:
+        torch.set_num_threads(before)
+    assert TrainSettings.model_validate({"threads": 1}).threads == 1

@@ -16,10 +16,11 @@ import json
 import os
 import shutil
 from pathlib import Path
+from typing import Any
 
 import torch
 from peft import PeftModel, set_peft_model_state_dict
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 from safetensors.torch import load_file
 
 from art_proxy.records import TrainingStep
@@ -35,12 +36,30 @@ class TrainerState(BaseModel):
 
     run: str
     step: int = 0
+    # The newest step that changed the weights (0: none, the base model): what the policy is now.
+    # Abandoned steps count in `step` but not here, so they do not age the groups the same
+    # weights go on sampling.
+    policy_step: int = 0
     record: TrainingStep | None = None  # the last step's record, for the store
     best_val: float | None = None
     best_step: int | None = None
     val_history: list[tuple[int, float]] = Field(default_factory=list)
     reward_history: list[tuple[int, float]] = Field(default_factory=list)
     loaded_adapters: list[str] = Field(default_factory=list, description="Oldest first.")
+    validated: dict[str, float] = Field(
+        default_factory=dict, description="Served model -> its latest validation reward."
+    )
+    rolled_back: list[str] = Field(
+        default_factory=list, description="Adapters the production alias was rolled back from."
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _policy_step_of_an_older_checkpoint(cls, data: Any) -> Any:
+        # Checkpoints from before `policy_step` took the last step for the policy's.
+        if isinstance(data, dict) and "policy_step" not in data:
+            return {**data, "policy_step": data.get("step", 0)}
+        return data
 
 
 class Checkpoints:

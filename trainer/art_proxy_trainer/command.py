@@ -21,6 +21,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn
 from rich.table import Table
 
 from art_proxy.config import JudgeModeOption, JudgeSettings, TrainSettings
+from art_proxy.errors import ConfigError
+from art_proxy.local.cli import set_torch_threads
 from art_proxy.records import TrainingStep
 from art_proxy.rollout import load_agent
 from art_proxy.ruler.command import build_ruler
@@ -34,6 +36,7 @@ from art_proxy_trainer.drivers import Events, WholeLoop, run_sidecar
 from art_proxy_trainer.loop import Trainer
 from art_proxy_trainer.metrics import MetricsSink
 from art_proxy_trainer.policy import load_policy
+from art_proxy_trainer.promoter import Promoter
 from art_proxy_trainer.swap import AdapterSwapper
 
 _COLUMNS = (
@@ -56,6 +59,7 @@ async def run_train(settings: TrainSettings, console: Console) -> TrainSummary:
     scenarios = load_scenarios(settings.scenarios) if settings.scenarios else []
     rubric = load_rubric(settings.rubric)
     out = Path(settings.out)
+    set_torch_threads(settings.threads)
     with console.status("loading the base model"):
         policy = await asyncio.to_thread(load_policy, settings.model, settings, seed=settings.seed)
     store = await TrajectoryStore.open(settings.store, writer=False)
@@ -64,6 +68,7 @@ async def run_train(settings: TrainSettings, console: Console) -> TrainSummary:
     try:
         async with contextlib.AsyncExitStack() as stack:
             swapper = None
+            promoter = None
             if settings.swap:
                 swapper = await stack.enter_async_context(
                     AdapterSwapper(
@@ -77,6 +82,19 @@ async def run_train(settings: TrainSettings, console: Console) -> TrainSummary:
                 )
                 served_as = await swapper.check_base_model(policy.names)
                 swapper.alias = summary.alias = settings.alias or served_as
+                if settings.promote_alias is not None:
+                    if settings.promote_alias == swapper.alias:
+                        raise ConfigError(
+                            f"--promote-alias {settings.promote_alias} is the training alias, "
+                            "which moves every step: pass another --alias"
+                        )
+                    promoter = Promoter(
+                        settings.promote_alias,
+                        store,
+                        swapper,
+                        min_trajectories=settings.rollback_min_trajectories,
+                        margin=settings.rollback_margin,
+                    )
             sink = stack.enter_context(MetricsSink(out, settings.tensorboard))
             trainer = Trainer(
                 settings,
@@ -85,11 +103,14 @@ async def run_train(settings: TrainSettings, console: Console) -> TrainSummary:
                 Checkpoints(out),
                 sink,
                 swapper,
+                promoter=promoter,
                 on_warning=lambda text: console.print(f"[bold red]warning:[/] {escape(text)}"),
             )
             resumed = await trainer.resume()
             if resumed:
                 console.print(f"resumed {settings.run_name!r} after step {resumed} from {out}")
+            if promoter is not None:
+                await promoter.start()
             ruler: Ruler | None = None
             if settings.judge:
                 ruler, judges = build_ruler(_judge_settings(settings), rubric, store)
@@ -178,6 +199,8 @@ def step_line(record: TrainingStep) -> str:
         swap = f"abandoned: {record.reason}"
     elif record.swap_error:
         swap = f"{swap}: {record.swap_error}"
+    if record.promotion:
+        swap += f"; {record.promotion}"
     return " ".join(cells) + f"  {swap}"
 
 

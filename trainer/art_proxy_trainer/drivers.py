@@ -3,6 +3,7 @@
 Sidecar: the proxy records whatever agents do, `art-proxy judge --watch` (or agents' own rewards)
 scores the groups, and the trainer takes them from the store, oldest first, once at least
 `groups_per_step` of them carry a signal; groups without one and validation groups ride along.
+While it waits, it watches the production alias's live reward (rollback).
 
 Whole loop: each step runs the agent `group_size` times on `groups_per_step` training scenarios
 through the proxy (the alias serves the newest adapter), scores the groups (RULER with --judge,
@@ -66,6 +67,7 @@ async def run_sidecar(trainer: Trainer, settings: TrainSettings, events: Events)
         )
         with_signal = [g for g in groups if g.split != "val" and has_signal(g)]
         if len(with_signal) < settings.groups_per_step:
+            await trainer.watch_production()  # production traffic goes on while we wait
             events.status(
                 f"waiting for scored groups: {len(with_signal)} of {settings.groups_per_step} "
                 f"with a reward spread ({len(groups)} unconsumed in the store)"
@@ -104,8 +106,8 @@ class WholeLoop:
         trainer, settings = self.trainer, self.settings
         validating = bool(self.val_scenarios) and settings.val_every > 0
         if validating and trainer.state.step == 0 and not trainer.state.val_history:
-            reward, _ = await self.validate()
-            trainer.validated_only(reward)
+            reward, val_groups = await self.validate()
+            await trainer.validated_only(reward, val_groups)
             self.events.status(f"validation reward of the base model: {reward:.3f}")
         while (reason := stop_reason(trainer, settings)) is None:
             number = trainer.state.step + 1

@@ -5,7 +5,9 @@ the optimiser moved or not: a group is consumed by exactly one step, including t
 carried no signal (equal rewards), were sampled by a too-old adapter (stale), recorded no token ids,
 or were validation groups. The order inside a step is what makes a kill at any moment harmless:
 train, write the checkpoint (the step's record inside), write the record to the store, then swap.
-`resume()` replays whatever of the last two a kill interrupted.
+`resume()` replays whatever of the last two a kill interrupted. With a production alias
+(`promoter`), a step first checks whether it must roll back, then offers the adapter its
+validation measured for promotion (before the swap, which may unload older adapters).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from art_proxy_trainer.checkpoint import Checkpoints, TrainerState
 from art_proxy_trainer.errors import CheckpointError, EmptyBatchError
 from art_proxy_trainer.metrics import MetricsSink
 from art_proxy_trainer.policy import Policy
+from art_proxy_trainer.promoter import Promoter
 from art_proxy_trainer.step import train_step
 from art_proxy_trainer.swap import AdapterSwapper, adapter_name, step_of
 
@@ -65,6 +68,7 @@ class Trainer:
         sink: MetricsSink,
         swapper: AdapterSwapper | None,
         *,
+        promoter: Promoter | None = None,
         on_warning: Callable[[str], None] = log.warning,
     ) -> None:
         self.settings = settings
@@ -73,6 +77,7 @@ class Trainer:
         self.checkpoints = checkpoints
         self.sink = sink
         self.swapper = swapper
+        self.promoter = promoter
         self.state = TrainerState(run=settings.run_name)
         self.stopping = Stopping(settings.patience, settings.min_delta)
         self._on_warning = on_warning
@@ -115,6 +120,7 @@ class Trainer:
         self, groups: Sequence[TrainableGroup], *, extra_metrics: Mapping[str, float] = {}
     ) -> TrainingStep:
         started = time.perf_counter()
+        await self.watch_production()
         number = self.state.step + 1
         outcomes: dict[str, GroupOutcome] = {}
         metrics: dict[str, float] = dict(extra_metrics)
@@ -124,8 +130,13 @@ class Trainer:
         if val and "val_reward" not in metrics:
             metrics["val_reward"] = _mean([r for g in val for r in g.rewards.values()])
         train_groups = [g for g in groups if g.split != "val"]
-        calls = await self.store.calls([t for g in train_groups for t in g.rewards])
-        samples = self._samples(number, train_groups, calls, outcomes)
+        calls = await self.store.calls([t for g in groups for t in g.rewards])
+        validated = _validation_by_model(val, calls)
+        self.state.validated |= validated
+        promotion = None
+        if self.promoter is not None:
+            promotion = await self.promoter.consider(validated, self.state)
+        samples = self._samples(train_groups, calls, outcomes)
         metrics["seconds_prepare"] = time.perf_counter() - started
         rewards = [r for g in train_groups for r in g.rewards.values()]
         metrics |= {
@@ -143,11 +154,14 @@ class Trainer:
             reason=reason,
             adapter=adapter_name(self.alias, number) if status == "applied" else None,
             swap="skipped" if status != "applied" or self.swapper is None else None,
+            promotion=promotion,
             groups=outcomes,
             metrics=_finite(metrics),
             created_at=utcnow(),
         )
         self.state.step = number
+        if status == "applied":
+            self.state.policy_step = number
         self.state.record = record
         if rewards:
             self.state.reward_history.append((number, metrics["reward_mean"]))
@@ -169,18 +183,31 @@ class Trainer:
         self._prune()
         return record
 
-    def validated_only(self, val_reward: float) -> None:
-        """A validation before the first step (the base model's reward, the plateau baseline)."""
+    async def validated_only(self, val_reward: float, groups: Sequence[TrainableGroup]) -> None:
+        """A validation before the first step (the base model's reward, the plateau baseline,
+        and what a first promotion must match)."""
+        calls = await self.store.calls([t for g in groups for t in g.rewards])
+        self.state.validated |= _validation_by_model(groups, calls)
         self._validated(self.state.step, val_reward)
+
+    async def watch_production(self) -> None:
+        """Roll the production alias back when its live reward has fallen (each step, and
+        while the sidecar waits for groups)."""
+        if self.promoter is None:
+            return
+        rolled_back = await self.promoter.watch(self.state)
+        if rolled_back is not None:
+            self._on_warning(rolled_back)
 
     def _samples(
         self,
-        number: int,
         groups: Sequence[TrainableGroup],
         calls: Mapping[str, list[CallRecord]],
         outcomes: dict[str, GroupOutcome],
     ) -> list[TrajectorySample]:
-        oldest_allowed = number - 1 - self.settings.max_staleness
+        # Age is counted from the weights trained now, not from the step number: after steps
+        # abandoned for want of signal, the base model's new samples are still on-policy.
+        oldest_allowed = self.state.policy_step - self.settings.max_staleness
         fresh: dict[str, dict[str, float]] = {}
         for group in groups:
             served = [c.model for t in group.rewards for c in calls.get(t, [])]
@@ -311,6 +338,21 @@ class Trainer:
         loaded = self.swapper.loaded if self.swapper is not None else []
         keep = {step_of(name, self.alias) for name in loaded}
         self.checkpoints.prune(keep | {self.state.step})
+
+
+def _validation_by_model(
+    groups: Sequence[TrainableGroup], calls: Mapping[str, list[CallRecord]]
+) -> dict[str, float]:
+    """Served model -> mean validation reward of the trajectories it served (each counts for
+    its first call's model, as the store's live rewards do): in the sidecar, validation groups
+    may span several adapters."""
+    rewards: dict[str, list[float]] = {}
+    for group in groups:
+        for trajectory, reward in group.rewards.items():
+            served = calls.get(trajectory)
+            if served and served[0].model is not None:
+                rewards.setdefault(served[0].model, []).append(reward)
+    return {model: _mean(values) for model, values in rewards.items()}
 
 
 def _finite(metrics: Mapping[str, float]) -> dict[str, float]:

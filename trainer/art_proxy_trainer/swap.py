@@ -5,9 +5,11 @@ The order is what makes a swap invisible to clients: load `alias@step` into ever
 proxy's alias, so no request can name an adapter some replica lacks. Adapters older than the last
 `keep` are unloaded afterwards; a request still running on one finishes (the local server and vLLM
 both keep an adapter alive for the rows that use it), and a proxy that has not yet seen the move
-(they refresh every second) still names one of the kept ones. An upstream that refuses the adapter
-leaves the alias where it was: the new adapter is unloaded from the upstreams that took it, and the
-refusal is returned as data for the step's record.
+(they refresh every second) still names one of the kept ones. An adapter some alias on the proxy
+points at (a production alias serving an older step), or one in `pinned` (a rollback target), is
+never unloaded: it stays until it is neither and older than the last `keep`. An upstream that
+refuses the adapter leaves the alias where it was: the new adapter is unloaded from the upstreams
+that took it, and the refusal is returned as data for the step's record.
 """
 
 from __future__ import annotations
@@ -68,6 +70,7 @@ class AdapterSwapper:
         self._keep = keep
         self._loaded: deque[str] = deque()
         self._session: aiohttp.ClientSession | None = None
+        self.pinned: set[str] = set()  # kept loaded though no alias points at them
 
     async def __aenter__(self) -> AdapterSwapper:
         self._session = aiohttp.ClientSession(timeout=_TIMEOUT)
@@ -101,28 +104,47 @@ class AdapterSwapper:
         self.base_name = served_as
         return served_as
 
-    async def alias_target(self) -> AliasRecord | None:
+    async def aliases(self) -> list[AliasRecord]:
+        """Every alias on the proxy and what it serves."""
         status, body = await self._request("GET", self._proxy + "/art/v1/aliases", None)
         if status != 200:
             raise SwapError(f"the proxy answered {status} to GET /art/v1/aliases: {body}")
-        for item in orjson.loads(body).get("data", []):
-            record = AliasRecord.model_validate(item)
-            if record.alias == self.alias:
-                return record
-        return None
+        return [AliasRecord.model_validate(item) for item in orjson.loads(body).get("data", [])]
+
+    async def alias_target(self) -> AliasRecord | None:
+        return next((r for r in await self.aliases() if r.alias == self.alias), None)
+
+    async def move_alias(self, alias: str, move: AliasRequest) -> str | None:
+        """Move an alias on the proxy; what the proxy answered when it refused (None: moved)."""
+        status, body = await self._request(
+            "PUT", f"{self._proxy}/art/v1/aliases/{alias}", move.model_dump(mode="json")
+        )
+        return None if status == 200 else f"the proxy answered {status} to moving {alias}: {body}"
+
+    def holds(self, model: str) -> bool:
+        """Every upstream serves `model`: the base, or one of our adapters loaded everywhere."""
+        return model == self.base_name or model in self._loaded
 
     async def serve_base(self) -> None:
         """Point the alias at the base model and unload the alias's adapters a previous run left
-        upstream: a new run starts from the base, and its `alias@1` must not meet an old one."""
+        upstream: a new run starts from the base, and its `alias@1` must not meet an old one.
+        Raises SwapError when another alias still serves one of them: unloading it would fail
+        that alias's calls, and keeping it would hand this run's `alias@N` the old weights."""
         current = await self.alias_target()
         if current is not None and current.model != self.base_name:
-            move = AliasRequest(model=self.base_name, step=None, reason="swap")
-            status, body = await self._request(
-                "PUT", f"{self._proxy}/art/v1/aliases/{self.alias}", move.model_dump(mode="json")
+            error = await self.move_alias(
+                self.alias, AliasRequest(model=self.base_name, step=None, reason="swap")
             )
-            if status != 200:
-                raise SwapError(f"the proxy answered {status} to moving the alias: {body}")
+            if error is not None:
+                raise SwapError(error)
         prefix = self.alias + "@"
+        for record in await self.aliases():
+            if record.model.startswith(prefix):
+                raise SwapError(
+                    f"alias {record.alias!r} serves {record.model}, an adapter of an earlier run "
+                    f"under --alias {self.alias}: move {record.alias!r} off it, or train this "
+                    "run under another --alias"
+                )
         for upstream in self._upstreams:
             status, body = await self._request("GET", upstream + "/models", None, upstream=True)
             if status != 200:
@@ -146,19 +168,15 @@ class AdapterSwapper:
         if refused:
             await self._unload_everywhere(name)
             return SwapOutcome("rejected", "; ".join(refused))
-        move = AliasRequest(model=name, step=step, reason="swap")
-        status, body = await self._request(
-            "PUT",
-            f"{self._proxy}/art/v1/aliases/{self.alias}",
-            move.model_dump(mode="json"),
+        error = await self.move_alias(
+            self.alias, AliasRequest(model=name, step=step, reason="swap")
         )
-        if status != 200:
+        if error is not None:
             await self._unload_everywhere(name)
-            return SwapOutcome("rejected", f"the proxy answered {status} to the alias move: {body}")
+            return SwapOutcome("rejected", error)
         if name not in self._loaded:
             self._loaded.append(name)
-        while len(self._loaded) > self._keep:
-            await self._unload_everywhere(self._loaded.popleft())
+        await self._unload_beyond_keep()
         return SwapOutcome("swapped")
 
     @property
@@ -171,6 +189,20 @@ class AdapterSwapper:
         for name in names:
             if name not in self._loaded:
                 self._loaded.append(name)
+
+    async def _unload_beyond_keep(self) -> None:
+        """Unload adapters older than the last `keep`, except those an alias or `pinned` holds."""
+        beyond = list(self._loaded)[: max(0, len(self._loaded) - self._keep)]
+        if not beyond:
+            return
+        try:
+            pinned = self.pinned | {record.model for record in await self.aliases()}
+        except SwapError:
+            return  # pins unknown: a spare adapter costs memory, a pinned one gone fails calls
+        for name in beyond:
+            if name not in pinned:
+                await self._unload_everywhere(name)
+                self._loaded.remove(name)
 
     async def _load(self, upstream: str, name: str, adapter_dir: Path) -> str | None:
         # Absolute (Checkpoints resolves its directory): the upstream runs elsewhere.

@@ -1,0 +1,35 @@
+"""Loopback for fakes, tests and benchmarks: serve an aiohttp app on 127.0.0.1 at a free port,
+or find a free port for a server started as its own process."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from aiohttp import web
+
+
+@asynccontextmanager
+async def serving(app: web.Application, *, shutdown_timeout: float = 1.0) -> AsyncIterator[str]:
+    """`app` served for the duration of the block; yields its root URL, `http://127.0.0.1:PORT`.
+
+    `shutdown_timeout` is short: a test that leaves a stream open must not hold up teardown for
+    aiohttp's default minute."""
+    runner = web.AppRunner(app, access_log=None, shutdown_timeout=shutdown_timeout)
+    await runner.setup()
+    try:
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        yield f"http://127.0.0.1:{runner.addresses[0][1]}"
+    finally:
+        await runner.cleanup()
+
+
+def free_port() -> int:
+    """A port on 127.0.0.1 that nothing listens on now (another process may still take it
+    before the server that is given it binds: fine for tests on one machine)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port

@@ -1,0 +1,1 @@
+"""Online learning from simulated production traffic: feedback, shadow sampling, safe promotion."""

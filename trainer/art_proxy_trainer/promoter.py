@@ -1,0 +1,123 @@
+"""Safe promotion and automatic rollback of a production alias (`--promote-alias`).
+
+The training alias moves every step; the production alias moves only on evidence, by the rules of
+`art_proxy.promotion`. Its history is the store's alias moves, so a restarted trainer picks it up
+where it was: the newest move says what the alias serves and since when, and a `promote` move's
+`previous` is the rollback target, pinned upstream until the alias moves on. An adapter is a
+candidate right after the step that validated it; one rolled back is never promoted again in the
+run (the trainer's state keeps it across a resume).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from art_proxy.promotion import decide_promotion, decide_rollback
+from art_proxy.records import AliasMove, AliasRequest, LiveReward, MoveReason
+from art_proxy.store.trajectory_store import TrajectoryStore
+from art_proxy_trainer.checkpoint import TrainerState
+from art_proxy_trainer.errors import SwapError
+from art_proxy_trainer.swap import AdapterSwapper, step_of
+
+
+class Promoter:
+    def __init__(
+        self,
+        alias: str,
+        store: TrajectoryStore,
+        swapper: AdapterSwapper,
+        *,
+        min_trajectories: int,
+        margin: float,
+    ) -> None:
+        self.alias = alias
+        self._store = store
+        self._swapper = swapper
+        self._min_trajectories = min_trajectories
+        self._margin = margin
+        self._stuck: str | None = None  # a target that should roll back to an unloaded one
+
+    async def start(self) -> None:
+        """Point a new production alias at the base model (the target a first promotion is
+        measured against and rolls back to); pin the rollback target of an existing one."""
+        if await self._moves():
+            return
+        error = await self._move(
+            self._swapper.base_name, "promote", "the base model, before any adapter"
+        )
+        if error is not None:
+            raise SwapError(error)
+
+    async def consider(self, validated: Mapping[str, float], state: TrainerState) -> str | None:
+        """Promote the newest adapter this step validated (served model -> validation reward)
+        when the evidence says so; a line for the step's record (None: nothing was up)."""
+        if not validated:
+            return None
+        candidate = max(validated, key=lambda model: step_of(model, self._swapper.alias))
+        moves = await self._moves()
+        current = moves[0].model if moves else self._swapper.base_name
+        if candidate == current:
+            return None
+        if not self._swapper.holds(candidate):
+            return f"not promoted: {candidate} is no longer loaded upstream"
+        decision = decide_promotion(
+            validated[candidate],
+            current,
+            state.validated.get(current),
+            rolled_back=candidate in state.rolled_back,
+        )
+        if not decision.act:
+            return f"kept {current} over {candidate}: {decision.note}"
+        error = await self._move(candidate, "promote", decision.note)
+        if error is not None:
+            return f"not promoted: {error}"
+        self._swapper.pinned = {current}
+        return f"promoted {candidate} to {self.alias}: {decision.note}"
+
+    async def watch(self, state: TrainerState) -> str | None:
+        """Roll the alias back to its previous target when the live reward of the promoted one
+        has fallen; a line saying so when it did (None: it stays)."""
+        moves = await self._moves()
+        if not moves or moves[0].reason != "promote" or moves[0].previous is None:
+            return None
+        promoted, previous = moves[0], moves[0].previous
+        # The previous target's own serving period: from the move to it until the promotion.
+        since = moves[1].moved_at if len(moves) > 1 and moves[1].model == previous else None
+        live = await self._store.live_rewards(since=promoted.moved_at)
+        before = await self._store.live_rewards(since=since, until=promoted.moved_at)
+        decision = decide_rollback(
+            live.get(promoted.model) or LiveReward(model=promoted.model, count=0, mean=None),
+            before.get(previous) or LiveReward(model=previous, count=0, mean=None),
+            self._min_trajectories,
+            self._margin,
+        )
+        if not decision.act:
+            return None
+        if not self._swapper.holds(previous):
+            if self._stuck == promoted.model:
+                return None  # said once; the sidecar asks every poll
+            self._stuck = promoted.model
+            return f"{self.alias} should roll back, but {previous} is not loaded: {decision.note}"
+        error = await self._move(previous, "rollback", decision.note)
+        if error is not None:
+            return f"rollback of {self.alias} failed: {error}"
+        state.rolled_back.append(promoted.model)
+        self._swapper.pinned = set()  # the alias itself now holds its target
+        return f"{self.alias} rolled back from {promoted.model} to {previous}: {decision.note}"
+
+    async def _moves(self) -> list[AliasMove]:
+        """The alias's last two moves, newest first; pins the rollback target they name."""
+        moves = await self._store.alias_moves(self.alias, limit=2)
+        promoted = bool(moves) and moves[0].reason == "promote" and moves[0].previous is not None
+        self._swapper.pinned = {str(moves[0].previous)} if promoted else set()
+        return moves
+
+    async def _move(self, model: str, reason: MoveReason, note: str) -> str | None:
+        """Move the alias; why it did not move (None: moved). An unreachable proxy is data
+        here: the alias stays, and the next step or poll tries again."""
+        step = step_of(model, self._swapper.alias) or None
+        request = AliasRequest(model=model, step=step, reason=reason, note=note)
+        try:
+            return await self._swapper.move_alias(self.alias, request)
+        except SwapError as exc:
+            return str(exc)
