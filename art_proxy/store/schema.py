@@ -58,6 +58,8 @@ trajectories = sa.Table(
     sa.Index("ix_trajectories_scenario_status", "scenario_id", "status"),
     sa.Index("ix_trajectories_status_updated", "status", "updated_at"),
     sa.Index("ix_trajectories_tip_key", "tip_key"),
+    # The live reward of a serving period (store/feedback.py, the rollback watch).
+    sa.Index("ix_trajectories_split_status_created", "split", "status", "created_at"),
 )
 
 calls = sa.Table(

@@ -4,7 +4,7 @@ Existing moves and steps carry no note (NULL): they were made before promotion e
 
 Revision ID: 0006
 Revises: 0005
-Create Date: 2026-11-27
+Create Date: 2026-11-23
 """
 
 from __future__ import annotations
