@@ -3,17 +3,23 @@
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 from typing import Any
 
+import aiohttp
+import orjson
 import pytest
 import sqlalchemy as sa
 from sqlalchemy import Connection
 
 from art_proxy.errors import ConfigError, StoreError
+from art_proxy.proxy.server import running_proxy
 from art_proxy.store import schema
-from art_proxy.store.engine import async_url
+from art_proxy.store.engine import async_url, create_engine
 from art_proxy.store.trajectory_store import TrajectoryStore, utcnow
-from art_proxy.store.writer import Batch, RowKind
+from art_proxy.store.writer import Batch, RowKind, _statements
+from art_proxy.testing.fake_vllm import FakeVllm, FakeVllmConfig
+from tests.conftest import proxy_settings
 
 
 def describe(connection: Connection) -> dict[str, Any]:
@@ -118,3 +124,67 @@ def test_store_urls_get_their_async_driver(url: str, expected: str) -> None:
 def test_unsupported_store_urls_are_config_errors(url: str) -> None:
     with pytest.raises(ConfigError):
         async_url(url)
+
+
+async def test_sqlite_rows_written_by_the_cursor_equal_those_sqlalchemy_execute_writes(
+    sqlite_url: str, vllm: FakeVllm, http: aiohttp.ClientSession, tmp_path: Path
+) -> None:
+    """The writer runs SQLite statements through the sqlite3 cursor, with SQL and value
+    conversions compiled by SQLAlchemy; replaying the real relay's batches (a new trajectory, a
+    continued one, a stream, a failed call) through `Connection.execute` must give the same rows."""
+    written: list[Batch] = []
+    async with running_proxy(proxy_settings(sqlite_url, vllm.base_url)) as proxy:
+        writer = proxy.parts.store.writer
+        write = writer.write
+
+        async def recording(batch: Batch) -> None:
+            written.append(batch)
+            await write(batch)
+
+        writer.write = recording  # type: ignore[method-assign]
+        messages: list[dict[str, Any]] = [{"role": "user", "content": "hello"}]
+        first = await chat_json(http, proxy.base_url, messages)
+        messages.append(first["choices"][0]["message"])
+        messages.append({"role": "user", "content": "and then?"})
+        await chat_json(http, proxy.base_url, messages)  # continues: a call and a touch
+        await chat_json(http, proxy.base_url, [{"role": "user", "content": "s"}], stream=True)
+        await chat_json(http, proxy.base_url, [{"role": "user", "content": "x"}], max_tokens=-1)
+    assert {kind for batch in written for kind, _ in batch.rows} == set(RowKind)
+
+    replayed_url = f"sqlite:///{tmp_path / 'replayed.db'}"
+    async with TrajectoryStore.opened(replayed_url, writer=False):
+        pass  # migrated
+    statements = _statements("sqlite")
+
+    def replay(connection: Connection) -> None:
+        for batch in written:
+            for kind, row in sorted(batch.rows, key=lambda kind_row: kind_row[0]):
+                connection.execute(statements[kind], [row])
+
+    replayed = create_engine(replayed_url)  # the store's engine options (its JSON serializer)
+    async with replayed.begin() as connection:
+        await connection.run_sync(replay)
+    recorded = create_engine(sqlite_url)
+    try:
+        for table in ("scenarios", "groups", "trajectories", "calls"):
+            query = f"SELECT * FROM {table} ORDER BY 1"
+            async with recorded.connect() as a, replayed.connect() as b:
+                rows = (await a.exec_driver_sql(query)).all()
+                assert rows and rows == (await b.exec_driver_sql(query)).all(), table
+    finally:
+        await recorded.dispose()
+        await replayed.dispose()
+
+
+async def chat_json(
+    http: aiohttp.ClientSession, base_url: str, messages: list[dict[str, Any]], **fields: Any
+) -> dict[str, Any]:
+    """One chat call; the answer's JSON (a stream's last chunk; an error's body)."""
+    body = {"model": FakeVllmConfig().model, "messages": messages, **fields}
+    async with http.post(f"{base_url}/chat/completions", json=body) as response:
+        if not fields.get("stream"):
+            answer: dict[str, Any] = await response.json()
+            return answer
+        chunks = [line[6:] async for line in response.content if line.startswith(b"data: {")]
+        last: dict[str, Any] = orjson.loads(chunks[-1])
+        return last

@@ -120,16 +120,27 @@ class SqliteThreadRunner:
         )
         event.listen(self._engine, "connect", _sqlite_pragmas)
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="art-proxy-sqlite")
+        # Held by the thread for its life: a pool checkout and reset per transaction cost more
+        # than some of the inserts.
+        self._connection: sa.Connection | None = None
 
     def _transaction(self, body: TransactionBody) -> None:
-        with self._engine.begin() as connection:
-            body(connection)
+        if self._connection is None:
+            self._connection = self._engine.connect()
+        with self._connection.begin():
+            body(self._connection)
+
+    def _close(self) -> None:
+        if self._connection is not None:
+            self._connection.close()
+            self._connection = None
+        self._engine.dispose()
 
     async def run(self, body: TransactionBody) -> None:
         await asyncio.get_running_loop().run_in_executor(self._thread, self._transaction, body)
 
     async def aclose(self) -> None:
-        await asyncio.get_running_loop().run_in_executor(self._thread, self._engine.dispose)
+        await asyncio.get_running_loop().run_in_executor(self._thread, self._close)
         self._thread.shutdown(wait=True)
 
 

