@@ -120,8 +120,8 @@ class SqliteThreadRunner:
         )
         event.listen(self._engine, "connect", _sqlite_pragmas)
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="art-proxy-sqlite")
-        # Held by the thread for its life: a pool checkout and reset per transaction cost more
-        # than some of the inserts.
+        # Held by the thread for its life: a pool checkout and reset cost about 25 us a
+        # transaction (measured on the proxy's rows: 158 -> 133 us).
         self._connection: sa.Connection | None = None
 
     def _transaction(self, body: TransactionBody) -> None:

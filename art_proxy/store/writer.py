@@ -10,7 +10,8 @@ single bad record cannot lose its neighbours; the failing one gets a `StoreError
 On SQLite the rows go to the sqlite3 cursor's `executemany` with SQL that SQLAlchemy compiled once
 per statement and set of columns (`_SqlitePlans`): `Connection.execute` spends as long again on
 per-call work (cache key, parameters, result object) as SQLite spends writing (measured on the
-proxy's rows: 224 us a transaction through `execute`, 107 us through the cursor).
+proxy's rows, one held connection, a tight loop: 212 us a transaction through `execute`, 133 us
+through the cursor).
 """
 
 from __future__ import annotations
@@ -101,12 +102,11 @@ class _Plan:
     processors: tuple[Callable[[Any], Any] | None, ...]
 
     def values(self, row: Row) -> tuple[Any, ...]:
-        return tuple(
-            (row[key] if key is not None else fixed)
-            if process is None
-            else process(row[key] if key is not None else fixed)
-            for key, fixed, process in zip(self.keys, self.fixed, self.processors, strict=True)
-        )
+        values = []
+        for key, fixed, process in zip(self.keys, self.fixed, self.processors, strict=True):
+            value = fixed if key is None else row[key]
+            values.append(value if process is None else process(value))
+        return tuple(values)
 
 
 class _SqlitePlans:
