@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import ipaddress
 import math
 from enum import StrEnum
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+
+from art_proxy.secrets import redact_url
 
 DEFAULT_STORE = "sqlite:///art.db"
 
@@ -75,6 +78,11 @@ class ProxySettings(StoreSettings):
     shadow_samples: int = Field(
         3, ge=1, description="Extra samples of each shadowed call, each its own trajectory."
     )
+    open_admin: bool = Field(
+        False,
+        description="Serve /art/ and the dashboard without a key beyond loopback although "
+        "--api-key guards the calls (refused otherwise: /art/ can redirect every agent's model).",
+    )
     shadow_max_in_flight: int = Field(
         8,
         ge=1,
@@ -87,13 +95,39 @@ class ProxySettings(StoreSettings):
     def _upstreams_are_base_urls(cls, urls: list[str]) -> list[str]:
         return _upstream_base_urls(urls)
 
+    @model_validator(mode="after")
+    def _admin_not_left_open(self) -> ProxySettings:
+        exposed = not is_loopback(self.host)
+        if self.api_key and not self.admin_key and exposed and not self.open_admin:
+            raise ValueError(
+                f"--api-key without --admin-key leaves /art/ and the dashboard open on "
+                f"{self.host}, beyond loopback (anyone could move a model alias): set "
+                "--admin-key, or --open-admin to serve them open anyway"
+            )
+        return self
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
 
 def _upstream_base_urls(urls: list[str]) -> list[str]:
     if not urls:
         raise ValueError("at least one --upstream is needed")
     for url in urls:
         if not url.startswith(("http://", "https://")):
-            raise ValueError(f"upstream {url!r} is not an http(s) URL")
+            raise ValueError(f"upstream {redact_url(url)!r} is not an http(s) URL")
+        if redact_url(url) != url:
+            # The URL is logged, shown on /health and stored with every trajectory.
+            raise ValueError(
+                f"upstream {redact_url(url)!r} carries credentials in its URL, where they would "
+                "be logged, shown and stored: pass the key with --upstream-api-key instead"
+            )
     return [url.rstrip("/") for url in urls]
 
 

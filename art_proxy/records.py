@@ -18,8 +18,9 @@ JsonObject = dict[str, Any]
 Split = Literal["train", "val", "prod"]
 CallKind = Literal["chat", "completion"]
 # ok: the upstream answered 2xx. upstream_error: it answered 4xx/5xx (passed through to the client).
-# failed: it could not be reached or timed out (the proxy answered 502/504). aborted: the client left.
-CallStatus = Literal["ok", "upstream_error", "failed", "aborted"]
+# failed: it could not be reached, timed out or broke the wire format (the proxy answered 502/504).
+# aborted: the client left. rejected: the proxy refused the request (400/413) before the upstream.
+CallStatus = Literal["ok", "upstream_error", "failed", "aborted", "rejected"]
 TrajectoryStatus = Literal["open", "finished"]
 # shadow: an extra sample the proxy drew beside a served prod call (proxy/shadow.py), one call long.
 FinishReason = Literal["client", "idle", "shadow"]
@@ -110,7 +111,10 @@ class ScenarioRecord(_Record):
 
 
 class FinishRequest(_Record):
-    """Body of `POST /art/v1/trajectories/{id}/finish`."""
+    """Body of `POST /art/v1/trajectories/{id}/finish`: finite numbers only (JSON has no NaN or
+    infinity, so a stored one could not be read back as it was written)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     reward: float | None = None
     metrics: dict[str, float] = Field(default_factory=dict)

@@ -15,6 +15,7 @@ from art_proxy.records import AliasRequest, FeedbackRequest, FinishRequest
 from art_proxy.store.trajectory_store import TrajectoryStore
 
 from .aliases import Aliases
+from .request_body import MAX_DEPTH, within_depth
 from .tracker import TrajectoryTracker
 
 _MAX_PAGE = 1000
@@ -121,7 +122,10 @@ async def _body(
     """The request's JSON body as `model`; a 400 naming `what` when it is not one."""
     raw = await request.read()
     try:
-        return model.model_validate({} if empty_ok and not raw.strip() else orjson.loads(raw))
+        parsed = {} if empty_ok and not raw.strip() else orjson.loads(raw)
+        if not within_depth(parsed, MAX_DEPTH):
+            raise BadRequest(f"invalid {what} body: nested deeper than {MAX_DEPTH} levels")
+        return model.model_validate(parsed)
     except (orjson.JSONDecodeError, ValidationError) as exc:
         raise BadRequest(f"invalid {what} body: {exc}") from exc
 

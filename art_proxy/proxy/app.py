@@ -167,9 +167,10 @@ def _add_routes(router: web.UrlDispatcher) -> None:
 async def _health(request: web.Request) -> web.Response:
     parts = request.app[PARTS]
     writer = parts.store.writer
+    # A proxy whose store writer stopped answers calls it cannot record: take it out of rotation.
     return web.json_response(
         {
-            "status": "ok",
+            "status": "ok" if writer.running else "store writer stopped",
             "upstreams": parts.settings.upstream,
             "open_trajectories": parts.tracker.open_count,
             "calls": parts.counters.calls,
@@ -181,7 +182,9 @@ async def _health(request: web.Request) -> web.Response:
             "shadow_skipped": parts.counters.shadow_skipped,
             "commits": writer.commits,
             "records_committed": writer.batches,
-        }
+            "unreadable_rows": parts.store.unreadable_rows,
+        },
+        status=200 if writer.running else 503,
     )
 
 
@@ -227,8 +230,9 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
         error = _translate_http(request, exc)
         return web.json_response(error.body(), status=exc.status)
     except StoreError as exc:
+        # The reason may quote SQL: it goes to the log, never to the client.
         log.error("store error on %s: %s", request.path, exc)
-        error = ArtProxyError(f"the store failed: {exc}")
+        error = ArtProxyError("the store failed (the proxy's log has the reason)")
         return web.json_response(error.body(), status=500)
     except Exception:
         log.exception("unexpected error on %s %s", request.method, request.path)

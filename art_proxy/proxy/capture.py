@@ -103,6 +103,112 @@ def _strip_choice(choice: JsonObject, asks: ClientAsks) -> JsonObject:
     return stripped
 
 
+def response_problem(response: JsonObject, kind: CallKind) -> str | None:
+    """What makes a whole upstream answer unusable, in a few words; None when nothing does.
+
+    Only what the proxy reads is checked (the choices, their ids, logprobs and replies): the rest
+    is relayed as the upstream sent it. Checked before anything is recorded, so a malformed
+    answer is a failed call, never a record that cannot be read back.
+    """
+    choices = response.get("choices")
+    if not isinstance(choices, list):
+        return "choices is not a list"
+    if not _ids_or_none(response.get("prompt_token_ids")):
+        return "prompt_token_ids is not a list of integers"
+    for position, choice in enumerate(choices):
+        problem = _choice_problem(choice, kind, "message")
+        if problem is not None:
+            return f"choices[{position}]{problem}"
+    return None
+
+
+def chunk_problem(chunk: Any, kind: CallKind) -> str | None:
+    """`response_problem` for one stream chunk (its choices carry a `delta`)."""
+    if not isinstance(chunk, dict):
+        return "a chunk is not a JSON object"
+    choices = chunk.get("choices")
+    if choices is not None and not isinstance(choices, list):
+        return "choices is not a list"
+    if not _ids_or_none(chunk.get("prompt_token_ids")):
+        return "prompt_token_ids is not a list of integers"
+    usage = chunk.get("usage")
+    if usage is not None and not isinstance(usage, dict):
+        return "usage is not an object"
+    for position, choice in enumerate(choices or []):
+        problem = _choice_problem(choice, kind, "delta")
+        if problem is not None:
+            return f"choices[{position}]{problem}"
+    return None
+
+
+def _choice_problem(choice: Any, kind: CallKind, reply_key: str) -> str | None:
+    if not isinstance(choice, dict):
+        return " is not an object"
+    if type(choice.get("index", 0)) is not int:
+        return ".index is not an integer"
+    for key in ("token_ids", "prompt_token_ids"):
+        if not _ids_or_none(choice.get(key)):
+            return f".{key} is not a list of integers"
+    logprobs = choice.get("logprobs")
+    if logprobs is not None:
+        if not isinstance(logprobs, dict):
+            return ".logprobs is not an object"
+        if kind == "chat":
+            entries = logprobs.get("content")
+            if entries is not None and not (
+                isinstance(entries, list)
+                and all(isinstance(e, dict) and _is_number(e.get("logprob")) for e in entries)
+            ):
+                return ".logprobs.content has an entry without a numeric logprob"
+        else:
+            values = logprobs.get("token_logprobs")
+            if values is not None and not (
+                isinstance(values, list) and all(v is None or _is_number(v) for v in values)
+            ):
+                return ".logprobs.token_logprobs is not a list of numbers"
+    if kind == "completion":
+        return None if _text_or_none(choice.get("text")) else ".text is not a string"
+    reply = choice.get(reply_key)
+    if reply is None:
+        return None
+    if not isinstance(reply, dict):
+        return f".{reply_key} is not an object"
+    for key in ("content", "reasoning", "reasoning_content"):
+        if not _text_or_none(reply.get(key)):
+            return f".{reply_key}.{key} is not a string"
+    tool_calls = reply.get("tool_calls")
+    if tool_calls is not None and not (
+        isinstance(tool_calls, list) and all(_is_tool_call(call) for call in tool_calls)
+    ):
+        return f".{reply_key}.tool_calls is not a list of tool calls"
+    return None
+
+
+def _is_tool_call(call: Any) -> bool:
+    if not isinstance(call, dict) or type(call.get("index", 0)) is not int:
+        return False
+    function = call.get("function")
+    if function is None:
+        return True
+    return (
+        isinstance(function, dict)
+        and _text_or_none(function.get("name"))
+        and _text_or_none(function.get("arguments"))
+    )
+
+
+def _text_or_none(value: Any) -> bool:
+    return value is None or isinstance(value, str)
+
+
+def _ids_or_none(value: Any) -> bool:
+    return value is None or (isinstance(value, list) and all(type(i) is int for i in value))
+
+
+def _is_number(value: Any) -> bool:
+    return type(value) is float or type(value) is int
+
+
 @dataclass(frozen=True)
 class Tokens:
     """What a response says about tokens; `trainable` only when every choice has ids and logprobs."""

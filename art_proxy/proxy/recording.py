@@ -19,11 +19,20 @@ import orjson
 from art_proxy.config import OnStoreError
 from art_proxy.errors import StoreError, StoreUnavailable, UpstreamError
 from art_proxy.records import CallKind, CallStatus, JsonObject
+from art_proxy.secrets import scrub, scrub_text
 from art_proxy.store.trajectory_store import TrajectoryStore, utcnow
 from art_proxy.store.writer import Batch, RowKind
 
 from .attribution import reply_keys, reply_messages
-from .capture import ClientAsks, Tokens, sampling_of, strip_response, tokens_of, upstream_body
+from .capture import (
+    ClientAsks,
+    Tokens,
+    response_problem,
+    sampling_of,
+    strip_response,
+    tokens_of,
+    upstream_body,
+)
 from .tracker import Assignment, TrajectoryTracker
 
 log = logging.getLogger(__name__)
@@ -71,9 +80,9 @@ class Outcome:
     error: str | None = None
 
     @classmethod
-    def of_answer(cls, upstream: str, status: int, raw: bytes) -> Outcome:
+    def of_answer(cls, upstream: str, status: int, raw: bytes, kind: CallKind) -> Outcome:
         """The outcome of a whole (non-stream or error) upstream answer; `UpstreamError` when a
-        2xx body is not a JSON object."""
+        2xx body is not a response the proxy can record (an error body sent as 200 included)."""
         if status >= 400:
             return cls("upstream_error", status, error=raw.decode("utf-8", "replace")[:2000])
         try:
@@ -82,6 +91,12 @@ class Outcome:
             raise UpstreamError(f"upstream {upstream} sent invalid JSON") from exc
         if not isinstance(parsed, dict):
             raise UpstreamError(f"upstream {upstream} sent a non-object body")
+        if "error" in parsed and "choices" not in parsed:
+            message = str(parsed["error"])[:2000]
+            raise UpstreamError(f"upstream {upstream} answered {status} with an error: {message}")
+        problem = response_problem(parsed, kind)
+        if problem is not None:
+            raise UpstreamError(f"upstream {upstream} sent a malformed response: {problem}")
         return cls("ok", status, response=parsed)
 
 
@@ -119,13 +134,15 @@ class Recorder:
             "upstream": assignment.upstream,
             "status": outcome.status,
             "http_status": outcome.http_status,
-            "error": outcome.error,
+            "error": _text(scrub_text(outcome.error)) if outcome.error is not None else None,
             "stream": call.stream,
-            "model": call.model,
-            "request": call.body,
+            "model": _text(call.model) if call.model is not None else None,
+            "request": scrub(call.body),
             # As the client received it: the ids and logprobs it did not ask for live in their
             # own fields, so the row does not carry them twice.
-            "response": strip_response(outcome.response, call.asks) if outcome.response else None,
+            "response": scrub(strip_response(outcome.response, call.asks))
+            if outcome.response
+            else None,
             "sampling": sampling_of(call.body),
             "prompt_token_ids": tokens.prompt_token_ids,
             "completion_token_ids": tokens.completion_token_ids,
@@ -166,7 +183,9 @@ class Recorder:
             )
             self._tracker.record_call(assignment, keys, sequences, committed=False)
             if self._policy is OnStoreError.fail:
-                raise StoreUnavailable(f"the call could not be recorded: {exc}") from exc
+                raise StoreUnavailable(
+                    "the call could not be recorded (the proxy's log has the reason)"
+                ) from exc
             return
         self._tracker.record_call(assignment, keys, sequences, committed=True)
 
@@ -176,6 +195,11 @@ class Recorder:
             return []
         messages = list(call.body.get("messages") or [])
         return reply_keys(messages, reply_messages(outcome.response))
+
+
+def _text(value: str) -> str:
+    """A text column's value: PostgreSQL refuses the NUL character, so it is stored as U+FFFD."""
+    return value.replace("\x00", "\ufffd")
 
 
 def _stitched(prompt_ids: list[int] | None, previous: list[list[int]]) -> bool:

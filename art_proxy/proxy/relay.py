@@ -18,14 +18,22 @@ import logging
 import aiohttp
 import orjson
 from aiohttp import web
+from aiohttp.web_protocol import RequestPayloadError
 
-from art_proxy.errors import ArtProxyError, BadRequest, StoreUnavailable, UpstreamError
-from art_proxy.records import AliasRecord, CallKind, CallStatus, JsonObject, Split
+from art_proxy.errors import (
+    ArtProxyError,
+    BadRequest,
+    BodyTooLarge,
+    StoreUnavailable,
+    UpstreamError,
+)
+from art_proxy.records import AliasRecord, CallKind, CallStatus, Split
 
 from .aliases import Aliases
 from .attribution import explicit_attribution
-from .capture import ClientAsks, StreamRecorder, strip_chunk, strip_response
+from .capture import ClientAsks, StreamRecorder, chunk_problem, strip_chunk, strip_response
 from .recording import CallInProgress, Outcome, Recorder
+from .request_body import Rejection, parse_body
 from .shadow import ShadowSampler
 from .tracker import TrajectoryTracker
 from .upstream import PATHS, Upstreams, read_body
@@ -68,7 +76,12 @@ class Relay:
         return web.Response(body=raw, status=response.status, content_type="application/json")
 
     async def _generate(self, request: web.Request, kind: CallKind) -> web.StreamResponse:
-        body = await parse_body(request, kind)
+        raw = await _read_body(request)
+        parsed = raw if isinstance(raw, Rejection) else parse_body(raw, kind)
+        if isinstance(parsed, Rejection):
+            await self._reject(request, kind, parsed)
+            raise parsed.error
+        body = parsed
         explicit = explicit_attribution(request.match_info, request.headers, self._default_split)
         messages = body.get("messages") if kind == "chat" else None
         assignment = await self._tracker.assign(explicit, messages)
@@ -109,6 +122,26 @@ class Relay:
             raise
         return await self._relay_stream(request, call, response, asks)
 
+    async def _reject(self, request: web.Request, kind: CallKind, rejection: Rejection) -> None:
+        """Record a request the proxy refused, in the trajectory it would have joined where the
+        refusal leaves that knowable (valid attribution headers, valid messages)."""
+        try:
+            explicit = explicit_attribution(
+                request.match_info, request.headers, self._default_split
+            )
+        except BadRequest:
+            explicit = explicit_attribution({}, {}, self._default_split)
+        body = rejection.body
+        messages = body.get("messages") if body is not None and rejection.messages_valid else None
+        assignment = await self._tracker.assign(explicit, messages)
+        stored = body if body is not None else {"unreadable_body": rejection.error.message}
+        call = CallInProgress(kind, stored, assignment, stream=False)
+        error = rejection.error
+        with contextlib.suppress(StoreUnavailable):  # the client's mistake is the answer
+            await self._recorder.record(
+                call, Outcome("rejected", error.status, error=error.message)
+            )
+
     async def _answer(
         self,
         request: web.Request,
@@ -119,7 +152,7 @@ class Relay:
         asks: ClientAsks,
     ) -> web.Response:
         """Answer with a whole (non-stream or error) upstream body."""
-        outcome = Outcome.of_answer(call.assignment.upstream, status, raw)
+        outcome = Outcome.of_answer(call.assignment.upstream, status, raw, call.kind)
         await self._recorder.record(call, outcome)
         if outcome.response is None:
             # Passed through unchanged: vLLM's error bodies are already OpenAI-shaped.
@@ -171,7 +204,8 @@ class Relay:
         recorder: StreamRecorder,
         asks: ClientAsks,
     ) -> tuple[CallStatus, str | None]:
-        """Relay chunks until `[DONE]`; returns the call's status and error."""
+        """Relay chunks until `[DONE]`; returns the call's status and error. A stream that breaks
+        off or sends what the proxy cannot read ends with an error event (then `[DONE]`)."""
         try:
             async for line in response.content:
                 if not line.startswith(b"data:"):
@@ -180,6 +214,10 @@ class Relay:
                 if payload == b"[DONE]":
                     return "ok", None
                 chunk = orjson.loads(payload)
+                problem = chunk_problem(chunk, recorder.kind)
+                if problem is not None:
+                    error = UpstreamError(f"upstream sent a malformed stream chunk: {problem}")
+                    break
                 recorder.add(chunk)
                 out = strip_chunk(chunk, asks)
                 if out is not None:
@@ -187,32 +225,27 @@ class Relay:
                         await client.write(b"data: " + orjson.dumps(out) + b"\n\n")
                     except (ConnectionResetError, aiohttp.ClientConnectionResetError):
                         return "aborted", "the client closed the connection mid-stream"
+            else:
+                error = UpstreamError("upstream stream ended without [DONE]")
         except (TimeoutError, aiohttp.ClientError, orjson.JSONDecodeError) as exc:
             error = UpstreamError(f"upstream stream broke off: {type(exc).__name__}: {exc}")
-            await _write_quietly(client, b"data: " + orjson.dumps(error.body()) + b"\n\n")
-            return "failed", error.message
-        error = UpstreamError("upstream stream ended without [DONE]")
         await _write_quietly(client, b"data: " + orjson.dumps(error.body()) + b"\n\n")
         return "failed", error.message
 
 
-async def parse_body(request: web.Request, kind: CallKind) -> JsonObject:
-    raw = await request.read()
+async def _read_body(request: web.Request) -> bytes | Rejection:
+    """The raw body; one that is too large or cannot be decoded is refused."""
     try:
-        body = orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
-        raise BadRequest(f"request body is not valid JSON: {exc}") from exc
-    if not isinstance(body, dict):
-        raise BadRequest("request body must be a JSON object")
-    if kind == "chat":
-        messages = body.get("messages")
-        if not isinstance(messages, list) or not messages:
-            raise BadRequest("'messages' must be a non-empty list", param="messages")
-        if not all(isinstance(m, dict) and isinstance(m.get("role"), str) for m in messages):
-            raise BadRequest("every message must be an object with a 'role'", param="messages")
-    elif "prompt" not in body:
-        raise BadRequest("'prompt' is required", param="prompt")
-    return body
+        return await request.read()
+    except web.HTTPRequestEntityTooLarge:
+        limit_mb = request.client_max_size / (1024 * 1024)
+        return Rejection(BodyTooLarge(f"request body is larger than {limit_mb:g} MiB"), None, False)
+    except RequestPayloadError:
+        encoding = request.headers.get("Content-Encoding")
+        reason = f"is not valid {encoding}" if encoding else "could not be read"
+        return Rejection(
+            BadRequest(f"request body {reason}", param="Content-Encoding"), None, False
+        )
 
 
 def _with_aliases(raw: bytes, aliases: list[AliasRecord]) -> bytes:

@@ -2,18 +2,20 @@
 
 from __future__ import annotations
 
-import ipaddress
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
 from aiohttp import web
+from aiohttp.web_protocol import RequestHandler
+from aiohttp.web_request import BaseRequest
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
 from art_proxy import serving
-from art_proxy.config import ProxySettings
+from art_proxy.config import ProxySettings, is_loopback
+from art_proxy.errors import ArtProxyError, BadRequest
 
 from .app import PARTS, ProxyParts, create_app
 
@@ -28,7 +30,13 @@ class RunningProxy:
 
 
 def warn_if_exposed(settings: ProxySettings) -> None:
-    if _is_loopback(settings.host):
+    if settings.api_key and not settings.admin_key:
+        log.warning(
+            "--api-key is set without --admin-key: /art/ and the dashboard are open to anyone "
+            "who can reach %s (they can read every trajectory and move model aliases)",
+            settings.host,
+        )
+    if is_loopback(settings.host):
         return
     if not settings.api_key or not settings.admin_key:
         log.warning(
@@ -45,20 +53,57 @@ def warn_if_exposed(settings: ProxySettings) -> None:
         )
 
 
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
+class _JsonErrorHandler(RequestHandler):
+    """aiohttp's connection handler, answering what its HTTP parser refuses (a header over 8190
+    bytes, bare CR or LF, a NUL, two Content-Lengths...) in the proxy's JSON error shape. aiohttp's
+    own answer is text/plain and quotes the offending bytes back; this one names the class of
+    error only, and the log line keeps no traceback (anyone can send such bytes)."""
+
+    def handle_error(
+        self,
+        request: BaseRequest,
+        status: int = 500,
+        exc: BaseException | None = None,
+        message: str | None = None,
+    ) -> web.StreamResponse:
+        log.warning(
+            "refused a malformed HTTP request from %s: %s", request.remote, type(exc).__name__
+        )
+        if request.writer.output_size > 0:  # part of an answer went out: only closing is left
+            raise ConnectionError("cannot answer a request whose response has begun")
+        error = (
+            BadRequest(f"malformed HTTP request ({type(exc).__name__})", status=status)
+            if status < 500
+            else ArtProxyError("internal error in art-proxy")
+        )
+        response = web.json_response(error.body(), status=status)
+        response.force_close()
+        return response
+
+
+class _JsonErrorServer(web.Server):
+    def __call__(self) -> RequestHandler:
+        return _JsonErrorHandler(self, loop=self._loop, **self._kwargs)
+
+
+class _JsonErrorRunner(web.AppRunner):
+    """`web.AppRunner` whose connections answer protocol errors as JSON (`_JsonErrorHandler`)."""
+
+    async def _make_server(self) -> web.Server:
+        server = await super()._make_server()
+        return _JsonErrorServer(
+            server.request_handler,
+            request_factory=server.request_factory,
+            handler_cancellation=server.handler_cancellation,
+            **self._kwargs,
+        )
 
 
 @asynccontextmanager
 async def running_proxy(settings: ProxySettings) -> AsyncIterator[RunningProxy]:
     """Start the proxy on `settings.host:settings.port` (port 0: any free port)."""
     app = create_app(settings)
-    runner = web.AppRunner(app, access_log=None)
+    runner = _JsonErrorRunner(app, access_log=None)
     await runner.setup()
     try:
         site = web.TCPSite(runner, settings.host, settings.port)

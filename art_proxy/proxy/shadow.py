@@ -134,7 +134,7 @@ class ShadowSampler:
             try:
                 response = await self._upstreams.post(upstream, PATHS["chat"], sent, authorization)
                 raw = await read_body(upstream, response)
-                outcome = Outcome.of_answer(upstream, response.status, raw)
+                outcome = Outcome.of_answer(upstream, response.status, raw, "chat")
             except ArtProxyError as exc:
                 outcome = Outcome("failed", exc.status, error=exc.message)
             with contextlib.suppress(StoreUnavailable):  # the recorder counted and logged it

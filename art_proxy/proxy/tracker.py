@@ -31,6 +31,7 @@ from typing import Any
 
 from art_proxy.errors import Conflict
 from art_proxy.records import Attribution, JsonObject, Split
+from art_proxy.secrets import scrub
 from art_proxy.store.trajectory_store import TrajectoryStore, utcnow
 from art_proxy.store.writer import RowKind
 
@@ -295,7 +296,7 @@ class TrajectoryTracker:
                     "id": scenario_id,
                     "created_at": now,
                     "auto": explicit.scenario_id is None,
-                    "opening": opening_of(messages or []),
+                    "opening": scrub(opening_of(messages or [])),
                 },
             ),
             (RowKind.group, {"id": group_id, "scenario_id": scenario_id, "created_at": now}),

@@ -10,6 +10,7 @@ durability the proxy promises, without an fsync per commit.
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -53,6 +54,17 @@ def _json_dumps(value: Any) -> str:
     return orjson.dumps(value).decode()
 
 
+# An escaped NUL that is not itself an escaped backslash followed by "u0000".
+_ESCAPED_NUL = re.compile(r"(?<!\\)((?:\\\\)*)\\u0000")
+
+
+def _jsonb_dumps(value: Any) -> str:
+    """JSON for PostgreSQL's JSONB, which refuses the NUL character: it is stored as U+FFFD, so a
+    request carrying one is still recorded rather than failing its whole transaction."""
+    text = orjson.dumps(value).decode()
+    return _ESCAPED_NUL.sub(r"\1\\ufffd", text) if "\\u0000" in text else text
+
+
 # Shared by every engine: JSON columns through orjson, parameters kept out of errors and logs.
 _ENGINE_OPTIONS: dict[str, Any] = {
     "hide_parameters": True,
@@ -72,7 +84,11 @@ def create_engine(url: str) -> AsyncEngine:
         event.listen(engine.sync_engine, "connect", _sqlite_pragmas)
         return engine
     return create_async_engine(
-        full_url, pool_size=10, max_overflow=10, pool_pre_ping=True, **_ENGINE_OPTIONS
+        full_url,
+        pool_size=10,
+        max_overflow=10,
+        pool_pre_ping=True,
+        **{**_ENGINE_OPTIONS, "json_serializer": _jsonb_dumps},
     )
 
 

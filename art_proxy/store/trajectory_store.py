@@ -7,11 +7,13 @@ in `feedback.py` (users' feedback, the scenario bank), which this store inherits
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Sequence
+import logging
+from collections.abc import AsyncIterator, Callable, Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
 import sqlalchemy as sa
+from pydantic import BaseModel, ValidationError
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -41,6 +43,9 @@ from art_proxy.store.writer import Batch, GroupCommitWriter
 
 __all__ = ["TrajectoryStore", "final_messages", "utcnow"]
 
+log = logging.getLogger(__name__)
+Record = TypeVar("Record", bound=BaseModel)
+
 T, C, G, S = schema.trajectories, schema.calls, schema.groups, schema.scenarios
 J = schema.judgments
 
@@ -49,6 +54,7 @@ class TrajectoryStore(TrainingRecords, FeedbackRecords):
     def __init__(self, engine: AsyncEngine, runner: TransactionRunner) -> None:
         self.engine = engine
         self.writer = GroupCommitWriter(engine.dialect.name, runner)
+        self.unreadable_rows = 0
 
     @classmethod
     async def open(cls, url: str, *, writer: bool = True) -> TrajectoryStore:
@@ -176,7 +182,12 @@ class TrajectoryStore(TrainingRecords, FeedbackRecords):
         if row is None:
             return None
         calls = await self.calls([trajectory_id]) if with_calls else None
-        return _trajectory_record(row, calls.get(trajectory_id, []) if calls is not None else None)
+        record = self._readable(
+            _trajectory_record, row, calls.get(trajectory_id, []) if calls is not None else None
+        )
+        if record is None:
+            raise StoreError(f"trajectory {trajectory_id!r} is stored in a form it cannot be read")
+        return record
 
     async def trajectories(
         self,
@@ -200,7 +211,8 @@ class TrajectoryStore(TrainingRecords, FeedbackRecords):
         ):
             if value is not None:
                 query = query.where(column == value)
-        return [_trajectory_record(row, None) for row in await self._all(query)]
+        records = (self._readable(_trajectory_record, row, None) for row in await self._all(query))
+        return [record for record in records if record is not None]
 
     async def calls(self, trajectory_ids: Sequence[str]) -> dict[str, list[CallRecord]]:
         rows = await self._all(
@@ -210,8 +222,26 @@ class TrajectoryStore(TrainingRecords, FeedbackRecords):
         )
         by_trajectory: dict[str, list[CallRecord]] = {}
         for row in rows:
-            by_trajectory.setdefault(row["trajectory_id"], []).append(_call_record(row))
+            record = self._readable(_call_record, row)
+            if record is not None:
+                by_trajectory.setdefault(row["trajectory_id"], []).append(record)
         return by_trajectory
+
+    def _readable(self, make: Callable[..., Record], row: JsonObject, *args: Any) -> Record | None:
+        """`make(row, *args)`, or None for a row that is not a valid record (written by an older
+        version, or by hand): readers skip it, count it (`unreadable_rows`, on /health) and log
+        it, so one bad row never makes a whole list unreadable."""
+        try:
+            return make(row, *args)
+        except ValidationError as exc:
+            self.unreadable_rows += 1
+            log.warning(
+                "skipped unreadable row %r (%d so far): %s",
+                row.get("id"),
+                self.unreadable_rows,
+                exc.errors(include_url=False, include_input=False),
+            )
+            return None
 
     async def groups(
         self, *, scenario: str | None = None, limit: int = 100, offset: int = 0

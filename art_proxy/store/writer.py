@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import sqlite3
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum
@@ -27,7 +26,6 @@ from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.sql.dml import UpdateBase
 
 from art_proxy.errors import StoreError
@@ -38,8 +36,6 @@ log = logging.getLogger(__name__)
 
 # A bound on one transaction keeps a commit's latency bounded under a burst.
 _MAX_BATCHES_PER_TRANSACTION = 512
-# What a failed transaction raises: SQLAlchemy's errors, and sqlite3's from the cursor path.
-_DATABASE_ERRORS = (SQLAlchemyError, sqlite3.Error)
 
 
 class RowKind(IntEnum):
@@ -162,6 +158,10 @@ class GroupCommitWriter:
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="art-proxy-store-writer")
 
+    @property
+    def running(self) -> bool:
+        return self._task is not None and not self._task.done()
+
     async def write(self, batch: Batch) -> None:
         """Queue `batch` and return once it is committed; raises `StoreError` if it cannot be."""
         if self._task is None or self._task.done():
@@ -195,9 +195,13 @@ class GroupCommitWriter:
                     self._queue.task_done()
 
     async def _commit_group(self, group: list[_Pending]) -> None:
+        """Commit `group`, or fail the batches that cannot be written. Any exception counts, not
+        only the database's (SQLAlchemy's, sqlite3's): a driver or a value's conversion may refuse
+        a row (orjson's TypeError for a value nested too deeply, say), and a writer that died of
+        it would leave every later call unrecorded."""
         try:
             await self._apply([pending.batch for pending in group])
-        except _DATABASE_ERRORS as exc:
+        except Exception as exc:
             if len(group) == 1:
                 _fail(group[0], exc)
                 return
@@ -207,7 +211,7 @@ class GroupCommitWriter:
             for pending in group:
                 try:
                     await self._apply([pending.batch])
-                except _DATABASE_ERRORS as single_exc:
+                except Exception as single_exc:
                     _fail(pending, single_exc)
                 else:
                     _succeed(pending)
