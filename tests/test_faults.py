@@ -1,7 +1,7 @@
 """Every bad input and every fault has one answer: a status with retry meaning, an OpenAI-shaped
 error body (`{"error": {"message", "type", "param", "code"}}`, code == status), and a store that
-tells what happened: nothing for a rejected request, a `failed`, `upstream_error` or `aborted` call
-for a call that reached the upstream. Real HTTP on loopback, real SQLite and PostgreSQL stores.
+tells what happened: a `rejected` call for a request the proxy refused before the upstream, a
+`failed`, `upstream_error` or `aborted` call for a call that reached the upstream. Real HTTP on loopback, real SQLite and PostgreSQL stores.
 """
 
 from __future__ import annotations
@@ -97,14 +97,25 @@ def sse_payloads(raw: bytes) -> list[bytes]:
 # --- requests the proxy rejects before any upstream call -------------------------------------
 
 
-async def test_malformed_json_is_400_and_nothing_is_recorded(
-    proxy: RunningProxy, http: aiohttp.ClientSession
+async def assert_one_rejected_call(proxy: RunningProxy, status: int, error: str) -> CallRecord:
+    """The proxy recorded exactly one call, refused with `status` before any upstream call."""
+    call = await only_call(proxy)
+    assert (call.status, call.http_status) == ("rejected", status)
+    assert call.error is not None and error in call.error
+    assert not call.trainable and call.response is None
+    assert (proxy.parts.counters.calls, proxy.parts.counters.failed_calls) == (1, 1)
+    return call
+
+
+async def test_malformed_json_is_400_and_recorded_as_a_rejected_call(
+    proxy: RunningProxy, vllm: FakeVllm, http: aiohttp.ClientSession
 ) -> None:
     status, raw = await post(http, proxy.base_url + "/chat/completions", b'{"model": "m", "mess')
     message = assert_openai_error(status, raw, 400, "BadRequestError")
     assert "not valid JSON" in message
-    assert await proxy.parts.store.trajectories() == []
-    assert proxy.parts.counters.calls == 0
+    call = await assert_one_rejected_call(proxy, 400, "not valid JSON")
+    assert call.request == {"unreadable_body": message}
+    assert vllm.requests == []
 
 
 @pytest.mark.parametrize(
@@ -114,12 +125,12 @@ async def test_malformed_json_is_400_and_nothing_is_recorded(
         ("/chat/completions", {"model": MODEL}, "messages"),
         ("/chat/completions", {"model": MODEL, "messages": []}, "messages"),
         ("/chat/completions", {"model": MODEL, "messages": "hello"}, "messages"),
-        ("/chat/completions", {"model": MODEL, "messages": [{"content": "no role"}]}, "messages"),
+        ("/chat/completions", {"model": MODEL, "messages": [{"content": "x"}]}, "messages[0].role"),
         ("/completions", {"model": MODEL, "messages": USER}, "prompt"),
     ],
     ids=["array", "no-messages", "empty-messages", "string-messages", "no-role", "no-prompt"],
 )
-async def test_body_that_is_not_a_generation_request_is_400_and_nothing_is_recorded(
+async def test_body_that_is_not_a_generation_request_is_400_and_recorded_as_rejected(
     sqlite_proxy: RunningProxy,
     vllm: FakeVllm,
     http: aiohttp.ClientSession,
@@ -128,9 +139,11 @@ async def test_body_that_is_not_a_generation_request_is_400_and_nothing_is_recor
     param: str | None,
 ) -> None:
     status, raw = await post(http, sqlite_proxy.base_url + path, body)
-    assert_openai_error(status, raw, 400, "BadRequestError")
+    message = assert_openai_error(status, raw, 400, "BadRequestError")
     assert orjson.loads(raw)["error"]["param"] == param
-    assert await sqlite_proxy.parts.store.trajectories() == []
+    if param is not None:
+        assert message.startswith(param)
+    await assert_one_rejected_call(sqlite_proxy, 400, message)
     assert vllm.requests == []
 
 
@@ -146,7 +159,11 @@ async def test_body_over_max_body_mb_is_413(
         # A body under the limit still goes through.
         status, _ = await post(http, proxy.base_url + "/chat/completions", CHAT)
         assert status == 200
-        assert len(await recorded_calls(proxy)) == 1
+        calls = await recorded_calls(proxy)
+        assert sorted((call.status, call.http_status) for call in calls) == [
+            ("ok", 200),
+            ("rejected", 413),
+        ]
     assert len(vllm.requests) == 1
 
 
@@ -177,7 +194,7 @@ async def test_wrong_method_is_405_json(
     assert method in message
 
 
-async def test_invalid_x_art_split_is_400_and_nothing_is_recorded(
+async def test_invalid_x_art_split_is_400_and_recorded_as_rejected_in_the_default_split(
     proxy: RunningProxy, vllm: FakeVllm, http: aiohttp.ClientSession
 ) -> None:
     status, raw = await post(
@@ -185,7 +202,10 @@ async def test_invalid_x_art_split_is_400_and_nothing_is_recorded(
     )
     message = assert_openai_error(status, raw, 400, "BadRequestError")
     assert "X-Art-Split" in message
-    assert await proxy.parts.store.trajectories() == []
+    call = await assert_one_rejected_call(proxy, 400, "X-Art-Split")
+    assert call.request == CHAT
+    [trajectory] = await proxy.parts.store.trajectories()
+    assert trajectory.split == "train"
     assert vllm.requests == []
 
 

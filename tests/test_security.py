@@ -156,13 +156,34 @@ async def test_binding_beyond_loopback_without_keys_logs_a_warning(
     assert "0.0.0.0" in warning and "--api-key" in warning and "--admin-key" in warning
 
 
-async def test_binding_beyond_loopback_with_one_key_warns_about_the_other_without_its_value(
+async def test_binding_beyond_loopback_with_only_the_api_key_is_refused_unless_open_admin() -> None:
+    """The API key guards the calls but not /art/, where anyone could move a model alias."""
+    with pytest.raises(ValueError, match="--admin-key.*--open-admin"):
+        ProxySettings(host="0.0.0.0", api_key=API_KEY)
+    ProxySettings(host="0.0.0.0", api_key=API_KEY, open_admin=True)
+    ProxySettings(host="127.0.0.1", api_key=API_KEY)  # loopback: a warning, below
+
+
+async def test_cli_refuses_the_api_key_alone_beyond_loopback_in_one_line_without_the_key() -> None:
+    returncode, stdout, stderr = await run_cli("serve", "--host", "0.0.0.0", "--api-key", API_KEY)
+    assert returncode != 0 and stdout == ""
+    line = the_error_line(stderr)
+    assert "--admin-key" in line and "--open-admin" in line
+    assert API_KEY not in stderr
+
+
+async def test_only_the_api_key_warns_that_art_is_open_without_the_key_value(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     caplog.set_level(logging.WARNING)
-    warn_if_exposed(ProxySettings(host="0.0.0.0", api_key=API_KEY))
+    warn_if_exposed(ProxySettings(host="127.0.0.1", api_key=API_KEY))
     [warning] = exposed_warnings(caplog)
-    assert "--admin-key" in warning and "--api-key" not in warning
+    assert "/art/" in warning and "--admin-key" in warning
+    caplog.clear()
+    warn_if_exposed(ProxySettings(host="0.0.0.0", api_key=API_KEY, open_admin=True))
+    open_art, exposed = exposed_warnings(caplog)
+    assert "/art/" in open_art
+    assert "0.0.0.0" in exposed and "--admin-key" in exposed and "--api-key" not in exposed
     assert API_KEY not in caplog.text
 
 

@@ -78,11 +78,17 @@ class Relay:
     async def _generate(self, request: web.Request, kind: CallKind) -> web.StreamResponse:
         raw = await _read_body(request)
         parsed = raw if isinstance(raw, Rejection) else parse_body(raw, kind)
+        if not isinstance(parsed, Rejection):
+            try:
+                explicit = explicit_attribution(
+                    request.match_info, request.headers, self._default_split
+                )
+            except BadRequest as exc:
+                parsed = Rejection(exc, parsed, messages_valid=kind == "chat")
         if isinstance(parsed, Rejection):
             await self._reject(request, kind, parsed)
             raise parsed.error
         body = parsed
-        explicit = explicit_attribution(request.match_info, request.headers, self._default_split)
         messages = body.get("messages") if kind == "chat" else None
         assignment = await self._tracker.assign(explicit, messages)
         model = body.get("model")
