@@ -223,7 +223,12 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
     try:
         return await handler(request)
     except ArtProxyError as exc:
-        return web.json_response(exc.body(), status=exc.status)
+        response = web.json_response(exc.body(), status=exc.status)
+        if request.content.exception() is not None:
+            # A body aiohttp could not decode: the connection's framing is lost, so say it will
+            # close rather than let the client reuse it and fail its next request.
+            response.force_close()
+        return response
     except web.HTTPException as exc:
         if exc.status < 400:
             raise

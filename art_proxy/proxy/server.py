@@ -6,6 +6,7 @@ import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from typing import Any
 
 from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
@@ -79,6 +80,12 @@ class _JsonErrorHandler(RequestHandler):
         response = web.json_response(error.body(), status=status)
         response.force_close()
         return response
+
+    def log_exception(self, *args: Any, **kwargs: Any) -> None:
+        # aiohttp logs a traceback for a body it could not decode once the handler has answered
+        # (while draining it): a client's fault, which must not flood the log.
+        exc = kwargs.get("exc_info")
+        log.warning("HTTP connection error: %s", type(exc).__name__ if exc else args[0])
 
 
 class _JsonErrorServer(web.Server):
