@@ -158,7 +158,7 @@ async def test_binding_beyond_loopback_without_keys_logs_a_warning(
 
 async def test_binding_beyond_loopback_with_only_the_api_key_is_refused_unless_open_admin() -> None:
     """The API key guards the calls but not /art/, where anyone could move a model alias."""
-    with pytest.raises(ValueError, match="--admin-key.*--open-admin"):
+    with pytest.raises(ValueError, match=r"--admin-key.*--open-admin"):
         ProxySettings(host="0.0.0.0", api_key=API_KEY)
     ProxySettings(host="0.0.0.0", api_key=API_KEY, open_admin=True)
     ProxySettings(host="127.0.0.1", api_key=API_KEY)  # loopback: a warning, below
