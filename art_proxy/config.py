@@ -9,7 +9,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-from art_proxy.secrets import redact_url
+from art_proxy.redaction import redact_url
 
 DEFAULT_STORE = "sqlite:///art.db"
 

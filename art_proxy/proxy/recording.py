@@ -19,7 +19,7 @@ import orjson
 from art_proxy.config import OnStoreError
 from art_proxy.errors import StoreError, StoreUnavailable, UpstreamError
 from art_proxy.records import CallKind, CallStatus, JsonObject
-from art_proxy.secrets import scrub, scrub_text
+from art_proxy.redaction import scrub, scrub_text
 from art_proxy.store.trajectory_store import TrajectoryStore, utcnow
 from art_proxy.store.writer import Batch, RowKind
 

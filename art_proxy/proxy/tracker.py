@@ -31,7 +31,7 @@ from typing import Any
 
 from art_proxy.errors import Conflict
 from art_proxy.records import Attribution, JsonObject, Split
-from art_proxy.secrets import scrub
+from art_proxy.redaction import scrub
 from art_proxy.store.trajectory_store import TrajectoryStore, utcnow
 from art_proxy.store.writer import RowKind
 
