@@ -487,6 +487,17 @@ class TrainSettings(StoreSettings, TrainerConfig):
         return self
 
     @model_validator(mode="after")
+    def _ratio_cap_leaves_a_gradient(self) -> TrainSettings:
+        # A token sampled at the current weights has rho = 1; truncated below that, the clamp's
+        # gradient is zero for it and every step would train nothing.
+        if 0 < self.ratio_cap < 1:
+            raise ValueError(
+                f"--ratio-cap {self.ratio_cap:g} is below 1: it would zero the gradient of every "
+                "token sampled at the current weights (use >= 1, or 0 for off)"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _promotion_needs_its_own_alias(self) -> TrainSettings:
         if self.promote_alias is None:
             return self

@@ -4,7 +4,9 @@ import math
 
 import pytest
 import torch
+from pydantic import ValidationError
 
+from art_proxy.config import TrainSettings
 from art_proxy_trainer.loss import grpo_loss, token_logprobs
 
 OLD = -1.0
@@ -99,3 +101,17 @@ def test_token_logprobs_gathers_the_next_token_from_log_softmax() -> None:
     assert (logprobs_B_T[:, 0] == 0).all()
     expected = torch.log_softmax(logits_B_T_V.float(), dim=-1)[1, 2, tokens_B_T[1, 3]]
     assert logprobs_B_T[1, 3].item() == pytest.approx(expected.item())
+
+
+def test_a_ratio_cap_below_one_would_zero_the_gradient_and_is_refused_at_start() -> None:
+    """The breach the check prevents: rho = 1 (sampled at the current weights) truncated at 0.7
+    leaves no gradient, so every step would train nothing."""
+    logprobs = torch.full((1, 2), OLD, requires_grad=True)
+    mask = torch.ones(1, 2)
+    grpo_loss(
+        logprobs, torch.full((1, 2), OLD), torch.tensor([1.0]), mask, ratio_cap=0.7
+    ).loss.backward()
+    assert logprobs.grad is not None and torch.count_nonzero(logprobs.grad) == 0
+    with pytest.raises(ValidationError, match=r"ratio-cap 0\.7 is below 1"):
+        TrainSettings(ratio_cap=0.7)
+    assert TrainSettings(ratio_cap=0).ratio_cap == 0 and TrainSettings(ratio_cap=1).ratio_cap == 1
