@@ -11,6 +11,7 @@ import pytest
 
 from art_proxy.proxy import tracker as tracker_module
 from art_proxy.proxy.server import RunningProxy, running_proxy
+from art_proxy.records import Split
 from art_proxy.store.trajectory_store import utcnow
 from art_proxy.testing.fake_vllm import FakeVllm
 from art_proxy_integrations import attribution_headers, scenario_base_url
@@ -266,3 +267,49 @@ async def test_trajectories_dropped_from_memory_are_continued_from_the_store(
         await chat(http, proxy.base_url, messages)
     listed = (await admin_get(http, proxy, "/trajectories"))["data"]
     assert sorted(t["call_count"] for t in listed) == [2] * 5
+
+
+async def test_a_val_run_and_a_train_run_of_one_opening_are_never_siblings(
+    proxy: RunningProxy, http: aiohttp.ClientSession
+) -> None:
+    """Else the group takes the lower split, and the trainer trains on validation data."""
+    opening = [{"role": "user", "content": "the same question"}]
+    splits: tuple[Split, ...] = ("val", "train", "val")
+    for split in splits:
+        await chat(http, proxy.base_url, opening, attribution_headers(split=split))
+    trajectories = await proxy.parts.store.trajectories()
+    groups: dict[str, set[str]] = {}
+    for trajectory in trajectories:
+        groups.setdefault(trajectory.group_id, set()).add(trajectory.split)
+    assert sorted(map(sorted, groups.values())) == [["train"], ["val"]]
+    assert len({trajectory.scenario_id for trajectory in trajectories}) == 1
+
+
+async def test_a_group_mixing_splits_is_offered_to_the_trainer_as_val_only(
+    proxy: RunningProxy, http: aiohttp.ClientSession
+) -> None:
+    opening = [{"role": "user", "content": "the same question"}]
+    splits: tuple[Split, ...] = ("train", "val", "train")
+    for number, split in enumerate(splits):
+        headers = {**attribution_headers(split=split), "X-Art-Group": "mixed"}
+        await chat(http, proxy.base_url, opening, {**headers, "X-Art-Trajectory": f"t{number}"})
+        await http.post(
+            proxy.root_url + f"/art/v1/trajectories/t{number}/finish", json={"reward": number}
+        )
+    [group] = await proxy.parts.store.trainable_groups("run", source="finish")
+    assert group.group_id == "mixed" and group.split == "val"
+
+
+async def test_openings_after_one_assistant_greeting_are_different_scenarios(
+    proxy: RunningProxy, http: aiohttp.ClientSession
+) -> None:
+    greeting = [
+        {"role": "system", "content": "You are the shop's assistant."},
+        {"role": "assistant", "content": "Hello! How can I help?"},
+    ]
+    for request in ("Refund order 17", "Reset my password", "Refund order 17"):
+        await chat(http, proxy.base_url, [*greeting, {"role": "user", "content": request}])
+    scenarios = [t.scenario_id for t in await proxy.parts.store.trajectories(oldest_first=True)]
+    assert scenarios[0] == scenarios[2] != scenarios[1]
+    [refund, _] = sorted(await proxy.parts.store.scenarios(), key=lambda s: s.id != scenarios[0])
+    assert refund.opening[-1] == {"role": "user", "content": "Refund order 17"}

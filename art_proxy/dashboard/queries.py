@@ -17,7 +17,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from art_proxy.records import GroupOutcome, JsonObject, Split, TrajectoryScore
 from art_proxy.store import schema
-from art_proxy.store.base import StoreBase
+from art_proxy.store.base import StoreBase, group_split
 
 T, G, S, J = schema.trajectories, schema.groups, schema.scenarios, schema.judgments
 CG, TS = schema.consumed_groups, schema.training_steps
@@ -86,7 +86,7 @@ class DashboardQueries(StoreBase):
                 G.c.created_at,
                 sa.func.count(T.c.id).label("size"),
                 sa.func.sum(sa.case((T.c.status == "open", 1), else_=0)).label("open_count"),
-                sa.func.min(T.c.split).label("split"),
+                group_split().label("split"),
                 sa.func.avg(T.c.reward).label("programmatic_mean"),
                 newest_judgment.label("judgment_id"),
             )

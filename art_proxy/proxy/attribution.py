@@ -4,7 +4,7 @@
 2. headers `X-Art-Scenario`, `X-Art-Group`, `X-Art-Trajectory`, `X-Art-Split`;
 3. automatic, for unmodified agents: a call whose messages start with an open trajectory's last
    call (its messages plus the reply) continues that trajectory, and the scenario is a hash of the
-   conversation before the first assistant turn.
+   conversation before the first assistant turn that follows a user message.
 
 An explicit group is for rollout runners: each batch of one scenario is its own group whatever the
 group window says (see tracker.py).
@@ -138,10 +138,16 @@ def reply_keys(messages: list[JsonObject], replies: list[JsonObject]) -> list[st
 
 
 def opening_of(messages: list[JsonObject]) -> list[JsonObject]:
-    """The conversation before the first assistant turn: what defines a scenario automatically."""
+    """The conversation before the first assistant turn that answers a user: what defines a
+    scenario automatically. An assistant greeting before the first user message belongs to the
+    opening, or "Refund order 17" and "Reset my password" after one greeting would share a
+    scenario and be ranked against each other."""
+    asked = False
     for position, message in enumerate(messages):
-        if message.get("role") == "assistant":
+        role = message.get("role")
+        if role == "assistant" and asked:
             return messages[:position]
+        asked = asked or role == "user"
     return messages
 
 

@@ -101,7 +101,9 @@ class TrajectoryTracker:
         self._group_window = group_window
         self._trajectories: OrderedDict[str, _Trajectory] = OrderedDict()  # least recent first
         self._tips: dict[str, list[str]] = {}  # continuation key -> trajectory ids, oldest first
-        self._groups: dict[str, _Group] = {}  # scenario id -> its current automatic group
+        # (scenario id, split) -> its current automatic group: a `val` run and a `train` run of
+        # one opening are never siblings, or the trainer would train on validation data.
+        self._groups: dict[tuple[str, Split], _Group] = {}
         # Explicit group id -> its scenario, oldest first (bounded like the trajectories).
         self._explicit_groups: OrderedDict[str, str] = OrderedDict()
 
@@ -151,7 +153,7 @@ class TrajectoryTracker:
             if state is None:
                 continue
             self._move_tip(state, [])
-            group = self._groups.get(state.scenario_id)
+            group = self._groups.get((state.scenario_id, state.split))
             if group is not None:
                 group.open_ids.discard(trajectory_id)
 
@@ -278,7 +280,7 @@ class TrajectoryTracker:
         group_id = (
             self._explicit_group(explicit.group_id, scenario_id)
             if explicit.group_id is not None
-            else self._automatic_group(scenario_id, trajectory_id)
+            else self._automatic_group((scenario_id, explicit.split), trajectory_id)
         )
         state = _Trajectory(
             id=trajectory_id,
@@ -333,7 +335,7 @@ class TrajectoryTracker:
         assert served.seq == 0, "only a call that opened its trajectory is shadowed"
         now = utcnow()
         trajectory_id = uuid.uuid4().hex
-        group = self._groups.get(served.scenario_id)
+        group = self._groups.get((served.scenario_id, served.split))
         if group is not None and group.id == served.group_id:
             group.size += 1  # a shadow fills a sized group like any member
         trajectory_row = {
@@ -364,8 +366,8 @@ class TrajectoryTracker:
             new_rows=rows,
         )
 
-    def _automatic_group(self, scenario_id: str, trajectory_id: str) -> str:
-        group = self._group_for(scenario_id)
+    def _automatic_group(self, key: tuple[str, Split], trajectory_id: str) -> str:
+        group = self._group_for(key)
         group.size += 1
         group.open_ids.add(trajectory_id)
         group.newest_start = time.monotonic()
@@ -378,11 +380,11 @@ class TrajectoryTracker:
             self._explicit_groups.popitem(last=False)
         return group_id
 
-    def _group_for(self, scenario_id: str) -> _Group:
-        group = self._groups.get(scenario_id)
+    def _group_for(self, key: tuple[str, Split]) -> _Group:
+        group = self._groups.get(key)
         if group is None or not self._joinable(group):
             group = _Group(uuid.uuid4().hex, 0, set(), time.monotonic())
-            self._groups[scenario_id] = group
+            self._groups[key] = group
         return group
 
     def _joinable(self, group: _Group) -> bool:
@@ -401,20 +403,20 @@ class TrajectoryTracker:
         """
         now = time.monotonic()
         for row in active_groups:
-            scenario_id, group_id = row["scenario_id"], row["id"]
+            key, group_id = (row["scenario_id"], row["split"]), row["id"]
             if group_id in self._explicit_groups:
                 continue
-            group = self._groups.get(scenario_id)
+            group = self._groups.get(key)
             if group is None or (group.id != group_id and not self._joinable(group)):
                 group = _Group(group_id, 0, set(), now)
-                self._groups[scenario_id] = group
+                self._groups[key] = group
             if group.id == group_id:
                 group.size = max(group.size, int(row["size"]))
                 if int(row["open_count"]) > len(group.open_ids):
                     group.elsewhere_until = now + self._group_window
-        for scenario_id, group in list(self._groups.items()):
+        for key, group in list(self._groups.items()):
             if not self._joinable(group):
-                del self._groups[scenario_id]
+                del self._groups[key]
 
 
 def _assignment(

@@ -16,6 +16,17 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from art_proxy.errors import StoreError
 from art_proxy.records import JsonObject
+from art_proxy.store import schema
+
+
+def group_split() -> sa.ColumnElement[Any]:
+    """A group's split, aggregated over its trajectories (joined or correlated as the
+    `trajectories` table): `val` when any member is, so a group that mixes splits (one stored
+    before automatic groups were keyed by split, or an explicit group given both) is only ever
+    read for validation, never trained on."""
+    trajectories = schema.trajectories
+    any_val = sa.func.sum(sa.case((trajectories.c.split == "val", 1), else_=0)) > 0
+    return sa.case((any_val, "val"), else_=sa.func.min(trajectories.c.split))
 
 
 def utcnow() -> datetime:

@@ -27,7 +27,7 @@ from art_proxy.records import (
     TrajectoryScore,
 )
 from art_proxy.store import schema
-from art_proxy.store.base import StoreBase, aware, utcnow
+from art_proxy.store.base import StoreBase, aware, group_split, utcnow
 
 A, M, TS, CG = schema.aliases, schema.alias_moves, schema.training_steps, schema.consumed_groups
 G, T, J = schema.groups, schema.trajectories, schema.judgments
@@ -161,7 +161,7 @@ class TrainingRecords(StoreBase):
     async def _judged_groups(
         self, not_consumed: sa.ColumnElement[bool], limit: int
     ) -> list[TrainableGroup]:
-        split = sa.select(sa.func.min(T.c.split)).where(T.c.group_id == G.c.id).scalar_subquery()
+        split = sa.select(group_split()).where(T.c.group_id == G.c.id).scalar_subquery()
         scored = sa.exists(sa.select(J.c.id).where(J.c.group_id == G.c.id, J.c.status == "scored"))
         groups = await self._all(
             sa.select(G, split.label("split"))
@@ -192,7 +192,7 @@ class TrainingRecords(StoreBase):
     ) -> list[TrainableGroup]:
         rewarded = sa.and_(T.c.status == "finished", T.c.reward.is_not(None))
         groups = await self._all(
-            sa.select(G, sa.func.min(T.c.split).label("split"))
+            sa.select(G, group_split().label("split"))
             .join(T, T.c.group_id == G.c.id)
             .where(not_consumed)
             .group_by(G.c.id, G.c.scenario_id, G.c.created_at)

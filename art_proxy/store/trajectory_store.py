@@ -30,7 +30,7 @@ from art_proxy.records import (
     TrajectoryRecord,
 )
 from art_proxy.store import schema
-from art_proxy.store.base import aware, utcnow
+from art_proxy.store.base import aware, group_split, utcnow
 from art_proxy.store.engine import (
     TransactionRunner,
     create_engine,
@@ -122,13 +122,15 @@ class TrajectoryStore(TrainingRecords, FeedbackRecords):
         return None if row is None else str(row["scenario_id"])
 
     async def active_groups(self, since: datetime) -> list[JsonObject]:
-        """Groups with an open member active since `since`: id, scenario_id, size, open_count."""
+        """Groups with an open member active since `since`: id, scenario_id, split, size,
+        open_count."""
         open_count = sa.func.sum(sa.case((T.c.status == "open", 1), else_=0))
         active = sa.select(T.c.group_id).where(T.c.status == "open", T.c.updated_at >= since)
         query = (
             sa.select(
                 G.c.id,
                 G.c.scenario_id,
+                group_split().label("split"),
                 sa.func.count(T.c.id).label("size"),
                 open_count.label("open_count"),
             )

@@ -108,9 +108,8 @@ def test_a_ratio_cap_below_one_would_zero_the_gradient_and_is_refused_at_start()
     leaves no gradient, so every step would train nothing."""
     logprobs = torch.full((1, 2), OLD, requires_grad=True)
     mask = torch.ones(1, 2)
-    grpo_loss(
-        logprobs, torch.full((1, 2), OLD), torch.tensor([1.0]), mask, ratio_cap=0.7
-    ).loss.backward()
+    result = grpo_loss(logprobs, torch.full((1, 2), OLD), torch.tensor([1.0]), mask, ratio_cap=0.7)
+    torch.autograd.backward(result.loss)
     assert logprobs.grad is not None and torch.count_nonzero(logprobs.grad) == 0
     with pytest.raises(ValidationError, match=r"ratio-cap 0\.7 is below 1"):
         TrainSettings(ratio_cap=0.7)
