@@ -10,7 +10,13 @@ import openai
 import pytest
 from aiohttp import web
 
-from art_proxy.proxy.capture import StreamRecorder, strip_chunk, strip_response, upstream_body
+from art_proxy.proxy.capture import (
+    StreamRecorder,
+    strip_chunk,
+    strip_response,
+    tokens_of,
+    upstream_body,
+)
 from art_proxy.proxy.server import RunningProxy, running_proxy
 from art_proxy.testing.fake_vllm import FakeVllm
 from tests.conftest import proxy_settings
@@ -97,6 +103,28 @@ def test_stream_recorder_keeps_ids_of_empty_delta_chunks() -> None:
     assert rebuilt["choices"][0]["token_ids"] == [7, 8, 9]
     assert rebuilt["choices"][0]["message"]["content"] == "hi"
     assert rebuilt["usage"] == {"total_tokens": 4}
+
+
+def test_a_stream_that_lost_chunks_is_recorded_but_not_trainable() -> None:
+    """vLLM issue 27482: chunks dropped with their ids and logprobs; usage still counts them."""
+
+    def chunk(ids: list[int], **extra: Any) -> dict[str, Any]:
+        logprobs = {"content": [{"logprob": -1.0} for _ in ids]}
+        choice = {"index": 0, "delta": {}, "token_ids": ids, "logprobs": logprobs, **extra}
+        return {"id": "c", "choices": [choice]}
+
+    role = {"id": "c", "prompt_token_ids": [1], "choices": [{"index": 0, "delta": {}}]}
+    usage = {"id": "c", "choices": [], "usage": {"completion_tokens": 3, "prompt_tokens": 1}}
+    for chunks, trainable in (
+        ([role, chunk([7, 8]), chunk([9], finish_reason="stop"), usage], True),
+        ([role, chunk([9], finish_reason="stop"), usage], False),  # [7, 8] never arrived
+    ):
+        recorder = StreamRecorder("chat")
+        for each in chunks:
+            recorder.add(each)
+        tokens = tokens_of(recorder.response(), "chat")
+        assert tokens.trainable is trainable
+        assert tokens.logprobs is not None  # what did arrive is kept, aligned
 
 
 @pytest.fixture

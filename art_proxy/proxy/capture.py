@@ -233,12 +233,28 @@ def tokens_of(response: JsonObject, kind: CallKind) -> Tokens:
             return Tokens(prompt_ids, None, None, trainable=False)
         completion_ids.append(list(ids))
         logprobs.append(_sampled_logprobs(choice.get("logprobs"), kind))
-    trainable = (
+    aligned = (
         prompt_ids is not None
         and bool(choices)
         and all(len(lp) == len(ids) for lp, ids in zip(logprobs, completion_ids, strict=True))
     )
-    return Tokens(prompt_ids, completion_ids, logprobs if trainable else None, trainable)
+    return Tokens(
+        prompt_ids,
+        completion_ids,
+        logprobs if aligned else None,
+        trainable=aligned and _all_ids_captured(response, completion_ids),
+    )
+
+
+def _all_ids_captured(response: JsonObject, completion_ids: list[list[int]]) -> bool:
+    """Whether the ids add up to the tokens the upstream says it generated (all choices). A
+    stream can lose chunks, ids and logprobs together (vLLM issue 27482, a tool parser holding
+    text back): such a call has holes in its context and must not be trained on."""
+    usage = response.get("usage")
+    generated = usage.get("completion_tokens") if isinstance(usage, dict) else None
+    if type(generated) is not int:
+        return True  # nothing to check against
+    return generated == sum(len(ids) for ids in completion_ids)
 
 
 def _sampled_logprobs(logprobs: Any, kind: CallKind) -> list[float]:
