@@ -1,8 +1,10 @@
 """Hybrid rewards: the RULER score combined with the reward the agent reported at finish.
 
 The trainer reads one number per trajectory, `TrajectoryScore.reward`; this decides it. By default
-it is the RULER score. With a mix `(a, b)` it is `a * programmatic + b * score`, except for a
-trajectory that reported no reward: it gets its score, and `reward_source` says so. With the
+it is the RULER score. With a mix `(a, b)` it is `a * programmatic + b * score`, and a trajectory
+that reported no reward counts as reporting 0: members of one group must share a scale, or a silent
+run with score 0.3 (0.3 as its bare score) would outrank a reported failure of the same score
+(0.15), and an agent that ends without reporting has not shown success. With the
 programmatic reward kept for validation, the reward is the score and the programmatic reward is
 recorded beside it, never mixed in. The rule's name is stored with the judgment, so a group is
 judged again (from the cache, at no cost) when the rule changes.
@@ -41,16 +43,17 @@ class RewardRule:
         return [self._rewarded(score, programmatic.get(score.trajectory_id)) for score in scores]
 
     def _rewarded(self, score: TrajectoryScore, programmatic: float | None) -> TrajectoryScore:
-        if self.mix is None or programmatic is None:
+        if self.mix is None:
             kept = programmatic if self.programmatic_for_validation else None
             return score.model_copy(
                 update={"programmatic": kept, "reward": score.score, "reward_source": "ruler"}
             )
         a, b = self.mix
+        reported = 0.0 if programmatic is None else programmatic
         return score.model_copy(
             update={
                 "programmatic": programmatic,
-                "reward": a * programmatic + b * score.score,
+                "reward": a * reported + b * score.score,
                 "reward_source": "mix",
             }
         )
