@@ -246,7 +246,9 @@ class ExportedTrajectory(_Record):
 # trained: its trajectories were in the step's batch. zero_variance: all rewards equal, no signal.
 # stale: sampled by an adapter older than the staleness bound allows. no_tokens: nothing trainable
 # was recorded. validation: a `val` group, read for the validation reward and never trained on.
-GroupOutcome = Literal["trained", "zero_variance", "stale", "no_tokens", "validation"]
+# abandoned: in the batch of a step that was abandoned (NaN loss or gradient, out of memory even
+# one sequence at a time): consumed, the weights unchanged (the step's reason says why).
+GroupOutcome = Literal["trained", "zero_variance", "stale", "no_tokens", "validation", "abandoned"]
 # applied: the optimiser moved. abandoned: NaN/inf loss or gradient, or out of memory (see reason).
 StepStatus = Literal["applied", "abandoned"]
 # swapped: every upstream loaded the adapter and the alias moved. rejected: an upstream refused it

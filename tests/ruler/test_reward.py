@@ -33,13 +33,13 @@ async def test_a_reward_mix_combines_the_reported_reward_with_the_ruler_score(
             group, await finished_members(store, group)
         )
     assert judgment.reward_rule == "0.5*programmatic+0.5*ruler"
-    rows = [(s.score, s.programmatic, s.reward, s.reward_source) for s in judgment.scores]
+    rows = [(s.score, s.programmatic, round(s.reward, 9), s.reward_source) for s in judgment.scores]
     assert rows == [
-        (0.9, 1.0, pytest.approx(0.95), "mix"),
-        (0.2, 0.0, pytest.approx(0.1), "mix"),
+        (0.9, 1.0, 0.95, "mix"),
+        (0.2, 0.0, 0.1, "mix"),
         # Reported no reward: it counts as 0, on the group's scale, never above the reported
         # failure of the same score (its bare score, 0.2, would outrank that 0.1).
-        (0.2, None, pytest.approx(0.1), "mix"),
+        (0.2, None, 0.1, "mix"),
     ]
     assert await store.judgments(group=group) == [judgment]
 

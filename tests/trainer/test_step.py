@@ -7,6 +7,7 @@ import torch
 from peft import LoraConfig, PeftModel
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from art_proxy_trainer import step as step_module
 from art_proxy_trainer.batch import SequenceStats, TrainingBatch
 from art_proxy_trainer.config import TrainerConfig
 from art_proxy_trainer.loss import token_logprobs
@@ -116,3 +117,45 @@ def test_a_nan_loss_abandons_the_step_and_leaves_the_adapter_alone() -> None:
     after = _lora_weights(model)
     assert all(torch.equal(before[name], after[name]) for name in before)
     assert not optimizer.state  # AdamW never stepped
+
+
+def _out_of_memory_above(rows: int, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Make every forward of more than `rows` sequences run out of memory; returns the row
+    counts of the forwards that ran."""
+    real = step_module._logprobs
+    ran: list[int] = []
+
+    def logprobs(model: PeftModel, tokens_B_T: torch.Tensor, *args: object) -> torch.Tensor:
+        if tokens_B_T.shape[0] > rows:
+            raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+        ran.append(int(tokens_B_T.shape[0]))
+        return real(model, tokens_B_T, *args)  # type: ignore[arg-type]  # the real signature
+
+    monkeypatch.setattr(step_module, "_logprobs", logprobs)
+    return ran
+
+
+def test_out_of_memory_retries_with_smaller_micro_batches_and_gives_the_same_update(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    whole = _model()
+    train_step(whole, make_optimizer(whole, CONFIG), _batch(whole), CONFIG)
+    model = _model()
+    ran = _out_of_memory_above(1, monkeypatch)
+    result = train_step(model, make_optimizer(model, CONFIG), _batch(model), CONFIG)
+    assert result.applied and ran == [1, 1]  # the batch of two, one sequence at a time
+    expected, got = _lora_weights(whole), _lora_weights(model)
+    assert all(torch.allclose(expected[name], got[name], atol=1e-6) for name in expected)
+
+
+def test_out_of_memory_even_one_sequence_at_a_time_abandons_the_step(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    model = _model()
+    optimizer = make_optimizer(model, CONFIG)
+    before = _lora_weights(model)
+    _out_of_memory_above(0, monkeypatch)
+    result = train_step(model, optimizer, _batch(model), CONFIG)
+    assert (result.applied, result.reason) == (False, "out_of_memory")
+    after = _lora_weights(model)
+    assert all(torch.equal(before[name], after[name]) for name in before)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import math
 import re
 import signal
 import sys
@@ -20,8 +21,10 @@ from art_proxy.rollout import load_agent, run_rollouts
 from art_proxy.scenarios import Scenario
 from art_proxy.store.trajectory_store import TrajectoryStore
 from art_proxy.testing.fake_vllm import FakeVllmConfig, running_fake_vllm
+from art_proxy_trainer import loop as loop_module
 from art_proxy_trainer.command import run_train
 from art_proxy_trainer.errors import BaseModelMismatch
+from art_proxy_trainer.step import StepResult
 from tests.trainer.conftest import TINY_NAME, Stack
 
 HERE = Path(__file__).parent
@@ -277,3 +280,18 @@ async def test_a_resumed_run_serves_its_adapter_again_and_a_new_run_starts_from_
     assert [(s.step, s.swap) for s in first] == [(1, "swapped"), (2, "swapped")]
     assert [(s.step, s.swap) for s in second] == [(1, "swapped")]
     assert moves[-2:] == [TINY_NAME, f"{TINY_NAME}@1"]
+
+
+async def test_an_abandoned_step_labels_its_groups_abandoned_not_trained(
+    stack: Stack, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def nan_step(*_args: object) -> StepResult:
+        return StepResult(False, "nan_loss", math.nan, math.nan, None)
+
+    monkeypatch.setattr(loop_module, "train_step", nan_step)
+    settings = _settings(stack, tmp_path / "run", steps=1, val_every=0)
+    await asyncio.wait_for(run_train(settings, Console(quiet=True)), 300)
+    async with TrajectoryStore.opened(stack.store_url, writer=False) as store:
+        [step] = await store.training_steps(run="run")
+    assert (step.status, step.reason) == ("abandoned", "nan_loss")
+    assert "abandoned" in step.groups.values() and "trained" not in step.groups.values()

@@ -265,6 +265,9 @@ class Trainer:
                 metrics["kl"] = result.metrics.kl
         if result.applied:
             return "applied", None
+        for group_id, outcome in outcomes.items():
+            if outcome == "trained":
+                outcomes[group_id] = "abandoned"
         return "abandoned", result.reason
 
     async def _swap(self, record: TrainingStep) -> TrainingStep:

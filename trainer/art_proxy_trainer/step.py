@@ -95,6 +95,12 @@ def micro_batches(batch: TrainingBatch, max_tokens: int) -> list[slice]:
     return ranges
 
 
+def _halved(max_tokens: int, batch: TrainingBatch) -> int:
+    """Half the micro-batch size (0, one micro-batch, counts as the whole padded batch)."""
+    rows, length = batch.tokens_B_T.shape
+    return (max_tokens if max_tokens > 0 else rows * length) // 2
+
+
 def _abandon(
     optimizer: torch.optim.Optimizer,
     reason: AbandonReason,
@@ -107,7 +113,7 @@ def _abandon(
 
 
 def _accumulate(
-    model: PeftModel, batch: TrainingBatch, config: TrainerConfig
+    model: PeftModel, batch: TrainingBatch, config: TrainerConfig, max_tokens: int
 ) -> tuple[float, LossMetrics]:
     """Backward every micro-batch; returns the batch loss and its metrics (token-weighted).
 
@@ -116,7 +122,7 @@ def _accumulate(
     """
     total_tokens = max(batch.trained_tokens, 1)
     loss_sum = clip_sum = ratio_sum = kl_sum = 0.0
-    for rows in micro_batches(batch, config.micro_batch_tokens):
+    for rows in micro_batches(batch, max_tokens):
         length = int(batch.attention_mask_B_T[rows].sum(dim=1).max())
         tokens_B_T = batch.tokens_B_T[rows, :length]
         attention_B_T = batch.attention_mask_B_T[rows, :length]
@@ -160,11 +166,20 @@ def train_step(
     config: TrainerConfig,
 ) -> StepResult:
     model.eval()
-    optimizer.zero_grad(set_to_none=True)
-    try:
-        loss, metrics = _accumulate(model, batch, config)
-    except torch.OutOfMemoryError:
-        return _abandon(optimizer, "out_of_memory")
+    max_tokens = config.micro_batch_tokens
+    while True:
+        optimizer.zero_grad(set_to_none=True)
+        try:
+            loss, metrics = _accumulate(model, batch, config, max_tokens)
+            break
+        except torch.OutOfMemoryError:
+            # Smaller micro-batches give the same gradient in less memory: halve them until
+            # every row is its own micro-batch, and only then give the step up.
+            if len(micro_batches(batch, max_tokens)) == batch.tokens_B_T.shape[0]:
+                return _abandon(optimizer, "out_of_memory")
+            max_tokens = _halved(max_tokens, batch)
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
     if not math.isfinite(loss):
         return _abandon(optimizer, "nan_loss", loss, metrics=metrics)
     trainable = [p for group in optimizer.param_groups for p in group["params"]]
