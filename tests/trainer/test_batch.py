@@ -1,8 +1,11 @@
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 
+from art_proxy.records import CallRecord
 from art_proxy_trainer.batch import TrajectorySample, build_batch, sequences_from_calls
 from art_proxy_trainer.errors import EmptyBatchError
 from tests.trainer.records import call
@@ -95,3 +98,54 @@ def test_a_batch_without_trainable_calls_is_an_error() -> None:
 def test_completion_ids_and_logprobs_must_pair_up() -> None:
     with pytest.raises(ValueError, match="2 completion ids but 1 logprobs"):
         sequences_from_calls("t1", [call(0, [1], [10, 11], [-0.1])])
+
+
+def two_choices(first: list[int], second: list[int], messages: list[Any]) -> CallRecord:
+    """Call 0 of t1 with n=2: prompt [1, 2, 3], choices `first` and `second`."""
+    replies = [{"role": "assistant", "content": text} for text in ("zero", "one")]
+    return call(0, [1, 2, 3], first, [-0.1] * len(first)).model_copy(
+        update={
+            "completion_token_ids": [first, second],
+            "logprobs": [[-0.1] * len(first), [-0.9] * len(second)],
+            "request": {"messages": messages},
+            "response": {"choices": [{"index": i, "message": m} for i, m in enumerate(replies)]},
+        }
+    )
+
+
+USER = [{"role": "user", "content": "hi"}]
+
+
+def test_of_n_choices_the_one_the_agent_continued_is_trained_by_its_ids() -> None:
+    calls = [
+        two_choices([10, 11], [14, 15], USER),
+        call(1, [1, 2, 3, 14, 15, *TOOL], [12], [-0.3]),  # the agent went on from choice 1
+    ]
+    [sequence], stats = sequences_from_calls("t1", calls)
+    assert stats.stitch_misses == 0
+    assert sequence.tokens == [1, 2, 3, 14, 15, 20, 21, 12]
+    assert sequence.old_logprobs[3:5] == [-0.9, -0.9]  # choice 1's, not choice 0's
+    assert 10 not in sequence.tokens
+
+
+def test_of_n_choices_a_re_rendered_continuation_is_told_by_its_reply() -> None:
+    echoed = [*USER, {"role": "assistant", "content": "one"}, {"role": "user", "content": "go"}]
+    following = call(1, [1, 2, 9, 9], [12], [-0.3]).model_copy(
+        update={"request": {"messages": echoed}}
+    )
+    sequences, stats = sequences_from_calls(
+        "t1", [two_choices([10, 11], [14, 15], USER), following]
+    )
+    assert stats.stitch_misses == 1
+    assert [s.tokens for s in sequences] == [[1, 2, 3, 14, 15], [1, 2, 9, 9, 12]]
+
+
+def test_of_n_choices_one_whose_continuation_cannot_be_told_is_skipped_not_credited() -> None:
+    unrelated = call(1, [7, 7], [12], [-0.3]).model_copy(
+        update={"request": {"messages": [{"role": "user", "content": "elsewhere"}]}}
+    )
+    sequences, stats = sequences_from_calls(
+        "t1", [two_choices([10, 11], [14, 15], USER), unrelated]
+    )
+    assert stats.skipped_calls == 1
+    assert [s.tokens for s in sequences] == [[7, 7, 12]]

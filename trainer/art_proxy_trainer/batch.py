@@ -4,10 +4,12 @@ Calls of a trajectory are walked in `seq` order. A call whose prompt ids start w
 so far extends it: the new prompt ids are context (mask 0), its completion ids are sampled (mask 1). A
 call that does not extend it is a stitch miss: the sequence so far is closed and the call starts a new
 one. The ids decide, not the recorded `stitched` flag, which the proxy sets against any choice of the
-previous call only. Only choice 0 of each call is trained for now, so an agent that continued another
-choice shows up here as a stitch miss rather than as wrong tokens. Calls without captured ids are
-skipped and counted; their completion still reaches a later prompt, where it is context like a tool
-result.
+previous call only. Of a call with several choices (`n > 1`) only the one the agent continued is
+trained, with the trajectory's advantage: the choice whose ids the next call's prompt extends, else
+the one whose reply the next call's messages carry; the last call's is choice 0 (what an agent that
+reads one answer takes). A call whose continued choice cannot be told is skipped, never credited
+with tokens the agent dropped. Calls without captured ids are skipped and counted; their
+completion still reaches a later prompt, where it is context like a tool result.
 
 Position `t` of `mask_B_T`, `old_logprobs_B_T` and `temperatures_B_T` describes token `t` of
 `tokens_B_T` (predicting it from the tokens before), so the loss sees the tensors aligned. Recorded
@@ -24,11 +26,12 @@ from dataclasses import dataclass, field
 
 import torch
 
+from art_proxy.proxy.attribution import canonical_message, reply_messages
 from art_proxy.records import CallRecord
 from art_proxy_trainer.errors import EmptyBatchError
 
-# The choice trained per call; see the module docstring.
-TRAINED_CHOICE = 0
+# The choice of a trajectory's last call that is trained (see the module docstring).
+LAST_CALL_CHOICE = 0
 
 
 def sampling_temperature(call: CallRecord) -> float:
@@ -118,8 +121,10 @@ def sequences_from_calls(
     """Stitch a trajectory's calls into as few sequences as their token ids allow."""
     sequences: list[TrainingSequence] = []
     stitch_misses = skipped = 0
-    for call in sorted(calls, key=lambda c: c.seq):
-        if not _trainable(call):
+    ordered = sorted(calls, key=lambda c: c.seq)
+    for position, call in enumerate(ordered):
+        choice = _continued_choice(call, ordered[position + 1 :]) if _trainable(call) else None
+        if choice is None:
             skipped += 1
             continue
         # _trainable checked these are present.
@@ -136,11 +141,38 @@ def sequences_from_calls(
             current.add_context(prompt)
             sequences.append(current)
         current.add_sampled(
-            call.completion_token_ids[TRAINED_CHOICE],
-            call.logprobs[TRAINED_CHOICE],
+            call.completion_token_ids[choice],
+            call.logprobs[choice],
             sampling_temperature(call),
         )
     return sequences, SequenceStats(len(sequences), stitch_misses, skipped)
+
+
+def _continued_choice(call: CallRecord, later: Sequence[CallRecord]) -> int | None:
+    """The choice of `call` its trajectory went on from; None when that cannot be told."""
+    assert call.prompt_token_ids is not None and call.completion_token_ids is not None
+    if len(call.completion_token_ids) == 1:
+        return 0
+    following = next((c for c in later if c.status == "ok"), None)
+    if following is None:
+        return LAST_CALL_CHOICE
+    if following.prompt_token_ids is not None:
+        for choice, ids in enumerate(call.completion_token_ids):
+            sequence = call.prompt_token_ids + ids
+            if following.prompt_token_ids[: len(sequence)] == sequence:
+                return choice
+    # Re-rendered by the agent: the reply it echoed back, compared as attribution compares it.
+    asked = call.request.get("messages")
+    echoed = following.request.get("messages")
+    if call.response is None or not isinstance(asked, list) or not isinstance(echoed, list):
+        return None
+    if len(echoed) <= len(asked) or not isinstance(echoed[len(asked)], dict):
+        return None
+    sent_back = canonical_message(echoed[len(asked)])
+    replies = reply_messages(call.response)
+    return next(
+        (i for i, reply in enumerate(replies) if canonical_message(reply) == sent_back), None
+    )
 
 
 def build_batch(samples: Iterable[TrajectorySample], *, pad_token_id: int = 0) -> TrainingBatch:
