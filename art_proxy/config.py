@@ -445,7 +445,19 @@ class TrainSettings(StoreSettings, TrainerConfig):
         "run on the scenarios through the proxy each step.",
     )
     scenarios: str | None = Field(None, description="Scenarios JSONL for --agent.")
-    group_size: int = Field(8, ge=2, description="Rollouts per scenario per step (--agent).")
+    group_size: int = Field(
+        8,
+        ge=2,
+        description="Rollouts per scenario per step (--agent); for the sidecar with "
+        "--reward-source finish, the finished members that make a group ready at once.",
+    )
+    group_wait: float = Field(
+        600.0,
+        ge=0,
+        description="Sidecar with --reward-source finish: seconds after a group's newest member "
+        "started before it is trained with fewer than --group-size members (as the judge's "
+        "--wait).",
+    )
     concurrency: int = Field(8, ge=1, description="Rollouts run at once (--agent).")
     rollout_timeout: float = Field(
         300.0, ge=0, description="Seconds one rollout may take (0 = no limit)."

@@ -6,7 +6,7 @@ groups offered for training are the ones the run has not consumed, with their me
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 import pytest
 
@@ -230,3 +230,22 @@ async def test_trainable_groups_from_judgments_take_the_newest_scored_and_sum_co
     assert found[0].rewards == dict(zip(judged, [0.9, 0.1], strict=True))
     assert found[0].judge_cost_usd == pytest.approx(0.06)
     assert found[0].split == "train"
+
+
+async def test_finish_groups_wait_for_full_size_or_settling_as_the_judge_does(
+    store: TrajectoryStore,
+) -> None:
+    """Rollouts run one after another leave a group with no open member between them: taken then,
+    every later member would be lost to training."""
+    await add_group(store, "two-so-far", 2, rewards=[0.0, 1.0], age=5)
+    await add_group(store, "full", 4, rewards=[0.0, 1.0, 0.5, 0.5], age=5)
+    newest_start = START + timedelta(minutes=5)
+
+    async def ready(settled_before: datetime) -> list[str]:
+        found = await store.trainable_groups(
+            "run", source="finish", full_size=4, settled_before=settled_before
+        )
+        return sorted(group.group_id for group in found)
+
+    assert await ready(newest_start) == ["full"]
+    assert await ready(newest_start + timedelta(seconds=1)) == ["full", "two-so-far"]

@@ -10,6 +10,7 @@ as it is.
 from __future__ import annotations
 
 import uuid
+from datetime import datetime
 from typing import Literal
 
 import sqlalchemy as sa
@@ -143,20 +144,29 @@ class TrainingRecords(StoreBase):
     # --- what a run can train on next ------------------------------------------------------------
 
     async def trainable_groups(
-        self, run: str, *, source: TrainableSource, limit: int = 100
+        self,
+        run: str,
+        *,
+        source: TrainableSource,
+        limit: int = 100,
+        full_size: int = 0,
+        settled_before: datetime | None = None,
     ) -> list[TrainableGroup]:
         """Groups `run` has not consumed, oldest first, with their members' rewards.
 
         judgment: groups with a scored judgment; rewards from the newest one, cost summed over all
         of the group's judgments. finish: groups with no open member and at least two finished
-        members that reported a reward (`POST .../finish`).
+        members that reported a reward (`POST .../finish`), and, as the judge waits for a group
+        (ruler/run.py), either `full_size` finished members or a newest member that started before
+        `settled_before`: rollouts run one after another leave a group with no open member between
+        them, and a group taken then would lose every later member (neither given: no wait).
         """
         not_consumed = ~sa.exists(
             sa.select(CG.c.group_id).where(CG.c.run == run, CG.c.group_id == G.c.id)
         )
         if source == "judgment":
             return await self._judged_groups(not_consumed, limit)
-        return await self._finished_groups(not_consumed, limit)
+        return await self._finished_groups(not_consumed, limit, full_size, settled_before)
 
     async def _judged_groups(
         self, not_consumed: sa.ColumnElement[bool], limit: int
@@ -188,9 +198,18 @@ class TrainingRecords(StoreBase):
         ]
 
     async def _finished_groups(
-        self, not_consumed: sa.ColumnElement[bool], limit: int
+        self,
+        not_consumed: sa.ColumnElement[bool],
+        limit: int,
+        full_size: int,
+        settled_before: datetime | None,
     ) -> list[TrainableGroup]:
         rewarded = sa.and_(T.c.status == "finished", T.c.reward.is_not(None))
+        ready: list[sa.ColumnElement[bool]] = []
+        if full_size:
+            ready.append(sa.func.count(T.c.id) >= full_size)
+        if settled_before is not None:
+            ready.append(sa.func.max(T.c.created_at) < settled_before)
         groups = await self._all(
             sa.select(G, group_split().label("split"))
             .join(T, T.c.group_id == G.c.id)
@@ -199,6 +218,7 @@ class TrainingRecords(StoreBase):
             .having(
                 sa.func.sum(sa.case((T.c.status == "open", 1), else_=0)) == 0,
                 sa.func.sum(sa.case((rewarded, 1), else_=0)) >= 2,
+                sa.or_(*ready) if ready else sa.true(),
             )
             .order_by(G.c.created_at, G.c.id)
             .limit(limit)

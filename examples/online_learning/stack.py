@@ -74,6 +74,7 @@ def trainer(options: StackOptions) -> Part:
         promote_alias=PROD_ALIAS,
         rollback_min_trajectories=options.rollback_min_trajectories,
         reward_source="finish",  # the users' and the rater's rewards, set at finish
+        group_size=options.shadow_samples + 1,  # the served call and its samples: ready at once
         groups_per_step=options.groups_per_step,
         max_staleness=MAX_STALENESS,
         keep_adapters=KEEP_ADAPTERS,

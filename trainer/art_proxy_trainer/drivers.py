@@ -21,6 +21,7 @@ import math
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from datetime import timedelta
 
 from art_proxy.config import TrainSettings
 from art_proxy.records import TrainableGroup, TrainingStep
@@ -63,7 +64,11 @@ async def run_sidecar(trainer: Trainer, settings: TrainSettings, events: Events)
     """Train on the store's scored groups until a stop condition; returns why it stopped."""
     while (reason := stop_reason(trainer, settings)) is None:
         groups = await trainer.store.trainable_groups(
-            settings.run_name, source=settings.reward_source.value, limit=1000
+            settings.run_name,
+            source=settings.reward_source.value,
+            limit=1000,
+            full_size=settings.group_size,
+            settled_before=utcnow() - timedelta(seconds=settings.group_wait),
         )
         with_signal = [g for g in groups if g.split != "val" and has_signal(g)]
         if len(with_signal) < settings.groups_per_step:
