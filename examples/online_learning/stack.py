@@ -74,7 +74,9 @@ def trainer(options: StackOptions) -> Part:
         promote_alias=PROD_ALIAS,
         rollback_min_trajectories=options.rollback_min_trajectories,
         reward_source="finish",  # the users' and the rater's rewards, set at finish
-        group_size=options.shadow_samples + 1,  # the served call and its samples: ready at once
+        # Every group here exists whole before any member finishes (a served call and its shadow
+        # samples; a round's val answers, started together): ready once none is open.
+        group_size=2,
         groups_per_step=options.groups_per_step,
         max_staleness=MAX_STALENESS,
         keep_adapters=KEEP_ADAPTERS,

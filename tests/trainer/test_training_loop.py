@@ -176,6 +176,7 @@ def _train_process(stack: Stack, out: Path, steps: int) -> list[str]:
         *("--store", stack.store_url, "--proxy", stack.proxy.root_url),
         *("--upstream", stack.llm.base_url, "--model", str(stack.model_dir)),
         *("--out", str(out), "--steps", str(steps), "--reward-source", "finish"),
+        *("--group-size", "4"),  # the rollouts' groups: each is ready once all four finished
         *("--groups-per-step", "2", "--val-every", "0", "--poll", "0.2", "--keep-adapters", "2"),
         # The groups were all sampled by the base model before training started.
         *("--max-staleness", "10"),
