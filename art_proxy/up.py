@@ -86,6 +86,10 @@ def plan(settings: UpSettings) -> list[Part]:
             max_lora_rank=settings.max_lora_rank,
             max_loras=4,
             logprobs_mode="processed_logprobs",  # pi_old must be the distribution sampled from
+            # Unset sampling fields mean vLLM's neutral defaults, not the model's
+            # generation_config.json (which neither the proxy nor the trainer sees): the trainer
+            # scores a call by the fields it sent.
+            generation_config="vllm",
             enable_auto_tool_choice=True,
             tool_call_parser=settings.tool_call_parser,
         )

@@ -259,6 +259,8 @@ def test_plan_in_vllm_mode_serves_the_model_with_runtime_lora_and_processed_logp
         "4",
         "--logprobs-mode",
         "processed_logprobs",
+        "--generation-config",
+        "vllm",
         "--enable-auto-tool-choice",
         "--tool-call-parser",
         "hermes",

@@ -80,28 +80,41 @@ def processed_logprobs(
     logits_B_V = logits_B_V.float()
     temperatures_B = torch.tensor([p.temperature or 1.0 for p in params_B])
     scaled_B_V = logits_B_V / temperatures_B[:, None]
-    sampled_rows = [row for row, p in enumerate(params_B) if p.temperature > 0]
-    top_k_rows = [row for row in sampled_rows if 0 < params_B[row].top_k < logits_B_V.shape[-1]]
-    if top_k_rows:
-        ks = [params_B[row].top_k for row in top_k_rows]
-        kth_values_R = torch.stack(
-            [scaled_B_V[row].topk(k).values[-1] for row, k in zip(top_k_rows, ks, strict=True)]
-        )
-        rows_R = torch.tensor(top_k_rows)
-        kept_R_V = scaled_B_V[rows_R] >= kth_values_R[:, None]
-        scaled_B_V[rows_R] = scaled_B_V[rows_R].masked_fill(~kept_R_V, float("-inf"))
-    top_p_rows = [row for row in sampled_rows if params_B[row].top_p < 1.0]
-    if top_p_rows:
-        rows_R = torch.tensor(top_p_rows)
-        top_p_R = torch.tensor([params_B[row].top_p for row in top_p_rows])
-        scaled_B_V[rows_R] = _top_p_masked(scaled_B_V[rows_R], top_p_R)
-    return torch.log_softmax(scaled_B_V, dim=-1)
+    # Greedy rows report the raw distribution: no filter applies to them.
+    top_k_B = torch.tensor([p.top_k if p.temperature > 0 else 0 for p in params_B])
+    top_p_B = torch.tensor([p.top_p if p.temperature > 0 else 1.0 for p in params_B])
+    return torch.log_softmax(top_k_top_p_filtered(scaled_B_V, top_k_B, top_p_B), dim=-1)
 
 
-def _top_p_masked(logits_R_V: torch.Tensor, top_p_R: torch.Tensor) -> torch.Tensor:
-    """Keep the smallest set of best ids whose probability reaches top_p (at least one id)."""
+def top_k_top_p_filtered(
+    scaled_N_V: torch.Tensor, top_k_N: torch.Tensor, top_p_N: torch.Tensor
+) -> torch.Tensor:
+    """Tempered logits with what top-k and then top-p leave out set to -inf, row by row (top_k
+    <= 0 or >= the vocabulary: off; top_p >= 1: off). The trainer scores its tokens through this
+    too, so pi_theta is the distribution the sampler drew from. Which ids are kept is decided
+    without gradient; the kept logits keep theirs."""
+    with torch.no_grad():
+        left_out_N_V = torch.zeros_like(scaled_N_V, dtype=torch.bool)
+        vocabulary = scaled_N_V.shape[-1]
+        k_rows_R = ((top_k_N > 0) & (top_k_N < vocabulary)).nonzero()[:, 0]
+        if len(k_rows_R):
+            k_R = top_k_N[k_rows_R]
+            best_R_K = scaled_N_V[k_rows_R].topk(int(k_R.max()), dim=-1).values
+            kth_R = best_R_K.gather(-1, (k_R - 1)[:, None])
+            left_out_N_V[k_rows_R] = scaled_N_V[k_rows_R] < kth_R
+        p_rows_R = (top_p_N < 1.0).nonzero()[:, 0]
+        if len(p_rows_R):
+            after_k_R_V = scaled_N_V[p_rows_R].masked_fill(left_out_N_V[p_rows_R], float("-inf"))
+            left_out_N_V[p_rows_R] |= _outside_top_p(after_k_R_V, top_p_N[p_rows_R])
+    if not left_out_N_V.any():
+        return scaled_N_V
+    return scaled_N_V.masked_fill(left_out_N_V, float("-inf"))
+
+
+def _outside_top_p(logits_R_V: torch.Tensor, top_p_R: torch.Tensor) -> torch.Tensor:
+    """Ids outside the smallest set of best ids whose probability reaches top_p (at least one)."""
     sorted_R_V, order_R_V = logits_R_V.sort(dim=-1, descending=True)
     probs_R_V = sorted_R_V.softmax(dim=-1)
     before_R_V = probs_R_V.cumsum(dim=-1) - probs_R_V  # mass of the ids ranked above each one
-    sorted_R_V = sorted_R_V.masked_fill(before_R_V >= top_p_R[:, None], float("-inf"))
-    return torch.empty_like(logits_R_V).scatter_(-1, order_R_V, sorted_R_V)
+    outside_sorted_R_V = before_R_V >= top_p_R[:, None]
+    return torch.empty_like(outside_sorted_R_V).scatter_(-1, order_R_V, outside_sorted_R_V)

@@ -7,6 +7,7 @@ machine, start it with runtime LoRA, processed logprobs and the hermes tool pars
 
     VLLM_ALLOW_RUNTIME_LORA_UPDATING=True vllm serve Qwen/Qwen2.5-0.5B-Instruct --port 8000 \\
         --enable-lora --max-lora-rank 16 --max-loras 4 --logprobs-mode processed_logprobs \\
+        --generation-config vllm \\
         --enable-auto-tool-choice --tool-call-parser hermes
 
 then run the suite against it alone:

@@ -70,7 +70,7 @@ def test_tokens_are_scored_at_the_temperature_they_were_sampled_at() -> None:
     assert batch.temperatures_B_T.tolist() == [[1.0, 1.0, 0.5, 0.5]]
     logits_B_T_V = torch.randn(1, 4, 10)
     tokens_B_T = torch.tensor([[1, 2, 3, 4]])
-    scored = token_logprobs(logits_B_T_V, tokens_B_T, batch.temperatures_B_T)
+    scored = token_logprobs(logits_B_T_V, tokens_B_T, batch.transforms)
     expected = torch.log_softmax(logits_B_T_V[0, 2] / 0.5, dim=-1)[4]
     assert scored[0, 3].item() == pytest.approx(expected.item(), rel=1e-5)
     # An unset temperature, or greedy decoding, scores at 1.

@@ -14,9 +14,10 @@ completion still reaches a later prompt, where it is context like a tool result.
 Position `t` of `mask_B_T`, `old_logprobs_B_T` and `temperatures_B_T` describes token `t` of
 `tokens_B_T` (predicting it from the tokens before), so the loss sees the tensors aligned. Recorded
 logprobs are those of the distribution sampled from (vLLM's processed logprobs), so a token sampled
-at temperature 0.7 is scored from logits divided by 0.7: `temperatures_B_T` carries the temperature
-the call asked for (1 where it set none or asked for greedy decoding, and on context). Rows are
-padded on the right; padding has attention 0, mask 0, old logprob 0 and temperature 1.
+at temperature 0.7 with top_p 0.9 is scored from logits divided by 0.7 with what top-p leaves out
+removed: `temperatures_B_T`, `top_k_B_T` and `top_p_B_T` carry what the call asked for (1, 0 and 1
+where it set none or asked for greedy decoding, and on context; None when no row uses them). Rows
+are padded on the right; padding has attention 0, mask 0, old logprob 0 and no sampling transform.
 """
 
 from __future__ import annotations
@@ -29,17 +30,38 @@ import torch
 from art_proxy.proxy.attribution import canonical_message, reply_messages
 from art_proxy.records import CallRecord
 from art_proxy_trainer.errors import EmptyBatchError
+from art_proxy_trainer.loss import SamplingTransforms
 
 # The choice of a trajectory's last call that is trained (see the module docstring).
 LAST_CALL_CHOICE = 0
 
 
-def sampling_temperature(call: CallRecord) -> float:
-    """The temperature the call's tokens were sampled at (1 when unset or greedy)."""
-    temperature = call.sampling.get("temperature")
-    if isinstance(temperature, int | float) and temperature > 0:
-        return float(temperature)
-    return 1.0
+@dataclass(frozen=True)
+class SampledFrom:
+    """The transforms of the logits a call's tokens were drawn from (none: 1, 0, 1)."""
+
+    temperature: float = 1.0
+    top_k: int = 0  # 0 = off (vLLM's -1 too)
+    top_p: float = 1.0  # 1 = off
+
+
+NOT_FILTERED = SampledFrom()
+
+
+def sampled_from(call: CallRecord) -> SampledFrom:
+    """What the call asked for; greedy decoding (temperature 0) reports the raw distribution."""
+    temperature = _number(call.sampling.get("temperature"), 1.0)
+    if temperature <= 0:
+        return NOT_FILTERED
+    top_k = _number(call.sampling.get("top_k"), 0)
+    top_p = _number(call.sampling.get("top_p"), 1.0)
+    return SampledFrom(temperature, max(int(top_k), 0), min(top_p, 1.0) if top_p > 0 else 1.0)
+
+
+def _number(value: object, default: float) -> float:
+    return (
+        float(value) if isinstance(value, int | float) and not isinstance(value, bool) else default
+    )
 
 
 @dataclass(frozen=True)
@@ -57,23 +79,30 @@ class TrainingSequence:
     tokens: list[int] = field(default_factory=list)
     mask: list[int] = field(default_factory=list)
     old_logprobs: list[float] = field(default_factory=list)
-    temperatures: list[float] = field(default_factory=list)
+    sampled_from: list[SampledFrom] = field(default_factory=list)
 
     def add_context(self, token_ids: Sequence[int]) -> None:
         self.tokens.extend(token_ids)
         self.mask.extend([0] * len(token_ids))
         self.old_logprobs.extend([0.0] * len(token_ids))
-        self.temperatures.extend([1.0] * len(token_ids))
+        self.sampled_from.extend([NOT_FILTERED] * len(token_ids))
 
     def add_sampled(
-        self, token_ids: Sequence[int], logprobs: Sequence[float], temperature: float = 1.0
+        self,
+        token_ids: Sequence[int],
+        logprobs: Sequence[float],
+        sampled_from: SampledFrom = NOT_FILTERED,
     ) -> None:
         if len(token_ids) != len(logprobs):
             raise ValueError(f"{len(token_ids)} completion ids but {len(logprobs)} logprobs")
         self.tokens.extend(token_ids)
         self.mask.extend([1] * len(token_ids))
         self.old_logprobs.extend(logprobs)
-        self.temperatures.extend([temperature] * len(token_ids))
+        self.sampled_from.extend([sampled_from] * len(token_ids))
+
+    @property
+    def temperatures(self) -> list[float]:
+        return [each.temperature for each in self.sampled_from]
 
 
 @dataclass(frozen=True)
@@ -99,6 +128,12 @@ class TrainingBatch:
     advantages_B: torch.Tensor  # float32, the row's trajectory advantage
     stats: SequenceStats
     temperatures_B_T: torch.Tensor | None = None  # float32; None: all 1
+    top_k_B_T: torch.Tensor | None = None  # int64; None: all 0 (off)
+    top_p_B_T: torch.Tensor | None = None  # float32; None: all 1 (off)
+
+    @property
+    def transforms(self) -> SamplingTransforms:
+        return SamplingTransforms(self.temperatures_B_T, self.top_k_B_T, self.top_p_B_T)
 
     @property
     def trained_tokens(self) -> int:
@@ -143,7 +178,7 @@ def sequences_from_calls(
         current.add_sampled(
             call.completion_token_ids[choice],
             call.logprobs[choice],
-            sampling_temperature(call),
+            sampled_from(call),
         )
     return sequences, SequenceStats(len(sequences), stitch_misses, skipped)
 
@@ -191,6 +226,8 @@ def build_batch(samples: Iterable[TrajectorySample], *, pad_token_id: int = 0) -
     mask_B_T = torch.zeros((len(rows), length), dtype=torch.float32)
     old_logprobs_B_T = torch.zeros((len(rows), length), dtype=torch.float32)
     temperatures_B_T = torch.ones((len(rows), length), dtype=torch.float32)
+    top_k_B_T = torch.zeros((len(rows), length), dtype=torch.int64)
+    top_p_B_T = torch.ones((len(rows), length), dtype=torch.float32)
     for row, (sequence, _) in enumerate(rows):
         n = len(sequence.tokens)
         tokens_B_T[row, :n] = torch.tensor(sequence.tokens, dtype=torch.int64)
@@ -198,8 +235,9 @@ def build_batch(samples: Iterable[TrajectorySample], *, pad_token_id: int = 0) -
         mask_B_T[row, :n] = torch.tensor(sequence.mask, dtype=torch.float32)
         old_logprobs_B_T[row, :n] = torch.tensor(sequence.old_logprobs, dtype=torch.float32)
         temperatures_B_T[row, :n] = torch.tensor(sequence.temperatures, dtype=torch.float32)
+        top_k_B_T[row, :n] = torch.tensor([s.top_k for s in sequence.sampled_from])
+        top_p_B_T[row, :n] = torch.tensor([s.top_p for s in sequence.sampled_from])
     advantages_B = torch.tensor([advantage for _, advantage in rows], dtype=torch.float32)
-    tempered = bool((temperatures_B_T != 1.0).any())
     return TrainingBatch(
         tokens_B_T,
         attention_mask_B_T,
@@ -207,5 +245,7 @@ def build_batch(samples: Iterable[TrajectorySample], *, pad_token_id: int = 0) -
         old_logprobs_B_T,
         advantages_B,
         stats,
-        temperatures_B_T if tempered else None,
+        temperatures_B_T if bool((temperatures_B_T != 1.0).any()) else None,
+        top_k_B_T if bool((top_k_B_T != 0).any()) else None,
+        top_p_B_T if bool((top_p_B_T != 1.0).any()) else None,
     )

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 
 import torch
 
+from art_proxy.local.sampling import top_k_top_p_filtered
+
 
 @dataclass(frozen=True)
 class LossMetrics:
@@ -29,25 +31,71 @@ class LossResult:
     metrics: LossMetrics
 
 
+@dataclass(frozen=True)
+class SamplingTransforms:
+    """Per position, what the sampler did to the logits before drawing that position's token
+    (None: nothing, for every position): divide by a temperature, keep the top-k, keep the top-p."""
+
+    temperatures_B_T: torch.Tensor | None = None
+    top_k_B_T: torch.Tensor | None = None  # 0 = off
+    top_p_B_T: torch.Tensor | None = None  # 1 = off
+
+    def rows(self, rows: slice, length: int) -> SamplingTransforms:
+        def cut(tensor: torch.Tensor | None) -> torch.Tensor | None:
+            return None if tensor is None else tensor[rows, :length]
+
+        return SamplingTransforms(
+            cut(self.temperatures_B_T), cut(self.top_k_B_T), cut(self.top_p_B_T)
+        )
+
+
+NO_TRANSFORMS = SamplingTransforms()
+# vLLM writes the logprob of an id its filters left out (-inf) as -9999.0; so does the trainer for
+# a sampled id the new weights' top-k or top-p leave out (its ratio is then 0, its gradient none).
+_LEFT_OUT_LOGPROB = -9999.0
+
+
 def token_logprobs(
     logits_B_T_V: torch.Tensor,
     tokens_B_T: torch.Tensor,
-    temperatures_B_T: torch.Tensor | None = None,
+    transforms: SamplingTransforms = NO_TRANSFORMS,
 ) -> torch.Tensor:
     """logprobs_B_T[b, t] = log p(tokens[b, t] | tokens[b, :t]); position 0 has no prediction: 0.
 
-    With `temperatures_B_T`, token t is scored from the logits divided by its temperature (the
-    distribution it was sampled from). The only full-vocabulary tensor beyond the logits is
-    log_softmax's own output (plus the fp32 cast, or the division); the gather keeps one value per
-    position.
+    Token t is scored from the distribution it was sampled from: the logits divided by its
+    temperature, then what its top-k and top-p leave out removed (local-llm's sampler's own
+    filter, which vLLM's matches). The only full-vocabulary tensors beyond the logits are
+    log_softmax's output, the fp32 cast or the division, and a filtered copy where a filter is on;
+    the gather keeps one value per position.
     """
     logits_B_Tm1_V = logits_B_T_V[:, :-1].float()
-    if temperatures_B_T is not None:
+    if transforms.temperatures_B_T is not None:
         # The logits at t-1 predict token t: they take token t's temperature.
-        logits_B_Tm1_V = logits_B_Tm1_V / temperatures_B_T[:, 1:].unsqueeze(-1)
+        logits_B_Tm1_V = logits_B_Tm1_V / transforms.temperatures_B_T[:, 1:].unsqueeze(-1)
+    filtered = transforms.top_k_B_T is not None or transforms.top_p_B_T is not None
+    if filtered:
+        logits_B_Tm1_V = _filtered(logits_B_Tm1_V, transforms)
     logprobs_B_Tm1_V = torch.log_softmax(logits_B_Tm1_V, dim=-1)
     predicted_B_Tm1 = logprobs_B_Tm1_V.gather(-1, tokens_B_T[:, 1:].unsqueeze(-1)).squeeze(-1)
+    if filtered:
+        predicted_B_Tm1 = predicted_B_Tm1.clamp(min=_LEFT_OUT_LOGPROB)
     return torch.nn.functional.pad(predicted_B_Tm1, (1, 0))
+
+
+def _filtered(logits_B_Tm1_V: torch.Tensor, transforms: SamplingTransforms) -> torch.Tensor:
+    """The logits with each position's top-k and top-p applied (only where one is on)."""
+    shape = logits_B_Tm1_V.shape[:2]
+    top_k_B_Tm1 = (
+        torch.zeros(shape, dtype=torch.int64)
+        if transforms.top_k_B_T is None
+        else transforms.top_k_B_T[:, 1:]
+    )
+    top_p_B_Tm1 = torch.ones(shape) if transforms.top_p_B_T is None else transforms.top_p_B_T[:, 1:]
+    where = ((top_k_B_Tm1 > 0) | (top_p_B_Tm1 < 1.0)).nonzero(as_tuple=True)
+    filtered_N_V = top_k_top_p_filtered(
+        logits_B_Tm1_V[where], top_k_B_Tm1[where], top_p_B_Tm1[where]
+    )
+    return logits_B_Tm1_V.index_put(where, filtered_N_V)
 
 
 def grpo_loss(

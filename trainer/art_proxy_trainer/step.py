@@ -20,7 +20,7 @@ from transformers import PreTrainedModel
 
 from art_proxy_trainer.batch import TrainingBatch
 from art_proxy_trainer.config import TrainerConfig
-from art_proxy_trainer.loss import LossMetrics, grpo_loss, token_logprobs
+from art_proxy_trainer.loss import LossMetrics, SamplingTransforms, grpo_loss, token_logprobs
 
 AbandonReason = Literal["nan_loss", "nan_grad", "out_of_memory"]
 
@@ -64,12 +64,12 @@ def _logprobs(
     model: PeftModel,
     tokens_B_T: torch.Tensor,
     attention_mask_B_T: torch.Tensor,
-    temperatures_B_T: torch.Tensor | None,
+    transforms: SamplingTransforms,
 ) -> torch.Tensor:
     logits_B_T_V: torch.Tensor = model(
         input_ids=tokens_B_T, attention_mask=attention_mask_B_T
     ).logits
-    return token_logprobs(logits_B_T_V, tokens_B_T, temperatures_B_T)
+    return token_logprobs(logits_B_T_V, tokens_B_T, transforms)
 
 
 def micro_batches(batch: TrainingBatch, max_tokens: int) -> list[slice]:
@@ -127,18 +127,16 @@ def _accumulate(
         tokens_B_T = batch.tokens_B_T[rows, :length]
         attention_B_T = batch.attention_mask_B_T[rows, :length]
         mask_B_T = batch.mask_B_T[rows, :length]
-        temperatures_B_T = (
-            None if batch.temperatures_B_T is None else batch.temperatures_B_T[rows, :length]
-        )
+        transforms = batch.transforms.rows(rows, length)
         share = float(mask_B_T.sum()) / total_tokens
         if share == 0:
             continue
         ref_logprobs_B_T = None
         if config.kl_coef > 0:
             with torch.no_grad(), model.disable_adapter():
-                ref_logprobs_B_T = _logprobs(model, tokens_B_T, attention_B_T, temperatures_B_T)
+                ref_logprobs_B_T = _logprobs(model, tokens_B_T, attention_B_T, transforms)
         result = grpo_loss(
-            _logprobs(model, tokens_B_T, attention_B_T, temperatures_B_T),
+            _logprobs(model, tokens_B_T, attention_B_T, transforms),
             batch.old_logprobs_B_T[rows, :length],
             batch.advantages_B[rows],
             mask_B_T,

@@ -1,0 +1,122 @@
+"""The trainer scores every token with exactly the distribution it was sampled from.
+
+Tokens are drawn by local-llm's own sampler (`art_proxy.local.sampling`, the processed logprobs
+vLLM's `--logprobs-mode processed_logprobs` reports too) from a tiny Llama with a LoRA adapter,
+recorded as the proxy records a call, and scored by the trainer at the same weights: the importance
+ratio must be 1 for every token, whatever temperature, top-k and top-p the call asked for. Before
+the trainer applied top-k and top-p, top_p 0.9 gave a mean ratio of about 0.9 and top_k 20 about
+0.5, with half the tokens clipped.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+import torch
+from peft import PeftModel
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from art_proxy.local.sampling import SamplingParams, sample
+from art_proxy.records import CallRecord
+from art_proxy_trainer.batch import TrajectorySample, build_batch
+from art_proxy_trainer.config import TrainerConfig
+from art_proxy_trainer.loss import token_logprobs
+from art_proxy_trainer.step import lora_model
+
+VOCABULARY = 256
+PROMPT = [1, 5, 9, 14]
+NEW_TOKENS = 48
+
+
+def _model() -> PeftModel:
+    torch.manual_seed(0)
+    base = LlamaForCausalLM(
+        LlamaConfig(
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            vocab_size=VOCABULARY,
+            max_position_embeddings=128,
+        )
+    )
+    model = lora_model(base, TrainerConfig())
+    with torch.no_grad():  # a trained adapter, not LoRA's zero start
+        for name, parameter in model.named_parameters():
+            if "lora_B" in name:
+                parameter.normal_(0, 0.5)
+    return model.eval()
+
+
+def _sampled_call(model: PeftModel, sampling: dict[str, Any], seed: int) -> CallRecord:
+    params = SamplingParams(
+        max_tokens=NEW_TOKENS,
+        temperature=sampling.get("temperature", 1.0),
+        top_p=sampling.get("top_p", 1.0),
+        top_k=sampling.get("top_k", 0),
+    )
+    generator = torch.Generator().manual_seed(seed)
+    tokens = list(PROMPT)
+    completion: list[int] = []
+    logprobs: list[float] = []
+    with torch.no_grad():
+        for _ in range(NEW_TOKENS):
+            logits_V = model(input_ids=torch.tensor([tokens])).logits[0, -1]
+            drawn = sample(logits_V[None], [params], [generator])
+            completion.append(drawn.token_ids_B[0])
+            logprobs.append(drawn.logprobs_B[0].logprob)
+            tokens.append(drawn.token_ids_B[0])
+    return CallRecord(
+        id=f"c{seed}",
+        trajectory_id=f"t{seed}",
+        seq=0,
+        kind="chat",
+        created_at=datetime(2026, 1, 1, tzinfo=UTC),
+        latency_ms=1.0,
+        upstream="http://upstream",
+        status="ok",
+        http_status=200,
+        stream=False,
+        model="m",
+        request={},
+        response={},
+        sampling=sampling,
+        prompt_token_ids=PROMPT,
+        completion_token_ids=[completion],
+        logprobs=[logprobs],
+        trainable=True,
+        stitched=False,
+        attribution="new",
+    )
+
+
+@pytest.mark.parametrize(
+    "sampling",
+    [
+        {"temperature": 0.7},
+        {"temperature": 0.7, "top_p": 0.9},
+        {"top_k": 20},
+        {"temperature": 0.7, "top_k": 20, "top_p": 0.9},
+        {"temperature": 1.3, "top_p": 0.5},
+    ],
+    ids=["t0.7", "t0.7-p0.9", "k20", "t0.7-k20-p0.9", "t1.3-p0.5"],
+)
+def test_the_ratio_at_the_sampling_weights_is_one_for_every_token(
+    sampling: dict[str, Any],
+) -> None:
+    model = _model()
+    calls = [_sampled_call(model, sampling, seed) for seed in range(4)]
+    batch = build_batch([TrajectorySample(c.trajectory_id, [c], 1.0) for c in calls])
+    with torch.no_grad():
+        logits = model(input_ids=batch.tokens_B_T, attention_mask=batch.attention_mask_B_T).logits
+        scored_B_T = token_logprobs(logits, batch.tokens_B_T, batch.transforms)
+    sampled = batch.mask_B_T.bool()
+    ratios = (scored_B_T[sampled] - batch.old_logprobs_B_T[sampled]).exp()
+    assert len(ratios) == 4 * NEW_TOKENS
+    assert ratios.median().item() == pytest.approx(1.0, abs=0.01)
+    inside = ((ratios >= 0.8) & (ratios <= 1.28)).float().mean().item()
+    assert inside >= 0.99
+    assert torch.allclose(ratios, torch.ones_like(ratios), atol=1e-3)
