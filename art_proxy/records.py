@@ -59,7 +59,16 @@ class CallRecord(_Record):
     prompt_token_ids: list[int] | None
     completion_token_ids: list[list[int]] | None = Field(description="Per choice, EOS included.")
     logprobs: list[list[float]] | None = Field(description="Per choice, one per completion id.")
-    trainable: bool = Field(description="Token ids and logprobs were captured for every choice.")
+    trainable: bool = Field(
+        description="Token ids and logprobs were captured for every choice, and the trainer can "
+        "score them with the distribution they were sampled from."
+    )
+    untrainable_reason: str | None = Field(
+        default=None,
+        description="Why an answered call is not trainable (e.g. `guided decoding "
+        "(tool_choice)`, `sampling min_p`, `stream lost tokens`); None when it is, or when it "
+        "failed.",
+    )
     stitched: bool = Field(
         description="The prompt ids extend the previous call's prompt plus completion ids."
     )

@@ -263,3 +263,75 @@ def test_incremental_keys_equal_the_keys_of_whole_prefixes() -> None:
     assert reply_keys(messages, replies) == [
         conversation_key([*messages, reply]) for reply in replies
     ]
+
+
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+    },
+}
+
+
+@pytest.mark.parametrize(
+    ("fields", "reason"),
+    [
+        ({"temperature": 0.7, "top_p": 0.9, "top_k": 20}, None),
+        ({"presence_penalty": 0, "frequency_penalty": 0.0, "logit_bias": {}}, None),
+        ({"tools": [WEATHER_TOOL], "tool_choice": "auto"}, None),
+        (
+            {
+                "tools": [WEATHER_TOOL],
+                "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
+            },
+            "guided decoding (tool_choice)",
+        ),
+        ({"tools": [WEATHER_TOOL], "tool_choice": "required"}, "guided decoding (tool_choice)"),
+        ({"response_format": {"type": "json_object"}}, "guided decoding (response_format)"),
+        ({"guided_regex": "[a-z]+"}, "guided decoding (guided_regex)"),
+        ({"min_p": 0.1}, "sampling min_p"),
+        ({"repetition_penalty": 1.1}, "sampling repetition_penalty"),
+        ({"presence_penalty": 0.5}, "sampling presence_penalty"),
+        ({"logit_bias": {"5": 10}}, "sampling logit_bias"),
+        ({"min_tokens": 4}, "sampling min_tokens"),
+    ],
+    ids=[
+        "reproduced",
+        "off-values",
+        "tools-auto",
+        "named-tool",
+        "required-tool",
+        "json",
+        "regex",
+        "min-p",
+        "repetition",
+        "presence",
+        "logit-bias",
+        "min-tokens",
+    ],
+)
+async def test_sampling_the_trainer_cannot_reproduce_is_recorded_not_trainable_with_its_reason(
+    sqlite_proxy: RunningProxy,
+    http: aiohttp.ClientSession,
+    fields: dict[str, Any],
+    reason: str | None,
+) -> None:
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "Weather in Paris?"}],
+        **fields,
+    }
+    async with http.post(sqlite_proxy.base_url + "/chat/completions", json=body) as response:
+        assert response.status == 200, await response.text()
+    [trajectory] = await sqlite_proxy.parts.store.trajectories()
+    whole = await sqlite_proxy.parts.store.trajectory(trajectory.id)
+    assert whole is not None and whole.calls is not None
+    [call] = whole.calls
+    assert (call.trainable, call.untrainable_reason) == (reason is None, reason)
+    assert call.completion_token_ids is not None  # the tokens are kept all the same
+    async with http.get(sqlite_proxy.root_url + "/health") as health:
+        assert (await health.json())["untrainable_calls"] == (0 if reason is None else 1)
+    async with http.get(sqlite_proxy.root_url + f"/dashboard/trajectories/{trajectory.id}") as page:
+        shown = await page.text()
+    assert reason is None or reason in shown

@@ -177,6 +177,7 @@ async def _health(request: web.Request) -> web.Response:
             "failed_calls": parts.counters.failed_calls,
             "lost_records": parts.counters.lost_records,
             "stitch_misses": parts.counters.stitch_misses,
+            "untrainable_calls": parts.counters.untrainable_calls,
             "shadow_calls": parts.counters.shadow_calls,
             "shadow_samples": parts.counters.shadow_samples,
             "shadow_skipped": parts.counters.shadow_skipped,

@@ -63,6 +63,49 @@ def upstream_body(
     return sent, asks
 
 
+# Request fields that change the distribution tokens are drawn from in ways the trainer does not
+# reproduce (it applies temperature, top-k and top-p), each with the value that means "off". A
+# call that sets one is recorded with its tokens but not trained on: scored with another
+# distribution, its importance ratio would be wrong.
+_UNREPRODUCED_SAMPLING: dict[str, Any] = {
+    "min_p": 0,
+    "repetition_penalty": 1,
+    "presence_penalty": 0,
+    "frequency_penalty": 0,
+    "logit_bias": {},
+    "min_tokens": 0,
+    "bad_words": [],
+    "allowed_token_ids": [],
+}
+# Guided (constrained) decoding masks the logits by a grammar the trainer does not run.
+_GUIDED_DECODING = (
+    "guided_json",
+    "guided_regex",
+    "guided_choice",
+    "guided_grammar",
+    "structured_outputs",
+)
+
+
+def unreproduced_sampling(body: JsonObject) -> str | None:
+    """Why the trainer could not score this request's tokens with the distribution they were
+    sampled from; None when it can."""
+    tool_choice = body.get("tool_choice")
+    if isinstance(tool_choice, dict) or tool_choice == "required":
+        return "guided decoding (tool_choice)"
+    response_format = body.get("response_format")
+    if isinstance(response_format, dict) and response_format.get("type") not in (None, "text"):
+        return "guided decoding (response_format)"
+    for name in _GUIDED_DECODING:
+        if body.get(name) is not None:
+            return f"guided decoding ({name})"
+    for name, off in _UNREPRODUCED_SAMPLING.items():
+        value = body.get(name)
+        if value is not None and value != off and value is not False:
+            return f"sampling {name}"
+    return None
+
+
 def sampling_of(body: JsonObject) -> JsonObject:
     return {name: body[name] for name in SAMPLING_FIELDS if name in body}
 
@@ -211,12 +254,19 @@ def _is_number(value: Any) -> bool:
 
 @dataclass(frozen=True)
 class Tokens:
-    """What a response says about tokens; `trainable` only when every choice has ids and logprobs."""
+    """What a response says about tokens; trainable only when every choice has ids and logprobs."""
 
     prompt_token_ids: list[int] | None
     completion_token_ids: list[list[int]] | None
     logprobs: list[list[float]] | None
-    trainable: bool
+    untrainable: str | None  # why not trainable; None: trainable
+
+    @property
+    def trainable(self) -> bool:
+        return self.untrainable is None
+
+
+NO_TOKENS = Tokens(None, None, None, "no answer")
 
 
 def tokens_of(response: JsonObject, kind: CallKind) -> Tokens:
@@ -230,7 +280,7 @@ def tokens_of(response: JsonObject, kind: CallKind) -> Tokens:
     for choice in choices:
         ids = choice.get("token_ids")
         if ids is None:
-            return Tokens(prompt_ids, None, None, trainable=False)
+            return Tokens(prompt_ids, None, None, "the upstream returned no token ids")
         completion_ids.append(list(ids))
         logprobs.append(_sampled_logprobs(choice.get("logprobs"), kind))
     aligned = (
@@ -238,12 +288,12 @@ def tokens_of(response: JsonObject, kind: CallKind) -> Tokens:
         and bool(choices)
         and all(len(lp) == len(ids) for lp, ids in zip(logprobs, completion_ids, strict=True))
     )
-    return Tokens(
-        prompt_ids,
-        completion_ids,
-        logprobs if aligned else None,
-        trainable=aligned and _all_ids_captured(response, completion_ids),
-    )
+    untrainable = None
+    if not aligned:
+        untrainable = "no prompt ids, or a logprob missing for some id"
+    elif not _all_ids_captured(response, completion_ids):
+        untrainable = "stream lost tokens (ids short of usage.completion_tokens)"
+    return Tokens(prompt_ids, completion_ids, logprobs if aligned else None, untrainable)
 
 
 def _all_ids_captured(response: JsonObject, completion_ids: list[list[int]]) -> bool:

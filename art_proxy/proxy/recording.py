@@ -25,12 +25,13 @@ from art_proxy.store.writer import Batch, RowKind
 
 from .attribution import reply_keys, reply_messages
 from .capture import (
+    NO_TOKENS,
     ClientAsks,
-    Tokens,
     response_problem,
     sampling_of,
     strip_response,
     tokens_of,
+    unreproduced_sampling,
     upstream_body,
 )
 from .tracker import Assignment, TrajectoryTracker
@@ -46,6 +47,7 @@ class Counters:
     failed_calls: int = 0
     lost_records: int = 0
     stitch_misses: int = 0
+    untrainable_calls: int = 0  # answered, but not to be trained on (see the record's reason)
     shadow_calls: int = 0  # served calls sampled again (shadow.py)
     shadow_samples: int = 0  # their extra samples recorded, failed ones included
     shadow_skipped: int = 0  # drawn for shadowing but over --shadow-max-in-flight
@@ -117,10 +119,11 @@ class Recorder:
         """Commit the call; raises `StoreUnavailable` only under `--on-store-error fail`."""
         assignment = call.assignment
         tokens = (
-            tokens_of(outcome.response, call.kind)
-            if outcome.response is not None
-            else Tokens(None, None, None, trainable=False)
+            tokens_of(outcome.response, call.kind) if outcome.response is not None else NO_TOKENS
         )
+        untrainable = None
+        if outcome.status == "ok":
+            untrainable = tokens.untrainable or unreproduced_sampling(call.body)
         stitched = _stitched(tokens.prompt_token_ids, assignment.previous_sequences)
         keys = self._continuation_keys(call, outcome)
         now = utcnow()
@@ -147,7 +150,8 @@ class Recorder:
             "prompt_token_ids": tokens.prompt_token_ids,
             "completion_token_ids": tokens.completion_token_ids,
             "logprobs": tokens.logprobs,
-            "trainable": tokens.trainable and outcome.status == "ok",
+            "trainable": outcome.status == "ok" and untrainable is None,
+            "untrainable_reason": untrainable,
             "stitched": stitched,
             "attribution": assignment.attribution,
             "continuation_key": keys[0] if keys else None,
@@ -163,6 +167,8 @@ class Recorder:
         self.counters.calls += 1
         if outcome.status != "ok":
             self.counters.failed_calls += 1
+        elif untrainable is not None:
+            self.counters.untrainable_calls += 1
         if assignment.seq > 0 and tokens.prompt_token_ids is not None and not stitched:
             self.counters.stitch_misses += 1
         sequences = [

@@ -84,6 +84,7 @@ calls = sa.Table(
     sa.Column("completion_token_ids", Json),
     sa.Column("logprobs", Json),
     sa.Column("trainable", sa.Boolean, nullable=False),
+    sa.Column("untrainable_reason", sa.String(200)),
     sa.Column("stitched", sa.Boolean, nullable=False),
     sa.Column("attribution", sa.String(16), nullable=False),
     # Hash of the call's messages plus its reply: the next call of the same conversation starts
