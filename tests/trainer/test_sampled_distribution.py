@@ -10,13 +10,11 @@ the trainer applied top-k and top-p, top_p 0.9 gave a mean ratio of about 0.9 an
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 import torch
 from peft import PeftModel
-from transformers import LlamaConfig, LlamaForCausalLM
 
 from art_proxy.local.sampling import SamplingParams, sample
 from art_proxy.records import CallRecord
@@ -24,6 +22,8 @@ from art_proxy_trainer.batch import TrajectorySample, build_batch
 from art_proxy_trainer.config import TrainerConfig
 from art_proxy_trainer.loss import token_logprobs
 from art_proxy_trainer.step import lora_model
+from tests.trainer.models import tiny_llama
+from tests.trainer.records import call
 
 VOCABULARY = 256
 PROMPT = [1, 5, 9, 14]
@@ -31,18 +31,7 @@ NEW_TOKENS = 48
 
 
 def _model() -> PeftModel:
-    torch.manual_seed(0)
-    base = LlamaForCausalLM(
-        LlamaConfig(
-            hidden_size=64,
-            intermediate_size=128,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            vocab_size=VOCABULARY,
-            max_position_embeddings=128,
-        )
-    )
+    base = tiny_llama(width=64, vocabulary=VOCABULARY, positions=128)
     model = lora_model(base, TrainerConfig())
     with torch.no_grad():  # a trained adapter, not LoRA's zero start
         for name, parameter in model.named_parameters():
@@ -69,28 +58,8 @@ def _sampled_call(model: PeftModel, sampling: dict[str, Any], seed: int) -> Call
             completion.append(drawn.token_ids_B[0])
             logprobs.append(drawn.logprobs_B[0].logprob)
             tokens.append(drawn.token_ids_B[0])
-    return CallRecord(
-        id=f"c{seed}",
-        trajectory_id=f"t{seed}",
-        seq=0,
-        kind="chat",
-        created_at=datetime(2026, 1, 1, tzinfo=UTC),
-        latency_ms=1.0,
-        upstream="http://upstream",
-        status="ok",
-        http_status=200,
-        stream=False,
-        model="m",
-        request={},
-        response={},
-        sampling=sampling,
-        prompt_token_ids=PROMPT,
-        completion_token_ids=[completion],
-        logprobs=[logprobs],
-        trainable=True,
-        stitched=False,
-        attribution="new",
-    )
+    recorded = call(0, PROMPT, completion, logprobs, trajectory_id=f"t{seed}")
+    return recorded.model_copy(update={"sampling": sampling})
 
 
 @pytest.mark.parametrize(

@@ -5,32 +5,20 @@ import math
 import pytest
 import torch
 from peft import LoraConfig, PeftModel
-from transformers import LlamaConfig, LlamaForCausalLM
 
 from art_proxy_trainer import step as step_module
 from art_proxy_trainer.batch import SequenceStats, TrainingBatch
 from art_proxy_trainer.config import TrainerConfig
 from art_proxy_trainer.loss import token_logprobs
 from art_proxy_trainer.step import lora_model, make_optimizer, train_step
+from tests.trainer.models import tiny_llama
 
 # A fast learning rate so that a few steps on a random model move the loss visibly.
 CONFIG = TrainerConfig(learning_rate=1e-2)
 
 
 def _model(config: TrainerConfig = CONFIG) -> PeftModel:
-    torch.manual_seed(0)
-    base = LlamaForCausalLM(
-        LlamaConfig(
-            hidden_size=32,
-            intermediate_size=64,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            vocab_size=128,
-            max_position_embeddings=64,
-        )
-    )
-    return lora_model(base, config)
+    return lora_model(tiny_llama(), config)
 
 
 def _batch(model: PeftModel) -> TrainingBatch:
