@@ -277,15 +277,22 @@ async def test_langchain_chat_openai_invoke_stream_and_tools(
     assert_fully_recorded(trajectory, calls=3)
 
 
-async def test_langchain_structured_output_is_recorded(
+async def test_langchain_structured_output_is_recorded_but_not_trained_on(
     proxy: RunningProxy, chat_model: ChatOpenAI
 ) -> None:
+    """JSON mode is guided decoding upstream: the trainer cannot score its tokens with the
+    distribution they were drawn from, so the call is kept as data, not as training tokens."""
     model = chat_model
     await model.ainvoke("Hi", response_format={"type": "json_object"})
     trajectory = await only_trajectory(proxy)
     assert trajectory.calls is not None
-    assert trajectory.calls[0].request["response_format"] == {"type": "json_object"}
-    assert trajectory.calls[0].trainable
+    [call] = trajectory.calls
+    assert call.request["response_format"] == {"type": "json_object"}
+    assert call.completion_token_ids is not None
+    assert (call.trainable, call.untrainable_reason) == (
+        False,
+        "guided decoding (response_format)",
+    )
 
 
 @pytest.mark.parametrize("stream", [False, True])
