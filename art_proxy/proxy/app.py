@@ -22,7 +22,6 @@ from art_proxy import dashboard
 from art_proxy.config import ProxySettings
 from art_proxy.errors import (
     ArtProxyError,
-    BodyTooLarge,
     MethodNotAllowed,
     NotFound,
     StoreError,
@@ -34,6 +33,7 @@ from .admin import Admin
 from .aliases import Aliases
 from .recording import Counters, Recorder
 from .relay import Relay
+from .request_body import body_too_large
 from .shadow import ShadowSampler
 from .tracker import TrajectoryTracker
 from .upstream import Upstreams
@@ -251,8 +251,7 @@ def _translate_http(request: web.Request, exc: web.HTTPException) -> ArtProxyErr
     if exc.status == 405:
         return MethodNotAllowed(f"{request.method} is not allowed on {request.path}")
     if exc.status == 413:
-        limit_mb = request.app._client_max_size / (1024 * 1024)
-        return BodyTooLarge(f"request body is larger than {limit_mb:g} MiB")
+        return body_too_large(request.client_max_size)
     return ArtProxyError(exc.reason, status=exc.status)
 
 

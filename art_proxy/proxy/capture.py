@@ -153,32 +153,29 @@ def response_problem(response: JsonObject, kind: CallKind) -> str | None:
     is relayed as the upstream sent it. Checked before anything is recorded, so a malformed
     answer is a failed call, never a record that cannot be read back.
     """
-    choices = response.get("choices")
-    if not isinstance(choices, list):
+    if not isinstance(response.get("choices"), list):
         return "choices is not a list"
-    if not _ids_or_none(response.get("prompt_token_ids")):
-        return "prompt_token_ids is not a list of integers"
-    for position, choice in enumerate(choices):
-        problem = _choice_problem(choice, kind, "message")
-        if problem is not None:
-            return f"choices[{position}]{problem}"
-    return None
+    return _choices_problem(response, kind, "message")
 
 
 def chunk_problem(chunk: Any, kind: CallKind) -> str | None:
-    """`response_problem` for one stream chunk (its choices carry a `delta`)."""
+    """`response_problem` for one stream chunk (its choices, if any, carry a `delta`)."""
     if not isinstance(chunk, dict):
         return "a chunk is not a JSON object"
-    choices = chunk.get("choices")
-    if choices is not None and not isinstance(choices, list):
-        return "choices is not a list"
-    if not _ids_or_none(chunk.get("prompt_token_ids")):
-        return "prompt_token_ids is not a list of integers"
     usage = chunk.get("usage")
     if usage is not None and not isinstance(usage, dict):
         return "usage is not an object"
+    return _choices_problem(chunk, kind, "delta")
+
+
+def _choices_problem(body: JsonObject, kind: CallKind, reply_key: str) -> str | None:
+    choices = body.get("choices")
+    if choices is not None and not isinstance(choices, list):
+        return "choices is not a list"
+    if not _ids_or_none(body.get("prompt_token_ids")):
+        return "prompt_token_ids is not a list of integers"
     for position, choice in enumerate(choices or []):
-        problem = _choice_problem(choice, kind, "delta")
+        problem = _choice_problem(choice, kind, reply_key)
         if problem is not None:
             return f"choices[{position}]{problem}"
     return None

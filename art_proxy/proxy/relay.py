@@ -23,7 +23,6 @@ from aiohttp.web_protocol import RequestPayloadError
 from art_proxy.errors import (
     ArtProxyError,
     BadRequest,
-    BodyTooLarge,
     StoreUnavailable,
     UpstreamError,
 )
@@ -33,7 +32,7 @@ from .aliases import Aliases
 from .attribution import explicit_attribution
 from .capture import ClientAsks, StreamRecorder, chunk_problem, strip_chunk, strip_response
 from .recording import CallInProgress, Outcome, Recorder
-from .request_body import Rejection, parse_body
+from .request_body import Rejection, body_too_large, parse_body
 from .shadow import ShadowSampler
 from .tracker import TrajectoryTracker
 from .upstream import PATHS, Upstreams, read_body
@@ -244,8 +243,7 @@ async def _read_body(request: web.Request) -> bytes | Rejection:
     try:
         return await request.read()
     except web.HTTPRequestEntityTooLarge:
-        limit_mb = request.client_max_size / (1024 * 1024)
-        return Rejection(BodyTooLarge(f"request body is larger than {limit_mb:g} MiB"), None, False)
+        return Rejection(body_too_large(request.client_max_size), None, False)
     except RequestPayloadError:
         encoding = request.headers.get("Content-Encoding")
         reason = f"is not valid {encoding}" if encoding else "could not be read"

@@ -19,7 +19,7 @@ from typing import Any
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from art_proxy.errors import ArtProxyError, BadRequest
+from art_proxy.errors import ArtProxyError, BadRequest, BodyTooLarge
 from art_proxy.records import CallKind, JsonObject
 
 # Levels of nesting a request may have (a tool's JSON schema rarely needs 20).
@@ -74,6 +74,10 @@ class Rejection:
     error: ArtProxyError
     body: JsonObject | None  # None: not a storable JSON object
     messages_valid: bool
+
+
+def body_too_large(max_bytes: int) -> BodyTooLarge:
+    return BodyTooLarge(f"request body is larger than {max_bytes / (1024 * 1024):g} MiB")
 
 
 def parse_body(raw: bytes, kind: CallKind) -> JsonObject | Rejection:

@@ -66,8 +66,8 @@ def test_tokens_are_scored_at_the_temperature_they_were_sampled_at() -> None:
         update={"sampling": {"temperature": 0.5}}
     )
     batch = build_batch([TrajectorySample("t1", [hot], 1.0)])
-    assert batch.temperatures_B_T is not None
-    assert batch.temperatures_B_T.tolist() == [[1.0, 1.0, 0.5, 0.5]]
+    assert batch.transforms.temperatures_B_T is not None
+    assert batch.transforms.temperatures_B_T.tolist() == [[1.0, 1.0, 0.5, 0.5]]
     logits_B_T_V = torch.randn(1, 4, 10)
     tokens_B_T = torch.tensor([[1, 2, 3, 4]])
     scored = token_logprobs(logits_B_T_V, tokens_B_T, batch.transforms)
@@ -75,7 +75,7 @@ def test_tokens_are_scored_at_the_temperature_they_were_sampled_at() -> None:
     assert scored[0, 3].item() == pytest.approx(expected.item(), rel=1e-5)
     # An unset temperature, or greedy decoding, scores at 1.
     plain = build_batch([TrajectorySample("t1", [call(0, [1, 2], [3], [-0.5])], 1.0)])
-    assert plain.temperatures_B_T is None
+    assert plain.transforms.temperatures_B_T is None
 
 
 def test_the_step_of_an_adapter_is_read_off_its_name() -> None:

@@ -11,13 +11,14 @@ reads one answer takes). A call whose continued choice cannot be told is skipped
 with tokens the agent dropped. Calls without captured ids are skipped and counted; their
 completion still reaches a later prompt, where it is context like a tool result.
 
-Position `t` of `mask_B_T`, `old_logprobs_B_T` and `temperatures_B_T` describes token `t` of
+Position `t` of `mask_B_T`, `old_logprobs_B_T` and the sampling transforms describe token `t` of
 `tokens_B_T` (predicting it from the tokens before), so the loss sees the tensors aligned. Recorded
 logprobs are those of the distribution sampled from (vLLM's processed logprobs), so a token sampled
 at temperature 0.7 with top_p 0.9 is scored from logits divided by 0.7 with what top-p leaves out
-removed: `temperatures_B_T`, `top_k_B_T` and `top_p_B_T` carry what the call asked for (1, 0 and 1
-where it set none or asked for greedy decoding, and on context; None when no row uses them). Rows
-are padded on the right; padding has attention 0, mask 0, old logprob 0 and no sampling transform.
+removed: `transforms` carries, per position, the temperature, top-k and top-p the call asked for (1,
+0 and 1 where it set none or asked for greedy decoding, and on context; a tensor is None when no row
+uses it). Rows are padded on the right; padding has attention 0, mask 0, old logprob 0 and no
+sampling transform.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ import torch
 from art_proxy.proxy.attribution import canonical_message, reply_messages
 from art_proxy.records import CallRecord
 from art_proxy_trainer.errors import EmptyBatchError
-from art_proxy_trainer.loss import SamplingTransforms
+from art_proxy_trainer.loss import NO_TRANSFORMS, SamplingTransforms
 
 # The choice of a trajectory's last call that is trained (see the module docstring).
 LAST_CALL_CHOICE = 0
@@ -100,10 +101,6 @@ class TrainingSequence:
         self.old_logprobs.extend(logprobs)
         self.sampled_from.extend([sampled_from] * len(token_ids))
 
-    @property
-    def temperatures(self) -> list[float]:
-        return [each.temperature for each in self.sampled_from]
-
 
 @dataclass(frozen=True)
 class SequenceStats:
@@ -127,13 +124,7 @@ class TrainingBatch:
     old_logprobs_B_T: torch.Tensor  # float32, pi_old of each sampled token
     advantages_B: torch.Tensor  # float32, the row's trajectory advantage
     stats: SequenceStats
-    temperatures_B_T: torch.Tensor | None = None  # float32; None: all 1
-    top_k_B_T: torch.Tensor | None = None  # int64; None: all 0 (off)
-    top_p_B_T: torch.Tensor | None = None  # float32; None: all 1 (off)
-
-    @property
-    def transforms(self) -> SamplingTransforms:
-        return SamplingTransforms(self.temperatures_B_T, self.top_k_B_T, self.top_p_B_T)
+    transforms: SamplingTransforms = NO_TRANSFORMS
 
     @property
     def trained_tokens(self) -> int:
@@ -234,7 +225,7 @@ def build_batch(samples: Iterable[TrajectorySample], *, pad_token_id: int = 0) -
         attention_mask_B_T[row, :n] = 1
         mask_B_T[row, :n] = torch.tensor(sequence.mask, dtype=torch.float32)
         old_logprobs_B_T[row, :n] = torch.tensor(sequence.old_logprobs, dtype=torch.float32)
-        temperatures_B_T[row, :n] = torch.tensor(sequence.temperatures, dtype=torch.float32)
+        temperatures_B_T[row, :n] = torch.tensor([s.temperature for s in sequence.sampled_from])
         top_k_B_T[row, :n] = torch.tensor([s.top_k for s in sequence.sampled_from])
         top_p_B_T[row, :n] = torch.tensor([s.top_p for s in sequence.sampled_from])
     advantages_B = torch.tensor([advantage for _, advantage in rows], dtype=torch.float32)
@@ -245,7 +236,9 @@ def build_batch(samples: Iterable[TrajectorySample], *, pad_token_id: int = 0) -
         old_logprobs_B_T,
         advantages_B,
         stats,
-        temperatures_B_T if bool((temperatures_B_T != 1.0).any()) else None,
-        top_k_B_T if bool((top_k_B_T != 0).any()) else None,
-        top_p_B_T if bool((top_p_B_T != 1.0).any()) else None,
+        SamplingTransforms(
+            temperatures_B_T if bool((temperatures_B_T != 1.0).any()) else None,
+            top_k_B_T if bool((top_k_B_T != 0).any()) else None,
+            top_p_B_T if bool((top_p_B_T != 1.0).any()) else None,
+        ),
     )
