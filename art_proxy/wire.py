@@ -76,28 +76,40 @@ async def errors_middleware(request: web.Request, handler: Handler) -> web.Strea
         raise
 
 
-def completion_limit(prompt_len: int, max_tokens: int | None, max_model_len: int) -> int:
-    """How many ids a choice may generate (None = the rest of the context); no room is a 400."""
-    if max_tokens is None:
-        if prompt_len >= max_model_len:
-            raise ApiError(
-                400,
-                f"This model's maximum context length is {max_model_len} tokens. However, your "
-                f"request has {prompt_len} input tokens. Please reduce the length of the "
-                "input messages.",
-                param="input_tokens",
-            )
-        return max_model_len - prompt_len
-    if prompt_len + max_tokens > max_model_len:
+def completion_limit(
+    prompt_len: int, max_tokens: int | None, max_model_len: int, *, param: str = "max_tokens"
+) -> int:
+    """How many ids a choice may generate: `max_tokens` (None: no limit) cut to the context left.
+
+    vLLM 0.32's rules: `max_tokens` above the context is a 400 naming `param` (the field the
+    request used), a prompt longer than the context is a 400 on `input_tokens`, a prompt that
+    fills it exactly leaves 0 tokens, which is a 400 too; otherwise a `max_tokens` that runs past
+    the context is cut to it (the choice ends with `finish_reason: "length"`), not refused.
+    """
+    if max_tokens is not None and max_tokens > max_model_len:
         raise ApiError(
             400,
-            f"This model's maximum context length is {max_model_len} tokens. However, you "
-            f"requested {prompt_len + max_tokens} tokens ({prompt_len} in the messages, "
-            f"{max_tokens} in the completion). Please reduce the length of the messages or "
-            "completion.",
+            f"{param}={max_tokens} cannot be greater than max_model_len={max_model_len}. "
+            f"Please request fewer output tokens. (parameter={param}, value={max_tokens})",
+            param=param,
+        )
+    if prompt_len > max_model_len:
+        raise ApiError(
+            400,
+            f"This model's maximum context length is {max_model_len} tokens. However, your "
+            f"prompt contains {prompt_len} input tokens, which exceeds this limit even without "
+            "any output tokens. Please reduce the length of the input prompt. "
+            f"(parameter=input_tokens, value={prompt_len})",
             param="input_tokens",
         )
-    return max_tokens
+    room = max_model_len - prompt_len
+    if room == 0:
+        raise ApiError(
+            400,
+            "max_tokens must be at least 1, got 0. (parameter=max_tokens, value=0)",
+            param="max_tokens",
+        )
+    return room if max_tokens is None else min(max_tokens, room)
 
 
 def model_card(
@@ -214,6 +226,29 @@ def bool_field(body: dict[str, Any], name: str) -> bool:
     if not isinstance(value, bool):
         raise ApiError(400, f"'{name}' must be a boolean.", param=name)
     return value
+
+
+def chat_max_tokens(body: dict[str, Any]) -> tuple[int | None, str]:
+    """A chat request's token limit and the field it came from (`max_completion_tokens` first)."""
+    for name in ("max_completion_tokens", "max_tokens"):
+        value = int_field(body, name, None, minimum=1)
+        if value is not None:
+            return value, name
+    return None, "max_tokens"
+
+
+# vLLM treats a temperature below this as greedy (`_SAMPLING_EPS` in its sampling params).
+GREEDY_TEMPERATURE = 1e-5
+
+
+def choice_count(body: dict[str, Any]) -> int:
+    """`n`; more than one greedy choice is a 400 in vLLM (they would all be the same)."""
+    n = int_field(body, "n", 1, minimum=1) or 1
+    temperature = body.get("temperature")
+    greedy = isinstance(temperature, int | float) and temperature < GREEDY_TEMPERATURE
+    if n > 1 and greedy and not isinstance(temperature, bool):
+        raise ApiError(400, f"n must be 1 when using greedy sampling, got {n}.")
+    return n
 
 
 def include_usage(body: dict[str, Any], stream: bool) -> bool:

@@ -585,19 +585,21 @@ async def test_unknown_model_is_404_with_param_model(
     assert error["error"]["param"] == "model" and error["error"]["code"] == 404
 
 
-@pytest.mark.parametrize("max_tokens", [2000, None])
-async def test_context_overflow_is_400_on_input_tokens(
-    http: aiohttp.ClientSession, max_tokens: int | None
+@pytest.mark.parametrize(
+    ("words", "max_tokens", "param"),
+    [(40, None, "input_tokens"), (40, 8, "input_tokens"), (2, 2000, "max_tokens")],
+)
+async def test_context_overflow_is_400_on_the_field_that_overflows(
+    http: aiohttp.ClientSession, words: int, max_tokens: int | None, param: str
 ) -> None:
     async with running_fake_vllm(FakeVllmConfig(max_model_len=64)) as vllm:
-        long = [{"role": "user", "content": "word " * 40}]
+        long = [{"role": "user", "content": "word " * words}]
         fields = {"messages": long, "max_tokens": max_tokens}
         status, error = await post(http, f"{vllm.base_url}/chat/completions", fields)
 
     assert status == 400
     assert error["error"]["type"] == "BadRequestError"
-    assert error["error"]["param"] == "input_tokens"
-    assert "maximum context length" in error["error"]["message"]
+    assert error["error"]["param"] == param
 
 
 async def test_omitted_max_tokens_is_bounded_by_the_remaining_context(

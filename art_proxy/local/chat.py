@@ -24,6 +24,8 @@ from art_proxy.wire import (
     MAX_LOGPROBS,
     ApiError,
     bool_field,
+    chat_max_tokens,
+    choice_count,
     close_event_stream,
     completion_limit,
     event_stream,
@@ -44,6 +46,7 @@ class _ChatRequest:
     parse_tools: bool
     n: int
     max_tokens: int | None
+    max_tokens_param: str  # the field it came from, which errors name
     logprobs: bool
     top_logprobs: int
     tokens_as_ids: bool
@@ -59,7 +62,9 @@ async def handle_chat_completions(served: ServedModel, request: web.Request) -> 
         prompt_ids = served.renderer.render(chat.messages, chat.tools)
     except PromptError as exc:
         raise ApiError(400, str(exc), param="messages") from exc
-    limit = completion_limit(len(prompt_ids), chat.max_tokens, served.max_model_len)
+    limit = completion_limit(
+        len(prompt_ids), chat.max_tokens, served.max_model_len, param=chat.max_tokens_param
+    )
     params = sampling_params(body, max_tokens=limit, top_logprobs=chat.top_logprobs)
     try:
         generation = served.engine.submit([prompt_ids], params, n=chat.n, adapter=chat.adapter)
@@ -91,9 +96,7 @@ def _parse(served: ServedModel, body: dict[str, Any]) -> _ChatRequest:
         raise ApiError(
             400, "when using `top_logprobs`, `logprobs` must be set to true.", param="top_logprobs"
         )
-    max_tokens = int_field(body, "max_completion_tokens", None, minimum=1)
-    if max_tokens is None:
-        max_tokens = int_field(body, "max_tokens", None, minimum=1)
+    max_tokens, max_tokens_param = chat_max_tokens(body)
     stream = bool_field(body, "stream")
     tools, parse_tools = _tools(body)
     return _ChatRequest(
@@ -102,8 +105,9 @@ def _parse(served: ServedModel, body: dict[str, Any]) -> _ChatRequest:
         messages=messages,
         tools=tools,
         parse_tools=parse_tools,
-        n=int_field(body, "n", 1, minimum=1) or 1,
+        n=choice_count(body),
         max_tokens=max_tokens,
+        max_tokens_param=max_tokens_param,
         logprobs=logprobs,
         top_logprobs=top_logprobs,
         tokens_as_ids=bool_field(body, "return_tokens_as_token_ids"),

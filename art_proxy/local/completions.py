@@ -25,6 +25,7 @@ from art_proxy.wire import (
     MAX_LOGPROBS,
     ApiError,
     bool_field,
+    choice_count,
     close_event_stream,
     completion_limit,
     event_stream,
@@ -51,10 +52,13 @@ class _CompletionRequest:
 async def handle_completions(served: ServedModel, request: web.Request) -> web.StreamResponse:
     body = await read_json_object(request)
     completion = _parse(served, body)
-    for prompt_ids in completion.prompts:
+    # One limit for the batch: the tightest prompt's (vLLM cuts each prompt to its own room).
+    limit = min(
         completion_limit(len(prompt_ids), completion.max_tokens, served.max_model_len)
+        for prompt_ids in completion.prompts
+    )
     top = completion.logprobs or 0
-    params = sampling_params(body, max_tokens=completion.max_tokens, top_logprobs=top)
+    params = sampling_params(body, max_tokens=limit, top_logprobs=top)
     try:
         generation = served.engine.submit(
             completion.prompts, params, n=completion.n, adapter=completion.adapter
@@ -82,7 +86,7 @@ def _parse(served: ServedModel, body: dict[str, Any]) -> _CompletionRequest:
         model=chosen.name,
         adapter=chosen.adapter,
         prompts=_prompts(served, body.get("prompt")),
-        n=int_field(body, "n", 1, minimum=1) or 1,
+        n=choice_count(body),
         max_tokens=int_field(body, "max_tokens", COMPLETIONS_DEFAULT_MAX_TOKENS, minimum=1)
         or COMPLETIONS_DEFAULT_MAX_TOKENS,
         logprobs=int_field(body, "logprobs", None, minimum=0, maximum=MAX_LOGPROBS),

@@ -32,6 +32,8 @@ from art_proxy.wire import (
     MAX_LOGPROBS,
     ApiError,
     bool_field,
+    chat_max_tokens,
+    choice_count,
     include_usage,
     int_field,
     json_response,
@@ -46,6 +48,7 @@ class _ChatRequest:
     model: str
     n: int
     max_tokens: int | None
+    max_tokens_param: str  # the field it came from, which errors name
     logprobs: bool
     top_logprobs: int
     tokens_as_ids: bool
@@ -84,7 +87,7 @@ async def handle_chat_completions(engine: FakeEngine, request: web.Request) -> w
         prompt_ids = engine.tokenizer.render_prompt(body["messages"], body.get("tools"))
     except TemplateError as exc:
         raise ApiError(400, str(exc), param="messages") from exc
-    limit = engine.completion_limit(len(prompt_ids), chat.max_tokens)
+    limit = engine.completion_limit(len(prompt_ids), chat.max_tokens, param=chat.max_tokens_param)
     choices = [_generate(engine, chat, index, limit) for index in range(chat.n)]
     await engine.before_answer()
     response_id = f"chatcmpl-{uuid.uuid4().hex}"
@@ -99,10 +102,8 @@ def _parse(engine: FakeEngine, body: dict[str, Any]) -> _ChatRequest:
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise ApiError(400, "'messages' must be a non-empty list.", param="messages")
-    n = int_field(body, "n", 1, minimum=1)
-    max_tokens = int_field(body, "max_completion_tokens", None, minimum=1)
-    if max_tokens is None:
-        max_tokens = int_field(body, "max_tokens", None, minimum=1)
+    n = choice_count(body)
+    max_tokens, max_tokens_param = chat_max_tokens(body)
     logprobs = bool_field(body, "logprobs")
     top_logprobs = int_field(body, "top_logprobs", 0, minimum=0, maximum=MAX_LOGPROBS)
     if top_logprobs and not logprobs:
@@ -116,8 +117,9 @@ def _parse(engine: FakeEngine, body: dict[str, Any]) -> _ChatRequest:
     tool_mode, tool = _tool_choice(engine, body, after_tool_result, scripted)
     return _ChatRequest(
         model=model,
-        n=n or 1,
+        n=n,
         max_tokens=max_tokens,
+        max_tokens_param=max_tokens_param,
         logprobs=logprobs,
         top_logprobs=top_logprobs or 0,
         tokens_as_ids=bool_field(body, "return_tokens_as_token_ids"),

@@ -28,6 +28,7 @@ from art_proxy.wire import (
     MAX_LOGPROBS,
     ApiError,
     bool_field,
+    choice_count,
     include_usage,
     int_field,
     json_response,
@@ -80,7 +81,7 @@ def _parse(engine: FakeEngine, body: dict[str, Any]) -> _CompletionRequest:
     return _CompletionRequest(
         model=model,
         prompts=_prompts(engine, body.get("prompt")),
-        n=int_field(body, "n", 1, minimum=1) or 1,
+        n=choice_count(body),
         max_tokens=int_field(body, "max_tokens", COMPLETIONS_DEFAULT_MAX_TOKENS, minimum=0) or 0,
         logprobs=logprobs,
         return_token_ids=bool_field(body, "return_token_ids"),

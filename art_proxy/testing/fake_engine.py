@@ -128,9 +128,11 @@ class FakeEngine:
             return model
         raise ApiError(404, f"The model `{model}` does not exist.", param="model")
 
-    def completion_limit(self, prompt_len: int, max_tokens: int | None) -> int:
-        """How many ids a choice may generate; a prompt that leaves no room is a 400."""
-        return completion_limit(prompt_len, max_tokens, self.config.max_model_len)
+    def completion_limit(
+        self, prompt_len: int, max_tokens: int | None, *, param: str = "max_tokens"
+    ) -> int:
+        """How many ids a choice may generate (`wire.completion_limit`'s rules)."""
+        return completion_limit(prompt_len, max_tokens, self.config.max_model_len, param=param)
 
     def reply_text(self, choice_index: int, *, after_tool_result: bool = False) -> str:
         reply = self.config.reply

@@ -22,7 +22,7 @@ async def test_stream_sends_a_role_chunk_per_choice_carrying_prompt_token_ids(
     upstream: Upstream, http: aiohttp.ClientSession
 ) -> None:
     events = await chat_stream(
-        http, upstream, n=2, max_tokens=4, return_token_ids=True, **INCLUDE_USAGE
+        http, upstream, n=2, max_tokens=4, temperature=1.0, return_token_ids=True, **INCLUDE_USAGE
     )
 
     roles = events[:2]

@@ -101,7 +101,7 @@ async def test_tools_are_shown_to_a_template_without_tool_support(
     ("request_body", "status", "error_type", "param"),
     [
         ({"model": "nope", "messages": USER}, 404, "NotFoundError", "model"),
-        ({"messages": USER, "max_tokens": MAX_MODEL_LEN}, 400, "BadRequestError", "input_tokens"),
+        ({"messages": USER, "max_tokens": MAX_MODEL_LEN + 1}, 400, "BadRequestError", "max_tokens"),
         ({"messages": []}, 400, "BadRequestError", "messages"),
         ({"messages": USER, "top_logprobs": 2}, 400, "BadRequestError", "top_logprobs"),
         ({"messages": USER, "presence_penalty": 1.0}, 400, "BadRequestError", "presence_penalty"),
