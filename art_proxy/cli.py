@@ -25,6 +25,7 @@ from art_proxy.config import (
     TrainSettings,
     UpSettings,
 )
+from art_proxy.cpu_sharing import share_cpu_cores
 from art_proxy.errors import ConfigError, StoreError
 from art_proxy.local.cli import LocalLlmSettings
 
@@ -325,4 +326,5 @@ def _print_rollout_summary(report: RolloutReport) -> None:
 
 
 def main() -> None:
+    share_cpu_cores()  # before any command imports torch
     app()

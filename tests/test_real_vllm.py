@@ -210,7 +210,8 @@ async def _steady_load(
     served: list[str],
     failures: list[str],
 ) -> None:
-    """An agent calling the alias without pause: every answer must be a 200."""
+    """An agent calling the alias ~10 times a second all through training: every answer must be
+    a 200."""
     body = {"model": model, "messages": [{"role": "user", "content": "load"}], "max_tokens": 2}
     while True:
         async with http.post(f"{proxy.base_url}/chat/completions", json=body) as response:
@@ -218,3 +219,4 @@ async def _steady_load(
                 failures.append(f"{response.status}: {await response.text()}")
             else:
                 served.append((await response.json())["model"])
+        await asyncio.sleep(0.1)
