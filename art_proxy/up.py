@@ -29,7 +29,7 @@ from rich.table import Table
 from art_proxy.config import Engine, UpSettings
 from art_proxy.errors import ConfigError
 from art_proxy.local.errors import ModelLoadError
-from art_proxy.vllm_server import VllmLaunch, find_vllm_python, is_cpu_build, served_model
+from art_proxy.vllm_server import VllmLaunch
 
 # Soft wrap: commands, URLs and a part's log lines stay whole lines, to copy or grep.
 console = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -84,16 +84,12 @@ def plan(settings: UpSettings) -> list[Part]:
     art_proxy = str(Path(sys.executable).parent / "art-proxy")
     llm_url = f"http://127.0.0.1:{settings.llm_port}"
     if settings.engine is Engine.vllm:
-        python = find_vllm_python(settings.vllm_python)
-        model, served_name = served_model(settings.model)
-        launch = VllmLaunch(
-            python=python,
-            model=model,
-            served_name=served_name,
+        launch = VllmLaunch.of(
+            settings.model,
             port=settings.llm_port,
+            python=settings.vllm_python,
             max_lora_rank=settings.max_lora_rank,
             tool_call_parser=settings.tool_call_parser,
-            cpu=is_cpu_build(python),
         )
         llm = Part(
             "vllm",

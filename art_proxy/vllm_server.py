@@ -10,8 +10,15 @@ converts it into, under the same name, so the trainer and the proxy see the same
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+import os
+import signal
+import subprocess
 import sys
+import time
+import urllib.error
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,8 +35,16 @@ MAX_LORAS = 4
 CPU_KV_CACHE = "1G"
 
 
+# What of a failed server's log an error shows.
+_TAIL_BYTES = 6000
+
+
 class VllmNotFound(ConfigError):
     """No Python with vLLM: the message says how to get one."""
+
+
+class VllmStartFailed(ConfigError):
+    """vLLM exited or never answered; the message ends with the last lines of its log."""
 
 
 @dataclass(frozen=True)
@@ -74,6 +89,86 @@ class VllmLaunch:
     def env() -> dict[str, str]:
         # `/v1/load_lora_adapter` exists only with this set; the trainer swaps through it.
         return {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.host}:{self.port}/v1"
+
+    @classmethod
+    def of(
+        cls,
+        model: str | None,
+        *,
+        port: int,
+        python: str | None = None,
+        max_lora_rank: int = 16,
+        tool_call_parser: str = "hermes",
+        max_model_len: int | None = None,
+    ) -> VllmLaunch:
+        """The launch of `model` (None: the bundled SmolLM2) by the vLLM `find_vllm_python`
+        finds; converts a .gguf file once, as local-llm does."""
+        found = find_vllm_python(python)
+        directory, served_name = served_model(model)
+        return cls(
+            python=found,
+            model=directory,
+            served_name=served_name,
+            port=port,
+            max_lora_rank=max_lora_rank,
+            tool_call_parser=tool_call_parser,
+            cpu=is_cpu_build(found),
+            max_model_len=max_model_len,
+        )
+
+
+class VllmProcess:
+    """A vLLM server in a child process (its own session: its engine and workers stop with it),
+    its output in `log_path`. For tests and benchmarks; `art-proxy up` supervises its own."""
+
+    def __init__(self, launch: VllmLaunch, log_path: Path) -> None:
+        self.launch = launch
+        self.log_path = log_path
+        self._log = log_path.open("wb")
+        self.started = time.monotonic()
+        self.process = subprocess.Popen(
+            launch.argv(),
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **launch.env()},
+            start_new_session=True,
+        )
+
+    def wait_ready(self, timeout_s: float) -> float:
+        """Seconds from the start until `/health` answered 200; VllmStartFailed if it exits or
+        the timeout passes first."""
+        health = self.launch.base_url.removesuffix("/v1") + "/health"
+        deadline = self.started + timeout_s
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise VllmStartFailed(
+                    f"vLLM exited with status {self.process.returncode}:\n{self.tail()}"
+                )
+            with (
+                contextlib.suppress(urllib.error.URLError, OSError),
+                urllib.request.urlopen(health, timeout=2) as response,
+            ):
+                if response.status == 200:
+                    return time.monotonic() - self.started
+            time.sleep(0.25)
+        raise VllmStartFailed(f"vLLM did not answer within {timeout_s:.0f} s:\n{self.tail()}")
+
+    def tail(self) -> str:
+        return self.log_path.read_bytes()[-_TAIL_BYTES:].decode("utf-8", "replace")
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait()
+        self._log.close()
 
 
 def find_vllm_python(configured: str | None) -> Path:

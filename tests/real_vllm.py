@@ -9,34 +9,20 @@ command sets it), when they fail: the suite must not pass on a machine where vLL
 
 from __future__ import annotations
 
-import contextlib
 import os
-import signal
-import subprocess
-import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
 
 import pytest
 
 from art_proxy.testing.loopback import free_port
-from art_proxy.vllm_server import (
-    VllmLaunch,
-    VllmNotFound,
-    find_vllm_python,
-    is_cpu_build,
-    served_model,
-)
+from art_proxy.vllm_server import VllmLaunch, VllmNotFound, VllmProcess, VllmStartFailed
 
 FIXTURE = "real_vllm"
 REQUIRE_ENV = "ART_REQUIRE_VLLM"
 # Enough for every prompt here; a short context keeps the overflow tests cheap.
 MAX_MODEL_LEN = 2048
 READY_TIMEOUT_S = 600.0  # ~35 s alone; far longer while the other tests share the two cores
-_TAIL_BYTES = 6000
 
 
 @dataclass(frozen=True)
@@ -50,44 +36,19 @@ class _Server:
     """The session's vLLM process: started once, awaited by the first test that needs it."""
 
     def __init__(self) -> None:
-        self.process: subprocess.Popen[bytes] | None = None
-        self.log_path: Path | None = None
+        self.process: VllmProcess | None = None
         self.unavailable: str | None = None  # why there is none (no vLLM environment)
-        self.running: RealVllm | None = None
-        self._log: IO[bytes] | None = None
+        self.failed: str | None = None  # why it did not start
 
     def start(self, log_dir: Path) -> None:
         if self.process is not None or self.unavailable is not None:
             return
         try:
-            python = find_vllm_python(None)
+            launch = VllmLaunch.of(None, port=free_port(), max_model_len=MAX_MODEL_LEN)
         except VllmNotFound as exc:
             self.unavailable = str(exc)
             return
-        model, name = served_model(None)
-        assert name is not None
-        launch = VllmLaunch(
-            python=python,
-            model=model,
-            served_name=name,
-            port=free_port(),
-            max_lora_rank=16,
-            tool_call_parser="hermes",
-            cpu=is_cpu_build(python),
-            max_model_len=MAX_MODEL_LEN,
-        )
-        log_dir.mkdir(parents=True, exist_ok=True)
-        self.log_path = log_dir / "vllm.log"
-        self._log = self.log_path.open("wb")
-        self.process = subprocess.Popen(
-            launch.argv(),
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-            env={**os.environ, **launch.env()},
-            start_new_session=True,  # its engine and worker processes stop with it
-        )
-        base_url = f"http://{launch.host}:{launch.port}/v1"
-        self.running = RealVllm(base_url, name, Path(model))
+        self.process = VllmProcess(launch, log_dir / "vllm.log")
 
     def ready(self) -> RealVllm:
         """The running server, once it answers; skip or fail when there is none."""
@@ -95,36 +56,21 @@ class _Server:
             if os.environ.get(REQUIRE_ENV):
                 pytest.fail(f"{REQUIRE_ENV} is set but {self.unavailable}", pytrace=False)
             pytest.skip(self.unavailable)
-        assert self.process is not None and self.running is not None
-        health = self.running.base_url.removesuffix("/v1") + "/health"
-        deadline = time.monotonic() + READY_TIMEOUT_S
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                pytest.fail(f"vLLM exited with {self.process.returncode}:\n{self.tail()}")
-            with (
-                contextlib.suppress(urllib.error.URLError, OSError),
-                urllib.request.urlopen(health, timeout=2) as response,
-            ):
-                if response.status == 200:
-                    return self.running
-            time.sleep(0.5)
-        pytest.fail(f"vLLM did not answer within {READY_TIMEOUT_S:.0f} s:\n{self.tail()}")
-
-    def tail(self) -> str:
-        if self.log_path is None:
-            return ""
-        return self.log_path.read_bytes()[-_TAIL_BYTES:].decode("utf-8", "replace")
+        assert self.process is not None
+        if self.failed is None:
+            try:
+                self.process.wait_ready(READY_TIMEOUT_S)
+            except VllmStartFailed as exc:
+                self.failed = str(exc)
+        if self.failed is not None:
+            pytest.fail(self.failed, pytrace=False)
+        launch = self.process.launch
+        assert launch.served_name is not None
+        return RealVllm(launch.base_url, launch.served_name, Path(launch.model))
 
     def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGTERM)
-            try:
-                self.process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait()
-        if self._log is not None:
-            self._log.close()
+        if self.process is not None:
+            self.process.stop()
 
 
 server = _Server()
