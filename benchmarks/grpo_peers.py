@@ -33,7 +33,6 @@ from typing import Any
 import torch
 from peft import LoraConfig, get_peft_model
 from rich.console import Console
-from transformers import GenerationMixin
 
 from art_proxy.local.model_loading import load_model
 
@@ -126,7 +125,10 @@ def in_process_loop(
                 {"role": "system", "content": system},
                 {"role": "user", "content": question},
             ]
-            prompt = list(tokenizer.apply_chat_template(messages, add_generation_prompt=True))
+            text = tokenizer.apply_chat_template(
+                messages, add_generation_prompt=True, tokenize=False
+            )
+            prompt = list(tokenizer(str(text), add_special_tokens=False)["input_ids"])
             completions = _sample(model, prompt, group_size, eos)
             group = [
                 rate(str(tokenizer.decode(ids, skip_special_tokens=True)), finish)
@@ -138,16 +140,8 @@ def in_process_loop(
             ]
             rewards += group
         model.train()
-        tokens = sum(len(ids) for _, ids, _ in sequences)
         optimizer.zero_grad()
-        for prompt, ids, advantage in sequences:
-            if advantage == 0:
-                continue
-            input_ids = torch.tensor([prompt + ids])
-            logits = model(input_ids=input_ids).logits[0, len(prompt) - 1 : -1]
-            logprobs = torch.log_softmax(logits.float(), dim=-1)
-            chosen = logprobs.gather(-1, torch.tensor(ids)[:, None]).squeeze(-1)
-            torch.autograd.backward(-(advantage * chosen.sum()) / tokens)
+        _policy_gradient(model, [s for s in sequences if s[2] != 0], eos)
         torch.nn.utils.clip_grad_norm_(trainable, 1.0)
         optimizer.step()
         model.eval()
@@ -158,12 +152,38 @@ def in_process_loop(
     return result
 
 
+def _policy_gradient(
+    model: Any, sequences: list[tuple[list[int], list[int], float]], pad: int
+) -> None:
+    """Backpropagate the token-mean of -advantage x logprob over every completion token, in one
+    right-padded batch (at the sampling weights the ratio is 1: this is GRPO's gradient there)."""
+    if not sequences:
+        return
+    length = max(len(prompt) + len(ids) for prompt, ids, _ in sequences)
+    rows = [
+        prompt + ids + [pad] * (length - len(prompt) - len(ids)) for prompt, ids, _ in sequences
+    ]
+    mask_B_T = torch.tensor(
+        [[1] * (len(p) + len(i)) + [0] * (length - len(p) - len(i)) for p, i, _ in sequences]
+    )
+    tokens_B_T = torch.tensor(rows)
+    logits_B_T_V = model(input_ids=tokens_B_T, attention_mask=mask_B_T).logits[:, :-1].float()
+    logprobs_B_T = (
+        torch.log_softmax(logits_B_T_V, dim=-1).gather(-1, tokens_B_T[:, 1:, None]).squeeze(-1)
+    )
+    completion_B_T = torch.zeros_like(logprobs_B_T)
+    advantages_B = torch.tensor([advantage for _, _, advantage in sequences])
+    for row, (prompt, ids, _) in enumerate(sequences):
+        completion_B_T[row, len(prompt) - 1 : len(prompt) - 1 + len(ids)] = 1
+    loss = -(advantages_B[:, None] * logprobs_B_T * completion_B_T).sum() / completion_B_T.sum()
+    torch.autograd.backward(loss)
+
+
 def _sample(model: Any, prompt: list[int], n: int, eos: int) -> list[tuple[list[int], str]]:
     """`n` completions of `prompt` at temperature 1, 8 new tokens, each cut after its EOS, with
     its finish reason ("stop" or "length", as vLLM would say)."""
-    assert isinstance(model, GenerationMixin)
     with torch.inference_mode():
-        out = model.generate(  # type: ignore[misc]  # transformers' self-type Protocol rejects its own models
+        out = model.generate(
             input_ids=torch.tensor([prompt] * n),
             attention_mask=torch.ones(n, len(prompt), dtype=torch.long),
             do_sample=True,
@@ -196,8 +216,9 @@ def trl_grpo(
     result = PeerResult("TRL GRPOTrainer")
     try:
         from datasets import Dataset
-        from transformers import TrainerCallback
-        from trl import GRPOConfig, GRPOTrainer
+        from transformers import PrinterCallback, TrainerCallback
+        from trl.trainer.grpo_config import GRPOConfig
+        from trl.trainer.grpo_trainer import GRPOTrainer
     except ImportError as exc:
         result.unavailable = f"{exc.name} is not installed: .venv/bin/pip install -e '.[peers]'"
         return result
@@ -208,8 +229,8 @@ def trl_grpo(
 
     def single_word(
         completions: list[Any], completion_ids: list[list[int]], **_: Any
-    ) -> list[float]:
-        rewards = []
+    ) -> list[float | None]:
+        rewards: list[float | None] = []
         for completion, ids in zip(completions, completion_ids, strict=True):
             text = completion[0]["content"] if isinstance(completion, list) else completion
             ended = len(ids) < max_new_tokens or (bool(ids) and ids[-1] == eos)
@@ -269,6 +290,7 @@ def trl_grpo(
             peft_config=_lora(),
             callbacks=[Timing()],
         )
+        trainer.remove_callback(PrinterCallback)  # its dict per step; Timing prints the figures
         console.rule("TRL GRPOTrainer")
         trainer.train()
     return result
