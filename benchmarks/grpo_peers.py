@@ -73,37 +73,31 @@ def _lora() -> LoraConfig:
     )
 
 
-def run_peers(
-    *,
-    steps: int,
-    group_size: int,
-    groups_per_step: int,
-    learning_rate: float,
-    target: float,
-    console: Console,
-) -> list[PeerResult]:
+@dataclass(frozen=True)
+class PeerRun:
+    """What each peer runs: the stack's own settings for the task."""
+
+    steps: int
+    group_size: int
+    groups_per_step: int
+    learning_rate: float
+    target: float  # the mean training reward whose first step and seconds are the figure
+    console: Console
+
+
+def run_peers(run: PeerRun) -> list[PeerResult]:
     warnings.filterwarnings("ignore", category=FutureWarning, module="transformers")
-    results = [
-        in_process_loop(steps, group_size, groups_per_step, learning_rate, target, console),
-        trl_grpo(steps, group_size, groups_per_step, learning_rate, target, console),
-    ]
+    results = [in_process_loop(run), trl_grpo(run)]
     for result in results:
         if result.unavailable:
-            console.print(f"{result.name} left out: {result.unavailable}")
+            run.console.print(f"{result.name} left out: {result.unavailable}")
     return results
 
 
 # ---------------------------------------------------------------- the in-process loop
 
 
-def in_process_loop(
-    steps: int,
-    group_size: int,
-    groups_per_step: int,
-    learning_rate: float,
-    target: float,
-    console: Console,
-) -> PeerResult:
+def in_process_loop(run: PeerRun) -> PeerResult:
     result = PeerResult("in-process loop")
     system, questions, rate = _task()
     torch.manual_seed(SEED)
@@ -112,15 +106,15 @@ def in_process_loop(
     tokenizer = loaded.tokenizer
     model = get_peft_model(loaded.model, _lora())
     trainable = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(trainable, lr=learning_rate, weight_decay=0.0)
+    optimizer = torch.optim.AdamW(trainable, lr=run.learning_rate, weight_decay=0.0)
     eos = tokenizer.eos_token_id
-    console.rule("in-process GRPO loop")
+    run.console.rule("in-process GRPO loop")
     started = time.monotonic()
-    for step in range(1, steps + 1):
+    for step in range(1, run.steps + 1):
         sequences: list[tuple[list[int], list[int], float]] = []  # prompt, completion, advantage
         rewards: list[float] = []
-        for g in range(groups_per_step):
-            question = order[((step - 1) * groups_per_step + g) % len(order)]
+        for g in range(run.groups_per_step):
+            question = order[((step - 1) * run.groups_per_step + g) % len(order)]
             messages = [
                 {"role": "system", "content": system},
                 {"role": "user", "content": question},
@@ -129,7 +123,7 @@ def in_process_loop(
                 messages, add_generation_prompt=True, tokenize=False
             )
             prompt = list(tokenizer(str(text), add_special_tokens=False)["input_ids"])
-            completions = _sample(model, prompt, group_size, eos)
+            completions = _sample(model, prompt, run.group_size, eos)
             group = [
                 rate(str(tokenizer.decode(ids, skip_special_tokens=True)), finish)
                 for ids, finish in completions
@@ -147,8 +141,8 @@ def in_process_loop(
         model.eval()
         mean_reward = math.fsum(rewards) / len(rewards)
         seconds = time.monotonic() - started
-        result.record(mean_reward, seconds, target)
-        console.print(f"  step {step}: reward {mean_reward:.3f}, {seconds:.0f} s")
+        result.record(mean_reward, seconds, run.target)
+        run.console.print(f"  step {step}: reward {mean_reward:.3f}, {seconds:.0f} s")
     return result
 
 
@@ -205,14 +199,7 @@ def _sample(model: Any, prompt: list[int], n: int, eos: int) -> list[tuple[list[
 # ---------------------------------------------------------------- TRL
 
 
-def trl_grpo(
-    steps: int,
-    group_size: int,
-    groups_per_step: int,
-    learning_rate: float,
-    target: float,
-    console: Console,
-) -> PeerResult:
+def trl_grpo(run: PeerRun) -> PeerResult:
     result = PeerResult("TRL GRPOTrainer")
     try:
         from datasets import Dataset
@@ -247,32 +234,32 @@ def trl_grpo(
             logs = kwargs.get("logs")
             if logs and "reward" in logs:
                 seconds = time.monotonic() - started[0]
-                result.record(float(logs["reward"]), seconds, target)
-                console.print(
+                result.record(float(logs["reward"]), seconds, run.target)
+                run.console.print(
                     f"  step {state.global_step}: reward {logs['reward']:.3f}, {seconds:.0f} s"
                 )
 
     prompts = [
         [{"role": "system", "content": system}, {"role": "user", "content": q}] for q in questions
     ]
-    batch = group_size * groups_per_step
+    batch = run.group_size * run.groups_per_step
     with tempfile.TemporaryDirectory(prefix="trl-grpo-") as out:
         config = GRPOConfig(
             output_dir=out,
-            learning_rate=learning_rate,
+            learning_rate=run.learning_rate,
             lr_scheduler_type="constant",
             weight_decay=0.0,
             max_grad_norm=1.0,
             per_device_train_batch_size=batch,
             gradient_accumulation_steps=1,
-            num_generations=group_size,
+            num_generations=run.group_size,
             max_completion_length=max_new_tokens,
             temperature=1.0,
             top_p=1.0,
             beta=0.0,
             scale_rewards="none",
             loss_type="dapo",  # the token mean over the batch
-            max_steps=steps,
+            max_steps=run.steps,
             logging_steps=1,
             save_strategy="no",
             report_to="none",
@@ -291,6 +278,6 @@ def trl_grpo(
             callbacks=[Timing()],
         )
         trainer.remove_callback(PrinterCallback)  # its dict per step; Timing prints the figures
-        console.rule("TRL GRPOTrainer")
+        run.console.rule("TRL GRPOTrainer")
         trainer.train()
     return result

@@ -115,16 +115,17 @@ def main(args: argparse.Namespace) -> None:
     peers: list[PeerResult] = []
     if args.peers:
         sys.path.insert(0, str(ROOT))  # run as a script, the repository root is not on the path
-        from benchmarks.grpo_peers import run_peers
+        from benchmarks.grpo_peers import PeerRun, run_peers
 
-        peers = run_peers(
-            steps=args.steps,
-            group_size=args.group_size,
-            groups_per_step=args.groups_per_step,
-            learning_rate=args.learning_rate,
-            target=args.target,
-            console=console,
+        run = PeerRun(
+            args.steps,
+            args.group_size,
+            args.groups_per_step,
+            args.learning_rate,
+            args.target,
+            console,
         )
+        peers = run_peers(run)
     summarize(runs, peers, args.target)
 
 
@@ -239,8 +240,9 @@ def summarize(runs: list[EngineRun], peers: list[PeerResult], target: float) -> 
     figures = []
     for run in runs:
         step, seconds = run.reached or (None, None)
-        clips = [row.clip for row in run.rows]
-        ratios = [row.ratio for row in run.rows]
+        # A step with no trained token (every group without signal) has neither.
+        clips = [row.clip for row in run.rows if not math.isnan(row.clip)]
+        ratios = [row.ratio for row in run.rows if not math.isnan(row.ratio)]
         table.add_row(
             f"art-proxy stack, {run.engine}",
             "-" if step is None else str(step),

@@ -26,22 +26,11 @@ from art_proxy_trainer.command import run_train
 from art_proxy_trainer.config import TrainerConfig
 from art_proxy_trainer.loss import token_logprobs
 from art_proxy_trainer.step import lora_model
+from tests.conformance.upstream import WEATHER_TOOL
 from tests.conftest import proxy_settings, trajectories
 from tests.real_vllm import RealVllm
 from tests.trainer.test_training_loop import AGENT, SCENARIOS
-
-WEATHER_TOOL = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "The current weather in a city.",
-        "parameters": {
-            "type": "object",
-            "properties": {"city": {"type": "string"}},
-            "required": ["city"],
-        },
-    },
-}
+from tests.wire_client import steady_load
 
 
 @pytest.fixture
@@ -226,8 +215,9 @@ async def test_the_trainer_swaps_adapters_into_vllm_under_load_with_no_failed_ca
     served: list[str] = []
     failures: list[str] = []
     async with aiohttp.ClientSession() as http:
+        # An agent calling the alias ~10 times a second all through training.
         load = asyncio.create_task(
-            _steady_load(http, vllm_proxy, real_vllm.model, served, failures)
+            steady_load(http, vllm_proxy.base_url, real_vllm.model, served, failures, pause_s=0.1)
         )
         try:
             summary = await run_train(settings, Console(quiet=True))
@@ -259,22 +249,3 @@ async def test_the_trainer_swaps_adapters_into_vllm_under_load_with_no_failed_ca
     ]
     # Sampled by vLLM in float32 and scored by the trainer at the same weights: step 1's ratio.
     assert steps[0].metrics["clip_fraction"] < 0.05
-
-
-async def _steady_load(
-    http: aiohttp.ClientSession,
-    proxy: RunningProxy,
-    model: str,
-    served: list[str],
-    failures: list[str],
-) -> None:
-    """An agent calling the alias ~10 times a second all through training: every answer must be
-    a 200."""
-    body = {"model": model, "messages": [{"role": "user", "content": "load"}], "max_tokens": 2}
-    while True:
-        async with http.post(f"{proxy.base_url}/chat/completions", json=body) as response:
-            if response.status != 200:
-                failures.append(f"{response.status}: {await response.text()}")
-            else:
-                served.append((await response.json())["model"])
-        await asyncio.sleep(0.1)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import aiohttp
@@ -53,3 +54,24 @@ async def admin_get(http: aiohttp.ClientSession, proxy: Any, path: str) -> Any:
     async with http.get(f"{proxy.root_url}/art/v1{path}") as response:
         assert response.status == 200, await response.text()
         return await response.json()
+
+
+async def steady_load(
+    http: aiohttp.ClientSession,
+    base_url: str,
+    model: str,
+    served: list[str],
+    failures: list[str],
+    *,
+    pause_s: float = 0.0,
+) -> None:
+    """An agent calling `model` until cancelled: the model that served each 200 goes to
+    `served`, every other answer to `failures`."""
+    body = {"model": model, "messages": [{"role": "user", "content": "load"}], "max_tokens": 2}
+    while True:
+        async with http.post(f"{base_url}/chat/completions", json=body) as response:
+            if response.status != 200:
+                failures.append(f"{response.status}: {await response.text()}")
+            else:
+                served.append((await response.json())["model"])
+        await asyncio.sleep(pause_s)

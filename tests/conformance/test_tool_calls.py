@@ -13,24 +13,13 @@ import pytest
 
 from tests.conformance.upstream import (
     IDS_AND_LOGPROBS,
+    WEATHER_TOOL,
     Upstream,
     chat,
     chat_stream,
 )
 from tests.wire_client import choice_chunks
 
-WEATHER_TOOL = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "The current weather in a city.",
-        "parameters": {
-            "type": "object",
-            "properties": {"city": {"type": "string"}},
-            "required": ["city"],
-        },
-    },
-}
 # Room for a hermes `<tool_call>{...}</tool_call>` and its EOS.
 TOOL_CALL_MAX_TOKENS = 64
 

@@ -22,6 +22,19 @@ EOS_MAX_TOKENS = 16
 GREEDY = {"temperature": 0, "seed": 0}
 IDS_AND_LOGPROBS = {"return_token_ids": True, "logprobs": True}
 
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The current weather in a city.",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}},
+            "required": ["city"],
+        },
+    },
+}
+
 
 @dataclass(frozen=True)
 class Upstream:

@@ -26,6 +26,7 @@ from art_proxy_trainer.command import run_train
 from art_proxy_trainer.errors import BaseModelMismatch
 from art_proxy_trainer.step import StepResult
 from tests.trainer.conftest import TINY_NAME, Stack
+from tests.wire_client import steady_load
 
 HERE = Path(__file__).parent
 AGENT = f"{HERE / 'agents.py'}:length_agent"
@@ -58,30 +59,15 @@ async def _models(http: aiohttp.ClientSession, base_url: str) -> list[str]:
         return [entry["id"] for entry in (await response.json())["data"]]
 
 
-async def _steady_load(
-    http: aiohttp.ClientSession, base_url: str, served: list[str], failures: list[str]
-) -> None:
-    """An agent calling the alias without pause: every answer must be a 200."""
-    body = {
-        "model": TINY_NAME,
-        "messages": [{"role": "user", "content": "load"}],
-        "max_tokens": 2,
-    }
-    while True:
-        async with http.post(f"{base_url}/chat/completions", json=body) as response:
-            if response.status != 200:
-                failures.append(f"{response.status}: {await response.text()}")
-            else:
-                served.append((await response.json())["model"])
-
-
 async def test_the_whole_loop_swaps_each_step_in_with_no_failed_call_under_load(
     stack: Stack, tmp_path: Path
 ) -> None:
     served: list[str] = []
     failures: list[str] = []
     async with aiohttp.ClientSession() as http:
-        load = asyncio.create_task(_steady_load(http, stack.proxy.base_url, served, failures))
+        load = asyncio.create_task(
+            steady_load(http, stack.proxy.base_url, TINY_NAME, served, failures)
+        )
         try:
             summary = await run_train(_settings(stack, tmp_path / "run"), Console(quiet=True))
             # The last move happens as training ends: let the load see it.
