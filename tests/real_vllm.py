@@ -9,8 +9,9 @@ command sets it), when they fail: the suite must not pass on a machine where vLL
 
 from __future__ import annotations
 
+import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
@@ -22,6 +23,11 @@ FIXTURE = "real_vllm"
 REQUIRE_ENV = "ART_REQUIRE_VLLM"
 # Enough for every prompt here; a short context keeps the overflow tests cheap.
 MAX_MODEL_LEN = 2048
+# What many instruct models' generation_config.json asks for (SmolLM2's asks for nothing). vLLM
+# would sample a call that sets none of these with them (`--generation-config auto`, its default);
+# art-proxy starts it with `--generation-config vllm`, so it samples with neutral defaults, which is
+# what the trainer scores such a call with. The session's model carries these to prove it.
+MODEL_SAMPLING_DEFAULTS = {"temperature": 0.6, "top_p": 0.8, "top_k": 20}
 READY_TIMEOUT_S = 600.0  # ~35 s alone; far longer while the other tests share the two cores
 
 
@@ -48,7 +54,8 @@ class _Server:
         except VllmNotFound as exc:
             self.unavailable = str(exc)
             return
-        self.process = VllmProcess(launch, log_dir / "vllm.log")
+        model_dir = _with_sampling_defaults(Path(launch.model), log_dir / "SmolLM2-135M-Instruct")
+        self.process = VllmProcess(replace(launch, model=str(model_dir)), log_dir / "vllm.log")
 
     def ready(self) -> RealVllm:
         """The running server, once it answers; skip or fail when there is none."""
@@ -71,6 +78,19 @@ class _Server:
     def stop(self) -> None:
         if self.process is not None:
             self.process.stop()
+
+
+def _with_sampling_defaults(model_dir: Path, target: Path) -> Path:
+    """`model_dir`'s files linked into `target`, its generation config asking for
+    MODEL_SAMPLING_DEFAULTS."""
+    target.mkdir(parents=True)
+    for path in model_dir.iterdir():
+        if path.name != "generation_config.json":
+            (target / path.name).symlink_to(path)
+    config = json.loads((model_dir / "generation_config.json").read_text())
+    config |= {"do_sample": True, **MODEL_SAMPLING_DEFAULTS}
+    (target / "generation_config.json").write_text(json.dumps(config))
+    return target
 
 
 server = _Server()

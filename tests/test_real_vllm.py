@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -31,6 +32,16 @@ from tests.conftest import proxy_settings, trajectories
 from tests.real_vllm import RealVllm
 from tests.trainer.test_training_loop import AGENT, SCENARIOS
 from tests.wire_client import steady_load
+
+QUESTIONS = ("Name a fruit.", "Name a colour.", "Name a city.", "Name a tree.")
+# What the trainer reproduces: temperature, top-k, top-p, alone and together (min_p, penalties,
+# logit_bias and guided decoding are recorded as not trainable instead).
+SAMPLINGS: list[dict[str, float]] = [
+    {"temperature": 0.7, "top_p": 0.9},
+    {"top_k": 20},
+    {"temperature": 0.7, "top_k": 20, "top_p": 0.9},
+    {"temperature": 1.3, "top_p": 0.5},
+]
 
 
 @pytest.fixture
@@ -140,6 +151,32 @@ async def test_a_required_tool_call_is_captured_on_vllms_own_parser(
     assert not call.trainable and call.untrainable_reason == "guided decoding (tool_choice)"
 
 
+async def test_a_call_that_sets_no_sampling_is_scored_as_vllm_sampled_it(
+    real_vllm: RealVllm, vllm_proxy: RunningProxy
+) -> None:
+    # The served model's generation_config.json asks for temperature 0.6, top-p 0.8, top-k 20
+    # (tests/real_vllm.py), which neither the proxy nor the trainer sees.
+    client = _client(vllm_proxy)
+    for question in QUESTIONS:
+        await client.chat.completions.create(
+            model=real_vllm.model,
+            messages=[{"role": "user", "content": question}],
+            max_tokens=24,
+        )
+    await client.close()
+
+    calls = [c for t in await trajectories(vllm_proxy) for c in t.calls or []]
+    assert len(calls) == 4 and all(c.sampling == {"max_tokens": 24} for c in calls)
+    batch = build_batch([TrajectorySample(c.trajectory_id, [c], 1.0) for c in calls])
+    sampled = batch.mask_B_T.bool()
+    model = load_model(str(real_vllm.model_dir)).model
+    with torch.no_grad():
+        logits = model(input_ids=batch.tokens_B_T, attention_mask=batch.attention_mask_B_T).logits
+        scored = token_logprobs(logits, batch.tokens_B_T, batch.transforms)
+    # Scored at temperature 1 with no top-p or top-k, as sampled (`--generation-config vllm`).
+    assert (scored[sampled] - batch.old_logprobs_B_T[sampled]).abs().max().item() < 1e-3
+
+
 async def test_an_adapter_vllm_serves_scores_in_the_trainer_as_vllm_sampled_it(
     real_vllm: RealVllm, vllm_proxy: RunningProxy, tmp_path: Path
 ) -> None:
@@ -159,13 +196,12 @@ async def test_an_adapter_vllm_serves_scores_in_the_trainer_as_vllm_sampled_it(
         async with http.post(url, json=load) as response:
             assert response.status == 200, await response.text()
         client = _client(vllm_proxy)
-        for question in ("Name a fruit.", "Name a colour.", "Name a city.", "Name a tree."):
+        for question, sampling in zip(QUESTIONS, SAMPLINGS, strict=True):
             await client.chat.completions.create(
                 model="trained",
                 messages=[{"role": "user", "content": question}],
                 max_tokens=24,
-                temperature=0.7,
-                top_p=0.9,
+                extra_body=sampling,
             )
         await client.close()
         unload = real_vllm.base_url.removesuffix("/v1") + "/v1/unload_lora_adapter"
@@ -174,6 +210,10 @@ async def test_an_adapter_vllm_serves_scores_in_the_trainer_as_vllm_sampled_it(
 
     calls = [c for t in await trajectories(vllm_proxy) for c in t.calls or []]
     assert len(calls) == 4 and all(c.trainable for c in calls)
+    recorded_sampling = sorted(json.dumps(c.sampling, sort_keys=True) for c in calls)
+    assert recorded_sampling == sorted(
+        json.dumps({**sampling, "max_tokens": 24}, sort_keys=True) for sampling in SAMPLINGS
+    )
     batch = build_batch([TrajectorySample(c.trajectory_id, [c], 1.0) for c in calls])
     sampled = batch.mask_B_T.bool()
     with torch.no_grad():
