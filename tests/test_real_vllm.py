@@ -5,7 +5,6 @@ swapping its adapters into vLLM under load without one failed call."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 from collections.abc import AsyncIterator
@@ -15,7 +14,6 @@ import aiohttp
 import pytest
 import torch
 from openai import AsyncOpenAI, AsyncStream
-from rich.console import Console
 
 from art_proxy.config import TrainSettings
 from art_proxy.local.model_loading import load_model
@@ -23,7 +21,6 @@ from art_proxy.proxy.server import RunningProxy, running_proxy
 from art_proxy.records import CallRecord
 from art_proxy.store.trajectory_store import TrajectoryStore
 from art_proxy_trainer.batch import TrajectorySample, build_batch
-from art_proxy_trainer.command import run_train
 from art_proxy_trainer.config import TrainerConfig
 from art_proxy_trainer.loss import token_logprobs
 from art_proxy_trainer.step import lora_model
@@ -31,7 +28,7 @@ from tests.conformance.upstream import WEATHER_TOOL
 from tests.conftest import proxy_settings, trajectories
 from tests.real_vllm import RealVllm
 from tests.trainer.test_training_loop import AGENT, SCENARIOS
-from tests.wire_client import steady_load
+from tests.trainer.under_load import train_under_load
 
 QUESTIONS = ("Name a fruit.", "Name a colour.", "Name a city.", "Name a tree.")
 # What the trainer reproduces: temperature, top-k, top-p, alone and together (min_p, penalties,
@@ -252,25 +249,18 @@ async def test_the_trainer_swaps_adapters_into_vllm_under_load_with_no_failed_ca
             "learning_rate": 1e-3,
         }
     )
-    served: list[str] = []
-    failures: list[str] = []
-    async with aiohttp.ClientSession() as http:
-        # An agent calling the alias ~10 times a second all through training.
-        load = asyncio.create_task(
-            steady_load(http, vllm_proxy.base_url, real_vllm.model, served, failures, pause_s=0.1)
-        )
-        try:
-            summary = await run_train(settings, Console(quiet=True))
-            for _ in range(100):  # the last move happens as training ends: let the load see it
-                if f"{real_vllm.model}@2" in served:
-                    break
-                await asyncio.sleep(0.05)
-        finally:
-            load.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await load
-        async with http.get(f"{real_vllm.base_url}/models") as response:
-            upstream_models = [entry["id"] for entry in (await response.json())["data"]]
+    # An agent calling the alias ~10 times a second all through training.
+    run = await train_under_load(
+        settings,
+        proxy_base_url=vllm_proxy.base_url,
+        model=real_vllm.model,
+        last=f"{real_vllm.model}@2",
+        pause_s=0.1,
+    )
+    summary, served, failures = run.summary, run.served, run.failures
+    models_url = f"{real_vllm.base_url}/models"
+    async with aiohttp.ClientSession() as http, http.get(models_url) as response:
+        upstream_models = [entry["id"] for entry in (await response.json())["data"]]
 
     assert summary.stopped == "reached --steps 2"
     assert failures == []

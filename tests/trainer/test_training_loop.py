@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import math
 import re
@@ -26,7 +25,7 @@ from art_proxy_trainer.command import run_train
 from art_proxy_trainer.errors import BaseModelMismatch
 from art_proxy_trainer.step import StepResult
 from tests.trainer.conftest import TINY_NAME, Stack
-from tests.wire_client import steady_load
+from tests.trainer.under_load import train_under_load
 
 HERE = Path(__file__).parent
 AGENT = f"{HERE / 'agents.py'}:length_agent"
@@ -62,23 +61,14 @@ async def _models(http: aiohttp.ClientSession, base_url: str) -> list[str]:
 async def test_the_whole_loop_swaps_each_step_in_with_no_failed_call_under_load(
     stack: Stack, tmp_path: Path
 ) -> None:
-    served: list[str] = []
-    failures: list[str] = []
+    run = await train_under_load(
+        _settings(stack, tmp_path / "run"),
+        proxy_base_url=stack.proxy.base_url,
+        model=TINY_NAME,
+        last=f"{TINY_NAME}@3",
+    )
+    summary, served, failures = run.summary, run.served, run.failures
     async with aiohttp.ClientSession() as http:
-        load = asyncio.create_task(
-            steady_load(http, stack.proxy.base_url, TINY_NAME, served, failures)
-        )
-        try:
-            summary = await run_train(_settings(stack, tmp_path / "run"), Console(quiet=True))
-            # The last move happens as training ends: let the load see it.
-            for _ in range(100):
-                if f"{TINY_NAME}@3" in served:
-                    break
-                await asyncio.sleep(0.05)
-        finally:
-            load.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await load
         upstream_models = await _models(http, stack.llm.base_url)
 
     assert summary.stopped == "reached --steps 3"
