@@ -8,11 +8,13 @@ mtime, so later starts load in well under a second. Nothing is ever fetched from
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.util
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,6 +25,7 @@ from transformers import (
     PreTrainedModel,
     PreTrainedTokenizerBase,
 )
+from transformers.utils import logging as hf_logging
 from transformers.utils.quantization_config import GgufConfig
 
 from art_proxy.local.errors import ModelLoadError
@@ -124,14 +127,28 @@ def converted_gguf(gguf: Path, cache_dir: Path) -> Path:
 def _load_directory(directory: Path, *, source: str, name: str) -> LoadedModel:
     try:
         tokenizer = AutoTokenizer.from_pretrained(directory, local_files_only=True)
-        model = AutoModelForCausalLM.from_pretrained(
-            directory, dtype=torch.float32, local_files_only=True
-        )
+        with _quiet_progress():
+            model = AutoModelForCausalLM.from_pretrained(
+                directory, dtype=torch.float32, local_files_only=True
+            )
     except (OSError, ValueError) as exc:
         raise ModelLoadError(f"cannot load the model in {directory}: {exc}") from exc
     model.train(False)  # inference: dropout off
     context_len = int(getattr(model.config, "max_position_embeddings", 0) or 0)
     return LoadedModel(model, tokenizer, source, name, context_len)
+
+
+@contextlib.contextmanager
+def _quiet_progress() -> Iterator[None]:
+    """No "Loading weights" bar from transformers: the trainer's and the server's own output is
+    what a user reads (a bar the user turned off stays off)."""
+    was_enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]  # transformers leaves it unannotated
+    try:
+        yield
+    finally:
+        if was_enabled:
+            hf_logging.enable_progress_bar()  # type: ignore[no-untyped-call]  # as above
 
 
 def _check_supported(loaded: LoadedModel) -> None:

@@ -12,6 +12,7 @@ import torch
 
 from art_proxy.config import TrainerConfig, TrainSettings
 from art_proxy.local.cli import set_torch_threads
+from art_proxy.local.model_loading import load_model
 from art_proxy.records import CallRecord, GroupOutcome, TrainableGroup
 from art_proxy_trainer.batch import TrajectorySample, build_batch
 from art_proxy_trainer.checkpoint import Checkpoints, TrainerState
@@ -219,3 +220,12 @@ def test_torch_threads_are_the_setting_or_one_per_usable_core() -> None:
     finally:
         torch.set_num_threads(before)
     assert TrainSettings.model_validate({"threads": 1}).threads == 1
+
+
+def test_loading_the_model_prints_no_progress_bar_of_transformers(
+    tiny_model_dir: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    load_model(str(tiny_model_dir))
+
+    captured = capfd.readouterr()
+    assert "Loading weights" not in captured.out + captured.err
