@@ -10,19 +10,17 @@ converts it into, under the same name, so the trainer and the proxy see the same
 
 from __future__ import annotations
 
-import contextlib
 import importlib.util
 import os
 import signal
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
 from art_proxy.errors import ConfigError
+from art_proxy.testing.loopback import answers_health
 
 VLLM_VENV = ".venv-vllm"
 VLLM_MODULE = "vllm.entrypoints.openai.api_server"
@@ -148,12 +146,8 @@ class VllmProcess:
                 raise VllmStartFailed(
                     f"vLLM exited with status {self.process.returncode}:\n{self.tail()}"
                 )
-            with (
-                contextlib.suppress(urllib.error.URLError, OSError),
-                urllib.request.urlopen(health, timeout=2) as response,
-            ):
-                if response.status == 200:
-                    return time.monotonic() - self.started
+            if answers_health(health):
+                return time.monotonic() - self.started
             time.sleep(0.25)
         raise VllmStartFailed(f"vLLM did not answer within {timeout_s:.0f} s:\n{self.tail()}")
 
@@ -200,17 +194,11 @@ def is_cpu_build(python: Path) -> bool:
 
 def served_model(model: str | None) -> tuple[str, str | None]:
     """What vLLM loads and the name it serves it as: the bundled SmolLM2 (None) from local-llm's
-    converted directory under local-llm's name; a .gguf file converted the same way; else as
-    given."""
+    converted directory under local-llm's name; a .gguf file converted the same way; anything
+    else (a directory, a hub id) as given, under vLLM's default name."""
     if model is not None and not model.endswith(".gguf"):
         return model, None
-    from art_proxy.local.model_loading import (
-        BUNDLED_NAME,
-        bundled_gguf,
-        converted_gguf,
-        default_cache_dir,
-    )
+    from art_proxy.local.model_loading import model_files
 
-    gguf = bundled_gguf() if model is None else Path(model).expanduser()
-    directory = converted_gguf(gguf, default_cache_dir())
-    return str(directory), BUNDLED_NAME if model is None else model
+    files = model_files(model)
+    return str(files.directory), files.name

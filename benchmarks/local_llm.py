@@ -37,8 +37,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 import warnings
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
@@ -57,7 +55,7 @@ from art_proxy.local.cli import LocalLlmSettings
 from art_proxy.local.model_loading import LoadedModel, load_model
 from art_proxy.local.served import ServedModel
 from art_proxy.local.server import running_local_llm
-from art_proxy.testing.loopback import free_port
+from art_proxy.testing.loopback import answers_health, free_port
 from art_proxy.vllm_server import VllmLaunch, VllmNotFound, VllmProcess, VllmStartFailed
 
 MAX_TOKENS = 64
@@ -327,11 +325,9 @@ def local_llm_startup_s() -> float:
     )
     try:
         while process.poll() is None:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2):
-                    return time.monotonic() - started
-            except (urllib.error.URLError, OSError):
-                time.sleep(0.1)
+            if answers_health(f"http://127.0.0.1:{port}/health"):
+                return time.monotonic() - started
+            time.sleep(0.1)
         raise CallFailed(f"art-proxy local-llm exited with status {process.returncode}")
     finally:
         process.terminate()

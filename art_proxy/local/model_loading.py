@@ -67,20 +67,34 @@ def bundled_gguf() -> Path:
     return path
 
 
-def load_model(model: str | None, *, cache_dir: str | Path | None = None) -> LoadedModel:
-    """Load `model` (None = the bundled SmolLM2) in float32 for CPU inference."""
+@dataclass(frozen=True)
+class ModelFiles:
+    """Where a model's weights are read from: a Hugging Face directory (a .gguf file converted
+    into one, once), the file or directory it came from, and the name it is served as."""
+
+    directory: Path
+    source: Path
+    name: str
+
+
+def model_files(model: str | None, *, cache_dir: str | Path | None = None) -> ModelFiles:
+    """`model` (None = the bundled SmolLM2) as a Hugging Face directory, converting a .gguf."""
     if model is None:
         source, name = bundled_gguf(), BUNDLED_NAME
     else:
         source, name = Path(model).expanduser(), model
     if source.is_file() and source.suffix == ".gguf":
         cache = Path(cache_dir).expanduser() if cache_dir else default_cache_dir()
-        directory = converted_gguf(source, cache)
-    elif source.is_dir():
-        directory = source
-    else:
-        raise ModelLoadError(f"--model {model}: not a Hugging Face model directory or a .gguf file")
-    loaded = _load_directory(directory, source=str(source), name=name)
+        return ModelFiles(converted_gguf(source, cache), source, name)
+    if source.is_dir():
+        return ModelFiles(source, source, name)
+    raise ModelLoadError(f"--model {model}: not a Hugging Face model directory or a .gguf file")
+
+
+def load_model(model: str | None, *, cache_dir: str | Path | None = None) -> LoadedModel:
+    """Load `model` (None = the bundled SmolLM2) in float32 for CPU inference."""
+    files = model_files(model, cache_dir=cache_dir)
+    loaded = _load_directory(files.directory, source=str(files.source), name=files.name)
     _check_supported(loaded)
     return loaded
 

@@ -1,9 +1,12 @@
 """Loopback for fakes, tests and benchmarks: serve an aiohttp app on 127.0.0.1 at a free port,
-or find a free port for a server started as its own process."""
+or find a free port for a server started as its own process and ask whether it answers yet."""
 
 from __future__ import annotations
 
+import contextlib
 import socket
+import urllib.error
+import urllib.request
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -33,3 +36,13 @@ def free_port() -> int:
         sock.bind(("127.0.0.1", 0))
         port: int = sock.getsockname()[1]
         return port
+
+
+def answers_health(url: str) -> bool:
+    """Whether `url` answers 200 now (False while the server there is still starting)."""
+    with (
+        contextlib.suppress(urllib.error.URLError, OSError),
+        urllib.request.urlopen(url, timeout=2) as response,
+    ):
+        return bool(response.status == 200)
+    return False

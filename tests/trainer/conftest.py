@@ -14,12 +14,7 @@ import pytest
 import torch
 from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-from art_proxy.local.model_loading import (
-    bundled_gguf,
-    converted_gguf,
-    default_cache_dir,
-    load_model,
-)
+from art_proxy.local.model_loading import load_model, model_files
 from art_proxy.local.served import ServedModel
 from art_proxy.local.server import RunningLocalLlm, running_local_llm
 from art_proxy.proxy.server import RunningProxy, running_proxy
@@ -31,7 +26,7 @@ TINY_NAME = "tiny-llama"
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     directory = tmp_path_factory.mktemp("models") / TINY_NAME
-    tokenizer = AutoTokenizer.from_pretrained(converted_gguf(bundled_gguf(), default_cache_dir()))
+    tokenizer = AutoTokenizer.from_pretrained(model_files(None).directory)
     config = LlamaConfig(
         hidden_size=32,
         intermediate_size=64,

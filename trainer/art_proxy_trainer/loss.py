@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from art_proxy.local.sampling import top_k_top_p_filtered
+from art_proxy.wire import MIN_LOGPROB
 
 
 @dataclass(frozen=True)
@@ -50,9 +51,6 @@ class SamplingTransforms:
 
 
 NO_TRANSFORMS = SamplingTransforms()
-# vLLM writes the logprob of an id its filters left out (-inf) as -9999.0; so does the trainer for
-# a sampled id the new weights' top-k or top-p leave out (its ratio is then 0, its gradient none).
-_LEFT_OUT_LOGPROB = -9999.0
 
 
 def token_logprobs(
@@ -78,7 +76,10 @@ def token_logprobs(
     logprobs_B_Tm1_V = torch.log_softmax(logits_B_Tm1_V, dim=-1)
     predicted_B_Tm1 = logprobs_B_Tm1_V.gather(-1, tokens_B_T[:, 1:].unsqueeze(-1)).squeeze(-1)
     if filtered:
-        predicted_B_Tm1 = predicted_B_Tm1.clamp(min=_LEFT_OUT_LOGPROB)
+        # vLLM writes the logprob of an id its filters left out (-inf) as MIN_LOGPROB; so does
+        # the trainer for a sampled id the new weights' top-k or top-p leave out (its ratio is
+        # then 0, its gradient none).
+        predicted_B_Tm1 = predicted_B_Tm1.clamp(min=MIN_LOGPROB)
     return torch.nn.functional.pad(predicted_B_Tm1, (1, 0))
 
 
