@@ -24,8 +24,15 @@ CallStatus = Literal["ok", "upstream_error", "failed", "aborted", "rejected"]
 TrajectoryStatus = Literal["open", "finished"]
 # shadow: an extra sample the proxy drew beside a served prod call (proxy/shadow.py), one call long.
 FinishReason = Literal["client", "idle", "shadow"]
-# How a call was attributed to its trajectory, strongest first; shadow: the proxy's own sample.
-Attribution = Literal["url", "header", "continuation", "new", "shadow"]
+# How a call was attributed to its trajectory, strongest first. response: the Responses API's
+# `previous_response_id` named a call of it. continuation: the messages extend its last call's
+# messages and reply. rerendered: they extend its last call's messages, and the reply comes back
+# in another form (an agent that re-renders its history): its tokens are a new training sequence.
+# shadow: the proxy's own sample.
+Attribution = Literal["url", "header", "response", "continuation", "rerendered", "new", "shadow"]
+# The API a client spoke: openai (chat and legacy completions), responses (OpenAI's Responses API)
+# or anthropic (Anthropic's Messages API). The proxy speaks chat completions upstream for all three.
+Dialect = Literal["openai", "responses", "anthropic"]
 
 
 class _Record(BaseModel):
@@ -50,10 +57,15 @@ class CallRecord(_Record):
         description="The model the upstream served: a model alias's target (`alias@step`), "
         "else the client's `model`; `request` keeps the name the client asked for."
     )
-    request: JsonObject = Field(description="The body the client sent, unchanged.")
+    request: JsonObject = Field(
+        description="The body the client sent, unchanged; for the responses and anthropic "
+        "dialects, the chat-completions body it was translated to (`client_request` has the "
+        "client's own)."
+    )
     response: JsonObject | None = Field(
         description="The answer as the client received it (rebuilt from the chunks for a "
-        "stream); token ids and logprobs are in their own fields."
+        "stream), in chat-completions form whatever the dialect; token ids and logprobs are in "
+        "their own fields."
     )
     sampling: JsonObject = Field(description="Sampling parameters the client set (temperature...).")
     prompt_token_ids: list[int] | None
@@ -73,6 +85,12 @@ class CallRecord(_Record):
         description="The prompt ids extend the previous call's prompt plus completion ids."
     )
     attribution: Attribution
+    dialect: Dialect = "openai"
+    client_request: JsonObject | None = Field(
+        default=None,
+        description="The body the client sent in the responses or anthropic dialect (None for "
+        "openai, whose `request` is the client's own).",
+    )
 
 
 class TrajectoryRecord(_Record):

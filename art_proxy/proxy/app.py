@@ -31,6 +31,7 @@ from art_proxy.store.trajectory_store import TrajectoryStore, utcnow
 
 from .admin import Admin
 from .aliases import Aliases
+from .dialects import dialect_of_path, error_body
 from .recording import Counters, Recorder
 from .relay import Relay
 from .request_body import body_too_large
@@ -100,6 +101,7 @@ def _lifecycle(settings: ProxySettings) -> Callable[[web.Application], AsyncIter
             )
             relay = Relay(
                 upstreams,
+                store,
                 tracker,
                 recorder,
                 aliases,
@@ -147,6 +149,9 @@ def _add_routes(router: web.UrlDispatcher) -> None:
     ):
         router.add_post(prefix + "/v1/chat/completions", via("relay", "chat"))
         router.add_post(prefix + "/v1/completions", via("relay", "completion"))
+        router.add_post(prefix + "/v1/responses", via("relay", "responses"))
+        router.add_get(prefix + "/v1/responses/{response}", via("relay", "stored_response"))
+        router.add_post(prefix + "/v1/messages", via("relay", "messages"))
         router.add_get(prefix + "/v1/models", via("relay", "models"))
     router.add_get("/art/v1/trajectories", via("admin", "trajectories"))
     router.add_get("/art/v1/trajectories/{trajectory}", via("admin", "trajectory"))
@@ -177,6 +182,8 @@ async def _health(request: web.Request) -> web.Response:
             "failed_calls": parts.counters.failed_calls,
             "lost_records": parts.counters.lost_records,
             "stitch_misses": parts.counters.stitch_misses,
+            "calls_by_attribution": parts.counters.by_attribution,
+            "calls_by_dialect": parts.counters.by_dialect,
             "untrainable_calls": parts.counters.untrainable_calls,
             "shadow_calls": parts.counters.shadow_calls,
             "shadow_samples": parts.counters.shadow_samples,
@@ -221,10 +228,11 @@ async def _housekeeping(
 
 @web.middleware
 async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    dialect = dialect_of_path(request.path)
     try:
         return await handler(request)
     except ArtProxyError as exc:
-        response = web.json_response(exc.body(), status=exc.status)
+        response = web.json_response(error_body(dialect, exc), status=exc.status)
         if request.content.exception() is not None:
             # A body aiohttp could not decode: the connection's framing is lost, so say it will
             # close rather than let the client reuse it and fail its next request.
@@ -234,15 +242,18 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
         if exc.status < 400:
             raise
         error = _translate_http(request, exc)
-        return web.json_response(error.body(), status=exc.status)
+        if exc.status == 404:
+            log.warning("404: %s", error.message)
+        return web.json_response(error_body(dialect, error), status=exc.status)
     except StoreError as exc:
         # The reason may quote SQL: it goes to the log, never to the client.
         log.error("store error on %s: %s", request.path, exc)
         error = ArtProxyError("the store failed (the proxy's log has the reason)")
-        return web.json_response(error.body(), status=500)
+        return web.json_response(error_body(dialect, error), status=500)
     except Exception:
         log.exception("unexpected error on %s %s", request.method, request.path)
-        return web.json_response(ArtProxyError("internal error in art-proxy").body(), status=500)
+        error = ArtProxyError("internal error in art-proxy")
+        return web.json_response(error_body(dialect, error), status=500)
 
 
 def _translate_http(request: web.Request, exc: web.HTTPException) -> ArtProxyError:
@@ -265,16 +276,20 @@ def _auth(settings: ProxySettings) -> Middleware:
             )
         key = settings.admin_key if path.startswith("/art/") else settings.api_key
         if key and path != "/health" and not _bearer_matches(request, key):
-            return web.json_response(
-                Unauthorized("missing or wrong API key (send Authorization: Bearer KEY)").body(),
-                status=401,
+            error = Unauthorized(
+                "missing or wrong API key (send Authorization: Bearer KEY, or x-api-key: KEY)"
             )
+            return web.json_response(error_body(dialect_of_path(path), error), status=401)
         return await handler(request)
 
     return auth
 
 
 def _bearer_matches(request: web.Request, key: str) -> bool:
+    """The key as a bearer token (OpenAI's SDKs), or as `x-api-key` (Anthropic's)."""
     header = request.headers.get("Authorization", "")
     scheme, _, token = header.partition(" ")
-    return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), key.encode())
+    if scheme.lower() == "bearer":
+        return hmac.compare_digest(token.strip().encode(), key.encode())
+    anthropic_key = request.headers.get("x-api-key")
+    return anthropic_key is not None and hmac.compare_digest(anthropic_key.encode(), key.encode())

@@ -128,13 +128,19 @@ def conversation_key(messages: list[JsonObject]) -> str:
 
 def reply_keys(messages: list[JsonObject], replies: list[JsonObject]) -> list[str]:
     """`conversation_key(messages + [reply])` for each reply, hashing `messages` once."""
+    return call_keys(messages, replies)[1]
+
+
+def call_keys(messages: list[JsonObject], replies: list[JsonObject]) -> tuple[str, list[str]]:
+    """`conversation_key(messages)` (the prompt key a re-rendered continuation is found by) and
+    `reply_keys(messages, replies)`, hashing `messages` once."""
     prefix = _hasher(messages)
     keys = []
     for reply in replies:
         hasher = prefix.copy()
         _feed(hasher, reply)
         keys.append(hasher.hexdigest())
-    return keys
+    return prefix.hexdigest(), keys
 
 
 def opening_of(messages: list[JsonObject]) -> list[JsonObject]:
@@ -155,20 +161,83 @@ def auto_scenario_id(messages: list[JsonObject]) -> str:
     return "auto-" + conversation_key(opening_of(messages))
 
 
+@dataclass(frozen=True)
+class Candidate:
+    """An assistant message of a call's messages: where an earlier call of its conversation may
+    have ended."""
+
+    position: int  # of the assistant message
+    key: str  # conversation_key(messages[: position + 1]): continues a call that replied this
+    prompt_key: str  # conversation_key(messages[:position]): continues a call that was asked this
+
+
+def candidates(messages: list[JsonObject]) -> list[Candidate]:
+    """Every assistant message of `messages`, the longest conversation first (one hash pass)."""
+    hasher = hashlib.blake2b(digest_size=16)
+    found = []
+    for position, message in enumerate(messages):
+        prompt_key = hasher.copy().hexdigest() if message.get("role") == "assistant" else ""
+        _feed(hasher, message)
+        if prompt_key:
+            found.append(Candidate(position, hasher.copy().hexdigest(), prompt_key))
+    found.reverse()
+    return found
+
+
 def continuation_candidates(messages: list[JsonObject]) -> list[str]:
     """Keys of the earlier calls this call may continue, longest conversation first.
 
     A call continues an earlier one when its messages start with that call's messages plus its
     reply, so every prefix ending in an assistant message is a candidate.
     """
-    hasher = hashlib.blake2b(digest_size=16)
-    keys = []
-    for message in messages:
-        _feed(hasher, message)
-        if message.get("role") == "assistant":
-            keys.append(hasher.copy().hexdigest())
-    keys.reverse()
-    return keys
+    return [candidate.key for candidate in candidates(messages)]
+
+
+def verbatim(reply: JsonObject, echoed: JsonObject) -> bool:
+    """Whether an echoed assistant message carries the reply's text and tool calls as the model
+    wrote them (canonical equality forgives whitespace in arguments; the tokens do not)."""
+
+    def written(message: JsonObject) -> tuple[Any, list[tuple[Any, Any, Any]]]:
+        calls = [
+            (
+                call.get("id"),
+                (call.get("function") or {}).get("name"),
+                (call.get("function") or {}).get("arguments"),
+            )
+            for call in message.get("tool_calls") or []
+            if isinstance(call, dict)
+        ]
+        return _canonical_content(message.get("content")), calls
+
+    return written(reply) == written(echoed)
+
+
+def resemblance(reply: JsonObject, echoed: JsonObject) -> int:
+    """How many of what a reply said survive in an echoed message of any form (smolagents writes
+    the tool calls back as a Python repr in text): its tool-call ids, its tool-call arguments'
+    values and its text. 0: nothing of it is there."""
+    marks = [
+        str(call.get("id"))
+        for call in reply.get("tool_calls") or []
+        if isinstance(call, dict) and call.get("id")
+    ]
+    content = _canonical_content(reply.get("content"))
+    if isinstance(content, str) and content.strip():
+        marks.append(content.strip())
+    if not marks:
+        return 0
+    haystack = "\n".join(_strings(echoed))
+    return sum(mark in haystack for mark in marks)
+
+
+def _strings(value: Any) -> list[str]:
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, dict):
+        return [text for item in value.values() for text in _strings(item)]
+    if isinstance(value, list):
+        return [text for item in value for text in _strings(item)]
+    return []
 
 
 def reply_messages(response: JsonObject) -> list[JsonObject]:

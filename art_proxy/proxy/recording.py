@@ -18,12 +18,12 @@ import orjson
 
 from art_proxy.config import OnStoreError
 from art_proxy.errors import StoreError, StoreUnavailable, UpstreamError
-from art_proxy.records import CallKind, CallStatus, JsonObject
+from art_proxy.records import CallKind, CallStatus, Dialect, JsonObject
 from art_proxy.redaction import scrub, scrub_text
 from art_proxy.store.trajectory_store import TrajectoryStore, utcnow
 from art_proxy.store.writer import Batch, RowKind
 
-from .attribution import reply_keys, reply_messages
+from .attribution import call_keys, reply_messages
 from .capture import (
     NO_TOKENS,
     ClientAsks,
@@ -48,6 +48,8 @@ class Counters:
     lost_records: int = 0
     stitch_misses: int = 0
     untrainable_calls: int = 0  # answered, but not to be trained on (see the record's reason)
+    by_attribution: dict[str, int] = field(default_factory=dict)  # records.Attribution -> calls
+    by_dialect: dict[str, int] = field(default_factory=dict)  # records.Dialect -> calls
     shadow_calls: int = 0  # served calls sampled again (shadow.py)
     shadow_samples: int = 0  # their extra samples recorded, failed ones included
     shadow_skipped: int = 0  # drawn for shadowing but over --shadow-max-in-flight
@@ -58,11 +60,15 @@ class CallInProgress:
     """What the proxy knows about a call from its arrival until it is recorded."""
 
     kind: CallKind
-    body: JsonObject
+    body: JsonObject  # what goes upstream: the client's body, or its chat translation
     assignment: Assignment
     stream: bool
     model: str | None = None  # the served model: an alias's target, else the client's `model`
     asks: ClientAsks = field(default_factory=lambda: ClientAsks(False, False, False))
+    dialect: Dialect = "openai"
+    client_body: JsonObject | None = None  # the body in the client's dialect, if not openai
+    route: str = ""  # the path the client called, for the log
+    id: str = field(default_factory=lambda: uuid.uuid4().hex)
     created_at: datetime = field(default_factory=utcnow)
     started: float = field(default_factory=time.perf_counter)
 
@@ -125,10 +131,10 @@ class Recorder:
         if outcome.status == "ok":
             untrainable = tokens.untrainable or unreproduced_sampling(call.body)
         stitched = _stitched(tokens.prompt_token_ids, assignment.previous_sequences)
-        keys = self._continuation_keys(call, outcome)
+        replies, prompt_key, keys = self._continuation(call, outcome)
         now = utcnow()
         row = {
-            "id": uuid.uuid4().hex,
+            "id": call.id,
             "trajectory_id": assignment.trajectory_id,
             "seq": assignment.seq,
             "kind": call.kind,
@@ -155,6 +161,8 @@ class Recorder:
             "stitched": stitched,
             "attribution": assignment.attribution,
             "continuation_key": keys[0] if keys else None,
+            "dialect": call.dialect,
+            "client_request": scrub(call.client_body) if call.client_body is not None else None,
         }
         batch = Batch([*_creation_rows(assignment, now, keys), (RowKind.call, row)])
         if assignment.seq > 0 or not assignment.new_rows:
@@ -165,6 +173,22 @@ class Recorder:
             }
             batch = Batch([*batch.rows, (RowKind.touch, touch)])
         self.counters.calls += 1
+        by_attribution, by_dialect = self.counters.by_attribution, self.counters.by_dialect
+        by_attribution[assignment.attribution] = by_attribution.get(assignment.attribution, 0) + 1
+        by_dialect[call.dialect] = by_dialect.get(call.dialect, 0) + 1
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug(
+                "%s %s -> %s %d: trajectory %s call %d, %s (%s)%s",
+                call.dialect,
+                call.route or call.kind,
+                outcome.status,
+                outcome.http_status,
+                assignment.trajectory_id,
+                assignment.seq,
+                assignment.attribution,
+                assignment.reason,
+                "" if stitched or assignment.seq == 0 else ", not stitched",
+            )
         if outcome.status != "ok":
             self.counters.failed_calls += 1
         elif untrainable is not None:
@@ -187,20 +211,30 @@ class Recorder:
                 self.counters.lost_records,
                 exc,
             )
-            self._tracker.record_call(assignment, keys, sequences, committed=False)
+            self._tracker.record_call(
+                assignment, keys, sequences, committed=False, prompt_key=prompt_key, replies=replies
+            )
             if self._policy is OnStoreError.fail:
                 raise StoreUnavailable(
                     "the call could not be recorded (the proxy's log has the reason)"
                 ) from exc
             return
-        self._tracker.record_call(assignment, keys, sequences, committed=True)
+        self._tracker.record_call(
+            assignment, keys, sequences, committed=True, prompt_key=prompt_key, replies=replies
+        )
 
     @staticmethod
-    def _continuation_keys(call: CallInProgress, outcome: Outcome) -> list[str]:
+    def _continuation(
+        call: CallInProgress, outcome: Outcome
+    ) -> tuple[list[JsonObject], str | None, list[str]]:
+        """The call's replies, the key of its messages, and the key of its messages plus each
+        reply: what the next call of its conversation is recognised by."""
         if call.kind != "chat" or outcome.response is None or outcome.status != "ok":
-            return []
+            return [], None, []
         messages = list(call.body.get("messages") or [])
-        return reply_keys(messages, reply_messages(outcome.response))
+        replies = reply_messages(outcome.response)
+        prompt_key, keys = call_keys(messages, replies)
+        return replies, prompt_key, keys
 
 
 def _text(value: str) -> str:

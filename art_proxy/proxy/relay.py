@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from dataclasses import dataclass
+from typing import Any
 
 import aiohttp
 import orjson
@@ -23,29 +25,32 @@ from aiohttp.web_protocol import RequestPayloadError
 from art_proxy.errors import (
     ArtProxyError,
     BadRequest,
+    NotFound,
     StoreUnavailable,
     UpstreamError,
 )
-from art_proxy.records import AliasRecord, CallKind, CallStatus, Split
+from art_proxy.records import AliasRecord, CallKind, CallStatus, Dialect, JsonObject, Split
+from art_proxy.store.trajectory_store import TrajectoryStore
 
 from .aliases import Aliases
 from .attribution import explicit_attribution
-from .capture import ClientAsks, StreamRecorder, chunk_problem, strip_chunk, strip_response
+from .capture import StreamRecorder, chunk_problem
+from .dialects import Rendering, anthropic, responses
+from .dialects.openai import ChatRendering
 from .recording import CallInProgress, Outcome, Recorder
-from .request_body import Rejection, body_too_large, parse_body
+from .request_body import Rejection, body_too_large, load_body, parse_body
 from .shadow import ShadowSampler
 from .tracker import TrajectoryTracker
 from .upstream import PATHS, Upstreams, read_body
 
 log = logging.getLogger(__name__)
 
-_DONE = b"data: [DONE]\n\n"
-
 
 class Relay:
     def __init__(
         self,
         upstreams: Upstreams,
+        store: TrajectoryStore,
         tracker: TrajectoryTracker,
         recorder: Recorder,
         aliases: Aliases,
@@ -54,6 +59,7 @@ class Relay:
         default_split: Split = "train",
     ) -> None:
         self._upstreams = upstreams
+        self._store = store
         self._tracker = tracker
         self._recorder = recorder
         self._aliases = aliases
@@ -61,10 +67,29 @@ class Relay:
         self._default_split: Split = default_split
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
-        return await self._generate(request, "chat")
+        return await self._generate(request, "chat", "openai")
 
     async def completion(self, request: web.Request) -> web.StreamResponse:
-        return await self._generate(request, "completion")
+        return await self._generate(request, "completion", "openai")
+
+    async def responses(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(request, "chat", "responses")
+
+    async def messages(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(request, "chat", "anthropic")
+
+    async def stored_response(self, request: web.Request) -> web.Response:
+        """`GET /v1/responses/{id}`: a stored response, rendered again from its call's record."""
+        response_id = request.match_info["response"]
+        call_id = responses.call_id_of(response_id)
+        row = await self._store.call_row(call_id) if call_id else None
+        if row is None or not responses.retrievable(row):
+            raise NotFound(f"no response with id {response_id!r}", param="response_id")
+        created = row["created_at"].timestamp()
+        body = responses.response_object(
+            call_id or "", row["client_request"], row["response"], created
+        )
+        return web.json_response(body, dumps=_dumps)
 
     async def models(self, request: web.Request) -> web.Response:
         upstream = self._upstreams.urls[0]
@@ -74,29 +99,45 @@ class Relay:
             raw = _with_aliases(raw, self._aliases.records)
         return web.Response(body=raw, status=response.status, content_type="application/json")
 
-    async def _generate(self, request: web.Request, kind: CallKind) -> web.StreamResponse:
+    async def _generate(
+        self, request: web.Request, kind: CallKind, dialect: Dialect
+    ) -> web.StreamResponse:
         raw = await _read_body(request)
-        parsed = raw if isinstance(raw, Rejection) else parse_body(raw, kind)
-        if not isinstance(parsed, Rejection):
+        translated = (
+            raw if isinstance(raw, Rejection) else await self._translate(raw, kind, dialect)
+        )
+        if not isinstance(translated, Rejection):
             try:
                 explicit = explicit_attribution(
                     request.match_info, request.headers, self._default_split
                 )
             except BadRequest as exc:
-                parsed = Rejection(exc, parsed, messages_valid=kind == "chat")
-        if isinstance(parsed, Rejection):
-            await self._reject(request, kind, parsed)
-            raise parsed.error
-        body = parsed
+                translated = Rejection(
+                    exc, translated.client or translated.body, messages_valid=kind == "chat"
+                )
+        if isinstance(translated, Rejection):
+            await self._reject(request, kind, dialect, translated)
+            raise translated.error
+        body = translated.body
         messages = body.get("messages") if kind == "chat" else None
-        assignment = await self._tracker.assign(explicit, messages)
+        assignment = await self._tracker.assign(explicit, messages, continues=translated.continues)
         model = body.get("model")
         served = self._aliases.resolve(model) if isinstance(model, str) else None
-        call = CallInProgress(kind, body, assignment, stream=bool(body.get("stream")), model=served)
+        call = CallInProgress(
+            kind,
+            body,
+            assignment,
+            stream=bool(body.get("stream")),
+            model=served,
+            dialect=dialect,
+            client_body=translated.client,
+            route=request.path,
+        )
         upstream = assignment.upstream
         token_ids = self._upstreams.returns_token_ids(upstream)
         sent, asks = call.upstream_body(token_ids=token_ids)
         call.asks = asks
+        rendering = _rendering(call)
         try:
             response = await self._upstreams.post(
                 upstream, PATHS[kind], sent, _client_auth(request)
@@ -105,7 +146,7 @@ class Relay:
                 raw = await read_body(upstream, response)
                 if b"return_token_ids" not in raw:
                     return await self._answer(
-                        request, call, response.status, response.content_type, raw, asks
+                        request, call, response.status, response.content_type, raw, rendering
                     )
                 # A hosted API rejects vLLM's field: learn that, ask again, record text only.
                 log.warning(
@@ -113,23 +154,52 @@ class Relay:
                 )
                 self._upstreams.mark_without_token_ids(upstream)
                 sent, asks = call.upstream_body(token_ids=False)
+                call.asks = asks
+                rendering = _rendering(call)
                 response = await self._upstreams.post(
                     upstream, PATHS[kind], sent, _client_auth(request)
                 )
             if response.status >= 400 or not call.stream:
                 raw = await read_body(upstream, response)
                 return await self._answer(
-                    request, call, response.status, response.content_type, raw, asks
+                    request, call, response.status, response.content_type, raw, rendering
                 )
         except ArtProxyError as exc:
+            log.warning("%s %s: %s", request.method, request.path, exc.message)
             if not isinstance(exc, StoreUnavailable):
                 await self._recorder.record(call, Outcome("failed", exc.status, error=exc.message))
             raise
-        return await self._relay_stream(request, call, response, asks)
+        return await self._relay_stream(request, call, response, rendering)
 
-    async def _reject(self, request: web.Request, kind: CallKind, rejection: Rejection) -> None:
+    async def _translate(
+        self, raw: bytes, kind: CallKind, dialect: Dialect
+    ) -> Translated | Rejection:
+        """The body to send upstream, from the client's in its dialect."""
+        if dialect == "openai":
+            parsed = parse_body(raw, kind)
+            return parsed if isinstance(parsed, Rejection) else Translated(parsed)
+        loaded = load_body(raw)
+        if isinstance(loaded, Rejection):
+            return loaded
+        try:
+            if dialect == "responses":
+                done = await responses.translate(loaded, self._store.call_row)
+                chat, continues = done.chat, done.continues
+            else:
+                chat, continues = anthropic.translate(loaded), None
+        except BadRequest as exc:
+            return Rejection(exc, loaded, messages_valid=False)
+        checked = parse_body(orjson.dumps(chat), "chat")
+        if isinstance(checked, Rejection):  # what the client sent inside the items, e.g. a role
+            return Rejection(checked.error, loaded, messages_valid=False)
+        return Translated(chat, client=loaded, continues=continues)
+
+    async def _reject(
+        self, request: web.Request, kind: CallKind, dialect: Dialect, rejection: Rejection
+    ) -> None:
         """Record a request the proxy refused, in the trajectory it would have joined where the
         refusal leaves that knowable (valid attribution headers, valid messages)."""
+        log.warning("%s %s refused: %s", request.method, request.path, rejection.error.message)
         try:
             explicit = explicit_attribution(
                 request.match_info, request.headers, self._default_split
@@ -140,7 +210,15 @@ class Relay:
         messages = body.get("messages") if body is not None and rejection.messages_valid else None
         assignment = await self._tracker.assign(explicit, messages)
         stored = body if body is not None else {"unreadable_body": rejection.error.message}
-        call = CallInProgress(kind, stored, assignment, stream=False)
+        call = CallInProgress(
+            kind,
+            stored,
+            assignment,
+            stream=False,
+            dialect=dialect,
+            client_body=body if dialect != "openai" else None,
+            route=request.path,
+        )
         error = rejection.error
         with contextlib.suppress(StoreUnavailable):  # the client's mistake is the answer
             await self._recorder.record(
@@ -154,16 +232,18 @@ class Relay:
         status: int,
         content_type: str,
         raw: bytes,
-        asks: ClientAsks,
+        rendering: Rendering,
     ) -> web.Response:
         """Answer with a whole (non-stream or error) upstream body."""
         outcome = Outcome.of_answer(call.assignment.upstream, status, raw, call.kind)
         await self._recorder.record(call, outcome)
         if outcome.response is None:
-            # Passed through unchanged: vLLM's error bodies are already OpenAI-shaped.
-            return web.Response(body=raw, status=status, content_type=content_type)
+            log.warning("%s %s: upstream answered %d", request.method, request.path, status)
+            return web.Response(
+                body=rendering.failed_answer(raw, status), status=status, content_type=content_type
+            )
         answer = web.Response(
-            body=orjson.dumps(strip_response(outcome.response, asks)),
+            body=orjson.dumps(rendering.whole(outcome.response)),
             content_type="application/json",
         )
         await self._shadow.after_answer(request, answer, call, outcome)
@@ -174,7 +254,7 @@ class Relay:
         request: web.Request,
         call: CallInProgress,
         response: aiohttp.ClientResponse,
-        asks: ClientAsks,
+        rendering: Rendering,
     ) -> web.StreamResponse:
         client = web.StreamResponse(
             headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
@@ -184,7 +264,7 @@ class Relay:
         outcome_status: CallStatus = "ok"
         error: str | None = None
         try:
-            outcome_status, error = await self._pump(client, response, recorder, asks)
+            outcome_status, error = await self._pump(client, response, recorder, rendering)
         finally:
             response.close()  # an aborted client closes the upstream request too
         if recorder.error is not None and outcome_status == "ok":
@@ -194,11 +274,12 @@ class Relay:
             await self._recorder.record(call, outcome)
         except StoreUnavailable as exc:
             if outcome_status != "aborted":
-                await _write_quietly(client, b"data: " + orjson.dumps(exc.body()) + b"\n\n")
-                await _write_quietly(client, _DONE)
+                await _write_quietly(client, rendering.stream_error(exc))
+                await _write_quietly(client, rendering.end(None))
             return client
         if outcome_status != "aborted":
-            await _write_quietly(client, _DONE)
+            finished = outcome.response if outcome_status == "ok" else None
+            await _write_quietly(client, rendering.end(finished))
             await self._shadow.after_answer(request, client, call, outcome)
         return client
 
@@ -207,7 +288,7 @@ class Relay:
         client: web.StreamResponse,
         response: aiohttp.ClientResponse,
         recorder: StreamRecorder,
-        asks: ClientAsks,
+        rendering: Rendering,
     ) -> tuple[CallStatus, str | None]:
         """Relay chunks until `[DONE]`; returns the call's status and error. A stream that breaks
         off or sends what the proxy cannot read ends with an error event (then `[DONE]`)."""
@@ -224,18 +305,41 @@ class Relay:
                     error = UpstreamError(f"upstream sent a malformed stream chunk: {problem}")
                     break
                 recorder.add(chunk)
-                out = strip_chunk(chunk, asks)
-                if out is not None:
+                out = rendering.chunk(chunk)
+                if out:
                     try:
-                        await client.write(b"data: " + orjson.dumps(out) + b"\n\n")
+                        await client.write(out)
                     except (ConnectionResetError, aiohttp.ClientConnectionResetError):
                         return "aborted", "the client closed the connection mid-stream"
             else:
                 error = UpstreamError("upstream stream ended without [DONE]")
         except (TimeoutError, aiohttp.ClientError, orjson.JSONDecodeError) as exc:
             error = UpstreamError(f"upstream stream broke off: {type(exc).__name__}: {exc}")
-        await _write_quietly(client, b"data: " + orjson.dumps(error.body()) + b"\n\n")
+        log.warning("a stream failed: %s", error.message)
+        await _write_quietly(client, rendering.stream_error(error))
         return "failed", error.message
+
+
+@dataclass(frozen=True)
+class Translated:
+    """A request ready to go upstream: its chat (or legacy completions) body, and for another
+    dialect the client's own body and the trajectory a `previous_response_id` names."""
+
+    body: JsonObject
+    client: JsonObject | None = None
+    continues: str | None = None
+
+
+def _rendering(call: CallInProgress) -> Rendering:
+    if call.dialect == "responses":
+        return responses.ResponsesRendering(call.id, call.client_body or {})
+    if call.dialect == "anthropic":
+        return anthropic.AnthropicRendering(call.id, call.client_body or {})
+    return ChatRendering(call.asks)
+
+
+def _dumps(value: Any) -> str:
+    return orjson.dumps(value).decode()
 
 
 async def _read_body(request: web.Request) -> bytes | Rejection:
@@ -270,7 +374,11 @@ def _with_aliases(raw: bytes, aliases: list[AliasRecord]) -> bytes:
 
 
 def _client_auth(request: web.Request) -> str | None:
-    return request.headers.get("Authorization")
+    """The client's key, for the upstream: Anthropic's SDKs send it as `x-api-key`."""
+    authorization = request.headers.get("Authorization")
+    if authorization is None and "x-api-key" in request.headers:
+        return f"Bearer {request.headers['x-api-key']}"
+    return authorization
 
 
 async def _write_quietly(client: web.StreamResponse, data: bytes) -> None:

@@ -80,8 +80,8 @@ def body_too_large(max_bytes: int) -> BodyTooLarge:
     return BodyTooLarge(f"request body is larger than {max_bytes / (1024 * 1024):g} MiB")
 
 
-def parse_body(raw: bytes, kind: CallKind) -> JsonObject | Rejection:
-    """The request body as a JSON object the proxy can read and store, or why it is not one."""
+def load_body(raw: bytes) -> JsonObject | Rejection:
+    """The request body as a JSON object the proxy can store, or why it is not one."""
     try:
         body = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
@@ -91,6 +91,14 @@ def parse_body(raw: bytes, kind: CallKind) -> JsonObject | Rejection:
     if not within_depth(body, MAX_DEPTH):
         error = BadRequest(f"request body is nested deeper than {MAX_DEPTH} levels")
         return Rejection(error, None, False)
+    return body
+
+
+def parse_body(raw: bytes, kind: CallKind) -> JsonObject | Rejection:
+    """The request body as a JSON object the proxy can read and store, or why it is not one."""
+    body = load_body(raw)
+    if isinstance(body, Rejection):
+        return body
     try:
         _BODIES[kind].model_validate(body)
     except ValidationError as exc:

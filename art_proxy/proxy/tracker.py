@@ -35,7 +35,15 @@ from art_proxy.redaction import scrub
 from art_proxy.store.trajectory_store import TrajectoryStore, utcnow
 from art_proxy.store.writer import RowKind
 
-from .attribution import Explicit, auto_scenario_id, continuation_candidates, opening_of
+from .attribution import (
+    Candidate,
+    Explicit,
+    auto_scenario_id,
+    candidates,
+    opening_of,
+    resemblance,
+    verbatim,
+)
 
 # Open trajectories kept in memory (each holds its last call's token ids for the stitch check);
 # production traffic opens many that never continue, and the store still has every one.
@@ -55,6 +63,10 @@ class _Trajectory:
     # Continuation keys of the latest answered call (one per choice); empty while a call that
     # continues it is in flight, so identical sibling conversations each keep their own.
     tip_keys: list[str] = field(default_factory=list)
+    # Key of the latest answered call's messages, and its replies as the model wrote them: an
+    # agent that re-renders a reply is still recognised by the messages that preceded it.
+    prompt_key: str | None = None
+    replies: list[JsonObject] = field(default_factory=list)
     # Rows creating the trajectory, until a commit carried them (a lost first record must not
     # orphan the calls after it; the inserts are idempotent).
     unsaved_rows: list[tuple[RowKind, dict[str, Any]]] = field(default_factory=list)
@@ -84,6 +96,7 @@ class Assignment:
     previous_sequences: list[list[int]]
     new_rows: list[tuple[RowKind, dict[str, Any]]]
     claimed_tip: list[str] = field(default_factory=list)  # given back if the call fails
+    reason: str = ""  # why the call was attributed so, for the debug log
 
 
 class TrajectoryTracker:
@@ -101,6 +114,7 @@ class TrajectoryTracker:
         self._group_window = group_window
         self._trajectories: OrderedDict[str, _Trajectory] = OrderedDict()  # least recent first
         self._tips: dict[str, list[str]] = {}  # continuation key -> trajectory ids, oldest first
+        self._prompts: dict[str, list[str]] = {}  # prompt key -> trajectory ids, oldest first
         # (scenario id, split) -> its current automatic group: a `val` run and a `train` run of
         # one opening are never siblings, or the trainer would train on validation data.
         self._groups: dict[tuple[str, Split], _Group] = {}
@@ -111,16 +125,58 @@ class TrajectoryTracker:
     def open_count(self) -> int:
         return len(self._trajectories)
 
-    async def assign(self, explicit: Explicit, messages: list[JsonObject] | None) -> Assignment:
+    async def assign(
+        self,
+        explicit: Explicit,
+        messages: list[JsonObject] | None,
+        *,
+        continues: str | None = None,
+    ) -> Assignment:
+        """Where a call goes. `continues`: the trajectory a Responses call's
+        `previous_response_id` names (it continues that trajectory, if still open)."""
         if explicit.trajectory_id is not None:
             known = await self._known(explicit.trajectory_id)
             if known is not None:
-                return self._next_call(known, "url" if explicit.source == "url" else "header")
-        elif messages:
-            continued = await self._by_continuation(continuation_candidates(messages), explicit)
+                source: Attribution = "url" if explicit.source == "url" else "header"
+                return self._next_call(known, source, reason=f"the {source} names it")
+        elif continues is not None:
+            known = await self._open(continues)
+            if known is not None and _fits(explicit, known.scenario_id, known.group_id):
+                claimed = self._move_tip(known, [])
+                return self._next_call(
+                    known, "response", claimed, reason="previous_response_id names its call"
+                )
+        if explicit.trajectory_id is None and messages:
+            found = candidates(messages)
+            continued = await self._by_continuation(found, explicit)
             if continued is not None:
-                claimed = self._move_tip(continued, [])
-                return self._next_call(continued, "continuation", claimed)
+                state, candidate = continued
+                echoed = messages[candidate.position]
+                replies = state.replies
+                claimed = self._move_tip(state, [])
+                if replies and not any(verbatim(reply, echoed) for reply in replies):
+                    return self._next_call(
+                        state,
+                        "rerendered",
+                        claimed,
+                        reason="the messages extend its last call and reply, the reply "
+                        "re-rendered (reformatted tool arguments)",
+                    )
+                return self._next_call(
+                    state,
+                    "continuation",
+                    claimed,
+                    reason="the messages extend its last call and reply",
+                )
+            rerendered = self._by_rerender(found, messages, explicit)
+            if rerendered is not None:
+                claimed = self._move_tip(rerendered, [])
+                return self._next_call(
+                    rerendered,
+                    "rerendered",
+                    claimed,
+                    reason="the messages extend its last call; the reply came back in another form",
+                )
         scenario_id = explicit.scenario_id or auto_scenario_id(messages or [])
         if explicit.group_id is not None:
             scenario_id = await self._explicit_group_scenario(explicit, scenario_id)
@@ -133,6 +189,8 @@ class TrajectoryTracker:
         sequences: list[list[int]],
         *,
         committed: bool,
+        prompt_key: str | None = None,
+        replies: list[JsonObject] | None = None,
     ) -> None:
         """Remember a recorded call: an answered one becomes the tip the next call continues."""
         state = self._trajectories.get(assignment.trajectory_id)
@@ -143,6 +201,8 @@ class TrajectoryTracker:
         if continuation_keys:
             state.previous_sequences = sequences
             self._move_tip(state, continuation_keys)
+            self._move_prompt(state, prompt_key)
+            state.replies = replies or []
         elif not state.tip_keys:  # failed: the agent may retry from where it was
             self._move_tip(state, assignment.claimed_tip)
 
@@ -153,6 +213,7 @@ class TrajectoryTracker:
             if state is None:
                 continue
             self._move_tip(state, [])
+            self._move_prompt(state, None)
             group = self._groups.get((state.scenario_id, state.split))
             if group is not None:
                 group.open_ids.discard(trajectory_id)
@@ -180,7 +241,28 @@ class TrajectoryTracker:
             self._tips.setdefault(key, []).append(state.id)
         return previous
 
+    def _move_prompt(self, state: _Trajectory, key: str | None) -> None:
+        if state.prompt_key is not None:
+            owners = self._prompts.get(state.prompt_key, [])
+            if state.id in owners:
+                owners.remove(state.id)
+            if not owners:
+                self._prompts.pop(state.prompt_key, None)
+        state.prompt_key = key
+        if key is not None:
+            self._prompts.setdefault(key, []).append(state.id)
+
     # --- lookups ---------------------------------------------------------------------------------
+
+    async def _open(self, trajectory_id: str) -> _Trajectory | None:
+        """An open trajectory by id (memory, else the store); None if finished or unknown."""
+        state = self._trajectories.get(trajectory_id)
+        if state is not None:
+            return state
+        row = await self._store.trajectory_row(trajectory_id)
+        if row is None or row["status"] != "open":
+            return None
+        return self._adopt(row)
 
     async def _known(self, trajectory_id: str) -> _Trajectory | None:
         state = self._trajectories.get(trajectory_id)
@@ -196,22 +278,25 @@ class TrajectoryTracker:
             )
         return self._adopt(row)
 
-    async def _by_continuation(self, keys: list[str], explicit: Explicit) -> _Trajectory | None:
-        """The open trajectory whose tip this call extends (keys longest conversation first).
+    async def _by_continuation(
+        self, found: list[Candidate], explicit: Explicit
+    ) -> tuple[_Trajectory, Candidate] | None:
+        """The open trajectory whose tip this call extends, and the assistant message that is
+        its reply (`found`: longest conversation first).
 
         Memory answers when it knows the newest candidate (the common case: the agent's last call
         went through this proxy). Otherwise the store does, which covers conversations another
         proxy or an earlier run served, and catches up a trajectory whose newer calls went through
         another proxy.
         """
-        if not keys:
+        if not found:
             return None
-        newest = self._tip_owner(keys[0], explicit)
+        newest = self._tip_owner(found[0].key, explicit)
         if newest is not None:
-            return newest
-        found = await self._store.open_trajectories_by_tip(keys)
-        for key in keys:
-            for row in found.get(key, []):
+            return newest, found[0]
+        rows_by_key = await self._store.open_trajectories_by_tip([c.key for c in found])
+        for candidate in found:
+            for row in rows_by_key.get(candidate.key, []):
                 if not _fits(explicit, row["scenario_id"], row["group_id"]):
                     continue
                 state = self._trajectories.get(row["id"])
@@ -220,10 +305,38 @@ class TrajectoryTracker:
                 state = state or self._adopt(row)
                 state.next_seq = max(state.next_seq, int(row["call_count"]))
                 state.previous_sequences = _sequences(row)
-                return state
+                return state, candidate
         # Not in the store: maybe its record was lost (store errors) while memory kept it.
-        owners = (self._tip_owner(key, explicit) for key in keys[1:])
-        return next((owner for owner in owners if owner is not None), None)
+        for candidate in found[1:]:
+            owner = self._tip_owner(candidate.key, explicit)
+            if owner is not None:
+                return owner, candidate
+        return None
+
+    def _by_rerender(
+        self, found: list[Candidate], messages: list[JsonObject], explicit: Explicit
+    ) -> _Trajectory | None:
+        """The open trajectory whose last call's messages this call extends with that call's
+        reply in another form: of those answered and not being continued, the one whose reply
+        the echoed message resembles most (its tool-call ids, its text), oldest first on a tie;
+        None when no reply left a mark. Memory only: an agent that re-renders is recognised by
+        the proxy that served its last call."""
+        for candidate in found:
+            owners = [
+                state
+                for trajectory_id in self._prompts.get(candidate.prompt_key, [])
+                if (state := self._trajectories[trajectory_id]).tip_keys
+                and _fits(explicit, state.scenario_id, state.group_id)
+            ]
+            echoed = messages[candidate.position]
+            scored = [
+                (max((resemblance(reply, echoed) for reply in state.replies), default=0), state)
+                for state in owners
+            ]
+            best = max(scored, key=lambda pair: pair[0], default=(0, None))
+            if best[1] is not None and best[0] > 0:
+                return best[1]
+        return None
 
     def _tip_owner(self, key: str, explicit: Explicit) -> _Trajectory | None:
         for trajectory_id in self._tips.get(key, []):
@@ -263,12 +376,19 @@ class TrajectoryTracker:
         return state
 
     def _next_call(
-        self, state: _Trajectory, attribution: Attribution, claimed_tip: list[str] | None = None
+        self,
+        state: _Trajectory,
+        attribution: Attribution,
+        claimed_tip: list[str] | None = None,
+        *,
+        reason: str,
     ) -> Assignment:
         self._trajectories.move_to_end(state.id)
         seq = state.next_seq
         state.next_seq += 1
-        return _assignment(state, seq, attribution, list(state.unsaved_rows), claimed_tip or [])
+        return _assignment(
+            state, seq, attribution, list(state.unsaved_rows), claimed_tip or [], reason
+        )
 
     # --- new trajectories ------------------------------------------------------------------------
 
@@ -326,7 +446,12 @@ class TrajectoryTracker:
         ]
         state.unsaved_rows = rows
         attribution: Attribution = "new" if explicit.source == "none" else explicit.source
-        return _assignment(state, 0, attribution, rows)
+        reason = (
+            "no open trajectory's last call starts these messages"
+            if explicit.trajectory_id is None
+            else f"the {explicit.source} names a trajectory not seen before"
+        )
+        return _assignment(state, 0, attribution, rows, reason=reason)
 
     def shadow_of(self, served: Assignment) -> Assignment:
         """A new one-call trajectory beside `served` (which opened its own): same scenario, group,
@@ -425,6 +550,7 @@ def _assignment(
     attribution: Attribution,
     rows: list[tuple[RowKind, dict[str, Any]]],
     claimed_tip: list[str] | None = None,
+    reason: str = "",
 ) -> Assignment:
     return Assignment(
         trajectory_id=state.id,
@@ -437,6 +563,7 @@ def _assignment(
         previous_sequences=state.previous_sequences,
         new_rows=rows,
         claimed_tip=claimed_tip or [],
+        reason=reason,
     )
 
 

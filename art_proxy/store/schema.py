@@ -90,6 +90,10 @@ calls = sa.Table(
     # Hash of the call's messages plus its reply: the next call of the same conversation starts
     # with exactly that, which is how an unmodified agent's calls are stitched (attribution.py).
     sa.Column("continuation_key", sa.String(64)),
+    # The API the client spoke (records.Dialect) and, where it is not chat completions' own, the
+    # body the client sent; `request` holds the chat-completions body sent upstream (migration 0009).
+    sa.Column("dialect", sa.String(16), nullable=False, server_default="openai"),
+    sa.Column("client_request", Json),
     sa.Index("ix_calls_trajectory_seq", "trajectory_id", "seq"),
     sa.Index("ix_calls_continuation_key", "continuation_key"),
 )

@@ -116,6 +116,21 @@ class TrajectoryStore(TrainingRecords, FeedbackRecords):
         )
         return {**row, **(last or {"prompt_token_ids": None, "completion_token_ids": None})}
 
+    async def call_row(self, call_id: str) -> JsonObject | None:
+        """What a Responses call's `previous_response_id` and `GET /v1/responses/{id}` read of a
+        recorded call: its trajectory, dialect, status, bodies and answer."""
+        return await self._first(
+            sa.select(
+                C.c.trajectory_id,
+                C.c.dialect,
+                C.c.status,
+                C.c.created_at,
+                C.c.request,
+                C.c.client_request,
+                C.c.response,
+            ).where(C.c.id == call_id)
+        )
+
     async def group_scenario(self, group_id: str) -> str | None:
         """The scenario of a group, None when there is no such group (yet)."""
         row = await self._first(sa.select(G.c.scenario_id).where(G.c.id == group_id))

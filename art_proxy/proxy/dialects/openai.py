@@ -1,0 +1,34 @@
+"""OpenAI's chat and legacy completions: the dialect the upstream speaks, relayed as it is."""
+
+from __future__ import annotations
+
+from art_proxy.errors import ArtProxyError
+from art_proxy.records import JsonObject
+
+from ..capture import ClientAsks, strip_chunk, strip_response
+from . import sse
+
+DONE = b"data: [DONE]\n\n"
+
+
+class ChatRendering:
+    """The upstream's answer cut back to what the client asked for (capture.py)."""
+
+    def __init__(self, asks: ClientAsks) -> None:
+        self._asks = asks
+
+    def whole(self, response: JsonObject) -> JsonObject:
+        return strip_response(response, self._asks)
+
+    def chunk(self, chunk: JsonObject) -> bytes:
+        out = strip_chunk(chunk, self._asks)
+        return b"" if out is None else sse(None, out)
+
+    def end(self, response: JsonObject | None) -> bytes:
+        return DONE  # after an error event too: the OpenAI SDK waits for it
+
+    def stream_error(self, error: ArtProxyError) -> bytes:
+        return sse(None, error.body())
+
+    def failed_answer(self, raw: bytes, status: int) -> bytes:
+        return raw  # vLLM's error bodies are already OpenAI-shaped
