@@ -46,9 +46,9 @@ app = typer.Typer(
 stderr = Console(stderr=True)
 
 
-def _configure_logging() -> None:
+def _configure_logging(level: str = "info") -> None:
     logging.basicConfig(
-        level=logging.INFO,
+        level=level.upper(),
         format="%(message)s",
         handlers=[RichHandler(console=stderr, show_path=False, rich_tracebacks=False)],
     )
@@ -70,7 +70,7 @@ def _fail(message: str) -> None:
 def serve(settings: ProxySettings) -> None:
     from art_proxy.proxy.server import serve as serve_forever
 
-    _configure_logging()
+    _configure_logging(settings.log_level)
     try:
         serve_forever(settings)
     except (ConfigError, StoreError, OSError) as exc:

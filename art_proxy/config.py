@@ -25,6 +25,13 @@ class SplitOption(StrEnum):
     prod = "prod"
 
 
+class LogLevel(StrEnum):
+    debug = "debug"
+    info = "info"
+    warning = "warning"
+    error = "error"
+
+
 class StoreSettings(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -66,6 +73,11 @@ class ProxySettings(StoreSettings):
         SplitOption.train,
         description="Split of the calls that name none by X-Art-Split (prod: an unmodified "
         "production agent's traffic).",
+    )
+    log_level: LogLevel = Field(
+        LogLevel.info,
+        description="debug: a line per call (route, status, trajectory, how it was attributed "
+        "and why); refused requests, 404s and upstream errors are logged at warning.",
     )
     shadow_fraction: float = Field(
         0.0,

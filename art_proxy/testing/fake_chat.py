@@ -156,8 +156,8 @@ def _tool_choice(
         return "text", None
     if choice == "none":
         return "text", None
-    if choice == "required":
-        return "markup", functions[0]
+    if choice == "required":  # the model picks a tool: the script's, else the first
+        return "markup", _named_function(functions, scripted.name) if scripted else functions[0]
     named = choice.get("function") if isinstance(choice, dict) else None
     name = named.get("name") if isinstance(named, dict) else None
     for function in functions:

@@ -79,8 +79,8 @@ class FakeVllmConfig(BaseModel):
     tool_script: tuple[ScriptedCall, ...] = Field(
         (),
         description="Tool calls by turn, for multi-step agents: a request whose conversation holds "
-        "k assistant messages, with tools offered and tool_choice auto, calls tool_script[k]; past "
-        "its end the fake answers as without a script.",
+        "k assistant messages, with tools offered and tool_choice auto or required, calls "
+        "tool_script[k]; past its end the fake answers as without a script.",
     )
     record_requests: bool = Field(
         True, description="Keep each generation request body (off for long benchmark runs)."
