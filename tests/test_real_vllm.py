@@ -7,13 +7,19 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
 import torch
+from agents import Agent, ModelSettings, Runner, function_tool, set_default_openai_client
+from anthropic import AsyncAnthropic
+from anthropic.types import MessageParam
 from openai import AsyncOpenAI, AsyncStream
+from openai.types.responses import Response
 
 from art_proxy.config import TrainSettings
 from art_proxy.local.model_loading import load_model
@@ -29,6 +35,9 @@ from tests.conftest import proxy_settings, trajectories
 from tests.real_vllm import RealVllm
 from tests.trainer.test_training_loop import AGENT, SCENARIOS
 from tests.trainer.under_load import train_under_load
+
+# The Agents SDK would export traces to OpenAI's servers.
+os.environ.setdefault("OPENAI_AGENTS_DISABLE_TRACING", "1")
 
 QUESTIONS = ("Name a fruit.", "Name a colour.", "Name a city.", "Name a tree.")
 # What the trainer reproduces: temperature, top-k, top-p, alone and together (min_p, penalties,
@@ -146,6 +155,121 @@ async def test_a_required_tool_call_is_captured_on_vllms_own_parser(
     assert choice["finish_reason"] == "tool_calls"
     # Recorded, but the trainer cannot reproduce a grammar-constrained distribution.
     assert not call.trainable and call.untrainable_reason == "guided decoding (tool_choice)"
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
+async def test_a_responses_chain_is_one_stitched_trajectory_with_vllms_ids(
+    real_vllm: RealVllm, vllm_proxy: RunningProxy, stream: bool
+) -> None:
+    """vLLM's own /v1/responses returns no token ids: the proxy speaks Responses to the client
+    and chat completions to vLLM, and `previous_response_id` continues the conversation."""
+    client = _client(vllm_proxy)
+    settings: dict[str, Any] = {
+        "model": real_vllm.model,
+        "max_output_tokens": 12,
+        "temperature": 0.8,
+    }
+
+    async def create(**fields: Any) -> Response:
+        if not stream:
+            response: Response = await client.responses.create(**settings, **fields)
+            return response
+        # The last event carries the response: `response.completed`, or `response.incomplete`
+        # where max_output_tokens cut it (which the SDK's `stream()` helper does not accept).
+        events = [
+            event
+            async for event in await client.responses.create(**settings, **fields, stream=True)
+        ]
+        assert events[-1].type in ("response.completed", "response.incomplete")
+        final: Response = events[-1].response
+        return final
+
+    # Instructions are not carried over from the previous response: agents send them each time.
+    instructions = "Answer in one word."
+    first = await create(input="Name a colour.", instructions=instructions)
+    second = await create(
+        input="And another one?", instructions=instructions, previous_response_id=first.id
+    )
+    assert first.output and second.output
+    await client.close()
+
+    [trajectory] = await trajectories(vllm_proxy)
+    assert trajectory.calls is not None
+    opening, follow_up = trajectory.calls
+    for call in (opening, follow_up):
+        _assert_captured(call)
+        assert (call.dialect, call.stream, call.trainable) == ("responses", stream, True)
+    assert follow_up.attribution == "response" and follow_up.stitched
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
+async def test_an_anthropic_conversation_is_one_stitched_trajectory_with_vllms_ids(
+    real_vllm: RealVllm, vllm_proxy: RunningProxy, stream: bool
+) -> None:
+    client = AsyncAnthropic(base_url=vllm_proxy.root_url, api_key="unused", max_retries=0)
+    messages: list[MessageParam] = [{"role": "user", "content": "Name a colour."}]
+    for follow_up in ("And another one?", None):
+        settings: dict[str, Any] = {
+            "model": real_vllm.model,
+            "max_tokens": 12,
+            "system": "Answer in one word.",
+            "messages": messages,
+        }
+        if stream:
+            async with client.messages.stream(**settings) as events:
+                reply = await events.get_final_message()
+        else:
+            reply = await client.messages.create(**settings)
+        messages.append({"role": "assistant", "content": reply.content})
+        if follow_up:
+            messages.append({"role": "user", "content": follow_up})
+    await client.close()
+
+    [trajectory] = await trajectories(vllm_proxy)
+    assert trajectory.calls is not None
+    for call in trajectory.calls:
+        _assert_captured(call)
+        assert (call.dialect, call.stream, call.trainable) == ("anthropic", stream, True)
+    assert trajectory.calls[1].attribution == "continuation" and trajectory.calls[1].stitched
+
+
+async def test_the_openai_agents_sdk_runs_unmodified_on_vllm(
+    real_vllm: RealVllm, vllm_proxy: RunningProxy
+) -> None:
+    """The Agents SDK's default model (the Responses API), a tool call on vLLM's own parser, the
+    tool's result, the answer: two runs, two trajectories of their calls, one group."""
+
+    @function_tool
+    def get_weather(city: str) -> str:
+        """Weather of a city."""
+        return f"sunny, 21 C in {city}"
+
+    set_default_openai_client(_client(vllm_proxy))
+    # SmolLM2 answers text unless a tool is required; the SDK requires it for the first turn
+    # only (`reset_tool_choice`), so the run ends with an answer. Sampled, SmolLM2 now and then
+    # writes a tool call vLLM's parser cannot read (the run then ends at once); greedy, it
+    # writes one it can.
+    settings = ModelSettings(tool_choice="required", max_tokens=96, temperature=0)
+    agent = Agent(
+        name="weather", tools=[get_weather], model=real_vllm.model, model_settings=settings
+    )
+    for _ in range(2):
+        result = await Runner.run(agent, "What is the weather in Paris?", max_turns=3)
+        assert result.final_output
+
+    recorded = await trajectories(vllm_proxy)
+    assert len(recorded) == 2 and len({t.group_id for t in recorded}) == 1
+    for trajectory in recorded:
+        assert trajectory.calls is not None
+        assert len(trajectory.calls) == 2, [
+            (call.attribution, call.request["messages"]) for call in trajectory.calls
+        ]
+        tool_turn, answer = trajectory.calls
+        for call in trajectory.calls:
+            _assert_captured(call)
+        assert tool_turn.response is not None
+        assert tool_turn.response["choices"][0]["message"]["tool_calls"]
+        assert answer.attribution == "continuation"
 
 
 async def test_a_call_that_sets_no_sampling_is_scored_as_vllm_sampled_it(
