@@ -314,3 +314,26 @@ async def test_completions_endpoint_is_recorded_with_token_ids(
     call = trajectory.calls[0]
     assert call.kind == "completion" and call.trainable
     assert call.completion_token_ids is not None and len(call.completion_token_ids[0]) == 5
+
+
+async def test_tool_arguments_sent_back_reformatted_continue_as_rerendered(
+    proxy: RunningProxy, client: openai.AsyncOpenAI
+) -> None:
+    """pydantic-ai and others may send a tool call's arguments back re-serialised (`{"city":"x"}`
+    for `{"city": "x"}`): the same call, other tokens. It continues its trajectory, and its tokens
+    start a new training sequence, counted as a stitch miss."""
+    messages: list[Any] = [{"role": "user", "content": "Weather in Lima?"}]
+    first = await client.chat.completions.create(
+        model=MODEL, messages=messages, tools=[WEATHER_TOOL]
+    )
+    reply = first.choices[0].message.model_dump(exclude_none=True)
+    call = reply["tool_calls"][0]
+    compact = json.dumps(json.loads(call["function"]["arguments"]), separators=(",", ":"))
+    assert compact != call["function"]["arguments"]
+    call["function"]["arguments"] = compact
+    messages += [reply, {"role": "tool", "tool_call_id": call["id"], "content": "cold"}]
+    await client.chat.completions.create(model=MODEL, messages=messages, tools=[WEATHER_TOOL])
+    trajectory = await only_trajectory(proxy)
+    assert trajectory.calls is not None
+    second = trajectory.calls[1]
+    assert (second.attribution, second.stitched, second.trainable) == ("rerendered", False, True)

@@ -290,6 +290,17 @@ async def test_stop_sequences_and_max_tokens_map_to_stop_reasons(
     assert [block.type for block in whole.content] == ["text"]
 
 
+async def test_secrets_in_a_dialect_body_never_reach_the_store(
+    proxy: RunningProxy, client: openai.AsyncOpenAI
+) -> None:
+    secret = "sk-live0123456789abcdefghij"
+    await client.responses.create(
+        model=MODEL, input=f"my key is {secret}", metadata={"api_key": secret}
+    )
+    [call] = await only_calls(proxy)
+    assert secret not in str(call.model_dump())
+
+
 # --- what operators see -------------------------------------------------------------------------
 
 
