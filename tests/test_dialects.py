@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, cast
 
 import aiohttp
 import anthropic
@@ -21,19 +21,18 @@ from art_proxy.proxy.server import RunningProxy, running_proxy
 from art_proxy.records import CallRecord
 from art_proxy.testing.fake_engine import ScriptedCall
 from art_proxy.testing.fake_vllm import FakeVllm, FakeVllmConfig, running_fake_vllm
+from tests.conformance.upstream import WEATHER_TOOL
 from tests.conftest import proxy_settings, trajectories
 
 MODEL = "Qwen/Qwen2.5-0.5B-Instruct"
 ANSWER = "It is sunny."
+# The chat tool of the conformance suite, in the Responses API's flat form.
+_FUNCTION = cast(dict[str, Any], WEATHER_TOOL["function"])
 WEATHER: FunctionToolParam = {
     "type": "function",
-    "name": "get_weather",
-    "description": "Weather of a city.",
-    "parameters": {
-        "type": "object",
-        "properties": {"city": {"type": "string"}},
-        "required": ["city"],
-    },
+    "name": _FUNCTION["name"],
+    "description": _FUNCTION["description"],
+    "parameters": _FUNCTION["parameters"],
     "strict": True,
 }
 

@@ -98,6 +98,16 @@ def _assert_captured(call: CallRecord) -> None:
     assert call.response["usage"]["completion_tokens"] == len(ids)
 
 
+async def _captured_pair(proxy: RunningProxy) -> tuple[CallRecord, CallRecord]:
+    """The two calls of the proxy's one trajectory, each captured whole."""
+    [trajectory] = await trajectories(proxy)
+    assert trajectory.calls is not None
+    opening, follow_up = trajectory.calls
+    for call in (opening, follow_up):
+        _assert_captured(call)
+    return opening, follow_up
+
+
 @pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
 async def test_a_two_turn_conversation_is_one_stitched_trajectory_with_vllms_ids(
     real_vllm: RealVllm, vllm_proxy: RunningProxy, stream: bool
@@ -112,11 +122,8 @@ async def test_a_two_turn_conversation_is_one_stitched_trajectory_with_vllms_ids
     await _ask(client, real_vllm.model, messages, stream)
     await client.close()
 
-    [trajectory] = await trajectories(vllm_proxy)
-    assert trajectory.calls is not None
-    opening, follow_up = trajectory.calls
+    opening, follow_up = await _captured_pair(vllm_proxy)
     for call in (opening, follow_up):
-        _assert_captured(call)
         assert call.stream is stream and call.trainable, call.untrainable_reason
     # The second prompt starts with the first call's prompt and reply, ids as vLLM made them.
     assert follow_up.stitched and not opening.stitched
@@ -193,11 +200,8 @@ async def test_a_responses_chain_is_one_stitched_trajectory_with_vllms_ids(
     assert first.output and second.output
     await client.close()
 
-    [trajectory] = await trajectories(vllm_proxy)
-    assert trajectory.calls is not None
-    opening, follow_up = trajectory.calls
+    opening, follow_up = await _captured_pair(vllm_proxy)
     for call in (opening, follow_up):
-        _assert_captured(call)
         assert (call.dialect, call.stream, call.trainable) == ("responses", stream, True)
     assert follow_up.attribution == "response" and follow_up.stitched
 
@@ -208,7 +212,7 @@ async def test_an_anthropic_conversation_is_one_stitched_trajectory_with_vllms_i
 ) -> None:
     client = AsyncAnthropic(base_url=vllm_proxy.root_url, api_key="unused", max_retries=0)
     messages: list[MessageParam] = [{"role": "user", "content": "Name a colour."}]
-    for follow_up in ("And another one?", None):
+    for next_question in ("And another one?", None):
         settings: dict[str, Any] = {
             "model": real_vllm.model,
             "max_tokens": 12,
@@ -221,16 +225,14 @@ async def test_an_anthropic_conversation_is_one_stitched_trajectory_with_vllms_i
         else:
             reply = await client.messages.create(**settings)
         messages.append({"role": "assistant", "content": reply.content})
-        if follow_up:
-            messages.append({"role": "user", "content": follow_up})
+        if next_question:
+            messages.append({"role": "user", "content": next_question})
     await client.close()
 
-    [trajectory] = await trajectories(vllm_proxy)
-    assert trajectory.calls is not None
-    for call in trajectory.calls:
-        _assert_captured(call)
+    opening, follow_up = await _captured_pair(vllm_proxy)
+    for call in (opening, follow_up):
         assert (call.dialect, call.stream, call.trainable) == ("anthropic", stream, True)
-    assert trajectory.calls[1].attribution == "continuation" and trajectory.calls[1].stitched
+    assert follow_up.attribution == "continuation" and follow_up.stitched
 
 
 async def test_the_openai_agents_sdk_runs_unmodified_on_vllm(

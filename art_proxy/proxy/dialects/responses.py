@@ -467,43 +467,9 @@ class ResponsesRendering:
         return next((item for item in self._items if item.kind == kind), None)
 
     def _delta(self, delta: Delta) -> bytes:
-        if delta.kind == "reasoning":
-            item = self._find("reasoning")
-            out = b""
-            if item is None:
-                item = self._open("reasoning", self._ids.reasoning)
-                added = _reasoning_item(self._ids, "", "in_progress")
-                added["content"] = []
-                out += self._added(item, added)
-            item.text.append(delta.text)
-            return out + self._event(
-                "response.reasoning_text.delta",
-                item_id=item.item_id,
-                output_index=item.output_index,
-                content_index=0,
-                delta=delta.text,
-            )
-        if delta.kind == "text":
-            item = self._find("message")
-            out = b""
-            if item is None:
-                item = self._open("message", self._ids.message)
-                out += self._added(item, _message_item(self._ids, None, "in_progress"))
-                out += self._event(
-                    "response.content_part.added",
-                    item_id=item.item_id,
-                    output_index=item.output_index,
-                    content_index=0,
-                    part=_text_part(""),
-                )
-            item.text.append(delta.text)
-            return out + self._event(
-                "response.output_text.delta",
-                item_id=item.item_id,
-                output_index=item.output_index,
-                content_index=0,
-                delta=delta.text,
-                logprobs=[],
+        if delta.kind in ("reasoning", "text"):
+            return self._text_delta(
+                "reasoning" if delta.kind == "reasoning" else "message", delta.text
             )
         if delta.kind == "tool_start":
             item = self._open("function_call", self._ids.function_call(delta.index))
@@ -519,6 +485,33 @@ class ResponsesRendering:
             output_index=item.output_index,
             delta=delta.text,
         )
+
+    def _text_delta(self, kind: str, text: str) -> bytes:
+        """A reasoning or reply text delta, opening its item first."""
+        item = self._find(kind)
+        out = b""
+        if item is None:
+            item = self._open(
+                kind, self._ids.reasoning if kind == "reasoning" else self._ids.message
+            )
+            if kind == "reasoning":
+                out += self._added(
+                    item, {**_reasoning_item(self._ids, "", "in_progress"), "content": []}
+                )
+            else:
+                out += self._added(item, _message_item(self._ids, None, "in_progress"))
+                out += self._event(
+                    "response.content_part.added",
+                    item_id=item.item_id,
+                    output_index=item.output_index,
+                    content_index=0,
+                    part=_text_part(""),
+                )
+        item.text.append(text)
+        where = {"item_id": item.item_id, "output_index": item.output_index, "content_index": 0}
+        if kind == "reasoning":
+            return out + self._event("response.reasoning_text.delta", **where, delta=text)
+        return out + self._event("response.output_text.delta", **where, delta=text, logprobs=[])
 
     def _added(self, item: _Item, body: JsonObject) -> bytes:
         return self._event("response.output_item.added", output_index=item.output_index, item=body)
