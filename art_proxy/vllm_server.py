@@ -141,15 +141,20 @@ class VllmProcess:
         the timeout passes first."""
         health = self.launch.base_url.removesuffix("/v1") + "/health"
         deadline = self.started + timeout_s
-        while time.monotonic() < deadline:
+        # Asked at least once: a caller may come back long after the start (the test session
+        # starts vLLM at collection and waits for it only when its tests come).
+        while True:
             if self.process.poll() is not None:
                 raise VllmStartFailed(
                     f"vLLM exited with status {self.process.returncode}:\n{self.tail()}"
                 )
             if answers_health(health):
                 return time.monotonic() - self.started
+            if time.monotonic() >= deadline:
+                raise VllmStartFailed(
+                    f"vLLM did not answer within {timeout_s:.0f} s:\n{self.tail()}"
+                )
             time.sleep(0.25)
-        raise VllmStartFailed(f"vLLM did not answer within {timeout_s:.0f} s:\n{self.tail()}")
 
     def tail(self) -> str:
         return self.log_path.read_bytes()[-_TAIL_BYTES:].decode("utf-8", "replace")

@@ -113,7 +113,9 @@ class Relay:
                 )
             except BadRequest as exc:
                 translated = Rejection(
-                    exc, translated.client or translated.body, messages_valid=kind == "chat"
+                    exc,
+                    translated.client or translated.body,
+                    messages_valid=kind == "chat" and dialect == "openai",
                 )
         if isinstance(translated, Rejection):
             await self._reject(request, kind, dialect, translated)

@@ -119,7 +119,7 @@ class TrajectoryStore(TrainingRecords, FeedbackRecords):
     async def call_row(self, call_id: str) -> JsonObject | None:
         """What a Responses call's `previous_response_id` and `GET /v1/responses/{id}` read of a
         recorded call: its trajectory, dialect, status, bodies and answer."""
-        return await self._first(
+        row = await self._first(
             sa.select(
                 C.c.trajectory_id,
                 C.c.dialect,
@@ -130,6 +130,7 @@ class TrajectoryStore(TrainingRecords, FeedbackRecords):
                 C.c.response,
             ).where(C.c.id == call_id)
         )
+        return None if row is None else {**row, "created_at": aware(row["created_at"])}
 
     async def group_scenario(self, group_id: str) -> str | None:
         """The scenario of a group, None when there is no such group (yet)."""

@@ -46,7 +46,9 @@ CallLookup = Callable[[str], Awaitable[JsonObject | None]]
 
 
 @dataclass(frozen=True)
-class Translated:
+class ChatRequest:
+    """A Responses request as chat completions, and the trajectory it continues."""
+
     chat: JsonObject
     continues: str | None  # the trajectory of the response `previous_response_id` names
 
@@ -57,7 +59,7 @@ def call_id_of(response_id: str) -> str | None:
     return response_id[len(RESPONSE_ID_PREFIX) :]
 
 
-async def translate(body: JsonObject, lookup: CallLookup) -> Translated:
+async def translate(body: JsonObject, lookup: CallLookup) -> ChatRequest:
     """The chat-completions body for a Responses request; `BadRequest` naming the field."""
     for name in ("conversation", "prompt"):
         require(body.get(name) is None, name, "is not supported by art-proxy")
@@ -92,7 +94,7 @@ async def translate(body: JsonObject, lookup: CallLookup) -> Translated:
     response_format = _response_format(body.get("text"))
     if response_format is not None:
         chat["response_format"] = response_format
-    return Translated(chat, continues)
+    return ChatRequest(chat, continues)
 
 
 async def _previous_conversation(
