@@ -21,7 +21,13 @@ from typing import Any
 import aiohttp
 import anthropic
 import pytest
-from agents import Agent, Runner, function_tool, set_default_openai_client
+from agents import (
+    Agent,
+    OpenAIChatCompletionsModel,
+    Runner,
+    function_tool,
+    set_default_openai_client,
+)
 from agents.mcp import MCPServerStdio
 from openai import AsyncOpenAI
 from pydantic_ai import Agent as PydanticAgent
@@ -122,19 +128,23 @@ def use_proxy_by_default(proxy: RunningProxy) -> None:
     set_default_openai_client(AsyncOpenAI(base_url=proxy.base_url, api_key="unused"))
 
 
+async def run_agent(agent: Agent[Any], question: str, streamed: bool) -> None:
+    if streamed:
+        streaming = Runner.run_streamed(agent, question)
+        async for _ in streaming.stream_events():
+            pass
+        assert streaming.final_output == ANSWER
+    else:
+        assert (await Runner.run(agent, question)).final_output == ANSWER
+
+
 @pytest.mark.parametrize("streamed", [False, True])
 async def test_openai_agents_sdk_default_model(proxy: RunningProxy, streamed: bool) -> None:
     use_proxy_by_default(proxy)
     agent = Agent(name="weather", instructions=INSTRUCTIONS, tools=[agents_weather], model=MODEL)
 
     async def run() -> None:
-        if streamed:
-            streaming = Runner.run_streamed(agent, QUESTION)
-            async for _ in streaming.stream_events():
-                pass
-            assert streaming.final_output == ANSWER
-        else:
-            assert (await Runner.run(agent, QUESTION)).final_output == ANSWER
+        await run_agent(agent, QUESTION, streamed)
 
     await twice(run)
     recorded = await assert_two_runs(proxy, calls=2)
@@ -146,7 +156,10 @@ async def test_openai_agents_sdk_default_model(proxy: RunningProxy, streamed: bo
     assert first.request["messages"][0] == {"role": "system", "content": INSTRUCTIONS}
 
 
-async def test_openai_agents_sdk_with_an_mcp_server_over_stdio(store_url: str) -> None:
+@pytest.mark.parametrize("streamed", [False, True])
+async def test_openai_agents_sdk_with_an_mcp_server_over_stdio(
+    store_url: str, streamed: bool
+) -> None:
     # Unscripted: the fake calls the first tool offered, the store example's own.
     config = FakeVllmConfig(model=MODEL, reply="apple", answer_after_tool=ANSWER)
     server = {"command": sys.executable, "args": ["-m", "examples.mcp_agent.server"]}
@@ -156,14 +169,26 @@ async def test_openai_agents_sdk_with_an_mcp_server_over_stdio(store_url: str) -
         tools = await store.list_tools()
 
         async def run() -> None:
-            result = await Runner.run(agent, "How many apples are in stock?")
-            assert result.final_output == ANSWER
+            await run_agent(agent, "How many apples are in stock?", streamed)
 
         await twice(run)
         recorded = await assert_two_runs(proxy, calls=2)
     request = recorded[0].calls[0].client_request  # type: ignore[index]  # asserted above
     assert request is not None
     assert {tool["name"] for tool in request["tools"]} == {tool.name for tool in tools}
+
+
+async def test_openai_agents_sdk_on_chat_completions(proxy: RunningProxy) -> None:
+    client = AsyncOpenAI(base_url=proxy.base_url, api_key="unused")
+    model = OpenAIChatCompletionsModel(model=MODEL, openai_client=client)
+    agent = Agent(name="weather", instructions=INSTRUCTIONS, tools=[agents_weather], model=model)
+
+    async def run() -> None:
+        await run_agent(agent, QUESTION, streamed=False)
+
+    await twice(run)
+    recorded = await assert_two_runs(proxy, calls=2)
+    assert {call.dialect for t in recorded for call in t.calls or []} == {"openai"}
 
 
 # --- Anthropic SDK: its tool loop ---------------------------------------------------------------
@@ -233,7 +258,7 @@ async def test_anthropic_sdk_tool_loop(proxy: RunningProxy, stream: bool) -> Non
 # --- smolagents: re-renders its tool calls as text ---------------------------------------------
 
 
-def smol_agent(proxy: RunningProxy) -> ToolCallingAgent:
+def smol_agent(proxy: RunningProxy, stream: bool = False) -> ToolCallingAgent:
     @tool
     def get_weather(city: str) -> str:
         """Weather of a city.
@@ -244,14 +269,17 @@ def smol_agent(proxy: RunningProxy) -> ToolCallingAgent:
         return weather(city)
 
     model = OpenAIServerModel(model_id=MODEL, api_base=proxy.base_url, api_key="unused")
-    return ToolCallingAgent(tools=[get_weather], model=model, max_steps=4, verbosity_level=0)
+    return ToolCallingAgent(
+        tools=[get_weather], model=model, max_steps=4, verbosity_level=0, stream_outputs=stream
+    )
 
 
-async def test_smolagents_tool_calling_agent(smol_proxy: RunningProxy) -> None:
+@pytest.mark.parametrize("stream", [False, True])
+async def test_smolagents_tool_calling_agent(smol_proxy: RunningProxy, stream: bool) -> None:
     proxy = smol_proxy
 
     async def run() -> None:
-        answer = await asyncio.to_thread(smol_agent(proxy).run, QUESTION)
+        answer = await asyncio.to_thread(smol_agent(proxy, stream).run, QUESTION)
         assert answer == ANSWER
 
     await twice(run)

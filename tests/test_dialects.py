@@ -76,25 +76,33 @@ async def test_responses_tool_loop_with_previous_response_id(
                 pass
             return await events.get_final_response()
 
-    first = await create(input="Weather in Paris?")
-    [call] = first.output
-    assert call.type == "function_call" and call.name == "get_weather"
-    assert call.arguments == '{"city": "Paris"}' and first.status == "completed"
-    assert first.usage is not None and first.usage.input_tokens > 0
-    second = await create(
-        previous_response_id=first.id,
-        input=[{"type": "function_call_output", "call_id": call.call_id, "output": "sunny"}],
-    )
-    assert second.output_text == ANSWER and second.previous_response_id == first.id
-    calls = await only_calls(proxy)
-    assert [(c.seq, c.attribution, c.dialect, c.stream) for c in calls] == [
-        (0, "new", "responses", stream),
-        (1, "response", "responses", stream),
-    ]
-    assert calls[1].stitched and calls[1].trainable
-    # The chain is rebuilt as chat messages: instructions, question, tool call, tool result.
-    roles = [message["role"] for message in calls[1].request["messages"]]
-    assert roles == ["system", "user", "assistant", "tool"]
+    async def run() -> openai.types.responses.Response:
+        first = await create(input="Weather in Paris?")
+        [call] = first.output
+        assert call.type == "function_call" and call.name == "get_weather"
+        assert call.arguments == '{"city": "Paris"}' and first.status == "completed"
+        assert first.usage is not None and first.usage.input_tokens > 0
+        second = await create(
+            previous_response_id=first.id,
+            input=[{"type": "function_call_output", "call_id": call.call_id, "output": "sunny"}],
+        )
+        assert second.output_text == ANSWER and second.previous_response_id == first.id
+        return first
+
+    first = await run()
+    await run()
+    recorded = await trajectories(proxy)
+    assert len(recorded) == 2 and len({t.group_id for t in recorded}) == 1
+    for trajectory in recorded:
+        calls = trajectory.calls or []
+        assert [(c.seq, c.attribution, c.dialect, c.stream) for c in calls] == [
+            (0, "new", "responses", stream),
+            (1, "response", "responses", stream),
+        ]
+        assert calls[1].stitched and calls[1].trainable and calls[1].completion_token_ids
+        # The chain is rebuilt as chat messages: instructions, question, tool call, tool result.
+        roles = [message["role"] for message in calls[1].request["messages"]]
+        assert roles == ["system", "user", "assistant", "tool"]
     stored = await client.responses.retrieve(first.id)
     assert stored.id == first.id
     assert [item.model_dump() for item in stored.output] == [
