@@ -166,6 +166,47 @@ async def test_two_proxies_on_one_store_stitch_one_conversation(
     assert [call.stitched for call in whole.calls] == [False, True, True]
 
 
+async def test_two_proxies_on_one_store_follow_an_agent_that_re_renders_its_replies(
+    store_url: str, vllm: FakeVllm, http: aiohttp.ClientSession
+) -> None:
+    """smolagents' way: the reply's tool call comes back as text, its result as a user message.
+    The proxy that serves the next call recognises it by the last call's messages, whichever
+    proxy served that one; of two identical runs, each continues its own."""
+    settings = proxy_settings(store_url, vllm.base_url)
+    tools = [{"type": "function", "function": {"name": "look", "parameters": {}}}]
+    opening = [{"role": "user", "content": "re-rendered"}]
+    async with running_proxy(settings) as first, running_proxy(settings) as second:
+        replies = []
+        for _ in range(2):
+            async with http.post(
+                f"{first.base_url}/chat/completions",
+                json={"model": MODEL, "messages": opening, "tools": tools},
+            ) as response:
+                replies.append((await response.json())["choices"][0]["message"])
+        for reply in reversed(replies):  # the newer run first: ids, not order, decide
+            as_text = f"Calling tools:\n{[dict(call) for call in reply['tool_calls']]!r}"
+            echoed = [
+                *opening,
+                {"role": "assistant", "content": as_text},
+                {"role": "user", "content": "Observation: done"},
+            ]
+            await chat(http, second.base_url, echoed)
+        calls = [
+            call
+            for summary in await first.parts.store.trajectories()
+            if (whole := await first.parts.store.trajectory(summary.id)) is not None
+            for call in whole.calls or []
+        ]
+    by_trajectory: dict[str, list[Any]] = {}
+    for call in calls:
+        by_trajectory.setdefault(call.trajectory_id, []).append(call)
+    assert len(by_trajectory) == 2
+    for first_call, second_call in (sorted(c, key=lambda c: c.seq) for c in by_trajectory.values()):
+        assert second_call.attribution == "rerendered" and not second_call.stitched
+        tool_call_id = first_call.response["choices"][0]["message"]["tool_calls"][0]["id"]
+        assert tool_call_id in second_call.request["messages"][1]["content"]
+
+
 async def test_explicit_trajectory_survives_a_proxy_restart(
     store_url: str, vllm: FakeVllm, http: aiohttp.ClientSession
 ) -> None:

@@ -164,12 +164,13 @@ class Recorder:
             "dialect": call.dialect,
             "client_request": scrub(call.client_body) if call.client_body is not None else None,
         }
-        batch = Batch([*_creation_rows(assignment, now, keys), (RowKind.call, row)])
+        batch = Batch([*_creation_rows(assignment, now, keys, prompt_key), (RowKind.call, row)])
         if assignment.seq > 0 or not assignment.new_rows:
             touch = {
                 "b_id": assignment.trajectory_id,
                 "b_now": now,
                 "b_tip": keys[0] if keys else None,
+                "b_prompt": prompt_key if keys else None,
             }
             batch = Batch([*batch.rows, (RowKind.touch, touch)])
         self.counters.calls += 1
@@ -249,7 +250,7 @@ def _stitched(prompt_ids: list[int] | None, previous: list[list[int]]) -> bool:
 
 
 def _creation_rows(
-    assignment: Assignment, now: datetime, keys: list[str]
+    assignment: Assignment, now: datetime, keys: list[str], prompt_key: str | None
 ) -> list[tuple[RowKind, dict[str, Any]]]:
     """The rows that create the trajectory; a first call is folded into them (one statement less)."""
     if assignment.seq > 0:
@@ -257,6 +258,12 @@ def _creation_rows(
     rows: list[tuple[RowKind, dict[str, Any]]] = []
     for kind, row in assignment.new_rows:
         if kind is RowKind.trajectory:
-            row = {**row, "call_count": 1, "updated_at": now, "tip_key": keys[0] if keys else None}
+            row = {
+                **row,
+                "call_count": 1,
+                "updated_at": now,
+                "tip_key": keys[0] if keys else None,
+                "tip_prompt_key": prompt_key if keys else None,
+            }
         rows.append((kind, row))
     return rows

@@ -41,6 +41,7 @@ from .attribution import (
     auto_scenario_id,
     candidates,
     opening_of,
+    reply_messages,
     resemblance,
     verbatim,
 )
@@ -147,36 +148,9 @@ class TrajectoryTracker:
                     known, "response", claimed, reason="previous_response_id names its call"
                 )
         if explicit.trajectory_id is None and messages:
-            found = candidates(messages)
-            continued = await self._by_continuation(found, explicit)
-            if continued is not None:
-                state, candidate = continued
-                echoed = messages[candidate.position]
-                replies = state.replies
-                claimed = self._move_tip(state, [])
-                if replies and not any(verbatim(reply, echoed) for reply in replies):
-                    return self._next_call(
-                        state,
-                        "rerendered",
-                        claimed,
-                        reason="the messages extend its last call and reply, the reply "
-                        "re-rendered (reformatted tool arguments)",
-                    )
-                return self._next_call(
-                    state,
-                    "continuation",
-                    claimed,
-                    reason="the messages extend its last call and reply",
-                )
-            rerendered = self._by_rerender(found, messages, explicit)
-            if rerendered is not None:
-                claimed = self._move_tip(rerendered, [])
-                return self._next_call(
-                    rerendered,
-                    "rerendered",
-                    claimed,
-                    reason="the messages extend its last call; the reply came back in another form",
-                )
+            automatic = await self._automatic(messages, explicit)
+            if automatic is not None:
+                return automatic
         scenario_id = explicit.scenario_id or auto_scenario_id(messages or [])
         if explicit.group_id is not None:
             scenario_id = await self._explicit_group_scenario(explicit, scenario_id)
@@ -278,64 +252,107 @@ class TrajectoryTracker:
             )
         return self._adopt(row)
 
-    async def _by_continuation(
-        self, found: list[Candidate], explicit: Explicit
-    ) -> tuple[_Trajectory, Candidate] | None:
-        """The open trajectory whose tip this call extends, and the assistant message that is
-        its reply (`found`: longest conversation first).
+    async def _automatic(self, messages: list[JsonObject], explicit: Explicit) -> Assignment | None:
+        """The call of an open trajectory these messages continue, None when they continue none.
 
-        Memory answers when it knows the newest candidate (the common case: the agent's last call
-        went through this proxy). Otherwise the store does, which covers conversations another
-        proxy or an earlier run served, and catches up a trajectory whose newer calls went through
-        another proxy.
+        Exactly first: the messages extend a trajectory's last call and reply. Memory answers when
+        it knows the newest candidate (the common case: the agent's last call went through this
+        proxy). Otherwise the store does, which covers conversations another proxy or an earlier
+        run served, and catches up a trajectory whose newer calls went through another proxy.
+        Then re-rendered: the messages extend a trajectory's last call, and the assistant message
+        after it is that call's reply in another form.
         """
+        found = candidates(messages)
         if not found:
             return None
         newest = self._tip_owner(found[0].key, explicit)
         if newest is not None:
-            return newest, found[0]
-        rows_by_key = await self._store.open_trajectories_by_tip([c.key for c in found])
+            return self._continue(newest, messages[found[0].position])
+        exact, prompted = await self._store.open_trajectories_by_tip(
+            [c.key for c in found], [c.prompt_key for c in found]
+        )
         for candidate in found:
-            for row in rows_by_key.get(candidate.key, []):
-                if not _fits(explicit, row["scenario_id"], row["group_id"]):
-                    continue
-                state = self._trajectories.get(row["id"])
-                if state is not None and not state.tip_keys:
-                    continue  # a call continuing it is in flight here
-                state = state or self._adopt(row)
-                state.next_seq = max(state.next_seq, int(row["call_count"]))
-                state.previous_sequences = _sequences(row)
-                return state, candidate
+            for row in exact.get(candidate.key, []):
+                state = self._claimable(row, explicit)
+                if state is not None:
+                    return self._continue(state, messages[candidate.position])
         # Not in the store: maybe its record was lost (store errors) while memory kept it.
         for candidate in found[1:]:
             owner = self._tip_owner(candidate.key, explicit)
             if owner is not None:
-                return owner, candidate
-        return None
+                return self._continue(owner, messages[candidate.position])
+        rerendered = self._by_rerender(found, messages, explicit, prompted)
+        if rerendered is None:
+            return None
+        claimed = self._move_tip(rerendered, [])
+        return self._next_call(
+            rerendered,
+            "rerendered",
+            claimed,
+            reason="the messages extend its last call; the reply came back in another form",
+        )
+
+    def _continue(self, state: _Trajectory, echoed: JsonObject) -> Assignment:
+        """The next call of `state`, whose last reply `echoed` sends back: as the model wrote it
+        (a continuation), or in another form its tokens do not match (re-rendered)."""
+        replies = state.replies
+        claimed = self._move_tip(state, [])
+        if replies and not any(verbatim(reply, echoed) for reply in replies):
+            return self._next_call(
+                state,
+                "rerendered",
+                claimed,
+                reason="the messages extend its last call and reply, the reply re-rendered "
+                "(reformatted tool arguments)",
+            )
+        return self._next_call(
+            state, "continuation", claimed, reason="the messages extend its last call and reply"
+        )
+
+    def _claimable(self, row: JsonObject, explicit: Explicit) -> _Trajectory | None:
+        """The trajectory of a store row, caught up with the row, unless it cannot take this call
+        (another scenario or group, or a call continuing it is in flight here)."""
+        if not _fits(explicit, row["scenario_id"], row["group_id"]):
+            return None
+        state = self._trajectories.get(row["id"])
+        if state is not None and not state.tip_keys:
+            return None
+        state = state or self._adopt(row)
+        state.next_seq = max(state.next_seq, int(row["call_count"]))
+        state.previous_sequences = _sequences(row)
+        state.replies = reply_messages(row["response"] or {})
+        return state
 
     def _by_rerender(
-        self, found: list[Candidate], messages: list[JsonObject], explicit: Explicit
+        self,
+        found: list[Candidate],
+        messages: list[JsonObject],
+        explicit: Explicit,
+        prompted: dict[str, list[JsonObject]],
     ) -> _Trajectory | None:
         """The open trajectory whose last call's messages this call extends with that call's
-        reply in another form: of those answered and not being continued, the one whose reply
-        the echoed message resembles most (its tool-call ids, its text), oldest first on a tie;
-        None when no reply left a mark. Memory only: an agent that re-renders is recognised by
-        the proxy that served its last call."""
+        reply in another form: of those answered and not being continued (in memory, or in the
+        store's `prompted` rows), the one whose reply the echoed message resembles most (its
+        tool-call ids, its text), oldest first on a tie; None when no reply left a mark."""
         for candidate in found:
-            owners = [
-                state
-                for trajectory_id in self._prompts.get(candidate.prompt_key, [])
-                if (state := self._trajectories[trajectory_id]).tip_keys
-                and _fits(explicit, state.scenario_id, state.group_id)
-            ]
             echoed = messages[candidate.position]
-            scored = [
-                (max((resemblance(reply, echoed) for reply in state.replies), default=0), state)
-                for state in owners
-            ]
-            best = max(scored, key=lambda pair: pair[0], default=(0, None))
-            if best[1] is not None and best[0] > 0:
-                return best[1]
+            best: tuple[int, _Trajectory | JsonObject | None] = (0, None)
+            seen = set()
+            for trajectory_id in self._prompts.get(candidate.prompt_key, []):
+                state = self._trajectories[trajectory_id]
+                seen.add(state.id)
+                if state.tip_keys and _fits(explicit, state.scenario_id, state.group_id):
+                    best = max(best, (_resemblance(state.replies, echoed), state), key=_score)
+            for row in prompted.get(candidate.prompt_key, []):
+                known = self._trajectories.get(row["id"])
+                if row["id"] in seen or (known is not None and not known.tip_keys):
+                    continue  # scored from memory, or a call continuing it is in flight here
+                if _fits(explicit, row["scenario_id"], row["group_id"]):
+                    replies = reply_messages(row["response"] or {})
+                    best = max(best, (_resemblance(replies, echoed), row), key=_score)
+            score, owner = best
+            if score > 0 and owner is not None:
+                return owner if isinstance(owner, _Trajectory) else self._claimable(owner, explicit)
         return None
 
     def _tip_owner(self, key: str, explicit: Explicit) -> _Trajectory | None:
@@ -439,6 +456,7 @@ class TrajectoryTracker:
                     "upstream": state.upstream,
                     "call_count": 0,
                     "tip_key": None,
+                    "tip_prompt_key": None,
                     "metrics": {},
                     "metadata": {},
                 },
@@ -565,6 +583,14 @@ def _assignment(
         claimed_tip=claimed_tip or [],
         reason=reason,
     )
+
+
+def _resemblance(replies: list[JsonObject], echoed: JsonObject) -> int:
+    return max((resemblance(reply, echoed) for reply in replies), default=0)
+
+
+def _score(option: tuple[int, Any]) -> int:
+    return option[0]
 
 
 def _fits(explicit: Explicit, scenario_id: str, group_id: str) -> bool:

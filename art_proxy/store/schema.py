@@ -54,10 +54,14 @@ trajectories = sa.Table(
     # Continuation key of the latest answered call: the call an unmodified agent's next call
     # extends (see proxy/tracker.py). Only open trajectories are looked up by it.
     sa.Column("tip_key", sa.String(64)),
+    # The same call's messages without its reply: an agent that re-renders the reply is found by
+    # them (migration 0009).
+    sa.Column("tip_prompt_key", sa.String(64)),
     sa.Index("ix_trajectories_group", "group_id"),
     sa.Index("ix_trajectories_scenario_status", "scenario_id", "status"),
     sa.Index("ix_trajectories_status_updated", "status", "updated_at"),
     sa.Index("ix_trajectories_tip_key", "tip_key"),
+    sa.Index("ix_trajectories_tip_prompt_key", "tip_prompt_key"),
     # The live reward of a serving period (store/feedback.py, the rollback watch).
     sa.Index("ix_trajectories_split_status_created", "split", "status", "created_at"),
 )

@@ -89,19 +89,33 @@ class TrajectoryStore(TrainingRecords, FeedbackRecords):
 
     # --- state the proxy needs to attribute a call it has not seen itself -----------------------
 
-    async def open_trajectories_by_tip(self, keys: Sequence[str]) -> dict[str, list[JsonObject]]:
-        """Open trajectories whose latest answered call has one of `keys`, oldest first, each
-        with that call's token ids (for the stitch check)."""
+    async def open_trajectories_by_tip(
+        self, keys: Sequence[str], prompt_keys: Sequence[str] = ()
+    ) -> tuple[dict[str, list[JsonObject]], dict[str, list[JsonObject]]]:
+        """Open trajectories whose latest answered call has one of `keys` (its messages plus its
+        reply), and those whose latest answered call's messages have one of `prompt_keys`, oldest
+        first, each with that call's token ids (for the stitch check) and its response."""
+        matches: sa.ColumnElement[bool] = T.c.tip_key.in_(keys)
+        if prompt_keys:
+            matches = sa.or_(matches, T.c.tip_prompt_key.in_(prompt_keys))
         query = (
-            sa.select(T, C.c.prompt_token_ids, C.c.completion_token_ids)
+            sa.select(T, C.c.prompt_token_ids, C.c.completion_token_ids, C.c.response)
             .join(C, sa.and_(C.c.trajectory_id == T.c.id, C.c.continuation_key == T.c.tip_key))
-            .where(T.c.tip_key.in_(keys), T.c.status == "open")
+            .where(matches, T.c.status == "open")
             .order_by(T.c.created_at, C.c.seq)
         )
+        wanted, wanted_prompts = set(keys), set(prompt_keys)
         by_key: dict[str, dict[str, JsonObject]] = {}
-        for row in await self._all(query):
-            by_key.setdefault(row["tip_key"], {})[row["id"]] = row  # the latest such call wins
-        return {key: list(rows.values()) for key, rows in by_key.items()}
+        by_prompt: dict[str, dict[str, JsonObject]] = {}
+        for row in await self._all(query):  # the latest call with the tip's key wins
+            if row["tip_key"] in wanted:
+                by_key.setdefault(row["tip_key"], {})[row["id"]] = row
+            if row["tip_prompt_key"] in wanted_prompts:
+                by_prompt.setdefault(row["tip_prompt_key"], {})[row["id"]] = row
+        return (
+            {key: list(rows.values()) for key, rows in by_key.items()},
+            {key: list(rows.values()) for key, rows in by_prompt.items()},
+        )
 
     async def trajectory_row(self, trajectory_id: str) -> JsonObject | None:
         """A trajectory row plus its last call's token ids (for the stitch check)."""

@@ -75,6 +75,9 @@ def _statements(dialect: str) -> dict[RowKind, UpdateBase]:
             call_count=schema.trajectories.c.call_count + 1,
             updated_at=sa.bindparam("b_now"),
             tip_key=sa.func.coalesce(sa.bindparam("b_tip"), schema.trajectories.c.tip_key),
+            tip_prompt_key=sa.func.coalesce(
+                sa.bindparam("b_prompt"), schema.trajectories.c.tip_prompt_key
+            ),
         )
     )
     return {
