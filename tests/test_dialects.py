@@ -21,6 +21,7 @@ from art_proxy.proxy.server import RunningProxy, running_proxy
 from art_proxy.records import CallRecord
 from art_proxy.testing.fake_engine import ScriptedCall
 from art_proxy.testing.fake_vllm import FakeVllm, FakeVllmConfig, running_fake_vllm
+from art_proxy_trainer.batch import TrajectorySample, build_batch
 from tests.conformance.upstream import WEATHER_TOOL
 from tests.conftest import proxy_settings, trajectories
 
@@ -108,6 +109,39 @@ async def test_responses_tool_loop_with_previous_response_id(
     assert [item.model_dump() for item in stored.output] == [
         item.model_dump(exclude={"parsed_arguments"}) for item in first.output
     ]
+
+
+async def test_a_dialect_trajectory_exports_and_batches_as_a_chat_one(
+    proxy: RunningProxy, claude: anthropic.AsyncAnthropic
+) -> None:
+    """Nothing downstream knows the dialect: the export's conversation and the trainer's batch
+    come from the chat body and the ids, as for any chat call."""
+    messages: list[anthropic.types.MessageParam] = [{"role": "user", "content": "Weather?"}]
+    tools: list[anthropic.types.ToolParam] = [
+        {"name": "get_weather", "input_schema": _FUNCTION["parameters"]}
+    ]
+    first = await claude.messages.create(model=MODEL, max_tokens=64, messages=messages, tools=tools)
+    [use] = first.content
+    assert use.type == "tool_use"
+    messages += [
+        {"role": "assistant", "content": first.content},
+        {
+            "role": "user",
+            "content": [{"type": "tool_result", "tool_use_id": use.id, "content": "sunny"}],
+        },
+    ]
+    await claude.messages.create(model=MODEL, max_tokens=64, messages=messages, tools=tools)
+    [exported] = [
+        line async for line in proxy.parts.store.export(scenario=None, status=None, split=None)
+    ]
+    assert [m["role"] for m in exported.messages] == ["user", "assistant", "tool", "assistant"]
+    assert exported.messages[-1]["content"] == ANSWER and exported.trainable
+    calls = exported.trajectory.calls or []
+    batch = build_batch([TrajectorySample(exported.trajectory.id, calls, 1.0)])
+    # One sequence: the second call extends the first, so both replies are trained in place.
+    assert batch.tokens_B_T.shape[0] == 1
+    completions = [c.completion_token_ids[0] for c in calls if c.completion_token_ids]
+    assert len(completions) == 2 and int(batch.mask_B_T.sum()) == sum(map(len, completions))
 
 
 async def test_a_chain_continues_across_proxy_restarts(
