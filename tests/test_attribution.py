@@ -289,7 +289,7 @@ async def test_siblings_on_two_proxies_join_one_group_once_the_store_is_merged(
     async with running_proxy(settings) as first, running_proxy(settings) as second:
         await chat(http, first.base_url, [{"role": "user", "content": "shared task"}])
         groups = await first.parts.store.active_groups(utcnow() - timedelta(seconds=5))
-        second.parts.tracker.refresh_groups(groups)  # what housekeeping does every second
+        second.parts.tracker.groups.refresh(groups)  # what housekeeping does every second
         await chat(http, second.base_url, [{"role": "user", "content": "shared task"}])
         listed = (await admin_get(http, first, "/groups"))["data"]
     assert [group["size"] for group in listed] == [2]

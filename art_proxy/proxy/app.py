@@ -197,7 +197,7 @@ async def _health(request: web.Request) -> web.Response:
 
 
 # Seconds between merges of the store's open groups and aliases into memory (see
-# tracker.refresh_groups and aliases.py).
+# groups.Groups.refresh and aliases.py).
 _GROUP_REFRESH_S = 1.0
 
 
@@ -214,7 +214,7 @@ async def _housekeeping(
         await asyncio.sleep(period)
         try:
             started = utcnow()
-            tracker.refresh_groups(await store.active_groups(since - timedelta(seconds=period)))
+            tracker.groups.refresh(await store.active_groups(since - timedelta(seconds=period)))
             since = started
             await aliases.reload()
             if idle_timeout > 0:

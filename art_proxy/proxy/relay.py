@@ -35,7 +35,7 @@ from art_proxy.store.trajectory_store import TrajectoryStore
 from .aliases import Aliases
 from .attribution import explicit_attribution
 from .capture import StreamRecorder, chunk_problem
-from .dialects import Rendering, anthropic, responses
+from .dialects import Rendering, anthropic, responses, responses_answer
 from .dialects.openai import ChatRendering
 from .recording import CallInProgress, Outcome, Recorder
 from .request_body import Rejection, body_too_large, load_body, parse_body
@@ -86,7 +86,7 @@ class Relay:
         if row is None or not responses.retrievable(row):
             raise NotFound(f"no response with id {response_id!r}", param="response_id")
         created = row["created_at"].timestamp()
-        body = responses.response_object(
+        body = responses_answer.response_object(
             call_id or "", row["client_request"], row["response"], created
         )
         return web.json_response(body, dumps=_dumps)
@@ -334,7 +334,7 @@ class Translated:
 
 def _rendering(call: CallInProgress) -> Rendering:
     if call.dialect == "responses":
-        return responses.ResponsesRendering(call.id, call.client_body or {})
+        return responses_answer.ResponsesRendering(call.id, call.client_body or {})
     if call.dialect == "anthropic":
         return anthropic.AnthropicRendering(call.id, call.client_body or {})
     return ChatRendering(call.asks)

@@ -1,4 +1,4 @@
-"""Open trajectories and groups: which trajectory a call joins, and the rows that creates.
+"""Open trajectories: which trajectory a call joins, and the rows that creates.
 
 The proxy keeps what it needs for the next call in memory (continuation keys, the last token ids
 for the stitch check, each scenario's current group) and asks the store when it meets a trajectory
@@ -6,15 +6,8 @@ it has not seen, which is what lets several stateless proxies share one PostgreS
 written here: `assign` returns the rows a new trajectory needs, and the proxy commits them together
 with the call, so a trajectory never exists without its first call.
 
-A new trajectory joins its scenario's current group while that group has an open member or its
-newest member started less than `group_window` seconds ago, and while the group is not full: runs
-of one scenario side by side (or in quick succession) become siblings that RULER ranks together.
-
-An explicit group (`X-Art-Group` or `/group/{id}` in the URL) overrides that: a new trajectory joins
-the named group, whatever the window and size, and the group is created on first use. Without an
-explicit scenario the trajectory takes the group's; an explicit scenario that differs from it is a
-conflict. A call never continues a trajectory of another group, and an existing trajectory keeps
-its group. Explicit groups are never joined automatically.
+A new trajectory joins a group (groups.py). A call never continues a trajectory of another group,
+and an existing trajectory keeps its group.
 
 A shadow sample (shadow.py) is a new trajectory beside a served one, in its group and scenario,
 born finished: nothing continues it, so it is never kept in memory.
@@ -23,7 +16,6 @@ born finished: nothing continues it, so it is never kept in memory.
 from __future__ import annotations
 
 import itertools
-import time
 import uuid
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -45,6 +37,7 @@ from .attribution import (
     resemblance,
     verbatim,
 )
+from .groups import Groups
 
 # Open trajectories kept in memory (each holds its last call's token ids for the stitch check);
 # production traffic opens many that never continue, and the store still has every one.
@@ -73,14 +66,24 @@ class _Trajectory:
     unsaved_rows: list[tuple[RowKind, dict[str, Any]]] = field(default_factory=list)
 
 
-@dataclass
-class _Group:
-    id: str
-    size: int
-    open_ids: set[str]  # members started here and not finished
-    newest_start: float  # monotonic seconds
-    # Until when (monotonic) the store's word that other proxies' members are open holds.
-    elsewhere_until: float = 0.0
+class _KeyIndex:
+    """Key -> the trajectories whose tip has it, oldest first."""
+
+    def __init__(self) -> None:
+        self._owners: dict[str, list[str]] = {}
+
+    def owners(self, key: str) -> list[str]:
+        return self._owners.get(key, [])
+
+    def move(self, trajectory_id: str, old: list[str], new: list[str]) -> None:
+        for key in old:
+            owners = self._owners.get(key, [])
+            if trajectory_id in owners:
+                owners.remove(trajectory_id)
+            if not owners:
+                self._owners.pop(key, None)
+        for key in new:
+            self._owners.setdefault(key, []).append(trajectory_id)
 
 
 @dataclass(frozen=True)
@@ -111,16 +114,15 @@ class TrajectoryTracker:
     ) -> None:
         self._store = store
         self._upstreams = itertools.cycle(upstreams)
-        self._group_size = group_size
-        self._group_window = group_window
+        self.groups = Groups(
+            store,
+            size=group_size,
+            window=group_window,
+            max_explicit=MAX_TRAJECTORIES_IN_MEMORY,
+        )
         self._trajectories: OrderedDict[str, _Trajectory] = OrderedDict()  # least recent first
-        self._tips: dict[str, list[str]] = {}  # continuation key -> trajectory ids, oldest first
-        self._prompts: dict[str, list[str]] = {}  # prompt key -> trajectory ids, oldest first
-        # (scenario id, split) -> its current automatic group: a `val` run and a `train` run of
-        # one opening are never siblings, or the trainer would train on validation data.
-        self._groups: dict[tuple[str, Split], _Group] = {}
-        # Explicit group id -> its scenario, oldest first (bounded like the trajectories).
-        self._explicit_groups: OrderedDict[str, str] = OrderedDict()
+        self._tips = _KeyIndex()  # continuation key -> trajectory ids, oldest first
+        self._prompts = _KeyIndex()  # prompt key -> trajectory ids, oldest first
 
     @property
     def open_count(self) -> int:
@@ -153,7 +155,7 @@ class TrajectoryTracker:
                 return automatic
         scenario_id = explicit.scenario_id or auto_scenario_id(messages or [])
         if explicit.group_id is not None:
-            scenario_id = await self._explicit_group_scenario(explicit, scenario_id)
+            scenario_id = await self.groups.explicit_scenario(explicit, scenario_id)
         return self._start(explicit, scenario_id, messages)
 
     def record_call(
@@ -188,9 +190,7 @@ class TrajectoryTracker:
                 continue
             self._move_tip(state, [])
             self._move_prompt(state, None)
-            group = self._groups.get((state.scenario_id, state.split))
-            if group is not None:
-                group.open_ids.discard(trajectory_id)
+            self.groups.member_finished((state.scenario_id, state.split), trajectory_id)
 
     def _remember(self, state: _Trajectory) -> None:
         """Keep `state` in memory, dropping the least recently used beyond the bound.
@@ -204,27 +204,15 @@ class TrajectoryTracker:
     def _move_tip(self, state: _Trajectory, keys: list[str]) -> list[str]:
         """Point `state`'s tip at `keys`; returns the keys it had."""
         previous = state.tip_keys
-        for key in previous:
-            owners = self._tips.get(key, [])
-            if state.id in owners:
-                owners.remove(state.id)
-            if not owners:
-                self._tips.pop(key, None)
+        self._tips.move(state.id, previous, keys)
         state.tip_keys = list(keys)
-        for key in keys:
-            self._tips.setdefault(key, []).append(state.id)
         return previous
 
     def _move_prompt(self, state: _Trajectory, key: str | None) -> None:
-        if state.prompt_key is not None:
-            owners = self._prompts.get(state.prompt_key, [])
-            if state.id in owners:
-                owners.remove(state.id)
-            if not owners:
-                self._prompts.pop(state.prompt_key, None)
+        self._prompts.move(
+            state.id, [state.prompt_key] if state.prompt_key else [], [key] if key else []
+        )
         state.prompt_key = key
-        if key is not None:
-            self._prompts.setdefault(key, []).append(state.id)
 
     # --- lookups ---------------------------------------------------------------------------------
 
@@ -338,7 +326,7 @@ class TrajectoryTracker:
             echoed = messages[candidate.position]
             best: tuple[int, _Trajectory | JsonObject | None] = (0, None)
             seen = set()
-            for trajectory_id in self._prompts.get(candidate.prompt_key, []):
+            for trajectory_id in self._prompts.owners(candidate.prompt_key):
                 state = self._trajectories[trajectory_id]
                 seen.add(state.id)
                 if state.tip_keys and _fits(explicit, state.scenario_id, state.group_id):
@@ -356,27 +344,11 @@ class TrajectoryTracker:
         return None
 
     def _tip_owner(self, key: str, explicit: Explicit) -> _Trajectory | None:
-        for trajectory_id in self._tips.get(key, []):
+        for trajectory_id in self._tips.owners(key):
             state = self._trajectories[trajectory_id]
             if _fits(explicit, state.scenario_id, state.group_id):
                 return state
         return None
-
-    async def _explicit_group_scenario(self, explicit: Explicit, scenario_id: str) -> str:
-        """The scenario a new trajectory of an explicit group gets: the group's, if it exists."""
-        assert explicit.group_id is not None
-        known = self._explicit_groups.get(explicit.group_id)
-        if known is None:
-            known = await self._store.group_scenario(explicit.group_id)
-        if known is None:
-            return scenario_id
-        if explicit.scenario_id not in (None, known):
-            raise Conflict(
-                f"group {explicit.group_id!r} belongs to scenario {known!r}, "
-                f"not {explicit.scenario_id!r}",
-                param="group",
-            )
-        return known
 
     def _adopt(self, row: JsonObject) -> _Trajectory:
         """Take over an open trajectory another proxy (or an earlier run) started."""
@@ -415,9 +387,9 @@ class TrajectoryTracker:
         now = utcnow()
         trajectory_id = explicit.trajectory_id or uuid.uuid4().hex
         group_id = (
-            self._explicit_group(explicit.group_id, scenario_id)
+            self.groups.join_explicit(explicit.group_id, scenario_id)
             if explicit.group_id is not None
-            else self._automatic_group((scenario_id, explicit.split), trajectory_id)
+            else self.groups.join_automatic((scenario_id, explicit.split), trajectory_id)
         )
         state = _Trajectory(
             id=trajectory_id,
@@ -478,9 +450,7 @@ class TrajectoryTracker:
         assert served.seq == 0, "only a call that opened its trajectory is shadowed"
         now = utcnow()
         trajectory_id = uuid.uuid4().hex
-        group = self._groups.get((served.scenario_id, served.split))
-        if group is not None and group.id == served.group_id:
-            group.size += 1  # a shadow fills a sized group like any member
+        self.groups.add_shadow((served.scenario_id, served.split), served.group_id)
         trajectory_row = {
             "status": "finished",
             "finish_reason": "shadow",
@@ -508,58 +478,6 @@ class TrajectoryTracker:
             previous_sequences=[],
             new_rows=rows,
         )
-
-    def _automatic_group(self, key: tuple[str, Split], trajectory_id: str) -> str:
-        group = self._group_for(key)
-        group.size += 1
-        group.open_ids.add(trajectory_id)
-        group.newest_start = time.monotonic()
-        return group.id
-
-    def _explicit_group(self, group_id: str, scenario_id: str) -> str:
-        self._explicit_groups[group_id] = scenario_id
-        self._explicit_groups.move_to_end(group_id)
-        while len(self._explicit_groups) > MAX_TRAJECTORIES_IN_MEMORY:
-            self._explicit_groups.popitem(last=False)
-        return group_id
-
-    def _group_for(self, key: tuple[str, Split]) -> _Group:
-        group = self._groups.get(key)
-        if group is None or not self._joinable(group):
-            group = _Group(uuid.uuid4().hex, 0, set(), time.monotonic())
-            self._groups[key] = group
-        return group
-
-    def _joinable(self, group: _Group) -> bool:
-        if self._group_size and group.size >= self._group_size:
-            return False
-        now = time.monotonic()
-        recent = now - group.newest_start < self._group_window
-        return bool(group.open_ids) or group.elsewhere_until > now or recent
-
-    def refresh_groups(self, active_groups: list[JsonObject]) -> None:
-        """Merge groups the store saw active (other proxies' too), and forget stale ones.
-
-        The hot path never asks the store which group a new trajectory joins: housekeeping calls
-        this every second with the groups active since the last call, so siblings that reach
-        different proxies within that second may form two groups; everything else stays exact.
-        """
-        now = time.monotonic()
-        for row in active_groups:
-            key, group_id = (row["scenario_id"], row["split"]), row["id"]
-            if group_id in self._explicit_groups:
-                continue
-            group = self._groups.get(key)
-            if group is None or (group.id != group_id and not self._joinable(group)):
-                group = _Group(group_id, 0, set(), now)
-                self._groups[key] = group
-            if group.id == group_id:
-                group.size = max(group.size, int(row["size"]))
-                if int(row["open_count"]) > len(group.open_ids):
-                    group.elsewhere_until = now + self._group_window
-        for key, group in list(self._groups.items()):
-            if not self._joinable(group):
-                del self._groups[key]
 
 
 def _assignment(
