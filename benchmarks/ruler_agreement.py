@@ -28,8 +28,9 @@ from art_proxy.ruler.judge import LitellmJudge
 from art_proxy.ruler.prompt import Member
 from art_proxy.ruler.rubric import DEFAULT_RUBRIC
 from art_proxy.ruler.scorer import Ruler, RulerSettings
+from art_proxy.store.rows import GroupRow, RowKind, ScenarioRow
 from art_proxy.store.trajectory_store import TrajectoryStore, utcnow
-from art_proxy.store.writer import Batch, RowKind
+from art_proxy.store.writer import Batch
 
 
 @dataclass(frozen=True)
@@ -152,10 +153,15 @@ async def agreement(client: LitellmJudge, mode: JudgeMode, budget: int) -> list[
 async def _group(store: TrajectoryStore, index: int) -> str:
     """A group row for the judgment to belong to (its trajectories need not be stored)."""
     now = utcnow()
-    scenario = {"id": f"agreement-{index}", "created_at": now, "auto": False, "opening": []}
-    group = {"id": f"g{index}", "scenario_id": scenario["id"], "created_at": now}
+    scenario: ScenarioRow = {
+        "id": f"agreement-{index}",
+        "created_at": now,
+        "auto": False,
+        "opening": [],
+    }
+    group: GroupRow = {"id": f"g{index}", "scenario_id": scenario["id"], "created_at": now}
     await store.write(Batch([(RowKind.scenario, scenario), (RowKind.group, group)]))
-    return str(group["id"])
+    return group["id"]
 
 
 @asynccontextmanager

@@ -30,10 +30,11 @@ from art_proxy.config import ProxySettings
 from art_proxy.errors import StoreError
 from art_proxy.proxy.server import RunningProxy, running_proxy
 from art_proxy.records import CallRecord
-from art_proxy.store.writer import Batch, RowKind
+from art_proxy.store.writer import Batch
 from art_proxy.testing.fake_vllm import FakeVllm
 from art_proxy.testing.loopback import serving
 from tests.conftest import proxy_settings
+from tests.store_rows import call_row
 
 MODEL = "Qwen/Qwen2.5-0.5B-Instruct"
 USER = [{"role": "user", "content": "What is 2 + 2?"}]
@@ -236,11 +237,14 @@ async def test_1_the_writer_survives_a_record_it_cannot_write(proxy: RunningProx
         status, _ = await post(http, proxy.base_url + "/chat/completions", CHAT)
     assert status == 200
     [call] = await all_calls(proxy)
-    row = {**call.model_dump(), "id": "unwritable", "seq": 1, "request": {"x": nested(300)}}
+    fields = {**call.model_dump(), "seq": 1}  # the record as read back, written again
+    trajectory_id, at = fields.pop("trajectory_id"), fields.pop("created_at")
+    unwritable = {**fields, "id": "unwritable", "request": {"x": nested(300)}}
     with pytest.raises(StoreError):
-        await store.write(Batch([(RowKind.call, row)]))
+        await store.write(Batch([call_row(trajectory_id, at, **unwritable)]))
     assert store.writer.running
-    await store.write(Batch([(RowKind.call, {**row, "id": "fine", "request": CHAT})]))
+    fine = {**fields, "id": "fine", "request": CHAT}
+    await store.write(Batch([call_row(trajectory_id, at, **fine)]))
     assert len(await all_calls(proxy)) == 2
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import aiohttp
 import orjson
@@ -17,9 +17,10 @@ from art_proxy.proxy.server import running_proxy
 from art_proxy.store import schema
 from art_proxy.store.engine import async_url, create_engine
 from art_proxy.store.trajectory_store import TrajectoryStore, utcnow
-from art_proxy.store.writer import Batch, RowKind, _statements
+from art_proxy.store.writer import Batch, Row, RowKind, _statements
 from art_proxy.testing.fake_vllm import FakeVllm, FakeVllmConfig
 from tests.conftest import proxy_settings
+from tests.store_rows import group_row, scenario_row, trajectory_row
 
 
 def describe(connection: Connection) -> dict[str, Any]:
@@ -57,27 +58,12 @@ async def test_opening_twice_is_idempotent(store_url: str) -> None:
         await store.aclose()
 
 
-def trajectory_rows(index: int) -> list[tuple[RowKind, dict[str, Any]]]:
+def trajectory_rows(index: int) -> list[tuple[RowKind, Row]]:
     now = utcnow()
     return [
-        (RowKind.scenario, {"id": "s", "created_at": now, "auto": False, "opening": []}),
-        (RowKind.group, {"id": "g", "scenario_id": "s", "created_at": now}),
-        (
-            RowKind.trajectory,
-            {
-                "id": f"t{index}",
-                "scenario_id": "s",
-                "group_id": "g",
-                "split": "train",
-                "status": "open",
-                "created_at": now,
-                "updated_at": now,
-                "upstream": "http://u/v1",
-                "call_count": 0,
-                "metrics": {},
-                "metadata": {},
-            },
-        ),
+        scenario_row("s", now),
+        group_row("g", "s", now),
+        trajectory_row(f"t{index}", "s", "g", now),
     ]
 
 
@@ -95,7 +81,8 @@ async def test_concurrent_writes_share_commits(store_url: str) -> None:
 async def test_a_bad_batch_fails_alone_and_its_neighbours_commit(store_url: str) -> None:
     store = await TrajectoryStore.open(store_url)
     try:
-        bad = Batch([(RowKind.call, {"id": "c", "trajectory_id": "missing"})])  # NOT NULL columns
+        missing = cast(Row, {"id": "c", "trajectory_id": "missing"})  # NOT NULL columns left out
+        bad = Batch([(RowKind.call, missing)])
         results = await asyncio.gather(
             *(store.write(Batch(trajectory_rows(i))) for i in range(5)),
             store.write(bad),

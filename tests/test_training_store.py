@@ -21,7 +21,8 @@ from art_proxy.records import (
     TrajectoryScore,
 )
 from art_proxy.store.trajectory_store import TrajectoryStore, utcnow
-from art_proxy.store.writer import Batch, RowKind
+from art_proxy.store.writer import Batch
+from tests.store_rows import group_row, scenario_row, trajectory_row
 
 START = utcnow()
 
@@ -39,29 +40,8 @@ async def add_group(
     members finish with them (None: still open)."""
     created = START + timedelta(minutes=age)
     ids = [f"{group_id}-t{index}" for index in range(members)]
-    rows = [
-        (RowKind.scenario, {"id": "inbox", "created_at": created, "auto": False, "opening": []}),
-        (RowKind.group, {"id": group_id, "scenario_id": "inbox", "created_at": created}),
-    ]
-    rows += [
-        (
-            RowKind.trajectory,
-            {
-                "id": trajectory_id,
-                "scenario_id": "inbox",
-                "group_id": group_id,
-                "split": split,
-                "status": "open",
-                "created_at": created,
-                "updated_at": created,
-                "upstream": "http://u/v1",
-                "call_count": 0,
-                "metrics": {},
-                "metadata": {},
-            },
-        )
-        for trajectory_id in ids
-    ]
+    rows = [scenario_row("inbox", created), group_row(group_id, "inbox", created)]
+    rows += [trajectory_row(t, "inbox", group_id, created, split=split) for t in ids]
     await store.write(Batch(rows))
     for trajectory_id, reward in zip(ids, rewards or [], strict=False):
         if reward is not None:

@@ -10,9 +10,8 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
-from typing import Any
 
 import orjson
 
@@ -20,8 +19,9 @@ from art_proxy.config import OnStoreError
 from art_proxy.errors import StoreError, StoreUnavailable, UpstreamError
 from art_proxy.records import CallKind, CallStatus, Dialect, JsonObject
 from art_proxy.redaction import scrub, scrub_text
+from art_proxy.store.rows import CallRow, Row, RowKind, TouchRow, TrajectoryRow
 from art_proxy.store.trajectory_store import TrajectoryStore, utcnow
-from art_proxy.store.writer import Batch, RowKind
+from art_proxy.store.writer import Batch
 
 from .attribution import call_keys, reply_messages
 from .capture import (
@@ -133,7 +133,7 @@ class Recorder:
         stitched = _stitched(tokens.prompt_token_ids, assignment.previous_sequences)
         replies, prompt_key, keys = self._continuation(call, outcome)
         now = utcnow()
-        row = {
+        row: CallRow = {
             "id": call.id,
             "trajectory_id": assignment.trajectory_id,
             "seq": assignment.seq,
@@ -166,7 +166,7 @@ class Recorder:
         }
         batch = Batch([*_creation_rows(assignment, now, keys, prompt_key), (RowKind.call, row)])
         if assignment.seq > 0 or not assignment.new_rows:
-            touch = {
+            touch: TouchRow = {
                 "b_id": assignment.trajectory_id,
                 "b_now": now,
                 "b_tip": keys[0] if keys else None,
@@ -251,19 +251,17 @@ def _stitched(prompt_ids: list[int] | None, previous: list[list[int]]) -> bool:
 
 def _creation_rows(
     assignment: Assignment, now: datetime, keys: list[str], prompt_key: str | None
-) -> list[tuple[RowKind, dict[str, Any]]]:
+) -> list[tuple[RowKind, Row]]:
     """The rows that create the trajectory; a first call is folded into them (one statement less)."""
-    if assignment.seq > 0:
-        return list(assignment.new_rows)
-    rows: list[tuple[RowKind, dict[str, Any]]] = []
-    for kind, row in assignment.new_rows:
-        if kind is RowKind.trajectory:
-            row = {
-                **row,
-                "call_count": 1,
-                "updated_at": now,
-                "tip_key": keys[0] if keys else None,
-                "tip_prompt_key": prompt_key if keys else None,
-            }
-        rows.append((kind, row))
-    return rows
+    if assignment.new_rows is None:
+        return []
+    if assignment.seq > 0:  # a lost first record: its trajectory is created with a later call
+        return assignment.new_rows.pairs()
+    trajectory: TrajectoryRow = {
+        **assignment.new_rows.trajectory,
+        "call_count": 1,
+        "updated_at": now,
+        "tip_key": keys[0] if keys else None,
+        "tip_prompt_key": prompt_key if keys else None,
+    }
+    return replace(assignment.new_rows, trajectory=trajectory).pairs()

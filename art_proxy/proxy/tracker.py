@@ -18,14 +18,14 @@ from __future__ import annotations
 import itertools
 import uuid
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from art_proxy.errors import Conflict
 from art_proxy.records import Attribution, JsonObject, Split
 from art_proxy.redaction import scrub
+from art_proxy.store.rows import NewTrajectoryRows, TrajectoryRow
 from art_proxy.store.trajectory_store import TrajectoryStore, utcnow
-from art_proxy.store.writer import RowKind
 
 from .attribution import (
     Candidate,
@@ -63,7 +63,7 @@ class _Trajectory:
     replies: list[JsonObject] = field(default_factory=list)
     # Rows creating the trajectory, until a commit carried them (a lost first record must not
     # orphan the calls after it; the inserts are idempotent).
-    unsaved_rows: list[tuple[RowKind, dict[str, Any]]] = field(default_factory=list)
+    unsaved_rows: NewTrajectoryRows | None = None
 
 
 class _KeyIndex:
@@ -98,7 +98,7 @@ class Assignment:
     seq: int
     attribution: Attribution
     previous_sequences: list[list[int]]
-    new_rows: list[tuple[RowKind, dict[str, Any]]]
+    new_rows: NewTrajectoryRows | None
     claimed_tip: list[str] = field(default_factory=list)  # given back if the call fails
     reason: str = ""  # why the call was attributed so, for the debug log
 
@@ -173,7 +173,7 @@ class TrajectoryTracker:
         if state is None:
             return
         if committed and assignment.new_rows:
-            state.unsaved_rows = []
+            state.unsaved_rows = None
         if continuation_keys:
             state.previous_sequences = sequences
             self._move_tip(state, continuation_keys)
@@ -375,9 +375,7 @@ class TrajectoryTracker:
         self._trajectories.move_to_end(state.id)
         seq = state.next_seq
         state.next_seq += 1
-        return _assignment(
-            state, seq, attribution, list(state.unsaved_rows), claimed_tip or [], reason
-        )
+        return _assignment(state, seq, attribution, state.unsaved_rows, claimed_tip or [], reason)
 
     # --- new trajectories ------------------------------------------------------------------------
 
@@ -400,40 +398,32 @@ class TrajectoryTracker:
             next_seq=1,
         )
         self._remember(state)
-        rows: list[tuple[RowKind, dict[str, Any]]] = [
-            (
-                RowKind.scenario,
-                {
-                    "id": scenario_id,
-                    "created_at": now,
-                    "auto": explicit.scenario_id is None,
-                    "opening": scrub(opening_of(messages or [])),
-                },
-            ),
-            (RowKind.group, {"id": group_id, "scenario_id": scenario_id, "created_at": now}),
-            (
-                RowKind.trajectory,
-                {
-                    "id": trajectory_id,
-                    "scenario_id": scenario_id,
-                    "group_id": group_id,
-                    "split": explicit.split,
-                    "status": "open",
-                    # Every trajectory row has the same keys (shadow_of's too): the writer
-                    # inserts a transaction's rows with one executemany.
-                    "finish_reason": None,
-                    "finished_at": None,
-                    "created_at": now,
-                    "updated_at": now,
-                    "upstream": state.upstream,
-                    "call_count": 0,
-                    "tip_key": None,
-                    "tip_prompt_key": None,
-                    "metrics": {},
-                    "metadata": {},
-                },
-            ),
-        ]
+        rows = NewTrajectoryRows(
+            scenario={
+                "id": scenario_id,
+                "created_at": now,
+                "auto": explicit.scenario_id is None,
+                "opening": scrub(opening_of(messages or [])),
+            },
+            group={"id": group_id, "scenario_id": scenario_id, "created_at": now},
+            trajectory={
+                "id": trajectory_id,
+                "scenario_id": scenario_id,
+                "group_id": group_id,
+                "split": explicit.split,
+                "status": "open",
+                "finish_reason": None,
+                "finished_at": None,
+                "created_at": now,
+                "updated_at": now,
+                "upstream": state.upstream,
+                "call_count": 0,
+                "tip_key": None,
+                "tip_prompt_key": None,
+                "metrics": {},
+                "metadata": {},
+            },
+        )
         state.unsaved_rows = rows
         attribution: Attribution = "new" if explicit.source == "none" else explicit.source
         reason = (
@@ -451,7 +441,12 @@ class TrajectoryTracker:
         now = utcnow()
         trajectory_id = uuid.uuid4().hex
         self.groups.add_shadow((served.scenario_id, served.split), served.group_id)
-        trajectory_row = {
+        assert served.new_rows is not None
+        # The served call's creation rows: its scenario and group rows are idempotent inserts,
+        # which keeps the shadow recordable even if the served record was lost.
+        shadow: TrajectoryRow = {
+            **served.new_rows.trajectory,
+            "id": trajectory_id,
             "status": "finished",
             "finish_reason": "shadow",
             "finished_at": now,
@@ -459,14 +454,7 @@ class TrajectoryTracker:
             "updated_at": now,
             "metadata": {"shadow_of": served.trajectory_id},
         }
-        # The served call's creation rows: its scenario and group rows are idempotent inserts,
-        # which keeps the shadow recordable even if the served record was lost.
-        rows: list[tuple[RowKind, dict[str, Any]]] = [
-            (kind, {**row, "id": trajectory_id, **trajectory_row})
-            if kind is RowKind.trajectory
-            else (kind, row)
-            for kind, row in served.new_rows
-        ]
+        rows = replace(served.new_rows, trajectory=shadow)
         return Assignment(
             trajectory_id=trajectory_id,
             scenario_id=served.scenario_id,
@@ -484,7 +472,7 @@ def _assignment(
     state: _Trajectory,
     seq: int,
     attribution: Attribution,
-    rows: list[tuple[RowKind, dict[str, Any]]],
+    rows: NewTrajectoryRows | None,
     claimed_tip: list[str] | None = None,
     reason: str = "",
 ) -> Assignment:

@@ -19,9 +19,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from enum import IntEnum
 from typing import Any
 
 import sqlalchemy as sa
@@ -31,6 +30,9 @@ from sqlalchemy.sql.dml import UpdateBase
 from art_proxy.errors import StoreError
 from art_proxy.store import schema
 from art_proxy.store.engine import TransactionRunner
+from art_proxy.store.rows import Row, RowKind
+
+__all__ = ["Batch", "GroupCommitWriter", "Row", "RowKind"]
 
 log = logging.getLogger(__name__)
 
@@ -38,24 +40,15 @@ log = logging.getLogger(__name__)
 _MAX_BATCHES_PER_TRANSACTION = 512
 
 
-class RowKind(IntEnum):
-    """Kinds of rows, in the order a transaction applies them (foreign keys first)."""
-
-    scenario = 0
-    group = 1
-    trajectory = 2
-    call = 3
-    touch = 4  # bump a trajectory's call_count and updated_at, move its tip when answered
-
-
-Row = dict[str, Any]
+# What the writer reads of a row (rows.py types each kind).
+_Values = Mapping[str, Any]
 
 
 @dataclass(frozen=True)
 class Batch:
     """The rows of one recorded event; committed together or not at all."""
 
-    rows: Sequence[tuple[RowKind, Row]]
+    rows: Sequence[tuple[RowKind, Row]]  # rows.py
 
 
 @dataclass
@@ -100,7 +93,7 @@ class _Plan:
     fixed: tuple[Any, ...]
     processors: tuple[Callable[[Any], Any] | None, ...]
 
-    def values(self, row: Row) -> tuple[Any, ...]:
+    def values(self, row: _Values) -> tuple[Any, ...]:
         values = []
         for key, fixed, process in zip(self.keys, self.fixed, self.processors, strict=True):
             value = fixed if key is None else row[key]
@@ -117,8 +110,8 @@ class _SqlitePlans:
         self._statements = statements
         self._plans: dict[tuple[RowKind, tuple[str, ...]], _Plan] = {}
 
-    def execute(self, connection: sa.Connection, kind: RowKind, rows: list[Row]) -> None:
-        by_columns: dict[tuple[str, ...], list[Row]] = {}
+    def execute(self, connection: sa.Connection, kind: RowKind, rows: list[_Values]) -> None:
+        by_columns: dict[tuple[str, ...], list[_Values]] = {}
         for row in rows:
             by_columns.setdefault(tuple(sorted(row)), []).append(row)
         cursor = connection.connection.cursor()
@@ -223,7 +216,7 @@ class GroupCommitWriter:
             _succeed(pending)
 
     async def _apply(self, batches: list[Batch]) -> None:
-        by_kind: dict[RowKind, list[Row]] = {}
+        by_kind: dict[RowKind, list[_Values]] = {}
         for batch in batches:
             for kind, row in batch.rows:
                 by_kind.setdefault(kind, []).append(row)

@@ -5,11 +5,11 @@ from __future__ import annotations
 import uuid
 from collections.abc import Sequence
 from datetime import timedelta
-from typing import Any
 
-from art_proxy.records import JsonObject
+from art_proxy.records import FinishRequest, JsonObject
 from art_proxy.store.trajectory_store import TrajectoryStore, utcnow
-from art_proxy.store.writer import Batch, RowKind
+from art_proxy.store.writer import Batch
+from tests.store_rows import conversation_call, group_row, scenario_row, trajectory_row
 
 OPENING: list[JsonObject] = [
     {"role": "system", "content": "You are a careful assistant. " * 20},
@@ -30,61 +30,20 @@ async def record_group(
     now = utcnow()
     started = now - timedelta(seconds=started_ago_s)
     scenario, group = f"s-{uuid.uuid4().hex[:8]}", uuid.uuid4().hex
-    rows: list[tuple[RowKind, dict[str, Any]]] = [
-        (RowKind.scenario, {"id": scenario, "created_at": started, "auto": False, "opening": []}),
-        (RowKind.group, {"id": group, "scenario_id": scenario, "created_at": started}),
-    ]
+    rows = [scenario_row(scenario, started), group_row(group, scenario, started)]
     ids = []
     for index, conversation in enumerate(conversations):
         trajectory = f"{group[:8]}-{index}"
         ids.append(trajectory)
-        done = finished[index] if finished is not None else True
-        rows.append(
-            (
-                RowKind.trajectory,
-                {
-                    "id": trajectory,
-                    "scenario_id": scenario,
-                    "group_id": group,
-                    "split": "train",
-                    "status": "finished" if done else "open",
-                    "finish_reason": "client" if done else None,
-                    "created_at": started + timedelta(seconds=index),
-                    "updated_at": now,
-                    "finished_at": now if done else None,
-                    "upstream": "http://upstream/v1",
-                    "call_count": 1,
-                    "reward": rewards[index] if rewards is not None else None,
-                    "metrics": {},
-                    "metadata": {},
-                },
-            )
-        )
-        rows.append((RowKind.call, _call(trajectory, list(conversation), started)))
+        created = started + timedelta(seconds=index)
+        rows.append(trajectory_row(trajectory, scenario, group, created, call_count=1))
+        rows.append(conversation_call(trajectory, list(conversation), started))
     await store.write(Batch(rows))
+    for index, trajectory in enumerate(ids):
+        if finished is None or finished[index]:  # as the agent finishes them, with its reward
+            reward = rewards[index] if rewards is not None else None
+            await store.finish(trajectory, FinishRequest(reward=reward))
     return group, ids
-
-
-def _call(trajectory: str, conversation: list[JsonObject], at: Any) -> dict[str, Any]:
-    return {
-        "id": uuid.uuid4().hex,
-        "trajectory_id": trajectory,
-        "seq": 0,
-        "kind": "chat",
-        "created_at": at,
-        "latency_ms": 1.0,
-        "upstream": "http://upstream/v1",
-        "status": "ok",
-        "http_status": 200,
-        "stream": False,
-        "model": "agent",
-        "request": {"model": "agent", "messages": conversation[:-1]},
-        "response": {"choices": [{"index": 0, "message": conversation[-1]}]},
-        "sampling": {},
-        "trainable": False,
-        "stitched": False,
-        "attribution": "url",
-    }
 
 
 def answered(text: str) -> list[JsonObject]:

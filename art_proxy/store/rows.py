@@ -1,0 +1,116 @@
+"""The rows the proxy hands the store's writer, typed once.
+
+The proxy builds them (proxy/tracker.py, proxy/recording.py) and the group-commit writer applies
+them (writer.py) kind by kind with one `executemany` per statement and set of keys: every row of a
+kind carries every key of its TypedDict, so a transaction's rows of one kind share one statement.
+TypedDicts are plain dicts at run time: typing them costs the hot path nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from enum import IntEnum
+from typing import TypedDict
+
+from art_proxy.records import JsonObject
+
+
+class RowKind(IntEnum):
+    """Kinds of rows, in the order a transaction applies them (foreign keys first)."""
+
+    scenario = 0
+    group = 1
+    trajectory = 2
+    call = 3
+    touch = 4  # bump a trajectory's call_count and updated_at, move its tip when answered
+
+
+class ScenarioRow(TypedDict):
+    id: str
+    created_at: datetime
+    auto: bool
+    opening: list[JsonObject]
+
+
+class GroupRow(TypedDict):
+    id: str
+    scenario_id: str
+    created_at: datetime
+
+
+class TrajectoryRow(TypedDict):
+    id: str
+    scenario_id: str
+    group_id: str
+    split: str
+    status: str
+    finish_reason: str | None
+    finished_at: datetime | None
+    created_at: datetime
+    updated_at: datetime
+    upstream: str
+    call_count: int
+    tip_key: str | None
+    tip_prompt_key: str | None
+    metrics: dict[str, float]
+    metadata: JsonObject
+
+
+class CallRow(TypedDict):
+    id: str
+    trajectory_id: str
+    seq: int
+    kind: str
+    created_at: datetime
+    latency_ms: float
+    upstream: str
+    status: str
+    http_status: int
+    error: str | None
+    stream: bool
+    model: str | None
+    request: JsonObject
+    response: JsonObject | None
+    sampling: JsonObject
+    prompt_token_ids: list[int] | None
+    completion_token_ids: list[list[int]] | None
+    logprobs: list[list[float]] | None
+    trainable: bool
+    untrainable_reason: str | None
+    stitched: bool
+    attribution: str
+    continuation_key: str | None
+    dialect: str
+    client_request: JsonObject | None
+
+
+class TouchRow(TypedDict):
+    """A later call of a trajectory: its count and time, and its tips when the call was answered
+    (None keeps the old ones). The keys are the UPDATE's bind names: SQLAlchemy reserves the
+    column names for the SET clause."""
+
+    b_id: str
+    b_now: datetime
+    b_tip: str | None
+    b_prompt: str | None
+
+
+Row = ScenarioRow | GroupRow | TrajectoryRow | CallRow | TouchRow
+
+
+@dataclass(frozen=True)
+class NewTrajectoryRows:
+    """What creating a trajectory writes: its scenario and group rows (idempotent inserts: either
+    may exist already) and its own row."""
+
+    scenario: ScenarioRow
+    group: GroupRow
+    trajectory: TrajectoryRow
+
+    def pairs(self) -> list[tuple[RowKind, Row]]:
+        return [
+            (RowKind.scenario, self.scenario),
+            (RowKind.group, self.group),
+            (RowKind.trajectory, self.trajectory),
+        ]
