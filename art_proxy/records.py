@@ -9,13 +9,14 @@ upstream fed the model, `completion_token_ids[i]` what choice `i` sampled (EOS i
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 JsonObject = dict[str, Any]
 
 Split = Literal["train", "val", "prod"]
+SPLITS: tuple[Split, ...] = get_args(Split)
 CallKind = Literal["chat", "completion"]
 # ok: the upstream answered 2xx. upstream_error: it answered 4xx/5xx (passed through to the client).
 # failed: it could not be reached, timed out or broke the wire format (the proxy answered 502/504).

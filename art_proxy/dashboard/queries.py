@@ -24,7 +24,6 @@ CG, TS = schema.consumed_groups, schema.training_steps
 
 GroupStatus = Literal["open", "finished", "scored", "judge_failed", "skipped"]
 GROUP_STATUSES: tuple[GroupStatus, ...] = get_args(GroupStatus)
-SPLITS: tuple[Split, ...] = get_args(Split)
 
 
 @dataclass(frozen=True)

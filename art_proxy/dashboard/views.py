@@ -20,6 +20,7 @@ import jinja2
 from aiohttp import web
 
 from art_proxy.records import (
+    SPLITS,
     CallRecord,
     GroupOutcome,
     JsonObject,
@@ -31,12 +32,7 @@ from art_proxy.records import (
 from art_proxy.store.trajectory_store import TrajectoryStore
 
 from .plots import Chart, Series, line_chart
-from .queries import (
-    GROUP_STATUSES,
-    SPLITS,
-    DashboardQueries,
-    GroupFilter,
-)
+from .queries import GROUP_STATUSES, DashboardQueries, GroupFilter
 from .render import MessageView, call_view, conversation, message_view, shared_prefix
 
 StoreOf = Callable[[web.Request], TrajectoryStore]

@@ -21,14 +21,13 @@ import contextlib
 import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal, cast, get_args
+from typing import Any, Literal
 
 import orjson
 
 from art_proxy.errors import BadRequest
-from art_proxy.records import JsonObject, Split
+from art_proxy.records import SPLITS, JsonObject, Split
 
-SPLITS: tuple[str, ...] = get_args(Split)
 _MAX_ID_LENGTH = 200
 _MAX_GROUP_ID_LENGTH = 64  # the store's groups.id
 
@@ -69,7 +68,7 @@ def explicit_attribution(
         source = "header"
     else:
         source = "none"
-    return Explicit(scenario, trajectory, cast(Split, split), source, group)
+    return Explicit(scenario, trajectory, split, source, group)
 
 
 def canonical_message(message: JsonObject) -> JsonObject:
