@@ -10,14 +10,9 @@ import openai
 import pytest
 from aiohttp import web
 
-from art_proxy.proxy.capture import (
-    StreamRecorder,
-    strip_chunk,
-    strip_response,
-    tokens_of,
-    upstream_body,
-)
+from art_proxy.proxy.capture import strip_chunk, strip_response, tokens_of, upstream_body
 from art_proxy.proxy.server import RunningProxy, running_proxy
+from art_proxy.proxy.stream_rebuild import StreamRecorder
 from art_proxy.testing.fake_vllm import FakeVllm
 from tests.conftest import proxy_settings
 

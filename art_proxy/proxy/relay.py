@@ -34,12 +34,13 @@ from art_proxy.store.trajectory_store import TrajectoryStore
 
 from .aliases import Aliases
 from .attribution import explicit_attribution
-from .capture import StreamRecorder, chunk_problem
+from .capture import chunk_problem
 from .dialects import Rendering, anthropic, responses, responses_answer
 from .dialects.openai import ChatRendering
 from .recording import CallInProgress, Outcome, Recorder
 from .request_body import Rejection, body_too_large, load_body, parse_body
 from .shadow import ShadowSampler
+from .stream_rebuild import StreamRecorder
 from .tracker import TrajectoryTracker
 from .upstream import PATHS, Upstreams, read_body
 
