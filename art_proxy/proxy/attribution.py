@@ -213,8 +213,8 @@ def verbatim(reply: JsonObject, echoed: JsonObject) -> bool:
 
 def resemblance(reply: JsonObject, echoed: JsonObject) -> int:
     """How many of what a reply said survive in an echoed message of any form (smolagents writes
-    the tool calls back as a Python repr in text): its tool-call ids, its tool-call arguments'
-    values and its text. 0: nothing of it is there."""
+    the tool calls back as a Python repr in text): its tool-call ids and its text. 0: nothing of
+    it is there."""
     marks = [
         str(call.get("id"))
         for call in reply.get("tool_calls") or []

@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import logging
 from dataclasses import dataclass
-from typing import Any
 
 import aiohttp
 import orjson
@@ -38,7 +37,7 @@ from .capture import chunk_problem
 from .dialects import Rendering, anthropic, responses, responses_answer
 from .dialects.openai import ChatRendering
 from .recording import CallInProgress, Outcome, Recorder
-from .request_body import Rejection, body_too_large, load_body, parse_body
+from .request_body import Rejection, body_too_large, check_body, load_body, parse_body
 from .shadow import ShadowSampler
 from .stream_rebuild import StreamRecorder
 from .tracker import TrajectoryTracker
@@ -90,7 +89,7 @@ class Relay:
         body = responses_answer.response_object(
             call_id or "", row["client_request"], row["response"], created
         )
-        return web.json_response(body, dumps=_dumps)
+        return _json(body)
 
     async def models(self, request: web.Request) -> web.Response:
         upstream = self._upstreams.urls[0]
@@ -192,7 +191,7 @@ class Relay:
                 chat, continues = anthropic.translate(loaded), None
         except BadRequest as exc:
             return Rejection(exc, loaded, messages_valid=False)
-        checked = parse_body(orjson.dumps(chat), "chat")
+        checked = check_body(chat, "chat")
         if isinstance(checked, Rejection):  # what the client sent inside the items, e.g. a role
             return Rejection(checked.error, loaded, messages_valid=False)
         return Translated(chat, client=loaded, continues=continues)
@@ -245,10 +244,7 @@ class Relay:
             return web.Response(
                 body=rendering.failed_answer(raw, status), status=status, content_type=content_type
             )
-        answer = web.Response(
-            body=orjson.dumps(rendering.whole(outcome.response)),
-            content_type="application/json",
-        )
+        answer = _json(rendering.whole(outcome.response))
         await self._shadow.after_answer(request, answer, call, outcome)
         return answer
 
@@ -341,8 +337,8 @@ def _rendering(call: CallInProgress) -> Rendering:
     return ChatRendering(call.asks)
 
 
-def _dumps(value: Any) -> str:
-    return orjson.dumps(value).decode()
+def _json(body: JsonObject) -> web.Response:
+    return web.Response(body=orjson.dumps(body), content_type="application/json")
 
 
 async def _read_body(request: web.Request) -> bytes | Rejection:

@@ -88,17 +88,29 @@ def load_body(raw: bytes) -> JsonObject | Rejection:
         return Rejection(BadRequest(f"request body is not valid JSON: {exc}"), None, False)
     if not isinstance(body, dict):
         return Rejection(BadRequest("request body must be a JSON object"), None, False)
+    return _within_max_depth(body)
+
+
+def parse_body(raw: bytes, kind: CallKind) -> JsonObject | Rejection:
+    """The request body as a JSON object the proxy can read and store, or why it is not one."""
+    body = load_body(raw)
+    return body if isinstance(body, Rejection) else _validated(body, kind)
+
+
+def check_body(body: JsonObject, kind: CallKind) -> JsonObject | Rejection:
+    """`parse_body` for a body the proxy built itself (a dialect's translation)."""
+    checked = _within_max_depth(body)
+    return checked if isinstance(checked, Rejection) else _validated(checked, kind)
+
+
+def _within_max_depth(body: JsonObject) -> JsonObject | Rejection:
     if not within_depth(body, MAX_DEPTH):
         error = BadRequest(f"request body is nested deeper than {MAX_DEPTH} levels")
         return Rejection(error, None, False)
     return body
 
 
-def parse_body(raw: bytes, kind: CallKind) -> JsonObject | Rejection:
-    """The request body as a JSON object the proxy can read and store, or why it is not one."""
-    body = load_body(raw)
-    if isinstance(body, Rejection):
-        return body
+def _validated(body: JsonObject, kind: CallKind) -> JsonObject | Rejection:
     try:
         _BODIES[kind].model_validate(body)
     except ValidationError as exc:

@@ -138,7 +138,7 @@ class TrajectoryTracker:
         """Where a call goes. `continues`: the trajectory a Responses call's
         `previous_response_id` names (it continues that trajectory, if still open)."""
         if explicit.trajectory_id is not None:
-            known = await self._known(explicit.trajectory_id)
+            known = await self._open(explicit.trajectory_id, finished_is_conflict=True)
             if known is not None:
                 source: Attribution = "url" if explicit.source == "url" else "header"
                 return self._next_call(known, source, reason=f"the {source} names it")
@@ -216,17 +216,11 @@ class TrajectoryTracker:
 
     # --- lookups ---------------------------------------------------------------------------------
 
-    async def _open(self, trajectory_id: str) -> _Trajectory | None:
-        """An open trajectory by id (memory, else the store); None if finished or unknown."""
-        state = self._trajectories.get(trajectory_id)
-        if state is not None:
-            return state
-        row = await self._store.trajectory_row(trajectory_id)
-        if row is None or row["status"] != "open":
-            return None
-        return self._adopt(row)
-
-    async def _known(self, trajectory_id: str) -> _Trajectory | None:
+    async def _open(
+        self, trajectory_id: str, *, finished_is_conflict: bool = False
+    ) -> _Trajectory | None:
+        """An open trajectory by id (memory, else the store); None if unknown, and if finished
+        too unless `finished_is_conflict` (an explicit id: the agent must start a new one)."""
         state = self._trajectories.get(trajectory_id)
         if state is not None:
             return state
@@ -234,10 +228,12 @@ class TrajectoryTracker:
         if row is None:
             return None
         if row["status"] != "open":
-            raise Conflict(
-                f"trajectory {trajectory_id!r} is finished; start a new trajectory id",
-                param="trajectory",
-            )
+            if finished_is_conflict:
+                raise Conflict(
+                    f"trajectory {trajectory_id!r} is finished; start a new trajectory id",
+                    param="trajectory",
+                )
+            return None
         return self._adopt(row)
 
     async def _automatic(self, messages: list[JsonObject], explicit: Explicit) -> Assignment | None:

@@ -62,13 +62,18 @@ class Reply:
     completion_tokens: int
 
 
+def fallback_call_id(call_id: str, index: int) -> str:
+    """The id of a tool call the upstream gave none, the same whole or streamed."""
+    return f"call_{call_id}_{index}"
+
+
 def reply_of(response: JsonObject, fallback_id: str) -> Reply:
     choices = response.get("choices") or [{}]
     choice = choices[0]
     message = choice.get("message") or {}
     calls = [
         ToolCall(
-            id=call.get("id") or f"call_{fallback_id}_{index}",
+            id=call.get("id") or fallback_call_id(fallback_id, index),
             name=(call.get("function") or {}).get("name") or "",
             arguments=(call.get("function") or {}).get("arguments") or "{}",
         )
@@ -167,7 +172,7 @@ class DeltaReader:
         if index not in self.started:
             self.started.add(index)
             self.arguments[index] = ""
-            call_id = fragment.get("id") or f"call_{self.fallback_id}_{index}"
+            call_id = fragment.get("id") or fallback_call_id(self.fallback_id, index)
             deltas.append(
                 Delta("tool_start", index=index, call_id=call_id, name=function.get("name") or "")
             )

@@ -23,18 +23,24 @@ RESPONSE_ID_PREFIX = "resp_"
 
 @dataclass(frozen=True)
 class _Ids:
-    response: str
+    """A response's id and its items', all derived from its call's id."""
+
+    call: str
+
+    @property
+    def response(self) -> str:
+        return RESPONSE_ID_PREFIX + self.call
 
     @property
     def message(self) -> str:
-        return "msg_" + self.response[len(RESPONSE_ID_PREFIX) :]
+        return "msg_" + self.call
 
     @property
     def reasoning(self) -> str:
-        return "rs_" + self.response[len(RESPONSE_ID_PREFIX) :]
+        return "rs_" + self.call
 
     def function_call(self, index: int) -> str:
-        return f"fc_{self.response[len(RESPONSE_ID_PREFIX) :]}_{index}"
+        return f"fc_{self.call}_{index}"
 
 
 def response_object(
@@ -42,7 +48,7 @@ def response_object(
 ) -> JsonObject:
     """The Responses object of a call: its answer's items, usage and status, and the request's
     settings echoed, as OpenAI's SDKs read it (validated by the `openai` package's own model)."""
-    ids = _Ids(RESPONSE_ID_PREFIX + call_id)
+    ids = _Ids(call_id)
     output: list[JsonObject] = []
     status, incomplete = "in_progress", None
     usage = None
@@ -159,7 +165,7 @@ class ResponsesRendering:
         self._call_id = call_id
         self._client = client
         self._created_at = now()
-        self._ids = _Ids(RESPONSE_ID_PREFIX + call_id)
+        self._ids = _Ids(call_id)
         self._reader = DeltaReader(call_id)
         self._sequence = 0
         self._started = False
