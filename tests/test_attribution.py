@@ -9,7 +9,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from art_proxy.proxy import tracker as tracker_module
+from art_proxy.proxy import open_trajectories
 from art_proxy.proxy.server import RunningProxy, running_proxy
 from art_proxy.records import Split
 from art_proxy.store.trajectory_store import utcnow
@@ -298,7 +298,7 @@ async def test_siblings_on_two_proxies_join_one_group_once_the_store_is_merged(
 async def test_trajectories_dropped_from_memory_are_continued_from_the_store(
     proxy: RunningProxy, http: aiohttp.ClientSession, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(tracker_module, "MAX_TRAJECTORIES_IN_MEMORY", 2)
+    monkeypatch.setattr(open_trajectories, "MAX_TRAJECTORIES_IN_MEMORY", 2)
     conversations = [[{"role": "user", "content": f"conversation {n}"}] for n in range(5)]
     for index, messages in enumerate(conversations):
         reply = await chat(http, proxy.base_url, messages)

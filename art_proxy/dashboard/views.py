@@ -29,10 +29,10 @@ from art_proxy.records import (
     TrajectoryRecord,
     TrajectoryScore,
 )
+from art_proxy.store.dashboard import GROUP_STATUSES, DashboardQueries, GroupFilter
 from art_proxy.store.trajectory_store import TrajectoryStore
 
 from .plots import Chart, Series, line_chart
-from .queries import GROUP_STATUSES, DashboardQueries, GroupFilter
 from .render import MessageView, call_view, conversation, message_view, shared_prefix
 
 StoreOf = Callable[[web.Request], TrajectoryStore]

@@ -15,7 +15,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from art_proxy.errors import StoreError
-from art_proxy.records import JsonObject
+from art_proxy.records import GroupRecord, JsonObject
 from art_proxy.store import schema
 
 
@@ -27,6 +27,27 @@ def group_split() -> sa.ColumnElement[Any]:
     trajectories = schema.trajectories
     any_val = sa.func.sum(sa.case((trajectories.c.split == "val", 1), else_=0)) > 0
     return sa.case((any_val, "val"), else_=sa.func.min(trajectories.c.split))
+
+
+def group_counts() -> list[sa.Label[Any]]:
+    """Aggregates over a group's trajectories (joined as the `trajectories` table)."""
+    trajectories = schema.trajectories
+    return [
+        sa.func.count(trajectories.c.id).label("size"),
+        sa.func.sum(sa.case((trajectories.c.status == "open", 1), else_=0)).label("open_count"),
+        sa.func.max(trajectories.c.created_at).label("newest_started_at"),
+    ]
+
+
+def group_record(row: JsonObject) -> GroupRecord:
+    return GroupRecord(
+        id=row["id"],
+        scenario_id=row["scenario_id"],
+        created_at=aware(row["created_at"]),
+        size=int(row["size"]),
+        open_count=int(row["open_count"] or 0),
+        newest_started_at=aware(row["newest_started_at"]),
+    )
 
 
 def utcnow() -> datetime:

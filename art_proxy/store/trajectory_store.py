@@ -1,7 +1,8 @@
 """The trajectory store: group-committed writes on the hot path, typed records on the way out.
 
-Rows become records (`art_proxy.records`) here, in `training.py` (aliases and trainer steps) and
-in `feedback.py` (users' feedback, the scenario bank), which this store inherits, nowhere else.
+Rows become records (`art_proxy.records`) here, in `training.py` (aliases and trainer steps), in
+`feedback.py` (users' feedback, the scenario bank) and in `judgments.py` (RULER's judgments), which
+this store inherits, and in `dashboard.py` (the dashboard's read-only pages), nowhere else.
 """
 
 from __future__ import annotations
@@ -24,13 +25,11 @@ from art_proxy.records import (
     FinishRequest,
     GroupRecord,
     JsonObject,
-    JudgeMode,
-    Judgment,
     ScenarioRecord,
     TrajectoryRecord,
 )
 from art_proxy.store import schema
-from art_proxy.store.base import aware, group_split, utcnow
+from art_proxy.store.base import aware, group_counts, group_record, group_split, utcnow
 from art_proxy.store.engine import (
     TransactionRunner,
     create_engine,
@@ -38,6 +37,7 @@ from art_proxy.store.engine import (
     transaction_runner,
 )
 from art_proxy.store.feedback import FeedbackRecords
+from art_proxy.store.judgments import JudgmentRecords
 from art_proxy.store.training import TrainingRecords
 from art_proxy.store.writer import Batch, GroupCommitWriter
 
@@ -47,10 +47,9 @@ log = logging.getLogger(__name__)
 Record = TypeVar("Record", bound=BaseModel)
 
 T, C, G, S = schema.trajectories, schema.calls, schema.groups, schema.scenarios
-J = schema.judgments
 
 
-class TrajectoryStore(TrainingRecords, FeedbackRecords):
+class TrajectoryStore(TrainingRecords, FeedbackRecords, JudgmentRecords):
     def __init__(self, engine: AsyncEngine, runner: TransactionRunner) -> None:
         self.engine = engine
         self.writer = GroupCommitWriter(engine.dialect.name, runner)
@@ -279,7 +278,7 @@ class TrajectoryStore(TrainingRecords, FeedbackRecords):
         self, *, scenario: str | None = None, limit: int = 100, offset: int = 0
     ) -> list[GroupRecord]:
         query = (
-            sa.select(G, *_group_counts())
+            sa.select(G, *group_counts())
             .join(T, T.c.group_id == G.c.id)
             .group_by(G.c.id, G.c.scenario_id, G.c.created_at)
             .order_by(G.c.created_at.desc(), G.c.id)
@@ -288,66 +287,7 @@ class TrajectoryStore(TrainingRecords, FeedbackRecords):
         )
         if scenario is not None:
             query = query.where(G.c.scenario_id == scenario)
-        return [_group_record(row) for row in await self._all(query)]
-
-    # --- judgments (RULER) -----------------------------------------------------------------------
-
-    async def unjudged_groups(
-        self,
-        *,
-        judge_model: str,
-        mode: JudgeMode,
-        rubric_hash: str,
-        reward_rule: str = "ruler",
-        retry_failed: bool = False,
-        limit: int = 1000,
-        offset: int = 0,
-    ) -> list[GroupRecord]:
-        """Groups without a judgment by this judge, mode, rubric and reward rule, oldest first;
-        with `retry_failed`, groups whose judgments all failed count as unjudged too."""
-        judged = sa.select(J.c.id).where(
-            J.c.group_id == G.c.id,
-            J.c.judge_model == judge_model,
-            J.c.mode == mode,
-            J.c.rubric_hash == rubric_hash,
-            J.c.reward_rule == reward_rule,
-        )
-        if retry_failed:
-            judged = judged.where(J.c.status != "judge_failed")
-        query = (
-            sa.select(G, *_group_counts())
-            .join(T, T.c.group_id == G.c.id)
-            .where(~sa.exists(judged))
-            .group_by(G.c.id, G.c.scenario_id, G.c.created_at)
-            .order_by(G.c.created_at, G.c.id)
-            .limit(limit)
-            .offset(offset)
-        )
-        return [_group_record(row) for row in await self._all(query)]
-
-    async def add_judgment(self, judgment: Judgment) -> None:
-        row = judgment.model_dump(exclude={"scores", "members"})
-        row["scores"] = [score.model_dump() for score in judgment.scores]
-        row["members"] = [member.model_dump() for member in judgment.members]
-        async with self._transaction() as connection:
-            await connection.execute(sa.insert(J).values(row))
-
-    async def judgments(self, *, group: str | None = None, limit: int = 100) -> list[Judgment]:
-        """Newest first."""
-        query = sa.select(J).order_by(J.c.created_at.desc(), J.c.id).limit(limit)
-        if group is not None:
-            query = query.where(J.c.group_id == group)
-        return [_judgment(row) for row in await self._all(query)]
-
-    async def cached_judgment(self, cache_key: str) -> Judgment | None:
-        """The newest scored judgment of exactly this prompt to this judge (see ruler/cache.py)."""
-        row = await self._first(
-            sa.select(J)
-            .where(J.c.cache_key == cache_key, J.c.status == "scored")
-            .order_by(J.c.created_at.desc())
-            .limit(1)
-        )
-        return None if row is None else _judgment(row)
+        return [group_record(row) for row in await self._all(query)]
 
     async def scenarios(self) -> list[ScenarioRecord]:
         rows = await self._all(sa.select(S).order_by(S.c.created_at.desc()))
@@ -414,34 +354,6 @@ def _trajectory_record(row: JsonObject, calls: list[CallRecord] | None) -> Traje
         metrics=row["metrics"] or {},
         metadata=row["metadata"] or {},
         calls=calls,
-    )
-
-
-def _group_counts() -> list[sa.Label[Any]]:
-    """Aggregates over a group's trajectories (joined as T)."""
-    return [
-        sa.func.count(T.c.id).label("size"),
-        sa.func.sum(sa.case((T.c.status == "open", 1), else_=0)).label("open_count"),
-        sa.func.max(T.c.created_at).label("newest_started_at"),
-    ]
-
-
-def _group_record(row: JsonObject) -> GroupRecord:
-    return GroupRecord(
-        id=row["id"],
-        scenario_id=row["scenario_id"],
-        created_at=aware(row["created_at"]),
-        size=int(row["size"]),
-        open_count=int(row["open_count"] or 0),
-        newest_started_at=aware(row["newest_started_at"]),
-    )
-
-
-def _judgment(row: JsonObject) -> Judgment:
-    # Judgments stored before ensembles (migration 0003) have no members.
-    members = row["members"] or []
-    return Judgment.model_validate(
-        {**row, "members": members, "created_at": aware(row["created_at"])}
     )
 
 

@@ -1,0 +1,134 @@
+"""Which open trajectory a call's messages continue, when nothing names one.
+
+Exactly first: the messages extend a trajectory's last call and reply. Memory answers when it
+knows the newest candidate (the common case: the agent's last call went through this proxy).
+Otherwise the store does, which covers conversations another proxy or an earlier run served, and
+catches up a trajectory whose newer calls went through another proxy. Then re-rendered: the
+messages extend a trajectory's last call, and the assistant message after it is that call's reply
+in another form (attribution.py says how replies are recognised).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from art_proxy.records import JsonObject
+from art_proxy.store.trajectory_store import TrajectoryStore
+
+from .attribution import Candidate, Explicit, candidates, reply_messages, resemblance, verbatim
+from .open_trajectories import OpenTrajectories, OpenTrajectory, fits, sequences_of
+
+
+@dataclass(frozen=True)
+class Continuation:
+    """The trajectory a call continues, and how its messages showed it."""
+
+    state: OpenTrajectory
+    attribution: Literal["continuation", "rerendered"]
+    reason: str
+
+
+async def find_continuation(
+    memory: OpenTrajectories,
+    store: TrajectoryStore,
+    messages: list[JsonObject],
+    explicit: Explicit,
+) -> Continuation | None:
+    """The open trajectory these messages continue, None when they continue none."""
+    found = candidates(messages)
+    if not found:
+        return None
+    newest = memory.tip_owner(found[0].key, explicit)
+    if newest is not None:
+        return _continued(newest, messages[found[0].position])
+    exact, prompted = await store.open_trajectories_by_tip(
+        [c.key for c in found], [c.prompt_key for c in found]
+    )
+    for candidate in found:
+        for row in exact.get(candidate.key, []):
+            state = claimable(memory, row, explicit)
+            if state is not None:
+                return _continued(state, messages[candidate.position])
+    # Not in the store: maybe its record was lost (store errors) while memory kept it.
+    for candidate in found[1:]:
+        owner = memory.tip_owner(candidate.key, explicit)
+        if owner is not None:
+            return _continued(owner, messages[candidate.position])
+    rerendered = _by_rerender(memory, found, messages, explicit, prompted)
+    if rerendered is None:
+        return None
+    return Continuation(
+        rerendered,
+        "rerendered",
+        "the messages extend its last call; the reply came back in another form",
+    )
+
+
+def claimable(
+    memory: OpenTrajectories, row: JsonObject, explicit: Explicit
+) -> OpenTrajectory | None:
+    """The trajectory of a store row, caught up with the row, unless it cannot take this call
+    (another scenario or group, or a call continuing it is in flight here)."""
+    if not fits(explicit, row["scenario_id"], row["group_id"]):
+        return None
+    state = memory.get(row["id"])
+    if state is not None and not state.tip_keys:
+        return None
+    state = state or memory.remember(OpenTrajectory.of_row(row))
+    state.next_seq = max(state.next_seq, int(row["call_count"]))
+    state.previous_sequences = sequences_of(row)
+    state.replies = reply_messages(row["response"] or {})
+    return state
+
+
+def _continued(state: OpenTrajectory, echoed: JsonObject) -> Continuation:
+    """`state` continued by a call that sends its last reply back as `echoed`: as the model wrote
+    it (a continuation), or in another form its tokens do not match (re-rendered)."""
+    if state.replies and not any(verbatim(reply, echoed) for reply in state.replies):
+        return Continuation(
+            state,
+            "rerendered",
+            "the messages extend its last call and reply, the reply re-rendered "
+            "(reformatted tool arguments)",
+        )
+    return Continuation(state, "continuation", "the messages extend its last call and reply")
+
+
+def _by_rerender(
+    memory: OpenTrajectories,
+    found: list[Candidate],
+    messages: list[JsonObject],
+    explicit: Explicit,
+    prompted: dict[str, list[JsonObject]],
+) -> OpenTrajectory | None:
+    """The open trajectory whose last call's messages this call extends with that call's reply in
+    another form: of those answered and not being continued (in memory, or in the store's
+    `prompted` rows), the one whose reply the echoed message resembles most (its tool-call ids,
+    its text), oldest first on a tie; None when no reply left a mark."""
+    for candidate in found:
+        echoed = messages[candidate.position]
+        best: OpenTrajectory | JsonObject | None = None  # a trajectory in memory, or a store row
+        best_score = 0
+        seen = set()
+        for state in memory.prompt_owners(candidate.prompt_key):
+            seen.add(state.id)
+            score = _resemblance(state.replies, echoed)
+            if state.tip_keys and state.fits(explicit) and score > best_score:
+                best_score, best = score, state
+        for row in prompted.get(candidate.prompt_key, []):
+            known = memory.get(row["id"])
+            if row["id"] in seen or (known is not None and not known.tip_keys):
+                continue  # scored from memory, or a call continuing it is in flight here
+            score = _resemblance(reply_messages(row["response"] or {}), echoed)
+            if fits(explicit, row["scenario_id"], row["group_id"]) and score > best_score:
+                best_score, best = score, row
+        if isinstance(best, OpenTrajectory):
+            return best
+        if best is not None:
+            return claimable(memory, best, explicit)
+    return None
+
+
+def _resemblance(replies: list[JsonObject], echoed: JsonObject) -> int:
+    return max((resemblance(reply, echoed) for reply in replies), default=0)

@@ -1,0 +1,78 @@
+"""RULER's judgments: the groups a judge has yet to score, and what it said of each."""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+
+from art_proxy.records import GroupRecord, JsonObject, JudgeMode, Judgment
+from art_proxy.store import schema
+from art_proxy.store.base import StoreBase, aware, group_counts, group_record
+
+T, G, J = schema.trajectories, schema.groups, schema.judgments
+
+
+class JudgmentRecords(StoreBase):
+    async def unjudged_groups(
+        self,
+        *,
+        judge_model: str,
+        mode: JudgeMode,
+        rubric_hash: str,
+        reward_rule: str = "ruler",
+        retry_failed: bool = False,
+        limit: int = 1000,
+        offset: int = 0,
+    ) -> list[GroupRecord]:
+        """Groups without a judgment by this judge, mode, rubric and reward rule, oldest first;
+        with `retry_failed`, groups whose judgments all failed count as unjudged too."""
+        judged = sa.select(J.c.id).where(
+            J.c.group_id == G.c.id,
+            J.c.judge_model == judge_model,
+            J.c.mode == mode,
+            J.c.rubric_hash == rubric_hash,
+            J.c.reward_rule == reward_rule,
+        )
+        if retry_failed:
+            judged = judged.where(J.c.status != "judge_failed")
+        query = (
+            sa.select(G, *group_counts())
+            .join(T, T.c.group_id == G.c.id)
+            .where(~sa.exists(judged))
+            .group_by(G.c.id, G.c.scenario_id, G.c.created_at)
+            .order_by(G.c.created_at, G.c.id)
+            .limit(limit)
+            .offset(offset)
+        )
+        return [group_record(row) for row in await self._all(query)]
+
+    async def add_judgment(self, judgment: Judgment) -> None:
+        row = judgment.model_dump(exclude={"scores", "members"})
+        row["scores"] = [score.model_dump() for score in judgment.scores]
+        row["members"] = [member.model_dump() for member in judgment.members]
+        async with self._transaction() as connection:
+            await connection.execute(sa.insert(J).values(row))
+
+    async def judgments(self, *, group: str | None = None, limit: int = 100) -> list[Judgment]:
+        """Newest first."""
+        query = sa.select(J).order_by(J.c.created_at.desc(), J.c.id).limit(limit)
+        if group is not None:
+            query = query.where(J.c.group_id == group)
+        return [_judgment(row) for row in await self._all(query)]
+
+    async def cached_judgment(self, cache_key: str) -> Judgment | None:
+        """The newest scored judgment of exactly this prompt to this judge (see ruler/cache.py)."""
+        row = await self._first(
+            sa.select(J)
+            .where(J.c.cache_key == cache_key, J.c.status == "scored")
+            .order_by(J.c.created_at.desc())
+            .limit(1)
+        )
+        return None if row is None else _judgment(row)
+
+
+def _judgment(row: JsonObject) -> Judgment:
+    # Judgments stored before ensembles (migration 0003) have no members.
+    members = row["members"] or []
+    return Judgment.model_validate(
+        {**row, "members": members, "created_at": aware(row["created_at"])}
+    )
