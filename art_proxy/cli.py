@@ -1,4 +1,4 @@
-"""`art-proxy`: the command line. Each command's flags come from its settings model (config.py)."""
+"""`art-proxy`: the command line. Each command's flags come from its settings model (config/)."""
 
 from __future__ import annotations
 
@@ -134,10 +134,10 @@ async def _scenario_bank(settings: ScenarioBankSettings) -> tuple[list[str], int
 
     store = await TrajectoryStore.open(settings.store, writer=False)
     try:
-        records = await store.bank_scenarios(settings.split.value, settings.limit)
+        records = await store.bank_scenarios(settings.split, settings.limit)
     finally:
         await store.aclose()
-    lines = [line for r in records if (line := _bank_line(r, settings.split.value)) is not None]
+    lines = [line for r in records if (line := _bank_line(r, settings.split)) is not None]
     return lines, len(records) - len(lines)
 
 
@@ -246,7 +246,7 @@ def rollout(settings: RolloutSettings) -> None:
         if settings.split is not None:
             scenarios = [s for s in scenarios if s.split == settings.split]
             if not scenarios:
-                _fail(f"{settings.scenarios}: no scenarios of split {settings.split.value}")
+                _fail(f"{settings.scenarios}: no scenarios of split {settings.split}")
         agent = load_agent(settings.agent)
         report = asyncio.run(_rollouts(settings, agent, scenarios))
     except ConfigError as exc:

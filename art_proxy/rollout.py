@@ -31,14 +31,13 @@ from urllib.parse import quote
 import aiohttp
 
 from art_proxy.errors import ConfigError
-from art_proxy.records import JsonObject, Split, TrajectoryRecord
+from art_proxy.records import ROLLOUT_ERROR, JsonObject, Split, TrajectoryRecord
 from art_proxy.scenarios import Scenario
 
 if TYPE_CHECKING:
     import openai
 
 __all__ = [
-    "ROLLOUT_ERROR",
     "Agent",
     "AgentResult",
     "GroupReport",
@@ -51,8 +50,6 @@ __all__ = [
     "trajectory_base_url",
 ]
 
-# The metadata key of a trajectory whose agent raised or timed out; judging leaves it out.
-ROLLOUT_ERROR = "rollout_error"
 # Error texts longer than this are cut: an exception may carry a whole response body.
 _MAX_ERROR_CHARS = 1000
 # Seconds to wait for the proxy's admin endpoints (a finish is one small transaction).

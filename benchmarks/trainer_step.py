@@ -47,12 +47,12 @@ from rich.console import Console
 from rich.table import Table
 from transformers import GenerationMixin, PreTrainedTokenizerBase
 
+from art_proxy.config import TrainerConfig
 from art_proxy.local.chat_format import ChatRenderer
 from art_proxy.local.model_loading import LoadedModel, load_model
 from art_proxy.records import CallRecord
 from art_proxy_trainer.advantages import group_advantages
 from art_proxy_trainer.batch import TrainingBatch, TrajectorySample, build_batch
-from art_proxy_trainer.config import TrainerConfig
 from art_proxy_trainer.loss import token_logprobs
 from art_proxy_trainer.step import lora_model, make_optimizer, train_step
 

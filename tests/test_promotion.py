@@ -15,10 +15,10 @@ import pytest
 from pydantic import ValidationError
 
 from art_proxy.config import TrainSettings
-from art_proxy.promotion import decide_promotion, decide_rollback
 from art_proxy.records import FeedbackRequest, FinishRequest, LiveReward
 from art_proxy.store.trajectory_store import TrajectoryStore
 from art_proxy.store.writer import Batch, RowKind
+from art_proxy_trainer.promoter import decide_promotion, decide_rollback
 from tests.test_training_store import START, add_group, judgment
 
 

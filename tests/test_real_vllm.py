@@ -21,13 +21,12 @@ from anthropic.types import MessageParam
 from openai import AsyncOpenAI, AsyncStream
 from openai.types.responses import Response
 
-from art_proxy.config import TrainSettings
+from art_proxy.config import TrainerConfig, TrainSettings
 from art_proxy.local.model_loading import load_model
 from art_proxy.proxy.server import RunningProxy, running_proxy
 from art_proxy.records import CallRecord
 from art_proxy.store.trajectory_store import TrajectoryStore
 from art_proxy_trainer.batch import TrajectorySample, build_batch
-from art_proxy_trainer.config import TrainerConfig
 from art_proxy_trainer.loss import token_logprobs
 from art_proxy_trainer.step import lora_model
 from tests.conformance.upstream import WEATHER_TOOL

@@ -17,8 +17,8 @@ import pytest
 from art_proxy.config import RolloutSettings
 from art_proxy.errors import ConfigError, ScenarioFileError
 from art_proxy.proxy.server import RunningProxy, running_proxy
+from art_proxy.records import ROLLOUT_ERROR
 from art_proxy.rollout import (
-    ROLLOUT_ERROR,
     Agent,
     GroupReport,
     Rollout,
@@ -157,18 +157,19 @@ async def test_a_hanging_agent_is_cut_by_the_timeout_and_recorded(
             await asyncio.sleep(3600)
         return 0.5
 
+    # Long enough for a cold process's first SDK call (~0.8 s here) to reach the proxy.
     report = await rollouts(
-        sqlite_proxy, hangs_first, scenarios(("trip", "train")), group_size=2, timeout_s=0.5
+        sqlite_proxy, hangs_first, scenarios(("trip", "train")), group_size=2, timeout_s=2
     )
 
     group = only_group(report)
     hung, fine = group.trajectory_ids
-    assert group.errors == {hung: "timeout after 0.5s"} and group.timed_out == [hung]
+    assert group.errors == {hung: "timeout after 2s"} and group.timed_out == [hung]
     assert report.timed_out == 1 and report.failed == 1 and report.seconds < 30
     assert group.rewards == {fine: 0.5} and not ready_for_judging(group)
     recorded = await sqlite_proxy.parts.store.trajectory(hung, with_calls=False)
     assert recorded is not None and recorded.status == "finished"
-    assert recorded.metadata == {ROLLOUT_ERROR: "timeout after 0.5s"}
+    assert recorded.metadata == {ROLLOUT_ERROR: "timeout after 2s"}
 
 
 async def test_at_most_concurrency_agents_run_at_once(sqlite_proxy: RunningProxy) -> None:

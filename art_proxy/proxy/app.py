@@ -106,7 +106,7 @@ def _lifecycle(settings: ProxySettings) -> Callable[[web.Application], AsyncIter
                 recorder,
                 aliases,
                 shadow,
-                default_split=settings.default_split.value,
+                default_split=settings.default_split,
             )
             admin = Admin(store, tracker, aliases)
             app[PARTS] = ProxyParts(settings, store, tracker, counters, relay, admin, aliases)

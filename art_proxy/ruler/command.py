@@ -37,7 +37,7 @@ def build_ruler(
     """The Ruler the settings describe, and its judge clients (the caller closes them)."""
     ruler_settings = RulerSettings(
         rubric=rubric,
-        mode=settings.judge_mode.value,
+        mode=settings.judge_mode,
         max_prompt_tokens=settings.judge_max_prompt_tokens,
         attempts=settings.judge_attempts,
         retries=settings.judge_retries,
@@ -134,7 +134,7 @@ def _progress_line(totals: Totals) -> str:
 
 def summary(totals: Totals, settings: JudgeSettings) -> Table:
     name = ensemble_name(settings.judge, settings.judge_samples)
-    title = f"art-proxy judge: {name} ({settings.judge_mode.value})"
+    title = f"art-proxy judge: {name} ({settings.judge_mode})"
     table = Table(title=title, title_justify="left", show_header=False)
     table.add_column(justify="right")
     table.add_column()

@@ -14,8 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from art_proxy.records import GroupRecord, Judgment
-from art_proxy.rollout import ROLLOUT_ERROR
+from art_proxy.records import ROLLOUT_ERROR, GroupRecord, Judgment
 from art_proxy.ruler.prompt import Member
 from art_proxy.ruler.scorer import Ruler
 from art_proxy.store.trajectory_store import TrajectoryStore, final_messages, utcnow

@@ -27,6 +27,7 @@ from art_proxy.records import (
     TrainingStep,
     TrajectoryScore,
 )
+from art_proxy.rewards import rewards_by_trajectory
 from art_proxy.store import schema
 from art_proxy.store.base import StoreBase, aware, group_split, utcnow
 
@@ -190,8 +191,9 @@ class TrainingRecords(StoreBase):
             group_id = judgment["group_id"]
             costs[group_id] = costs.get(group_id, 0.0) + float(judgment["cost_usd"])
             if judgment["status"] == "scored":
-                scores = [TrajectoryScore.model_validate(s) for s in judgment["scores"]]
-                rewards[group_id] = {score.trajectory_id: score.reward for score in scores}
+                rewards[group_id] = rewards_by_trajectory(
+                    TrajectoryScore.model_validate(score) for score in judgment["scores"]
+                )
         return [
             _trainable(group, rewards.get(group["id"], {}), costs.get(group["id"], 0.0))
             for group in groups

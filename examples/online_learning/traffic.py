@@ -28,11 +28,10 @@ from dataclasses import dataclass, field
 
 from openai import AsyncOpenAI
 
-from art_proxy.records import FeedbackRequest, FinishRequest, TrainableGroup, TrainingStep
+from art_proxy.records import FeedbackRequest, FinishRequest, TrainingStep
+from art_proxy.rewards import has_signal, mean_or_nan
 from art_proxy.rollout import run_rollouts
 from art_proxy.scenarios import Scenario
-from art_proxy.store.trajectory_store import utcnow
-from art_proxy_trainer.loop import has_signal
 from examples.single_word.agent import ask, rate, rollout
 
 from .api import ArtApi
@@ -67,8 +66,7 @@ class RoundReport:
 
     @property
     def prod_reward(self) -> float:
-        rewards = [c.reward for c in self.conversations]
-        return math.fsum(rewards) / len(rewards) if rewards else math.nan
+        return mean_or_nan([c.reward for c in self.conversations])
 
 
 async def ask_as_user(client: AsyncOpenAI, question: str) -> Conversation:
@@ -147,8 +145,7 @@ async def validate(
         model=CANDIDATE_ALIAS,
     )
     rewards = [r for g in report.groups for r in g.rewards.values() if r is not None]
-    mean = math.fsum(rewards) / len(rewards) if rewards else math.nan
-    return mean, [g.group_id for g in report.groups]
+    return mean_or_nan(rewards), [g.group_id for g in report.groups]
 
 
 async def trainer_caught_up(
@@ -169,15 +166,8 @@ async def trainer_caught_up(
                 continue
             if any(m.status == "open" for m in members):
                 continue  # the trainer takes a group once every member is finished
-            rewards = {m.id: m.reward for m in members if m.reward is not None}
-            group = TrainableGroup(
-                group_id=group_id,
-                scenario_id=members[0].scenario_id,
-                split=members[0].split,
-                created_at=utcnow(),
-                rewards=rewards,
-            )
-            trainable += has_signal(group)
+            rewards_G = [m.reward for m in members if m.reward is not None]
+            trainable += has_signal(rewards_G)
         if trainable < groups_per_step or time.monotonic() > deadline:
             return steps
         await asyncio.sleep(_POLL_S)

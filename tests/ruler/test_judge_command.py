@@ -17,7 +17,7 @@ from rich.console import Console
 
 from art_proxy.config import JudgeSettings
 from art_proxy.proxy.server import RunningProxy
-from art_proxy.rollout import ROLLOUT_ERROR
+from art_proxy.records import ROLLOUT_ERROR
 from art_proxy.ruler.command import run_judge
 from art_proxy.ruler.rubric import DEFAULT_RUBRIC
 from art_proxy.ruler.run import Totals

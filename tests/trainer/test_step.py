@@ -6,9 +6,9 @@ import pytest
 import torch
 from peft import LoraConfig, PeftModel
 
+from art_proxy.config import TrainerConfig
 from art_proxy_trainer import step as step_module
 from art_proxy_trainer.batch import SequenceStats, TrainingBatch
-from art_proxy_trainer.config import TrainerConfig
 from art_proxy_trainer.loss import token_logprobs
 from art_proxy_trainer.step import lora_model, make_optimizer, train_step
 from tests.trainer.models import tiny_llama

@@ -17,12 +17,12 @@ from art_proxy.records import CallRecord, GroupOutcome, TrainableGroup
 from art_proxy_trainer.batch import TrajectorySample, build_batch
 from art_proxy_trainer.checkpoint import Checkpoints, TrainerState
 from art_proxy_trainer.errors import CheckpointError
-from art_proxy_trainer.loop import Trainer, has_signal
 from art_proxy_trainer.loss import token_logprobs
 from art_proxy_trainer.metrics import MetricsSink
 from art_proxy_trainer.policy import Policy
 from art_proxy_trainer.step import make_optimizer, micro_batches, train_step
 from art_proxy_trainer.swap import _same_model, step_of
+from art_proxy_trainer.trainer import Trainer
 from tests.trainer.records import call
 from tests.trainer.test_step import _model
 
@@ -111,12 +111,6 @@ def _group(rewards: list[float], split: str = "train") -> TrainableGroup:
             "judge_cost_usd": 0.0,
         }
     )
-
-
-def test_a_group_has_signal_only_with_two_different_rewards() -> None:
-    assert has_signal(_group([0.0, 1.0]))
-    assert not has_signal(_group([0.5, 0.5, 0.5]))
-    assert not has_signal(_group([1.0]))
 
 
 def test_a_checkpoint_restores_the_adapter_and_optimizer(tmp_path: Path) -> None:

@@ -1,7 +1,8 @@
 """The art-proxy sidecar trainer (GRPO on LoRA). Kept apart from `art-proxy` for its heavy deps.
 
 The pure core: `batch` (training sequences from recorded token ids), `advantages` (group-relative),
-`loss` (token-level clipped GRPO), `step` (one AdamW step on a peft adapter), `config`. The loop that
-waits for scored groups, the adapter hot-swap and checkpointing arrive with the rest of the trainer
-issue; the proxy itself never grows a torch dependency.
+`loss` (token-level clipped GRPO), `step` (one AdamW step on a peft adapter). Around it: `trainer`
+(one training step and its record, resume, validation), `loop` (the sidecar and the whole loop),
+`checkpoint`, `swap` (adapter hot-swap), `promoter` (the production alias) and `command`. Its
+settings live with the others (`art_proxy.config`), so the CLI offers its flags without torch.
 """

@@ -1,4 +1,4 @@
-"""`art-proxy train`: wire the store, the policy, the swapper and a driver; show progress.
+"""`art-proxy train`: wire the store, the policy, the swapper and a loop; show progress.
 
 Each step prints one line (reward, validation, loss, KL, clip fraction, tokens, swap, seconds) and
 the run ends with a one-screen summary. Ctrl-C stops at once: the checkpoints make that safe, and
@@ -20,7 +20,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn
 from rich.table import Table
 
-from art_proxy.config import JudgeModeOption, JudgeSettings, TrainSettings
+from art_proxy.config import JudgeSettings, TrainSettings
 from art_proxy.errors import ConfigError
 from art_proxy.local.cli import set_torch_threads
 from art_proxy.records import TrainingStep
@@ -32,12 +32,12 @@ from art_proxy.ruler.scorer import Ruler
 from art_proxy.scenarios import load_scenarios
 from art_proxy.store.trajectory_store import TrajectoryStore
 from art_proxy_trainer.checkpoint import Checkpoints
-from art_proxy_trainer.drivers import Events, WholeLoop, run_sidecar
-from art_proxy_trainer.loop import Trainer
+from art_proxy_trainer.loop import Events, WholeLoop, run_sidecar
 from art_proxy_trainer.metrics import MetricsSink
 from art_proxy_trainer.policy import load_policy
 from art_proxy_trainer.promoter import Promoter
 from art_proxy_trainer.swap import AdapterSwapper
+from art_proxy_trainer.trainer import Trainer
 
 _COLUMNS = (
     ("step", "step", "{:.0f}"),
@@ -136,7 +136,7 @@ def _judge_settings(settings: TrainSettings) -> JudgeSettings:
         store=settings.store,
         judge=settings.judge,
         judge_base_url=settings.judge_base_url,
-        judge_mode=JudgeModeOption(settings.judge_mode),
+        judge_mode=settings.judge_mode,
         rubric=settings.rubric,
         judge_max_prompt_tokens=0,
     )

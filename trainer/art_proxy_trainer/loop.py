@@ -1,374 +1,202 @@
-"""The training loop's one step, and the state around it: resume, validation, stopping.
+"""The training loops: step after step until a stop condition, each fed its groups by the store
+(sidecar) or by the user's agent (the whole loop). One step itself is `trainer.Trainer.train`.
 
-`Trainer.train(groups)` turns scored groups into one step and always leaves a record of it, whether
-the optimiser moved or not: a group is consumed by exactly one step, including the groups that
-carried no signal (equal rewards), were sampled by a too-old adapter (stale), recorded no token ids,
-or were validation groups. The order inside a step is what makes a kill at any moment harmless:
-train, write the checkpoint (the step's record inside), write the record to the store, then swap.
-`resume()` replays whatever of the last two a kill interrupted. With a production alias
-(`promoter`), a step first checks whether it must roll back, then offers the adapter its
-validation measured for promotion (before the swap, which may unload older adapters).
+Sidecar: the proxy records whatever agents do, `art-proxy judge --watch` (or agents' own rewards)
+scores the groups, and the trainer takes them from the store, oldest first, once at least
+`groups_per_step` of them carry a signal; groups without one and validation groups ride along.
+While it waits, it watches the production alias's live reward (rollback).
+
+Whole loop: each step runs the agent `group_size` times on `groups_per_step` training scenarios
+through the proxy (the alias serves the newest adapter), scores the groups (RULER with --judge,
+else the rewards the agent returned), and refills with more scenarios when too few groups carry a
+signal (a base model that fails every rollout of a scenario teaches nothing: DAPO's dynamic
+sampling). Every `val_every` steps the validation scenarios run too; their reward, recorded with
+the step, is that of the policy that sampled the step's training rollouts.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import math
-import time
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import timedelta
 
 from art_proxy.config import TrainSettings
-from art_proxy.records import CallRecord, GroupOutcome, TrainableGroup, TrainingStep
-from art_proxy.store.trajectory_store import TrajectoryStore, utcnow
-from art_proxy_trainer.advantages import ZERO_VARIANCE_STD, group_advantages
-from art_proxy_trainer.batch import TrajectorySample, build_batch
-from art_proxy_trainer.checkpoint import Checkpoints, TrainerState
-from art_proxy_trainer.errors import CheckpointError, EmptyBatchError
-from art_proxy_trainer.metrics import MetricsSink
-from art_proxy_trainer.policy import Policy
-from art_proxy_trainer.promoter import Promoter
-from art_proxy_trainer.step import train_step
-from art_proxy_trainer.swap import AdapterSwapper, adapter_name, step_of
+from art_proxy.records import TrainableGroup, TrainingStep
+from art_proxy.rewards import has_signal, mean_or_nan, rewards_by_trajectory
+from art_proxy.rollout import Agent, GroupReport, ready_for_judging, run_rollouts
+from art_proxy.ruler.run import finished_members
+from art_proxy.ruler.scorer import Ruler
+from art_proxy.scenarios import Scenario
+from art_proxy.store.trajectory_store import utcnow
+from art_proxy_trainer.trainer import Trainer
 
 log = logging.getLogger(__name__)
 
-
-def has_signal(group: TrainableGroup) -> bool:
-    rewards = list(group.rewards.values())
-    if len(rewards) < 2:
-        return False
-    mean = math.fsum(rewards) / len(rewards)
-    return (
-        math.sqrt(math.fsum((r - mean) ** 2 for r in rewards) / len(rewards)) >= ZERO_VARIANCE_STD
-    )
+# The whole loop draws at most this many batches of scenarios for one step before it trains on
+# what it has (or records a step without signal).
+_MAX_REFILLS = 4
 
 
 @dataclass
-class Stopping:
-    """Plateau and reward-hacking watch over the validation rewards."""
+class Events:
+    """How the loops report to the display (the command's rich progress)."""
 
-    patience: int
-    min_delta: float
-    since_best: int = 0
-    warnings: list[str] = field(default_factory=list)
-
-    def plateaued(self) -> bool:
-        return self.patience > 0 and self.since_best >= self.patience
+    status: Callable[[str], None] = lambda _text: None
+    step: Callable[[TrainingStep], None] = lambda _record: None
+    rollouts: Callable[[int, int], None] = lambda _done, _total: None
 
 
-class Trainer:
+def stop_reason(trainer: Trainer, settings: TrainSettings) -> str | None:
+    if settings.steps and trainer.state.step >= settings.steps:
+        return f"reached --steps {settings.steps}"
+    if trainer.stopping.plateaued():
+        return (
+            f"validation reward has not improved by {settings.min_delta} for "
+            f"{settings.patience} validations (best {trainer.state.best_val:.3f} at step "
+            f"{trainer.state.best_step})"
+        )
+    return None
+
+
+async def run_sidecar(trainer: Trainer, settings: TrainSettings, events: Events) -> str:
+    """Train on the store's scored groups until a stop condition; returns why it stopped."""
+    while (reason := stop_reason(trainer, settings)) is None:
+        groups = await trainer.store.trainable_groups(
+            settings.run_name,
+            source=settings.reward_source.value,
+            limit=1000,
+            full_size=settings.group_size,
+            settled_before=utcnow() - timedelta(seconds=settings.group_wait),
+        )
+        with_signal = [g for g in groups if g.split != "val" and has_signal(g.rewards.values())]
+        if len(with_signal) < settings.groups_per_step:
+            await trainer.watch_production()  # production traffic goes on while we wait
+            events.status(
+                f"waiting for scored groups: {len(with_signal)} of {settings.groups_per_step} "
+                f"with a reward spread ({len(groups)} unconsumed in the store)"
+            )
+            await asyncio.sleep(settings.poll)
+            continue
+        chosen = with_signal[: settings.groups_per_step]
+        newest = chosen[-1].created_at
+        riders = [g for g in groups if g not in with_signal and g.created_at <= newest]
+        events.status(f"training step {trainer.state.step + 1}")
+        events.step(await trainer.train(chosen + riders))
+    return reason
+
+
+class WholeLoop:
     def __init__(
         self,
+        trainer: Trainer,
         settings: TrainSettings,
-        store: TrajectoryStore,
-        policy: Policy,
-        checkpoints: Checkpoints,
-        sink: MetricsSink,
-        swapper: AdapterSwapper | None,
-        *,
-        promoter: Promoter | None = None,
-        on_warning: Callable[[str], None] = log.warning,
+        agent: Agent,
+        scenarios: Sequence[Scenario],
+        ruler: Ruler | None,
+        events: Events,
     ) -> None:
+        self.trainer = trainer
         self.settings = settings
-        self.store = store
-        self.policy = policy
-        self.checkpoints = checkpoints
-        self.sink = sink
-        self.swapper = swapper
-        self.promoter = promoter
-        self.state = TrainerState(run=settings.run_name)
-        self.stopping = Stopping(settings.patience, settings.min_delta)
-        self._on_warning = on_warning
+        self.agent = agent
+        self.train_scenarios = [s for s in scenarios if s.split == "train"]
+        self.val_scenarios = [s for s in scenarios if s.split == "val"]
+        self.ruler = ruler
+        self.events = events
+        self._draws: list[Scenario] = []
+        self._random = random.Random(settings.seed)
 
-    @property
-    def alias(self) -> str:
-        if self.swapper is not None:
-            return self.swapper.alias
-        return self.settings.alias or self.policy.served_name
+    async def run(self) -> str:
+        trainer, settings = self.trainer, self.settings
+        validating = bool(self.val_scenarios) and settings.val_every > 0
+        if validating and trainer.state.step == 0 and not trainer.state.val_history:
+            reward, val_groups = await self.validate()
+            await trainer.validated_only(reward, val_groups)
+            self.events.status(f"validation reward of the base model: {reward:.3f}")
+        while (reason := stop_reason(trainer, settings)) is None:
+            number = trainer.state.step + 1
+            groups, rollout_metrics = await self._training_groups(number)
+            if validating and number % settings.val_every == 0:
+                val_reward, val_groups = await self.validate()
+                rollout_metrics["val_reward"] = val_reward
+                groups += val_groups
+            self.events.status(f"training step {number}")
+            self.events.step(await trainer.train(groups, extra_metrics=rollout_metrics))
+        return reason
 
-    async def resume(self) -> int:
-        """Continue from the latest checkpoint, if any; returns the step it holds (0: none).
+    async def validate(self) -> tuple[float, list[TrainableGroup]]:
+        """Mean reward of the current policy on the validation scenarios."""
+        self.events.status("validating")
+        groups = await self._scored_groups(self.val_scenarios)
+        rewards = [r for g in groups for r in g.rewards.values()]
+        return mean_or_nan(rewards), groups
 
-        Either way the alias ends up serving this run's newest adapter (loaded again: the
-        upstream may have restarted since) or, for a new run, the base model: an alias a previous
-        run left on an adapter the upstream no longer holds would fail every agent call.
-        """
-        state = self.checkpoints.latest()
-        if state is None:
-            if self.swapper is not None:
-                await self.swapper.serve_base()
-            return 0
-        if state.run != self.settings.run_name:
-            raise CheckpointError(
-                f"{self.checkpoints.out} holds run {state.run!r}, not {self.settings.run_name!r}"
-            )
-        self.checkpoints.restore(state, self.policy.model, self.policy.optimizer)
-        self.state = state
-        record = state.record
-        if record is not None:
-            # A kill between the checkpoint and the store: the store learns the step now.
-            await self.store.record_step(record)
-        if self.swapper is not None:
-            record = await self._serve_newest(record)
-        if record is not None and self.sink.last_step() < record.step:
-            self.sink.write(record)
-        return state.step
+    async def _training_groups(self, number: int) -> tuple[list[TrainableGroup], dict[str, float]]:
+        groups: list[TrainableGroup] = []
+        rounds = 0
+        while rounds < _MAX_REFILLS:
+            with_signal = sum(has_signal(g.rewards.values()) for g in groups)
+            missing = self.settings.groups_per_step - with_signal
+            if missing <= 0:
+                break
+            rounds += 1
+            self.events.status(f"step {number}: rollouts, round {rounds}")
+            groups += await self._scored_groups(self._draw(missing))
+        return groups, {"rollout_rounds": float(rounds)}
 
-    async def train(
-        self, groups: Sequence[TrainableGroup], *, extra_metrics: Mapping[str, float] = {}
-    ) -> TrainingStep:
-        started = time.perf_counter()
-        await self.watch_production()
-        number = self.state.step + 1
-        outcomes: dict[str, GroupOutcome] = {}
-        metrics: dict[str, float] = dict(extra_metrics)
-        val = [g for g in groups if g.split == "val"]
-        for group in val:
-            outcomes[group.group_id] = "validation"
-        if val and "val_reward" not in metrics:
-            metrics["val_reward"] = _mean([r for g in val for r in g.rewards.values()])
-        train_groups = [g for g in groups if g.split != "val"]
-        calls = await self.store.calls([t for g in groups for t in g.rewards])
-        validated = _validation_by_model(val, calls)
-        self.state.validated |= validated
-        promotion = None
-        if self.promoter is not None:
-            promotion = await self.promoter.consider(validated, self.state)
-        samples = self._samples(train_groups, calls, outcomes)
-        metrics["seconds_prepare"] = time.perf_counter() - started
-        rewards = [r for g in train_groups for r in g.rewards.values()]
-        metrics |= {
-            "reward_mean": _mean(rewards),
-            "reward_std": _mean([_std(list(g.rewards.values())) for g in train_groups]),
-            "judge_cost_usd": math.fsum(g.judge_cost_usd for g in groups),
-            "groups": float(len(groups)),
-            "skipped_groups": float(sum(o != "trained" for o in outcomes.values())),
-        }
-        status, reason = await self._optimise(samples, metrics, outcomes)
-        record = TrainingStep(
-            run=self.settings.run_name,
-            step=number,
-            status=status,
-            reason=reason,
-            adapter=adapter_name(self.alias, number) if status == "applied" else None,
-            swap="skipped" if status != "applied" or self.swapper is None else None,
-            promotion=promotion,
-            groups=outcomes,
-            metrics=_finite(metrics),
-            created_at=utcnow(),
+    def _draw(self, count: int) -> list[Scenario]:
+        """The next training scenarios, each epoch in a new random order."""
+        drawn: list[Scenario] = []
+        while len(drawn) < count and self.train_scenarios:
+            if not self._draws:
+                self._draws = list(self.train_scenarios)
+                self._random.shuffle(self._draws)
+            drawn.append(self._draws.pop())
+        return drawn
+
+    async def _scored_groups(self, scenarios: Sequence[Scenario]) -> list[TrainableGroup]:
+        settings = self.settings
+        report = await run_rollouts(
+            self.agent,
+            scenarios,
+            proxy_url=settings.proxy,
+            group_size=settings.group_size,
+            concurrency=settings.concurrency,
+            timeout_s=settings.rollout_timeout,
+            model=self.trainer.alias,
+            admin_key=settings.admin_key,
+            progress=self.events.rollouts,
         )
-        self.state.step = number
-        if status == "applied":
-            self.state.policy_step = number
-        self.state.record = record
-        if rewards:
-            self.state.reward_history.append((number, metrics["reward_mean"]))
-        best = "val_reward" in metrics and self._validated(number, metrics["val_reward"])
-        saving = time.perf_counter()
-        self.checkpoints.save(self.policy.model, self.policy.optimizer, self.state)
-        if best:
-            self.checkpoints.mark_best(number)
-        await self.store.record_step(record)
-        metrics["seconds_checkpoint"] = time.perf_counter() - saving
-        if record.swap is None:
-            swapping = time.perf_counter()
-            record = await self._swap(record)
-            metrics["seconds_swap"] = time.perf_counter() - swapping
-        metrics["seconds_step"] = time.perf_counter() - started
-        record = record.model_copy(update={"metrics": _finite(metrics)})
-        self.state.record = record
-        self.sink.write(record)
-        self._prune()
-        return record
+        for warning in report.warnings:
+            log.warning("%s", warning)
+        scored = [await self._score(group) for group in report.groups]
+        return [group for group in scored if group is not None]
 
-    async def validated_only(self, val_reward: float, groups: Sequence[TrainableGroup]) -> None:
-        """A validation before the first step (the base model's reward, the plateau baseline,
-        and what a first promotion must match)."""
-        calls = await self.store.calls([t for g in groups for t in g.rewards])
-        self.state.validated |= _validation_by_model(groups, calls)
-        self._validated(self.state.step, val_reward)
-
-    async def watch_production(self) -> None:
-        """Roll the production alias back when its live reward has fallen (each step, and
-        while the sidecar waits for groups)."""
-        if self.promoter is None:
-            return
-        rolled_back = await self.promoter.watch(self.state)
-        if rolled_back is not None:
-            self._on_warning(rolled_back)
-
-    def _samples(
-        self,
-        groups: Sequence[TrainableGroup],
-        calls: Mapping[str, list[CallRecord]],
-        outcomes: dict[str, GroupOutcome],
-    ) -> list[TrajectorySample]:
-        # Age is counted from the weights trained now, not from the step number: after steps
-        # abandoned for want of signal, the base model's new samples are still on-policy.
-        oldest_allowed = self.state.policy_step - self.settings.max_staleness
-        fresh: dict[str, dict[str, float]] = {}
-        for group in groups:
-            served = [c.model for t in group.rewards for c in calls.get(t, [])]
-            if any(step_of(model, self.alias) < oldest_allowed for model in served):
-                outcomes[group.group_id] = "stale"
-            elif not has_signal(group):
-                outcomes[group.group_id] = "zero_variance"
-            else:
-                fresh[group.group_id] = dict(group.rewards)
-        advantages = group_advantages(
-            fresh, scale_by_std=self.settings.scale_advantages_by_std
-        ).by_trajectory
-        samples: list[TrajectorySample] = []
-        for group_id, rewards in fresh.items():
-            outcomes[group_id] = "trained"
-            samples += [TrajectorySample(t, calls.get(t, []), advantages[t]) for t in rewards]
-        return samples
-
-    async def _optimise(
-        self,
-        samples: list[TrajectorySample],
-        metrics: dict[str, float],
-        outcomes: dict[str, GroupOutcome],
-    ) -> tuple[str, str | None]:
-        if not samples:
-            stale = any(outcome == "stale" for outcome in outcomes.values())
-            return "abandoned", "stale" if stale else "no_signal"
-        try:
-            batch = build_batch(samples, pad_token_id=self.policy.pad_token_id)
-        except EmptyBatchError:
-            for group_id, outcome in outcomes.items():
-                if outcome == "trained":
-                    outcomes[group_id] = "no_tokens"
-            return "abandoned", "no_tokens"
-        training = time.perf_counter()
-        # A thread: the event loop keeps serving progress and HTTP while torch computes.
-        result = await asyncio.to_thread(
-            train_step, self.policy.model, self.policy.optimizer, batch, self.settings
-        )
-        metrics["seconds_train"] = time.perf_counter() - training
-        metrics |= {
-            "loss": result.loss,
-            "grad_norm": result.grad_norm,
-            "tokens": float(batch.trained_tokens),
-            "sequences": float(batch.stats.sequences),
-            "stitch_misses": float(batch.stats.stitch_misses),
-            "skipped_calls": float(batch.stats.skipped_calls),
-        }
-        if result.metrics is not None:
-            metrics |= {
-                "clip_fraction": result.metrics.clip_fraction,
-                "mean_ratio": result.metrics.mean_ratio,
-            }
-            if self.settings.kl_coef > 0:  # measured only when it is part of the loss
-                metrics["kl"] = result.metrics.kl
-        if result.applied:
-            return "applied", None
-        for group_id, outcome in outcomes.items():
-            if outcome == "trained":
-                outcomes[group_id] = "abandoned"
-        return "abandoned", result.reason
-
-    async def _swap(self, record: TrainingStep) -> TrainingStep:
-        assert self.swapper is not None
-        outcome = await self.swapper.swap(record.step, self.checkpoints.adapter_dir(record.step))
-        if outcome.status == "rejected":
-            self._on_warning(f"step {record.step}: adapter not swapped in: {outcome.error}")
-        await self.store.set_step_swap(record.run, record.step, outcome.status, outcome.error)
-        self.state.loaded_adapters = self.swapper.loaded
-        return record.model_copy(update={"swap": outcome.status, "swap_error": outcome.error})
-
-    async def _serve_newest(self, record: TrainingStep | None) -> TrainingStep | None:
-        """Load this run's newest adapter again and point the alias at it; a swap the kill
-        interrupted is finished and recorded."""
-        assert self.swapper is not None
-        adapters = list(self.state.loaded_adapters)
-        pending = record is not None and record.status == "applied" and record.swap is None
-        if pending and record is not None and record.adapter not in adapters:
-            adapters.append(record.adapter or adapter_name(self.alias, record.step))
-        if not adapters:
-            await self.swapper.serve_base()
-            return record
-        self.swapper.adopt(adapters[:-1])
-        newest = step_of(adapters[-1], self.alias)
-        outcome = await self.swapper.swap(newest, self.checkpoints.adapter_dir(newest))
-        if outcome.status == "rejected":
-            self._on_warning(f"the adapter of step {newest} could not be served: {outcome.error}")
-        self.state.loaded_adapters = self.swapper.loaded
-        if not pending or record is None:
-            return record
-        await self.store.set_step_swap(record.run, record.step, outcome.status, outcome.error)
-        return record.model_copy(update={"swap": outcome.status, "swap_error": outcome.error})
-
-    def _validated(self, step: int, val_reward: float) -> bool:
-        """Track the validation reward; True when it is the best so far."""
-        state = self.state
-        previous = state.val_history[-1] if state.val_history else None
-        state.val_history.append((step, val_reward))
-        best = state.best_val is None or val_reward > state.best_val + self.stopping.min_delta
-        if best:
-            state.best_val, state.best_step = val_reward, step
-            self.stopping.since_best = 0
+    async def _score(self, group: GroupReport) -> TrainableGroup | None:
+        if not ready_for_judging(group):
+            return None
+        succeeded = set(group.succeeded)
+        rewards: dict[str, float] = {}
+        cost = 0.0
+        if self.ruler is None:
+            rewards = {t: r for t, r in group.rewards.items() if t in succeeded and r is not None}
         else:
-            self.stopping.since_best += 1
-        if previous is not None:
-            self._watch_for_reward_hacking(previous, step, val_reward)
-        return best and step > 0
-
-    def _watch_for_reward_hacking(
-        self, previous: tuple[int, float], step: int, val_reward: float
-    ) -> None:
-        state = self.state
-        # Reward hacking: the policy gets better at what the judge rewards while getting worse
-        # at what validation measures.
-        # The training reward around the previous validation (the first steps' after a
-        # validation of the base model, which has none before it).
-        before = [r for s, r in state.reward_history if s <= previous[0]][-3:]
-        train_then = _mean(before or [r for _, r in state.reward_history][:3])
-        train_now = _mean([r for s, r in state.reward_history if s <= step][-3:])
-        delta = self.stopping.min_delta
-        if train_now > train_then + delta and val_reward < previous[1] - delta:
-            warning = (
-                f"step {step}: training reward rose {train_then:.2f} -> {train_now:.2f} while "
-                f"validation fell {previous[1]:.2f} -> {val_reward:.2f}: possible reward hacking "
-                "(look at the trajectories; tighten the rubric or the reward)"
-            )
-            self.stopping.warnings.append(warning)
-            self._on_warning(warning)
-
-    def _prune(self) -> None:
-        loaded = self.swapper.loaded if self.swapper is not None else []
-        keep = {step_of(name, self.alias) for name in loaded}
-        self.checkpoints.prune(keep | {self.state.step})
-
-
-def _validation_by_model(
-    groups: Sequence[TrainableGroup], calls: Mapping[str, list[CallRecord]]
-) -> dict[str, float]:
-    """Served model -> mean validation reward of the trajectories it served (each counts for
-    its first call's model, as the store's live rewards do): in the sidecar, validation groups
-    may span several adapters."""
-    rewards: dict[str, list[float]] = {}
-    for group in groups:
-        for trajectory, reward in group.rewards.items():
-            served = calls.get(trajectory)
-            if served and served[0].model is not None:
-                rewards.setdefault(served[0].model, []).append(reward)
-    return {model: _mean(values) for model, values in rewards.items()}
-
-
-def _finite(metrics: Mapping[str, float]) -> dict[str, float]:
-    """NaN and inf say "not measured" here; JSON and the store keep only numbers."""
-    return {name: value for name, value in metrics.items() if math.isfinite(value)}
-
-
-def _mean(values: Sequence[float]) -> float:
-    return math.fsum(values) / len(values) if values else math.nan
-
-
-def _std(values: Sequence[float]) -> float:
-    if not values:
-        return math.nan
-    mean = _mean(values)
-    return math.sqrt(math.fsum((v - mean) ** 2 for v in values) / len(values))
+            members = await finished_members(self.ruler.store, group.group_id)
+            judgment = await self.ruler.score_group(group.group_id, members)
+            cost = judgment.cost_usd
+            if judgment.status == "scored":
+                rewards = rewards_by_trajectory(judgment.scores)
+            else:
+                log.warning("group %s: %s (%s)", group.group_id, judgment.status, judgment.reason)
+        if len(rewards) < 2:
+            return None
+        return TrainableGroup(
+            group_id=group.group_id,
+            scenario_id=group.scenario_id,
+            split=group.split,
+            created_at=utcnow(),
+            rewards=rewards,
+            judge_cost_usd=cost,
+        )

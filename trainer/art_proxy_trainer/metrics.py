@@ -1,4 +1,4 @@
-"""Where each step's metrics go: the store (by the loop), `metrics.jsonl`, and TensorBoard if asked.
+"""Where each step's metrics go: the store (by the trainer), `metrics.jsonl`, TensorBoard if asked.
 
 One JSON object per line, the step's record as stored (metrics, groups and their outcomes, swap),
 appended and flushed per step, so a crash loses nothing already trained.

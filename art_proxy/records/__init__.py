@@ -1,0 +1,96 @@
+"""The records that cross a process boundary, defined once.
+
+The proxy writes them, the `/art/v1` API and `art-proxy export` read them back, and the judge and
+the trainer consume them. One module per stage (`trajectories`, `judgments`, `training`,
+`feedback`); import them from here.
+"""
+
+from art_proxy.records.base import JsonObject
+from art_proxy.records.feedback import (
+    MAX_COMMENT,
+    Feedback,
+    FeedbackRequest,
+    LiveReward,
+    Thumbs,
+)
+from art_proxy.records.judgments import (
+    CriterionMark,
+    EnsembleMember,
+    JudgeMode,
+    Judgment,
+    JudgmentStatus,
+    MemberStatus,
+    RewardFormula,
+    TrajectoryScore,
+)
+from art_proxy.records.training import (
+    MAX_NOTE,
+    AliasMove,
+    AliasRecord,
+    AliasRequest,
+    GroupOutcome,
+    MoveReason,
+    StepStatus,
+    SwapStatus,
+    TrainableGroup,
+    TrainingStep,
+)
+from art_proxy.records.trajectories import (
+    ROLLOUT_ERROR,
+    SPLITS,
+    Attribution,
+    CallKind,
+    CallRecord,
+    CallStatus,
+    Dialect,
+    ExportedTrajectory,
+    FinishReason,
+    FinishRequest,
+    GroupRecord,
+    ScenarioRecord,
+    Split,
+    TrajectoryRecord,
+    TrajectoryStatus,
+)
+
+__all__ = [
+    "MAX_COMMENT",
+    "MAX_NOTE",
+    "ROLLOUT_ERROR",
+    "SPLITS",
+    "AliasMove",
+    "AliasRecord",
+    "AliasRequest",
+    "Attribution",
+    "CallKind",
+    "CallRecord",
+    "CallStatus",
+    "CriterionMark",
+    "Dialect",
+    "EnsembleMember",
+    "ExportedTrajectory",
+    "Feedback",
+    "FeedbackRequest",
+    "FinishReason",
+    "FinishRequest",
+    "GroupOutcome",
+    "GroupRecord",
+    "JsonObject",
+    "JudgeMode",
+    "Judgment",
+    "JudgmentStatus",
+    "LiveReward",
+    "MemberStatus",
+    "MoveReason",
+    "RewardFormula",
+    "ScenarioRecord",
+    "Split",
+    "StepStatus",
+    "SwapStatus",
+    "Thumbs",
+    "TrainableGroup",
+    "TrainingStep",
+    "TrajectoryRecord",
+    "TrajectoryScore",
+    "TrajectoryStatus",
+]

@@ -1,0 +1,97 @@
+"""Training: adapters served under an alias, the trainer's steps, and the groups it trains on."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Literal
+
+from pydantic import Field
+
+from art_proxy.records.base import Record
+from art_proxy.records.trajectories import Split
+
+# trained: its trajectories were in the step's batch. zero_variance: all rewards equal, no signal.
+# stale: sampled by an adapter older than the staleness bound allows. no_tokens: nothing trainable
+# was recorded. validation: a `val` group, read for the validation reward and never trained on.
+# abandoned: in the batch of a step that was abandoned (NaN loss or gradient, out of memory even
+# one sequence at a time): consumed, the weights unchanged (the step's reason says why).
+GroupOutcome = Literal["trained", "zero_variance", "stale", "no_tokens", "validation", "abandoned"]
+# applied: the optimiser moved. abandoned: NaN/inf loss or gradient, or out of memory (see reason).
+StepStatus = Literal["applied", "abandoned"]
+# swapped: every upstream loaded the adapter and the alias moved. rejected: an upstream refused it
+# (the alias stayed). skipped: the step was abandoned, or swapping is off.
+SwapStatus = Literal["swapped", "rejected", "skipped"]
+# Why an alias moved: a trainer swap, safe promotion, an automatic rollback, or by hand.
+MoveReason = Literal["swap", "promote", "rollback", "manual"]
+MAX_NOTE = 500  # characters: a line of evidence for a move, not a report
+
+
+class AliasRecord(Record):
+    """A stable model name agents call; the proxy sends its requests as `model` instead."""
+
+    alias: str
+    model: str = Field(description="The served name: the base model or an adapter `alias@step`.")
+    step: int | None = Field(default=None, description="The training step of the adapter.")
+    updated_at: datetime
+
+
+class AliasMove(Record):
+    """One move of an alias: the adapter history (which step each alias served when)."""
+
+    alias: str
+    model: str
+    previous: str | None = Field(description="What the alias served before (None: the name).")
+    step: int | None = None
+    reason: MoveReason
+    note: str | None = Field(
+        default=None, description="The evidence for the move, e.g. `val 0.71 >= 0.62 (a@4)`."
+    )
+    moved_at: datetime
+
+
+class AliasRequest(Record):
+    """Body of `PUT /art/v1/aliases/{alias}`."""
+
+    model: str = Field(min_length=1, max_length=200)
+    step: int | None = None
+    reason: MoveReason = "manual"
+    note: str | None = Field(default=None, max_length=MAX_NOTE)
+
+
+class TrainingStep(Record):
+    """One step of one trainer run, and the groups it consumed (each group once per run)."""
+
+    run: str = Field(description="The trainer run (its output directory's name by default).")
+    step: int = Field(ge=1)
+    status: StepStatus
+    reason: str | None = Field(default=None, description="Why the step was abandoned.")
+    adapter: str | None = Field(default=None, description="The saved adapter, `alias@step`.")
+    swap: SwapStatus | None = None
+    swap_error: str | None = Field(default=None, description="What the upstream answered.")
+    promotion: str | None = Field(
+        default=None,
+        description="What safe promotion did with the step's validation (promoted or kept, "
+        "and why); None when nothing was up for promotion.",
+    )
+    groups: dict[str, GroupOutcome] = Field(
+        default_factory=dict, description="Group id -> what the step did with it."
+    )
+    metrics: dict[str, float] = Field(
+        default_factory=dict,
+        description="reward_mean, reward_std, val_reward, loss, grad_norm, kl, clip_fraction, "
+        "tokens, skipped_groups, stitch_misses, judge_cost_usd, seconds_<phase>...",
+    )
+    created_at: datetime
+
+
+class TrainableGroup(Record):
+    """A group a trainer run has not consumed yet, with the reward of each member to train on."""
+
+    group_id: str
+    scenario_id: str
+    split: Split = Field(description="The split of its trajectories (they share one).")
+    created_at: datetime
+    rewards: dict[str, float] = Field(description="Trajectory id -> reward.")
+    judge_cost_usd: float = Field(
+        0.0, description="What every judgment of the group cost (0 for finish rewards)."
+    )

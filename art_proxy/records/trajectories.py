@@ -1,0 +1,157 @@
+"""Calls, trajectories, groups and scenarios: what the proxy records and `art-proxy export` reads.
+
+Token ids are the truth for training: `prompt_token_ids` is what the upstream fed the model,
+`completion_token_ids[i]` what choice `i` sampled (EOS included), and `logprobs[i][t]` the sampling
+logprob of `completion_token_ids[i][t]` (pi_old).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Literal, get_args
+
+from pydantic import ConfigDict, Field
+
+from art_proxy.records.base import JsonObject, Record
+
+Split = Literal["train", "val", "prod"]
+SPLITS: tuple[Split, ...] = get_args(Split)
+CallKind = Literal["chat", "completion"]
+# ok: the upstream answered 2xx. upstream_error: it answered 4xx/5xx (passed through to the client).
+# failed: it could not be reached, timed out or broke the wire format (the proxy answered 502/504).
+# aborted: the client left. rejected: the proxy refused the request (400/413) before the upstream.
+CallStatus = Literal["ok", "upstream_error", "failed", "aborted", "rejected"]
+TrajectoryStatus = Literal["open", "finished"]
+# shadow: an extra sample the proxy drew beside a served prod call (proxy/shadow.py), one call long.
+FinishReason = Literal["client", "idle", "shadow"]
+# The metadata key of a trajectory whose agent raised or timed out (the rollout runner sets it);
+# judging leaves such a trajectory out.
+ROLLOUT_ERROR = "rollout_error"
+# How a call was attributed to its trajectory, strongest first. response: the Responses API's
+# `previous_response_id` named a call of it. continuation: the messages extend its last call's
+# messages and reply. rerendered: they extend its last call's messages, and the reply comes back
+# in another form (an agent that re-renders its history): its tokens are a new training sequence.
+# shadow: the proxy's own sample.
+Attribution = Literal["url", "header", "response", "continuation", "rerendered", "new", "shadow"]
+# The API a client spoke: openai (chat and legacy completions), responses (OpenAI's Responses API)
+# or anthropic (Anthropic's Messages API). The proxy speaks chat completions upstream for all three.
+Dialect = Literal["openai", "responses", "anthropic"]
+
+
+class CallRecord(Record):
+    """One request to the upstream, as the proxy saw it (never headers: they may hold secrets)."""
+
+    id: str
+    trajectory_id: str
+    seq: int = Field(description="Position of the call in its trajectory, from 0.")
+    kind: CallKind
+    created_at: datetime
+    latency_ms: float
+    upstream: str
+    status: CallStatus
+    http_status: int
+    error: str | None = None
+    stream: bool
+    model: str | None = Field(
+        description="The model the upstream served: a model alias's target (`alias@step`), "
+        "else the client's `model`; `request` keeps the name the client asked for."
+    )
+    request: JsonObject = Field(
+        description="The body the client sent, unchanged; for the responses and anthropic "
+        "dialects, the chat-completions body it was translated to (`client_request` has the "
+        "client's own)."
+    )
+    response: JsonObject | None = Field(
+        description="The answer as the client received it (rebuilt from the chunks for a "
+        "stream), in chat-completions form whatever the dialect; token ids and logprobs are in "
+        "their own fields."
+    )
+    sampling: JsonObject = Field(description="Sampling parameters the client set (temperature...).")
+    prompt_token_ids: list[int] | None
+    completion_token_ids: list[list[int]] | None = Field(description="Per choice, EOS included.")
+    logprobs: list[list[float]] | None = Field(description="Per choice, one per completion id.")
+    trainable: bool = Field(
+        description="Token ids and logprobs were captured for every choice, and the trainer can "
+        "score them with the distribution they were sampled from."
+    )
+    untrainable_reason: str | None = Field(
+        default=None,
+        description="Why an answered call is not trainable (e.g. `guided decoding "
+        "(tool_choice)`, `sampling min_p`, `stream lost tokens`); None when it is, or when it "
+        "failed.",
+    )
+    stitched: bool = Field(
+        description="The prompt ids extend the previous call's prompt plus completion ids."
+    )
+    attribution: Attribution
+    dialect: Dialect = "openai"
+    client_request: JsonObject | None = Field(
+        default=None,
+        description="The body the client sent in the responses or anthropic dialect (None for "
+        "openai, whose `request` is the client's own).",
+    )
+
+
+class TrajectoryRecord(Record):
+    id: str
+    scenario_id: str
+    group_id: str
+    split: Split
+    status: TrajectoryStatus
+    finish_reason: FinishReason | None = None
+    created_at: datetime
+    updated_at: datetime
+    finished_at: datetime | None = None
+    upstream: str
+    call_count: int
+    reward: float | None = None
+    metrics: dict[str, float] = Field(default_factory=dict)
+    metadata: JsonObject = Field(default_factory=dict)
+    calls: list[CallRecord] | None = Field(
+        default=None, description="Present when the trajectory is read whole."
+    )
+
+
+class GroupRecord(Record):
+    """Trajectories of one scenario that ran side by side: what RULER ranks against each other."""
+
+    id: str
+    scenario_id: str
+    created_at: datetime
+    size: int
+    open_count: int = Field(description="Members not finished yet.")
+    newest_started_at: datetime | None = Field(
+        default=None, description="When its newest member started (the judge waits from it)."
+    )
+
+
+class ScenarioRecord(Record):
+    id: str
+    created_at: datetime
+    auto: bool = Field(
+        description="Keyed by the proxy (hash of the opening) rather than the agent."
+    )
+    opening: list[JsonObject] = Field(
+        description="The conversation before the first assistant turn, as first seen."
+    )
+
+
+class FinishRequest(Record):
+    """Body of `POST /art/v1/trajectories/{id}/finish`: finite numbers only (JSON has no NaN or
+    infinity, so a stored one could not be read back as it was written)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    reward: float | None = None
+    metrics: dict[str, float] = Field(default_factory=dict)
+    metadata: JsonObject = Field(default_factory=dict)
+
+
+class ExportedTrajectory(Record):
+    """One line of `art-proxy export`: the trajectory, its final conversation and every call."""
+
+    trajectory: TrajectoryRecord
+    messages: list[JsonObject] = Field(
+        description="The last chat call's messages plus its first choice's reply."
+    )
+    trainable: bool

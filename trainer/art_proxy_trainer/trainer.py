@@ -1,0 +1,355 @@
+"""The trainer: one training step and its record, and the state around it: resume, validation,
+stopping. The loops that call it, step after step, are in `loop`.
+
+`Trainer.train(groups)` turns scored groups into one step and always leaves a record of it, whether
+the optimiser moved or not: a group is consumed by exactly one step, including the groups that
+carried no signal (equal rewards), were sampled by a too-old adapter (stale), recorded no token ids,
+or were validation groups. The order inside a step is what makes a kill at any moment harmless:
+train, write the checkpoint (the step's record inside), write the record to the store, then swap.
+`resume()` replays whatever of the last two a kill interrupted. With a production alias
+(`promoter`), a step first checks whether it must roll back, then offers the adapter its
+validation measured for promotion (before the swap, which may unload older adapters).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from art_proxy.config import TrainSettings
+from art_proxy.records import CallRecord, GroupOutcome, TrainableGroup, TrainingStep
+from art_proxy.rewards import has_signal, mean_or_nan, population_std
+from art_proxy.store.trajectory_store import TrajectoryStore, utcnow
+from art_proxy_trainer.advantages import group_advantages
+from art_proxy_trainer.batch import TrajectorySample, build_batch
+from art_proxy_trainer.checkpoint import Checkpoints, TrainerState
+from art_proxy_trainer.errors import CheckpointError, EmptyBatchError
+from art_proxy_trainer.metrics import MetricsSink
+from art_proxy_trainer.policy import Policy
+from art_proxy_trainer.promoter import Promoter
+from art_proxy_trainer.step import train_step
+from art_proxy_trainer.swap import AdapterSwapper, adapter_name, step_of
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Stopping:
+    """Plateau and reward-hacking watch over the validation rewards."""
+
+    patience: int
+    min_delta: float
+    since_best: int = 0
+    warnings: list[str] = field(default_factory=list)
+
+    def plateaued(self) -> bool:
+        return self.patience > 0 and self.since_best >= self.patience
+
+
+class Trainer:
+    def __init__(
+        self,
+        settings: TrainSettings,
+        store: TrajectoryStore,
+        policy: Policy,
+        checkpoints: Checkpoints,
+        sink: MetricsSink,
+        swapper: AdapterSwapper | None,
+        *,
+        promoter: Promoter | None = None,
+        on_warning: Callable[[str], None] = log.warning,
+    ) -> None:
+        self.settings = settings
+        self.store = store
+        self.policy = policy
+        self.checkpoints = checkpoints
+        self.sink = sink
+        self.swapper = swapper
+        self.promoter = promoter
+        self.state = TrainerState(run=settings.run_name)
+        self.stopping = Stopping(settings.patience, settings.min_delta)
+        self._on_warning = on_warning
+
+    @property
+    def alias(self) -> str:
+        if self.swapper is not None:
+            return self.swapper.alias
+        return self.settings.alias or self.policy.served_name
+
+    async def resume(self) -> int:
+        """Continue from the latest checkpoint, if any; returns the step it holds (0: none).
+
+        Either way the alias ends up serving this run's newest adapter (loaded again: the
+        upstream may have restarted since) or, for a new run, the base model: an alias a previous
+        run left on an adapter the upstream no longer holds would fail every agent call.
+        """
+        state = self.checkpoints.latest()
+        if state is None:
+            if self.swapper is not None:
+                await self.swapper.serve_base()
+            return 0
+        if state.run != self.settings.run_name:
+            raise CheckpointError(
+                f"{self.checkpoints.out} holds run {state.run!r}, not {self.settings.run_name!r}"
+            )
+        self.checkpoints.restore(state, self.policy.model, self.policy.optimizer)
+        self.state = state
+        record = state.record
+        if record is not None:
+            # A kill between the checkpoint and the store: the store learns the step now.
+            await self.store.record_step(record)
+        if self.swapper is not None:
+            record = await self._serve_newest(record)
+        if record is not None and self.sink.last_step() < record.step:
+            self.sink.write(record)
+        return state.step
+
+    async def train(
+        self, groups: Sequence[TrainableGroup], *, extra_metrics: Mapping[str, float] = {}
+    ) -> TrainingStep:
+        started = time.perf_counter()
+        await self.watch_production()
+        number = self.state.step + 1
+        outcomes: dict[str, GroupOutcome] = {}
+        metrics: dict[str, float] = dict(extra_metrics)
+        val = [g for g in groups if g.split == "val"]
+        for group in val:
+            outcomes[group.group_id] = "validation"
+        if val and "val_reward" not in metrics:
+            metrics["val_reward"] = mean_or_nan([r for g in val for r in g.rewards.values()])
+        train_groups = [g for g in groups if g.split != "val"]
+        calls = await self.store.calls([t for g in groups for t in g.rewards])
+        validated = _validation_by_model(val, calls)
+        self.state.validated |= validated
+        promotion = None
+        if self.promoter is not None:
+            promotion = await self.promoter.consider(validated, self.state)
+        samples = self._samples(train_groups, calls, outcomes)
+        metrics["seconds_prepare"] = time.perf_counter() - started
+        rewards = [r for g in train_groups for r in g.rewards.values()]
+        metrics |= {
+            "reward_mean": mean_or_nan(rewards),
+            "reward_std": mean_or_nan([population_std(g.rewards.values()) for g in train_groups]),
+            "judge_cost_usd": math.fsum(g.judge_cost_usd for g in groups),
+            "groups": float(len(groups)),
+            "skipped_groups": float(sum(o != "trained" for o in outcomes.values())),
+        }
+        status, reason = await self._optimise(samples, metrics, outcomes)
+        record = TrainingStep(
+            run=self.settings.run_name,
+            step=number,
+            status=status,
+            reason=reason,
+            adapter=adapter_name(self.alias, number) if status == "applied" else None,
+            swap="skipped" if status != "applied" or self.swapper is None else None,
+            promotion=promotion,
+            groups=outcomes,
+            metrics=_finite(metrics),
+            created_at=utcnow(),
+        )
+        self.state.step = number
+        if status == "applied":
+            self.state.policy_step = number
+        self.state.record = record
+        if rewards:
+            self.state.reward_history.append((number, metrics["reward_mean"]))
+        best = "val_reward" in metrics and self._validated(number, metrics["val_reward"])
+        saving = time.perf_counter()
+        self.checkpoints.save(self.policy.model, self.policy.optimizer, self.state)
+        if best:
+            self.checkpoints.mark_best(number)
+        await self.store.record_step(record)
+        metrics["seconds_checkpoint"] = time.perf_counter() - saving
+        if record.swap is None:
+            swapping = time.perf_counter()
+            record = await self._swap(record)
+            metrics["seconds_swap"] = time.perf_counter() - swapping
+        metrics["seconds_step"] = time.perf_counter() - started
+        record = record.model_copy(update={"metrics": _finite(metrics)})
+        self.state.record = record
+        self.sink.write(record)
+        self._prune()
+        return record
+
+    async def validated_only(self, val_reward: float, groups: Sequence[TrainableGroup]) -> None:
+        """A validation before the first step (the base model's reward, the plateau baseline,
+        and what a first promotion must match)."""
+        calls = await self.store.calls([t for g in groups for t in g.rewards])
+        self.state.validated |= _validation_by_model(groups, calls)
+        self._validated(self.state.step, val_reward)
+
+    async def watch_production(self) -> None:
+        """Roll the production alias back when its live reward has fallen (each step, and
+        while the sidecar waits for groups)."""
+        if self.promoter is None:
+            return
+        rolled_back = await self.promoter.watch(self.state)
+        if rolled_back is not None:
+            self._on_warning(rolled_back)
+
+    def _samples(
+        self,
+        groups: Sequence[TrainableGroup],
+        calls: Mapping[str, list[CallRecord]],
+        outcomes: dict[str, GroupOutcome],
+    ) -> list[TrajectorySample]:
+        # Age is counted from the weights trained now, not from the step number: after steps
+        # abandoned for want of signal, the base model's new samples are still on-policy.
+        oldest_allowed = self.state.policy_step - self.settings.max_staleness
+        fresh: dict[str, dict[str, float]] = {}
+        for group in groups:
+            served = [c.model for t in group.rewards for c in calls.get(t, [])]
+            if any(step_of(model, self.alias) < oldest_allowed for model in served):
+                outcomes[group.group_id] = "stale"
+            elif not has_signal(group.rewards.values()):
+                outcomes[group.group_id] = "zero_variance"
+            else:
+                fresh[group.group_id] = dict(group.rewards)
+        advantages = group_advantages(
+            fresh, scale_by_std=self.settings.scale_advantages_by_std
+        ).by_trajectory
+        samples: list[TrajectorySample] = []
+        for group_id, rewards in fresh.items():
+            outcomes[group_id] = "trained"
+            samples += [TrajectorySample(t, calls.get(t, []), advantages[t]) for t in rewards]
+        return samples
+
+    async def _optimise(
+        self,
+        samples: list[TrajectorySample],
+        metrics: dict[str, float],
+        outcomes: dict[str, GroupOutcome],
+    ) -> tuple[str, str | None]:
+        if not samples:
+            stale = any(outcome == "stale" for outcome in outcomes.values())
+            return "abandoned", "stale" if stale else "no_signal"
+        try:
+            batch = build_batch(samples, pad_token_id=self.policy.pad_token_id)
+        except EmptyBatchError:
+            for group_id, outcome in outcomes.items():
+                if outcome == "trained":
+                    outcomes[group_id] = "no_tokens"
+            return "abandoned", "no_tokens"
+        training = time.perf_counter()
+        # A thread: the event loop keeps serving progress and HTTP while torch computes.
+        result = await asyncio.to_thread(
+            train_step, self.policy.model, self.policy.optimizer, batch, self.settings
+        )
+        metrics["seconds_train"] = time.perf_counter() - training
+        metrics |= {
+            "loss": result.loss,
+            "grad_norm": result.grad_norm,
+            "tokens": float(batch.trained_tokens),
+            "sequences": float(batch.stats.sequences),
+            "stitch_misses": float(batch.stats.stitch_misses),
+            "skipped_calls": float(batch.stats.skipped_calls),
+        }
+        if result.metrics is not None:
+            metrics |= {
+                "clip_fraction": result.metrics.clip_fraction,
+                "mean_ratio": result.metrics.mean_ratio,
+            }
+            if self.settings.kl_coef > 0:  # measured only when it is part of the loss
+                metrics["kl"] = result.metrics.kl
+        if result.applied:
+            return "applied", None
+        for group_id, outcome in outcomes.items():
+            if outcome == "trained":
+                outcomes[group_id] = "abandoned"
+        return "abandoned", result.reason
+
+    async def _swap(self, record: TrainingStep) -> TrainingStep:
+        assert self.swapper is not None
+        outcome = await self.swapper.swap(record.step, self.checkpoints.adapter_dir(record.step))
+        if outcome.status == "rejected":
+            self._on_warning(f"step {record.step}: adapter not swapped in: {outcome.error}")
+        await self.store.set_step_swap(record.run, record.step, outcome.status, outcome.error)
+        self.state.loaded_adapters = self.swapper.loaded
+        return record.model_copy(update={"swap": outcome.status, "swap_error": outcome.error})
+
+    async def _serve_newest(self, record: TrainingStep | None) -> TrainingStep | None:
+        """Load this run's newest adapter again and point the alias at it; a swap the kill
+        interrupted is finished and recorded."""
+        assert self.swapper is not None
+        adapters = list(self.state.loaded_adapters)
+        pending = record is not None and record.status == "applied" and record.swap is None
+        if pending and record is not None and record.adapter not in adapters:
+            adapters.append(record.adapter or adapter_name(self.alias, record.step))
+        if not adapters:
+            await self.swapper.serve_base()
+            return record
+        self.swapper.adopt(adapters[:-1])
+        newest = step_of(adapters[-1], self.alias)
+        outcome = await self.swapper.swap(newest, self.checkpoints.adapter_dir(newest))
+        if outcome.status == "rejected":
+            self._on_warning(f"the adapter of step {newest} could not be served: {outcome.error}")
+        self.state.loaded_adapters = self.swapper.loaded
+        if not pending or record is None:
+            return record
+        await self.store.set_step_swap(record.run, record.step, outcome.status, outcome.error)
+        return record.model_copy(update={"swap": outcome.status, "swap_error": outcome.error})
+
+    def _validated(self, step: int, val_reward: float) -> bool:
+        """Track the validation reward; True when it is the best so far."""
+        state = self.state
+        previous = state.val_history[-1] if state.val_history else None
+        state.val_history.append((step, val_reward))
+        best = state.best_val is None or val_reward > state.best_val + self.stopping.min_delta
+        if best:
+            state.best_val, state.best_step = val_reward, step
+            self.stopping.since_best = 0
+        else:
+            self.stopping.since_best += 1
+        if previous is not None:
+            self._watch_for_reward_hacking(previous, step, val_reward)
+        return best and step > 0
+
+    def _watch_for_reward_hacking(
+        self, previous: tuple[int, float], step: int, val_reward: float
+    ) -> None:
+        state = self.state
+        # Reward hacking: the policy gets better at what the judge rewards while getting worse
+        # at what validation measures.
+        # The training reward around the previous validation (the first steps' after a
+        # validation of the base model, which has none before it).
+        before = [r for s, r in state.reward_history if s <= previous[0]][-3:]
+        train_then = mean_or_nan(before or [r for _, r in state.reward_history][:3])
+        train_now = mean_or_nan([r for s, r in state.reward_history if s <= step][-3:])
+        delta = self.stopping.min_delta
+        if train_now > train_then + delta and val_reward < previous[1] - delta:
+            warning = (
+                f"step {step}: training reward rose {train_then:.2f} -> {train_now:.2f} while "
+                f"validation fell {previous[1]:.2f} -> {val_reward:.2f}: possible reward hacking "
+                "(look at the trajectories; tighten the rubric or the reward)"
+            )
+            self.stopping.warnings.append(warning)
+            self._on_warning(warning)
+
+    def _prune(self) -> None:
+        loaded = self.swapper.loaded if self.swapper is not None else []
+        keep = {step_of(name, self.alias) for name in loaded}
+        self.checkpoints.prune(keep | {self.state.step})
+
+
+def _validation_by_model(
+    groups: Sequence[TrainableGroup], calls: Mapping[str, list[CallRecord]]
+) -> dict[str, float]:
+    """Served model -> mean validation reward of the trajectories it served (each counts for
+    its first call's model, as the store's live rewards do): in the sidecar, validation groups
+    may span several adapters."""
+    rewards: dict[str, list[float]] = {}
+    for group in groups:
+        for trajectory, reward in group.rewards.items():
+            served = calls.get(trajectory)
+            if served and served[0].model is not None:
+                rewards.setdefault(served[0].model, []).append(reward)
+    return {model: mean_or_nan(values) for model, values in rewards.items()}
+
+
+def _finite(metrics: Mapping[str, float]) -> dict[str, float]:
+    """NaN and inf say "not measured" here; JSON and the store keep only numbers."""
+    return {name: value for name, value in metrics.items() if math.isfinite(value)}
