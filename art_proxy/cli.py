@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import signal
 import sys
 from contextlib import nullcontext
 from typing import IO, TYPE_CHECKING
@@ -204,19 +205,34 @@ def local_llm(settings: LocalLlmSettings) -> None:
 )
 def train(settings: TrainSettings) -> None:
     try:
-        from art_proxy_trainer.command import run_train
+        from art_proxy_trainer.command import run_follower, run_train
+        from art_proxy_trainer.distributed import Ranks
         from art_proxy_trainer.errors import TrainerError
+        from art_proxy_trainer.launch import launch_ranks
     except ImportError as exc:
         _fail(f"art-proxy train needs the trainer: pip install art-proxy-trainer ({exc})")
     from art_proxy.local.errors import ModelLoadError
     from art_proxy.ruler.errors import RubricError
 
     _configure_logging()
-    console = Console()
+    ranks = Ranks.of_environment()
     try:
+        if ranks is None and settings.nproc > 1:
+            launch_ranks(settings.nproc, sys.argv[1:])  # each rank runs this same command
+            return
+        if ranks is not None and not ranks.leads:
+            # Rank 0 says when to stop (Ctrl-C reaches every rank of the terminal's group).
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+            run_follower(settings, ranks)
+            return
+        console = Console()
         summary = asyncio.run(run_train(settings, console))
     except (TrainerError, ModelLoadError, RubricError, ConfigError, StoreError, OSError) as exc:
-        _fail(str(exc))
+        _fail(str(exc) if ranks is None else f"rank {ranks.rank}: {exc}")
+    except RuntimeError as exc:  # torch.distributed's errors: a rank or the network is gone
+        if ranks is None:
+            raise
+        _fail(f"rank {ranks.rank}: {exc}")
     console.print(summary.table())
 
 
@@ -328,3 +344,7 @@ def _print_rollout_summary(report: RolloutReport) -> None:
 def main() -> None:
     share_cpu_cores()  # before any command imports torch
     app()
+
+
+if __name__ == "__main__":  # the ranks of `art-proxy train --nproc N` start this way
+    main()

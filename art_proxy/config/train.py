@@ -174,6 +174,20 @@ class TrainSettings(JudgeChoice, UpstreamSettings, StoreSettings, TrainerConfig)
         description="CPU threads for torch (0 = one per core the process may use); as "
         "local-llm's --threads, to share the cores between the two.",
     )
+    nproc: int = Field(
+        1,
+        ge=1,
+        description="Training processes (ranks) on this machine, one per device: each holds "
+        "the model and trains its share of each step's sequences, DDP averaging the adapter's "
+        "gradients (gloo on CPUs, NCCL on GPUs); 1 = one process. Across machines, run "
+        "`torchrun ... -m art_proxy.cli train` on each instead.",
+    )
+    collective_timeout: float = Field(
+        300.0,
+        gt=0,
+        description="Seconds a rank waits for the others before the run stops with an error "
+        "(with --nproc or under torchrun).",
+    )
 
     @model_validator(mode="after")
     def _scenarios_with_agent(self) -> TrainSettings:

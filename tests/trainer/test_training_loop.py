@@ -20,7 +20,7 @@ from art_proxy.rollout import load_agent, run_rollouts
 from art_proxy.scenarios import Scenario
 from art_proxy.store.trajectory_store import TrajectoryStore
 from art_proxy.testing.fake_vllm import FakeVllmConfig, running_fake_vllm
-from art_proxy_trainer import trainer as trainer_module
+from art_proxy_trainer import policy as policy_module
 from art_proxy_trainer.command import run_train
 from art_proxy_trainer.errors import BaseModelMismatch
 from art_proxy_trainer.step import StepResult
@@ -265,7 +265,7 @@ async def test_an_abandoned_step_labels_its_groups_abandoned_not_trained(
     def nan_step(*_args: object) -> StepResult:
         return StepResult(False, "nan_loss", math.nan, math.nan, None)
 
-    monkeypatch.setattr(trainer_module, "train_step", nan_step)
+    monkeypatch.setattr(policy_module, "train_step", nan_step)
     settings = _settings(stack, tmp_path / "run", steps=1, val_every=0)
     await asyncio.wait_for(run_train(settings, Console(quiet=True)), 300)
     async with TrajectoryStore.opened(stack.store_url, writer=False) as store:

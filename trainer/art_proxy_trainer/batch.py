@@ -130,6 +130,19 @@ class TrainingBatch:
     def trained_tokens(self) -> int:
         return int(self.mask_B_T.sum().item())
 
+    def take(self, rows: list[int]) -> TrainingBatch:
+        """These rows alone, in this order (a rank's share of the batch)."""
+        index = torch.tensor(rows, dtype=torch.int64)
+        return TrainingBatch(
+            self.tokens_B_T[index],
+            self.attention_mask_B_T[index],
+            self.mask_B_T[index],
+            self.old_logprobs_B_T[index],
+            self.advantages_B[index],
+            self.stats,
+            self.transforms.rows(index, self.tokens_B_T.shape[1]),
+        )
+
 
 def _trainable(call: CallRecord) -> bool:
     return (

@@ -24,17 +24,18 @@ from art_proxy.config import JudgeSettings, TrainSettings
 from art_proxy.errors import ConfigError
 from art_proxy.local.cli import set_torch_threads
 from art_proxy.records import TrainingStep
-from art_proxy.rollout import load_agent
+from art_proxy.rollout import Agent, load_agent
 from art_proxy.ruler.command import build_ruler
 from art_proxy.ruler.judge import LitellmJudge
-from art_proxy.ruler.rubric import load_rubric
+from art_proxy.ruler.rubric import Rubric, load_rubric
 from art_proxy.ruler.scorer import Ruler
-from art_proxy.scenarios import load_scenarios
+from art_proxy.scenarios import Scenario, load_scenarios
 from art_proxy.store.trajectory_store import TrajectoryStore
 from art_proxy_trainer.checkpoint import Checkpoints
+from art_proxy_trainer.distributed import Leader, Ranks, Replica, follow, join, leave
 from art_proxy_trainer.loop import Events, WholeLoop, run_sidecar
 from art_proxy_trainer.metrics import MetricsSink
-from art_proxy_trainer.policy import load_policy
+from art_proxy_trainer.policy import Policy, load_policy
 from art_proxy_trainer.promoter import Promoter
 from art_proxy_trainer.swap import AdapterSwapper
 from art_proxy_trainer.trainer import Trainer
@@ -60,8 +61,41 @@ async def run_train(settings: TrainSettings, console: Console) -> TrainSummary:
     rubric = load_rubric(settings.rubric)
     out = Path(settings.out)
     set_torch_threads(settings.threads)
+    ranks = Ranks.of_environment()
+    if ranks is not None:
+        join(ranks, settings.collective_timeout)
     with console.status("loading the base model"):
         policy = await asyncio.to_thread(load_policy, settings.model, settings, seed=settings.seed)
+    if ranks is not None:
+        policy.leader = Leader(Replica(policy, ranks), settings.collective_timeout)
+    try:
+        return await _train(settings, console, policy, agent, scenarios, rubric, out)
+    finally:
+        if policy.leader is not None:
+            policy.leader.close()
+        leave()
+
+
+def run_follower(settings: TrainSettings, ranks: Ranks) -> None:
+    """A rank other than 0: the policy, trained in step with rank 0 until it says stop."""
+    set_torch_threads(settings.threads)
+    join(ranks, settings.collective_timeout)
+    try:
+        policy = load_policy(settings.model, settings, seed=settings.seed)
+        follow(Replica(policy, ranks))
+    finally:
+        leave()
+
+
+async def _train(
+    settings: TrainSettings,
+    console: Console,
+    policy: Policy,
+    agent: Agent | None,
+    scenarios: list[Scenario],
+    rubric: Rubric,
+    out: Path,
+) -> TrainSummary:
     store = await TrajectoryStore.open(settings.store, writer=False)
     judges: list[LitellmJudge] = []
     summary = TrainSummary(settings, settings.alias or policy.served_name)

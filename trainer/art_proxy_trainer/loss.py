@@ -41,7 +41,7 @@ class SamplingTransforms:
     top_k_B_T: torch.Tensor | None = None  # 0 = off
     top_p_B_T: torch.Tensor | None = None  # 1 = off
 
-    def rows(self, rows: slice, length: int) -> SamplingTransforms:
+    def rows(self, rows: slice | torch.Tensor, length: int) -> SamplingTransforms:
         def cut(tensor: torch.Tensor | None) -> torch.Tensor | None:
             return None if tensor is None else tensor[rows, :length]
 

@@ -7,13 +7,18 @@ logprobs the trainer computes are those of the model that sampled the tokens, up
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from peft import PeftModel
 
 from art_proxy.config import TrainerConfig
 from art_proxy.local.model_loading import load_model
-from art_proxy_trainer.step import lora_model, make_optimizer
+from art_proxy_trainer.batch import TrainingBatch
+from art_proxy_trainer.step import StepResult, lora_model, make_optimizer, train_step
+
+if TYPE_CHECKING:
+    from art_proxy_trainer.distributed import Leader
 
 
 @dataclass
@@ -23,6 +28,18 @@ class Policy:
     pad_token_id: int
     served_name: str  # the name the local server would serve it as
     names: set[str]  # every name an upstream may list it under (served name, source path)
+    leader: Leader | None = None  # rank 0 of several: the other ranks train in step with it
+
+    def train(self, batch: TrainingBatch, config: TrainerConfig) -> StepResult:
+        """One optimiser step on `batch`, on every rank when there are several."""
+        if self.leader is not None:
+            return self.leader.train(batch, config)
+        return train_step(self.model, self.optimizer, batch, config)
+
+    def restored(self) -> None:
+        """The weights and optimiser state were loaded from a checkpoint: other ranks load them."""
+        if self.leader is not None:
+            self.leader.share_state()
 
 
 def load_policy(model: str | None, config: TrainerConfig, *, seed: int) -> Policy:

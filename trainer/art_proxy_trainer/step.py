@@ -9,8 +9,11 @@ optimiser moves and is returned as data with its reason; the adapter is left as 
 
 from __future__ import annotations
 
+import contextlib
 import math
 import warnings
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Literal
 
@@ -61,7 +64,7 @@ def make_optimizer(model: PeftModel, config: TrainerConfig) -> torch.optim.AdamW
 
 
 def _logprobs(
-    model: PeftModel,
+    model: torch.nn.Module,
     tokens_B_T: torch.Tensor,
     attention_mask_B_T: torch.Tensor,
     transforms: SamplingTransforms,
@@ -112,49 +115,85 @@ def _abandon(
     return StepResult(False, reason, loss, grad_norm, metrics)
 
 
+@dataclass(frozen=True)
+class Lockstep:
+    """How one rank of several (distributed.py) accumulates its share of a batch in step with the
+    others: every rank makes the same number of forward passes (a sharded model gathers its
+    weights in each), the gradients are averaged across ranks in the last backward only, and the
+    numbers of the step are summed across ranks before anything is decided on them."""
+
+    forward: torch.nn.Module  # the module whose backward reduces gradients (DDP or FSDP2)
+    total_tokens: int  # trained tokens of the whole batch, across ranks
+    passes: int  # forward passes every rank makes
+    filler: TrainingBatch  # one row to pass with weight 0 when this rank has no more rows
+    syncing: Callable[[bool], AbstractContextManager[None]]  # reduce gradients in this backward?
+    summed: Callable[[list[float]], list[float]]  # the values summed over the ranks
+    world_size: int
+
+
 def _accumulate(
-    model: PeftModel, batch: TrainingBatch, config: TrainerConfig, max_tokens: int
+    model: PeftModel,
+    batch: TrainingBatch,
+    config: TrainerConfig,
+    max_tokens: int,
+    lockstep: Lockstep | None = None,
 ) -> tuple[float, LossMetrics]:
     """Backward every micro-batch; returns the batch loss and its metrics (token-weighted).
 
     Each micro-batch's loss is a mean over its own masked tokens; weighting it by its share of the
     batch's tokens makes the accumulated gradient that of the token-level mean over the batch.
+    Ranks average their gradients, so each weights its share by the number of ranks too.
     """
-    total_tokens = max(batch.trained_tokens, 1)
+    total_tokens = max(lockstep.total_tokens if lockstep else batch.trained_tokens, 1)
+    passes: list[tuple[TrainingBatch, slice]] = [
+        (batch, rows) for rows in micro_batches(batch, max_tokens) if batch.tokens_B_T.shape[0]
+    ]
+    if lockstep is not None:
+        passes += [(lockstep.filler, slice(0, 1))] * (lockstep.passes - len(passes))
+    forward = lockstep.forward if lockstep else model
+    scale = lockstep.world_size if lockstep else 1
     loss_sum = clip_sum = ratio_sum = kl_sum = 0.0
-    for rows in micro_batches(batch, max_tokens):
-        length = int(batch.attention_mask_B_T[rows].sum(dim=1).max())
-        tokens_B_T = batch.tokens_B_T[rows, :length]
-        attention_B_T = batch.attention_mask_B_T[rows, :length]
-        mask_B_T = batch.mask_B_T[rows, :length]
-        transforms = batch.transforms.rows(rows, length)
-        share = float(mask_B_T.sum()) / total_tokens
-        if share == 0:
+    for index, (source, rows) in enumerate(passes):
+        length = int(source.attention_mask_B_T[rows].sum(dim=1).max())
+        tokens_B_T = source.tokens_B_T[rows, :length]
+        attention_B_T = source.attention_mask_B_T[rows, :length]
+        mask_B_T = source.mask_B_T[rows, :length]
+        transforms = source.transforms.rows(rows, length)
+        share = float(mask_B_T.sum()) / total_tokens if source is batch else 0.0
+        if share == 0 and lockstep is None:
             continue
         ref_logprobs_B_T = None
         if config.kl_coef > 0:
             with torch.no_grad(), model.disable_adapter():
                 ref_logprobs_B_T = _logprobs(model, tokens_B_T, attention_B_T, transforms)
-        result = grpo_loss(
-            _logprobs(model, tokens_B_T, attention_B_T, transforms),
-            batch.old_logprobs_B_T[rows, :length],
-            batch.advantages_B[rows],
-            mask_B_T,
-            eps_low=config.eps_low,
-            eps_high=config.eps_high,
-            ratio_cap=config.ratio_cap,
-            kl_coef=config.kl_coef,
-            ref_logprobs_B_T=ref_logprobs_B_T,
+        last = index == len(passes) - 1
+        with lockstep.syncing(last) if lockstep else contextlib.nullcontext():
+            result = grpo_loss(
+                _logprobs(forward, tokens_B_T, attention_B_T, transforms),
+                source.old_logprobs_B_T[rows, :length],
+                source.advantages_B[rows],
+                mask_B_T,
+                eps_low=config.eps_low,
+                eps_high=config.eps_high,
+                ratio_cap=config.ratio_cap,
+                kl_coef=config.kl_coef,
+                ref_logprobs_B_T=ref_logprobs_B_T,
+            )
+            loss = float(result.loss.detach())
+            if not math.isfinite(loss) and lockstep is None:
+                return loss, result.metrics
+            torch.autograd.backward(result.loss * (share * scale))
+        if share:
+            loss_sum += loss * share
+            clip_sum += result.metrics.clip_fraction * share
+            ratio_sum += result.metrics.mean_ratio * share
+            kl_sum += result.metrics.kl * share
+    if lockstep is not None:
+        loss_sum, clip_sum, ratio_sum, kl_sum = lockstep.summed(
+            [loss_sum, clip_sum, ratio_sum, kl_sum]
         )
-        loss = float(result.loss.detach())
-        if not math.isfinite(loss):
-            return loss, result.metrics
-        torch.autograd.backward(result.loss * share)
-        loss_sum += loss * share
-        clip_sum += result.metrics.clip_fraction * share
-        ratio_sum += result.metrics.mean_ratio * share
-        kl_sum += result.metrics.kl * share
-    return loss_sum, LossMetrics(clip_sum, ratio_sum, kl_sum, batch.trained_tokens)
+    tokens = lockstep.total_tokens if lockstep else batch.trained_tokens
+    return loss_sum, LossMetrics(clip_sum, ratio_sum, kl_sum, tokens)
 
 
 def train_step(
@@ -162,17 +201,23 @@ def train_step(
     optimizer: torch.optim.Optimizer,
     batch: TrainingBatch,
     config: TrainerConfig,
+    lockstep: Lockstep | None = None,
 ) -> StepResult:
+    """One optimiser step on `batch` (with `lockstep`: this rank's share of the whole batch)."""
     model.eval()
     max_tokens = config.micro_batch_tokens
     while True:
         optimizer.zero_grad(set_to_none=True)
         try:
-            loss, metrics = _accumulate(model, batch, config, max_tokens)
+            loss, metrics = _accumulate(model, batch, config, max_tokens, lockstep)
             break
         except torch.OutOfMemoryError:
             # Smaller micro-batches give the same gradient in less memory: halve them until
-            # every row is its own micro-batch, and only then give the step up.
+            # every row is its own micro-batch, and only then give the step up. Ranks in
+            # lockstep cannot redo a pass alone: the error ends the run (the launcher stops
+            # every rank) and the next start resumes from the last checkpoint.
+            if lockstep is not None:
+                raise
             if len(micro_batches(batch, max_tokens)) == batch.tokens_B_T.shape[0]:
                 return _abandon(optimizer, "out_of_memory")
             max_tokens = _halved(max_tokens, batch)
@@ -182,9 +227,15 @@ def train_step(
         return _abandon(optimizer, "nan_loss", loss, metrics=metrics)
     trainable = [p for group in optimizer.param_groups for p in group["params"]]
     max_norm = config.max_grad_norm if config.max_grad_norm > 0 else math.inf
-    grad_norm = float(torch.nn.utils.clip_grad_norm_(trainable, max_norm))
+    grad_norm = _value(torch.nn.utils.clip_grad_norm_(trainable, max_norm))
     if not math.isfinite(grad_norm):
         return _abandon(optimizer, "nan_grad", loss, grad_norm, metrics)
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     return StepResult(True, None, loss, grad_norm, metrics)
+
+
+def _value(norm: torch.Tensor) -> float:
+    """A norm as a number; a sharded model's is a DTensor whose reduction every rank joins."""
+    full_tensor = getattr(norm, "full_tensor", None)
+    return float(full_tensor() if full_tensor is not None else norm)

@@ -31,7 +31,6 @@ from art_proxy_trainer.errors import CheckpointError, EmptyBatchError
 from art_proxy_trainer.metrics import MetricsSink
 from art_proxy_trainer.policy import Policy
 from art_proxy_trainer.promoter import Promoter
-from art_proxy_trainer.step import train_step
 from art_proxy_trainer.swap import AdapterSwapper, adapter_name, step_of
 
 log = logging.getLogger(__name__)
@@ -97,6 +96,7 @@ class Trainer:
                 f"{self.checkpoints.out} holds run {state.run!r}, not {self.settings.run_name!r}"
             )
         self.checkpoints.restore(state, self.policy.model, self.policy.optimizer)
+        self.policy.restored()
         self.state = state
         record = state.record
         if record is not None:
@@ -236,9 +236,7 @@ class Trainer:
             return "abandoned", "no_tokens"
         training = time.perf_counter()
         # A thread: the event loop keeps serving progress and HTTP while torch computes.
-        result = await asyncio.to_thread(
-            train_step, self.policy.model, self.policy.optimizer, batch, self.settings
-        )
+        result = await asyncio.to_thread(self.policy.train, batch, self.settings)
         metrics["seconds_train"] = time.perf_counter() - training
         metrics |= {
             "loss": result.loss,

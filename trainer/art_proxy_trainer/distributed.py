@@ -1,0 +1,197 @@
+"""The trainer on several ranks: torch.distributed with DDP, rank 0 deciding, the others following.
+
+Rank 0 is the trainer as it is in one process: it reads groups, writes step records, checkpoints
+and swaps. Every rank holds the policy (DDP keeps the LoRA gradients equal across ranks), and
+each step rank 0 hands the whole batch to the others (`Leader.train`); every rank trains its
+token-balanced share of the sequences, the gradients are averaged in the last backward, and the
+loss is the token mean over the whole batch, as one process computes it. So exactly-once
+consumption and kill-and-resume are the one-process trainer's: nothing but rank 0 touches the
+store or the checkpoints, and a resumed rank 0 sends its restored weights and optimiser state to
+the others.
+
+Every collective has a timeout (`--collective-timeout`): rank 0 sends a heartbeat while it waits
+for groups, so a follower that hears nothing for that long knows rank 0 is gone, and rank 0 learns
+of a dead follower at its next heartbeat. The launcher (launch.py) then stops every rank.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import heapq
+import logging
+import os
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from peft import get_peft_model_state_dict, set_peft_model_state_dict
+from torch.nn.parallel import DistributedDataParallel
+
+from art_proxy.config import TrainerConfig
+from art_proxy_trainer.batch import TrainingBatch
+from art_proxy_trainer.policy import Policy
+from art_proxy_trainer.step import Lockstep, StepResult, micro_batches, train_step
+
+log = logging.getLogger(__name__)
+
+# A heartbeat this often, in parts of the collective timeout, keeps idle followers listening.
+_HEARTBEATS_PER_TIMEOUT = 4
+
+
+@dataclass(frozen=True)
+class Ranks:
+    """This process's place among the ranks the launcher started (torchrun's variables)."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+
+    @classmethod
+    def of_environment(cls) -> Ranks | None:
+        """None in a process no launcher started, or the only one it started."""
+        world_size = int(os.environ.get("WORLD_SIZE", "1"))
+        if world_size <= 1:
+            return None
+        return cls(int(os.environ["RANK"]), world_size, int(os.environ.get("LOCAL_RANK", "0")))
+
+    @property
+    def leads(self) -> bool:
+        return self.rank == 0
+
+
+def join(ranks: Ranks, timeout_s: float) -> None:
+    """Join the process group: NCCL between GPUs, gloo between CPU processes."""
+    backend = "gloo"
+    if torch.cuda.is_available():
+        torch.cuda.set_device(ranks.local_rank)
+        backend = "nccl"
+    dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
+
+
+def leave() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def shares(batch: TrainingBatch, world_size: int) -> list[list[int]]:
+    """Each rank's rows, balanced by tokens: the longest row first to the least loaded rank.
+
+    Deterministic, so every rank computes every rank's share from the same batch."""
+    lengths = batch.attention_mask_B_T.sum(dim=1).tolist()
+    loads = [(0, rank) for rank in range(world_size)]
+    rows: list[list[int]] = [[] for _ in range(world_size)]
+    for row in sorted(range(len(lengths)), key=lambda r: (-lengths[r], r)):
+        load, rank = heapq.heappop(loads)
+        rows[rank].append(row)
+        heapq.heappush(loads, (load + int(lengths[row]), rank))
+    return [sorted(share) for share in rows]
+
+
+class Replica:
+    """This rank's copy of the policy in the DDP wrapper, and the step it takes in lockstep."""
+
+    def __init__(self, policy: Policy, ranks: Ranks) -> None:
+        self.policy = policy
+        self.ranks = ranks
+        device_ids = [ranks.local_rank] if torch.cuda.is_available() else None
+        # Buffers are never trained (rotary tables): broadcasting them each forward is waste.
+        self.forward = DistributedDataParallel(
+            policy.model, device_ids=device_ids, broadcast_buffers=False
+        )
+
+    def train(self, batch: TrainingBatch, config: TrainerConfig) -> StepResult:
+        rows = shares(batch, self.ranks.world_size)[self.ranks.rank]
+        mine = batch.take(rows)
+        passes = torch.tensor([len(micro_batches(mine, config.micro_batch_tokens)) if rows else 0])
+        dist.all_reduce(passes, op=dist.ReduceOp.MAX)
+        lockstep = Lockstep(
+            forward=self.forward,
+            total_tokens=batch.trained_tokens,
+            passes=max(int(passes), 1),
+            filler=batch.take([0]),
+            syncing=self._syncing,
+            summed=_summed,
+            world_size=self.ranks.world_size,
+        )
+        return train_step(self.policy.model, self.policy.optimizer, mine, config, lockstep)
+
+    def load(self, adapter: dict[str, torch.Tensor], optimizer: dict[str, Any]) -> None:
+        set_peft_model_state_dict(self.policy.model, adapter)
+        self.policy.optimizer.load_state_dict(optimizer)
+
+    @contextlib.contextmanager
+    def _syncing(self, sync: bool) -> Iterator[None]:
+        with contextlib.nullcontext() if sync else self.forward.no_sync():
+            yield
+
+
+def _summed(values: list[float]) -> list[float]:
+    summed = torch.tensor(values, dtype=torch.float64)
+    dist.all_reduce(summed)
+    return summed.tolist()
+
+
+class Leader:
+    """Rank 0's side: what it tells the followers, in the one order every rank keeps."""
+
+    def __init__(self, replica: Replica, timeout_s: float) -> None:
+        self.replica = replica
+        self._lock = threading.Lock()  # one collective sequence at a time
+        self._last_sent = time.monotonic()
+        self._interval = timeout_s / _HEARTBEATS_PER_TIMEOUT
+        self._closed = threading.Event()
+        self._heartbeat = threading.Thread(target=self._beat, name="rank0-heartbeat", daemon=True)
+        self._heartbeat.start()
+
+    def train(self, batch: TrainingBatch, config: TrainerConfig) -> StepResult:
+        with self._lock:
+            self._tell(("train", batch, config))
+            return self.replica.train(batch, config)
+
+    def share_state(self) -> None:
+        """Give every follower rank 0's adapter and optimiser state (after a resume)."""
+        policy = self.replica.policy
+        adapter = get_peft_model_state_dict(policy.model)
+        with self._lock:
+            self._tell(("load", adapter, policy.optimizer.state_dict()))
+
+    def close(self) -> None:
+        self._closed.set()
+        with self._lock:
+            self._tell(("stop",))
+        self._heartbeat.join()
+
+    def _tell(self, command: tuple[Any, ...]) -> None:
+        dist.broadcast_object_list([command], src=0)
+        self._last_sent = time.monotonic()
+
+    def _beat(self) -> None:
+        while not self._closed.wait(self._interval / 2):
+            with self._lock:
+                if self._closed.is_set():
+                    return
+                if time.monotonic() - self._last_sent >= self._interval:
+                    try:
+                        self._tell(("wait",))
+                    except RuntimeError as exc:  # a follower is gone: the launcher stops us all
+                        log.error("rank 0 lost a follower: %s", exc)
+                        return
+
+
+def follow(replica: Replica) -> None:
+    """A follower's life: do what rank 0 says until it says stop."""
+    while True:
+        received: list[Any] = [None]
+        dist.broadcast_object_list(received, src=0)
+        command = received[0]
+        if command[0] == "train":
+            replica.train(command[1], command[2])
+        elif command[0] == "load":
+            replica.load(command[1], command[2])
+        elif command[0] == "stop":
+            return
