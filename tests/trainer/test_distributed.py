@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -10,10 +13,15 @@ from pathlib import Path
 import pytest
 import torch
 
+from art_proxy.rollout import load_agent, run_rollouts
+from art_proxy.scenarios import Scenario
+from art_proxy.store.trajectory_store import TrajectoryStore
 from art_proxy_trainer.batch import TrainingBatch
 from art_proxy_trainer.distributed import shares
 from art_proxy_trainer.step import train_step
+from tests.trainer.conftest import TINY_NAME, Stack
 from tests.trainer.ranks_step import CONFIG, fixed_batch, lora_weights, policy
+from tests.trainer.test_training_loop import AGENT, train_command
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -61,3 +69,99 @@ def test_a_step_on_several_ranks_equals_the_step_of_one_process(
     for name, value in weights.items():
         # Adam divides by the gradient's own scale: summation order shows at ~1e-6.
         torch.testing.assert_close(got["weights"][name], value, rtol=1e-4, atol=1e-5)
+
+
+def _ranks(launcher: int) -> dict[int, int]:
+    """Rank -> pid of the ranks a launcher process started (Linux /proc)."""
+    children: list[int] = []
+    for task in Path(f"/proc/{launcher}/task").iterdir():
+        children += [int(pid) for pid in (task / "children").read_text().split()]
+    ranks = {}
+    for pid in children:
+        with contextlib.suppress(OSError):
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+            variables = dict(item.split(b"=", 1) for item in environ if b"=" in item)
+            if b"RANK" in variables:
+                ranks[int(variables[b"RANK"])] = pid
+    return ranks
+
+
+async def _rollouts(stack: Stack, rounds: int) -> set[str]:
+    scenarios = [Scenario(id=f"s{n}", input=f"Question {n}?") for n in range(3)]
+    groups: set[str] = set()
+    for _ in range(rounds):  # 3 groups of 4 a round, rewarded at finish
+        report = await run_rollouts(
+            load_agent(AGENT),
+            scenarios,
+            proxy_url=stack.proxy.root_url,
+            group_size=4,
+            concurrency=8,
+            timeout_s=60,
+            model=TINY_NAME,
+        )
+        groups |= {group.group_id for group in report.groups}
+    return groups
+
+
+async def _consumed_once(stack: Stack, groups: set[str], steps: int) -> None:
+    async with TrajectoryStore.opened(stack.store_url, writer=False) as store:
+        recorded = await store.training_steps(run="run")
+        aliases = await store.aliases()
+    assert [s.step for s in recorded] == list(range(1, steps + 1))
+    assert all(s.status == "applied" and s.swap == "swapped" for s in recorded)
+    consumed = [group for step in recorded for group in step.groups]
+    assert sorted(consumed) == sorted(groups)  # every group once: none lost, none repeated
+    assert [(a.model, a.step) for a in aliases] == [(f"{TINY_NAME}@{steps}", steps)]
+
+
+def _nproc_command(stack: Stack, out: Path, steps: int) -> list[str]:
+    return [*train_command(stack, out, steps), "--nproc", "2", "--threads", "1"]
+
+
+async def test_the_sidecar_on_two_ranks_trains_swaps_and_consumes_every_group_once(
+    stack: Stack, tmp_path: Path
+) -> None:
+    groups = await _rollouts(stack, rounds=1)  # 3 groups: step 1 takes 2
+    out = tmp_path / "run"
+    # Rank 0 waits for step 2's groups well beyond the collective timeout: its heartbeat keeps
+    # the other rank from taking the silence for a dead rank 0.
+    command = [*_nproc_command(stack, out, steps=3), "--collective-timeout", "2"]
+    process = await asyncio.create_subprocess_exec(
+        *command, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+    )
+    while not (out / "checkpoints" / "step-000001").exists():
+        assert process.returncode is None, "the run ended before its first step"
+        await asyncio.sleep(0.05)
+    await asyncio.sleep(5)
+    groups |= await _rollouts(stack, rounds=1)  # 3 more: steps 2 and 3
+    stdout, stderr = await asyncio.wait_for(process.communicate(), 300)
+    assert process.returncode == 0, stderr.decode()[-3000:]
+    assert "reached --steps 3" in stdout.decode()
+    await _consumed_once(stack, groups, steps=3)
+
+
+async def test_a_killed_rank_stops_the_run_and_a_restart_loses_no_group(
+    stack: Stack, tmp_path: Path
+) -> None:
+    groups = await _rollouts(stack, rounds=2)
+    out = tmp_path / "run"
+    command = _nproc_command(stack, out, steps=3)
+    process = await asyncio.create_subprocess_exec(
+        *command, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE
+    )
+    # Rank 1 dies once step 1 is checkpointed: in step 2, or while rank 0 looks for its groups.
+    while not (out / "checkpoints" / "step-000001").exists():
+        assert process.returncode is None, "the run ended before its first step"
+        await asyncio.sleep(0.01)
+    os.kill(_ranks(process.pid)[1], signal.SIGKILL)
+    _, stderr = await asyncio.wait_for(process.communicate(), 120)
+    assert process.returncode == 1
+    assert "rank 1 of 2 failed (killed by SIGKILL)" in stderr.decode()
+    assert "Traceback" not in stderr.decode()
+
+    restarted = await asyncio.create_subprocess_exec(
+        *command, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE
+    )
+    _, stderr = await asyncio.wait_for(restarted.communicate(), 300)
+    assert restarted.returncode == 0, stderr.decode()[-3000:]
+    await _consumed_once(stack, groups, steps=3)

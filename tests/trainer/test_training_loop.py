@@ -144,7 +144,7 @@ async def test_a_trainer_for_another_base_model_is_refused_before_training(
             await run_train(settings, Console(quiet=True))
 
 
-def _train_process(stack: Stack, out: Path, steps: int) -> list[str]:
+def train_command(stack: Stack, out: Path, steps: int) -> list[str]:
     art_proxy = str(Path(sys.executable).parent / "art-proxy")
     return [
         art_proxy,
@@ -195,7 +195,7 @@ async def test_a_trainer_killed_at_any_moment_resumes_without_losing_or_repeatin
         # right after the fourth checkpoint is complete (store record and swap pending)
         lambda: (checkpoints / "step-000004").exists(),
     ]
-    command = _train_process(stack, out, steps=6)
+    command = train_command(stack, out, steps=6)
     statuses: list[int | None] = []
     for ready in [*kill_points, lambda: False]:
         process = await asyncio.create_subprocess_exec(

@@ -99,9 +99,9 @@ class Replica:
         self.policy = policy
         self.ranks = ranks
         device_ids = [ranks.local_rank] if torch.cuda.is_available() else None
-        # Buffers are never trained (rotary tables): broadcasting them each forward is waste.
+        # Buffers are never trained (rotary tables): synchronising them each forward is waste.
         self.forward = DistributedDataParallel(
-            policy.model, device_ids=device_ids, broadcast_buffers=False
+            policy.model, device_ids=device_ids, forward_sync_buffers=False
         )
 
     def train(self, batch: TrainingBatch, config: TrainerConfig) -> StepResult:

@@ -33,8 +33,9 @@ def launch_ranks(nproc: int, argv: list[str]) -> None:
         max_restarts=0,  # a restart is the user's: it resumes from the last checkpoint
         monitor_interval=_MONITOR_INTERVAL_S,
     )
-    # The launcher's own log lines (rendezvous, closing signals) are not for a user to read.
-    logging.getLogger("torch.distributed.elastic").setLevel(logging.ERROR)
+    # The launcher's own log lines (rendezvous, closing signals, the failure this function
+    # reports in one line) are not for a user to read.
+    logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
     try:
         elastic_launch(config, sys.executable)("-m", "art_proxy.cli", *argv)
     except ChildFailedError as exc:
