@@ -4,7 +4,8 @@ Every error that reaches a client is an `ArtProxyError` rendered as an OpenAI-sh
 `{"error": {"message", "type", "param", "code"}}` with `code` equal to the HTTP status, the shape vLLM
 uses. The status carries retry meaning: 4xx is the caller's mistake, 429/5xx/504 is what a retry can
 fix, which is how the OpenAI SDK decides to retry. Foreign exceptions are translated once, at the
-boundary where they occur (`raise UpstreamTimeout(...) from exc`).
+boundary where they occur (`raise UpstreamTimeout(...) from exc`). The servers that stand in for
+vLLM raise `art_proxy.wire.ApiError`, an `ArtProxyError` that speaks vLLM's type names.
 """
 
 from __future__ import annotations
@@ -13,8 +14,20 @@ from typing import Any
 
 
 class ArtProxyError(Exception):
+    """An error a client receives; a subclass names its status and type once, in its header:
+    `class NotFound(ArtProxyError, status=404, type="NotFoundError")`."""
+
     status: int = 500
     type: str = "InternalServerError"
+
+    def __init_subclass__(
+        cls, *, status: int | None = None, type: str | None = None, **kwargs: Any
+    ) -> None:
+        super().__init_subclass__(**kwargs)
+        if status is not None:
+            cls.status = status
+        if type is not None:
+            cls.type = type
 
     def __init__(
         self, message: str, *, param: str | None = None, status: int | None = None
@@ -26,6 +39,7 @@ class ArtProxyError(Exception):
             self.status = status
 
     def body(self) -> dict[str, Any]:
+        """The OpenAI-shaped body, written here only: the proxy's errors and vLLM's alike."""
         return {
             "error": {
                 "message": self.message,
@@ -36,53 +50,33 @@ class ArtProxyError(Exception):
         }
 
 
-class BadRequest(ArtProxyError):
-    status = 400
-    type = "BadRequestError"
+class BadRequest(ArtProxyError, status=400, type="BadRequestError"): ...
 
 
-class Unauthorized(ArtProxyError):
-    status = 401
-    type = "AuthenticationError"
+class Unauthorized(ArtProxyError, status=401, type="AuthenticationError"): ...
 
 
-class NotFound(ArtProxyError):
-    status = 404
-    type = "NotFoundError"
+class NotFound(ArtProxyError, status=404, type="NotFoundError"): ...
 
 
-class MethodNotAllowed(ArtProxyError):
-    status = 405
-    type = "MethodNotAllowedError"
+class MethodNotAllowed(ArtProxyError, status=405, type="MethodNotAllowedError"): ...
 
 
-class Conflict(ArtProxyError):
-    status = 409
-    type = "ConflictError"
+class Conflict(ArtProxyError, status=409, type="ConflictError"): ...
 
 
-class BodyTooLarge(ArtProxyError):
-    status = 413
-    type = "RequestTooLargeError"
+class BodyTooLarge(ArtProxyError, status=413, type="RequestTooLargeError"): ...
 
 
-class UpstreamError(ArtProxyError):
+class UpstreamError(ArtProxyError, status=502, type="UpstreamError"):
     """The upstream could not be reached or broke the protocol."""
 
-    status = 502
-    type = "UpstreamError"
 
-
-class StoreUnavailable(ArtProxyError):
+class StoreUnavailable(ArtProxyError, status=503, type="StoreUnavailableError"):
     """Raised only with `--on-store-error fail`: the call was answered but could not be recorded."""
 
-    status = 503
-    type = "StoreUnavailableError"
 
-
-class UpstreamTimeout(ArtProxyError):
-    status = 504
-    type = "UpstreamTimeoutError"
+class UpstreamTimeout(ArtProxyError, status=504, type="UpstreamTimeoutError"): ...
 
 
 class StoreError(Exception):

@@ -1,20 +1,22 @@
-"""vLLM's side of the OpenAI wire: its error bodies, request-field rules, SSE framing, model cards.
+"""The OpenAI wire as vLLM speaks it: its errors, request-field rules, model cards, SSE framing.
 
-Shared by the servers that stand in for vLLM (the test fake in `art_proxy.testing` and the embedded
-`art-proxy local-llm`), so both answer the same malformed request the same way. Errors here use
-vLLM's own type names (`InvalidUserInput`, `NotFoundError`, ...) and are not `art_proxy.errors`,
-which describes the proxy's side of the wire. See `VLLM_WIRE.md` for the shapes.
+Shared by the servers that stand in for vLLM (`art_proxy.vllm_api`, under the test fake and under
+`art-proxy local-llm`), so both answer the same malformed request the same way; the proxy's dialects
+frame their events with the same `sse`. `ApiError` is the proxy's `ArtProxyError` with vLLM's own
+type names (`InvalidUserInput`, `RateLimitError`, ...) and any status. See `VLLM_WIRE.md`.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
 import orjson
 from aiohttp import web
+
+from art_proxy.errors import ArtProxyError
 
 # vLLM's default `--max-logprobs`: asking for more top logprobs is a 400.
 MAX_LOGPROBS = 20
@@ -32,48 +34,20 @@ _STATUS_TYPES = {
     503: "ServiceUnavailableError",
 }
 
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
-
-class ApiError(Exception):
-    """An error answered with vLLM's body shape; `code` equals the HTTP status."""
+class ApiError(ArtProxyError):
+    """An error in vLLM's words: the status chosen per error, the type named after it unless given."""
 
     def __init__(
         self, status: int, message: str, *, type: str | None = None, param: str | None = None
     ) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
+        super().__init__(message, param=param, status=status)
         self.type = type or _STATUS_TYPES.get(status, "InternalServerError")
-        self.param = param
-
-    def body(self) -> dict[str, Any]:
-        return {
-            "error": {
-                "message": self.message,
-                "type": self.type,
-                "param": self.param,
-                "code": self.status,
-            }
-        }
 
     def response(self) -> web.Response:
         return web.Response(
             status=self.status, body=orjson.dumps(self.body()), content_type="application/json"
         )
-
-
-@web.middleware
-async def errors_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """`ApiError` as vLLM's body; unknown routes and methods in FastAPI's shape, as vLLM answers."""
-    try:
-        return await handler(request)
-    except ApiError as exc:
-        return exc.response()
-    except web.HTTPException as exc:
-        if exc.status in (404, 405):
-            return web.json_response({"detail": exc.reason}, status=exc.status)
-        raise
 
 
 def completion_limit(
@@ -142,33 +116,6 @@ def model_card(
             }
         ],
     }
-
-
-# -- the application ----------------------------------------------------------------------
-
-
-def vllm_app(
-    *,
-    chat: Handler,
-    completions: Handler,
-    models: Handler,
-    lora: tuple[Handler, Handler] | None,
-) -> web.Application:
-    """vLLM's routes: generation, `/v1/models`, `/health`, and (load, unload) runtime LoRA."""
-    app = web.Application(middlewares=[errors_middleware], client_max_size=MAX_BODY_BYTES)
-    app.router.add_get("/health", _health)
-    app.router.add_get("/v1/models", models)
-    app.router.add_post("/v1/chat/completions", chat)
-    app.router.add_post("/v1/completions", completions)
-    if lora is not None:
-        load, unload = lora
-        app.router.add_post("/v1/load_lora_adapter", load)
-        app.router.add_post("/v1/unload_lora_adapter", unload)
-    return app
-
-
-async def _health(request: web.Request) -> web.StreamResponse:
-    return web.Response(status=200)
 
 
 # -- request bodies ------------------------------------------------------------------------
@@ -281,10 +228,20 @@ async def event_stream(request: web.Request) -> AsyncIterator[web.StreamResponse
         yield response
 
 
+# The last event of an OpenAI stream, after an error event too: the OpenAI SDK waits for it.
+DONE = b"data: [DONE]\n\n"
+
+
+def sse(event: str | None, data: dict[str, Any]) -> bytes:
+    """One server-sent event; `event` None writes the bare `data:` line chat completions uses."""
+    line = b"data: " + orjson.dumps(data) + b"\n\n"
+    return line if event is None else b"event: " + event.encode() + b"\n" + line
+
+
 async def send_event(response: web.StreamResponse, payload: dict[str, Any]) -> None:
-    await response.write(b"data: " + orjson.dumps(payload) + b"\n\n")
+    await response.write(sse(None, payload))
 
 
 async def close_event_stream(response: web.StreamResponse) -> None:
-    await response.write(b"data: [DONE]\n\n")
+    await response.write(DONE)
     await response.write_eof()

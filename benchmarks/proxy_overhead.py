@@ -37,7 +37,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from art_proxy.testing.fake_engine import FakeVllmConfig
+from art_proxy.testing.fake_vllm import FakeVllmConfig
 from art_proxy.testing.loopback import free_port
 
 REPO = Path(__file__).resolve().parents[1]

@@ -37,8 +37,7 @@ from smolagents import OpenAIServerModel, ToolCallingAgent, tool
 
 from art_proxy.proxy.server import RunningProxy, running_proxy
 from art_proxy.records import CallRecord, TrajectoryRecord
-from art_proxy.testing.fake_engine import ScriptedCall
-from art_proxy.testing.fake_vllm import FakeVllmConfig, running_fake_vllm
+from art_proxy.testing.fake_vllm import FakeVllmConfig, ScriptedCall, running_fake_vllm
 from tests.conftest import proxy_settings, trajectories
 
 # No slash: the Agents SDK reads `vendor/model` as a provider prefix.

@@ -19,8 +19,7 @@ from openai.types.responses import FunctionToolParam, ResponseInputParam
 
 from art_proxy.proxy.server import RunningProxy, running_proxy
 from art_proxy.records import CallRecord
-from art_proxy.testing.fake_engine import ScriptedCall
-from art_proxy.testing.fake_vllm import FakeVllm, FakeVllmConfig, running_fake_vllm
+from art_proxy.testing.fake_vllm import FakeVllm, FakeVllmConfig, ScriptedCall, running_fake_vllm
 from art_proxy_trainer.batch import TrajectorySample, build_batch
 from tests.conformance.upstream import WEATHER_TOOL
 from tests.conftest import proxy_settings, trajectories

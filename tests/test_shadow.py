@@ -23,9 +23,9 @@ from aiohttp import web
 from art_proxy.proxy.server import RunningProxy, running_proxy
 from art_proxy.records import TrajectoryRecord
 from art_proxy.store.trajectory_store import TrajectoryStore
-from art_proxy.testing import fake_chat
 from art_proxy.testing.fake_vllm import FakeVllm, FakeVllmConfig, create_fake_vllm_app
 from art_proxy.testing.loopback import serving
+from art_proxy.vllm_api import chat as chat_route
 from tests.conftest import proxy_settings
 from tests.test_security import run_cli, the_error_line
 
@@ -153,8 +153,8 @@ async def test_a_shadowed_prod_call_gives_its_group_three_finished_siblings_with
 @pytest.fixture
 def fixed_fake_answers(monkeypatch: pytest.MonkeyPatch) -> None:
     """The fake's response id and creation time fixed, so two answers can match byte for byte."""
-    monkeypatch.setattr(fake_chat, "uuid", SimpleNamespace(uuid4=lambda: uuid.UUID(int=7)))
-    monkeypatch.setattr(fake_chat, "time", SimpleNamespace(time=lambda: 1_760_000_000.0))
+    monkeypatch.setattr(chat_route, "uuid", SimpleNamespace(uuid4=lambda: uuid.UUID(int=7)))
+    monkeypatch.setattr(chat_route, "time", SimpleNamespace(time=lambda: 1_760_000_000.0))
 
 
 @pytest.mark.usefixtures("fixed_fake_answers")

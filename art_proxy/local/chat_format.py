@@ -16,8 +16,8 @@ from typing import Any
 import jinja2
 from transformers import PreTrainedTokenizerBase
 
-from art_proxy.local.errors import PromptError
 from art_proxy.local.tool_calls import TOOL_CALL_END, TOOL_CALL_START
+from art_proxy.vllm_api.engine import PromptError
 
 _TOOL_PROMPT = """# Tools
 

@@ -29,10 +29,11 @@ from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
 from art_proxy.local.adapters import Adapter, AdapterRegistry
 from art_proxy.local.detokenizer import Detokenizer
-from art_proxy.local.errors import AdapterNotFound, EngineFailure
-from art_proxy.local.generation import ChoiceDelta, FinishReason, Generation
+from art_proxy.local.errors import AdapterNotFound
+from art_proxy.local.generation import Generation
 from art_proxy.local.kv_batch import KvBatch
 from art_proxy.local.sampling import Sampled, SamplingParams, sample
+from art_proxy.vllm_api.engine import ChoiceDelta, EngineFailure, FinishReason
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,8 @@
-"""Errors of the embedded inference server; the HTTP layer maps each to vLLM's status and type."""
+"""Errors of the embedded inference server; `served` maps each to vLLM's status and type.
+
+A failed generation and an unrenderable prompt are the engine seam's own (`vllm_api.engine`:
+`EngineFailure`, `PromptError`), since the shared server words them.
+"""
 
 from __future__ import annotations
 
@@ -21,11 +25,3 @@ class AdapterNotFound(LocalLlmError):
 
 class AdapterLoadFailed(LocalLlmError):
     """The adapter exists but could not be loaded, e.g. corrupt weights (vLLM: 500)."""
-
-
-class EngineFailure(LocalLlmError):
-    """A forward pass failed; the requests in the batch end with this error (500)."""
-
-
-class PromptError(LocalLlmError):
-    """Messages or tools the chat template cannot render (400, param "messages")."""

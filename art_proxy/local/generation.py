@@ -9,39 +9,13 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
-from typing import Literal
 
-from art_proxy.local.errors import EngineFailure
-from art_proxy.local.sampling import TokenLogprob
-
-FinishReason = Literal["stop", "length"]
-
-
-@dataclass(frozen=True, slots=True)
-class ChoiceDelta:
-    """One step of one choice: usually one id, its logprob and the text it released."""
-
-    index: int  # the choice's index within its request
-    token_ids: tuple[int, ...]
-    logprobs: tuple[TokenLogprob, ...]  # one per id
-    text: str  # may be "": a partial character, or text that might begin a stop string
-    finish_reason: FinishReason | None = None
-    stop_reason: str | int | None = None  # the stop string or stop id that ended it; None for EOS
-
-
-@dataclass
-class ChoiceOutput:
-    """A whole choice, its deltas joined (for non-stream responses)."""
-
-    ids: list[int] = field(default_factory=list)
-    logprobs: list[TokenLogprob] = field(default_factory=list)
-    text: str = ""
-    finish_reason: FinishReason | None = None
-    stop_reason: str | int | None = None
+from art_proxy.vllm_api.engine import ChoiceDelta, ChoiceOutput, EngineFailure
 
 
 class Generation:
+    """The engine's side of `vllm_api.engine.Generation`: deltas of one id each, text detokenized."""
+
     def __init__(self, choices: int, loop: asyncio.AbstractEventLoop) -> None:
         self.choices = choices
         self._loop = loop
@@ -66,15 +40,10 @@ class Generation:
 
     async def collect(self) -> list[ChoiceOutput]:
         """Every choice, whole, once all have finished; raises `EngineFailure`."""
-        choices = [ChoiceOutput() for _ in range(self.choices)]
+        by_choice: list[list[ChoiceDelta]] = [[] for _ in range(self.choices)]
         async for delta in self.deltas():
-            choice = choices[delta.index]
-            choice.ids += delta.token_ids
-            choice.logprobs += delta.logprobs
-            choice.text += delta.text
-            if delta.finish_reason is not None:
-                choice.finish_reason, choice.stop_reason = delta.finish_reason, delta.stop_reason
-        return choices
+            by_choice[delta.index].append(delta)
+        return [_joined(deltas) for deltas in by_choice]
 
     # -- engine thread -----------------------------------------------------------------------
 
@@ -83,3 +52,15 @@ class Generation:
             self._loop.call_soon_threadsafe(self._queue.put_nowait, item)
         except RuntimeError:  # the loop has closed: nobody is waiting any more
             self.cancelled = True
+
+
+def _joined(deltas: list[ChoiceDelta]) -> ChoiceOutput:
+    last = deltas[-1]
+    assert last.finish_reason is not None  # `deltas` ends once every choice has finished
+    return ChoiceOutput(
+        token_ids=tuple(token_id for delta in deltas for token_id in delta.token_ids),
+        logprobs=tuple(logprob for delta in deltas for logprob in delta.logprobs),
+        text="".join(delta.text or "" for delta in deltas),
+        finish_reason=last.finish_reason,
+        stop_reason=last.stop_reason,
+    )

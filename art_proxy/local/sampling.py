@@ -14,6 +14,8 @@ from dataclasses import dataclass
 
 import torch
 
+from art_proxy.vllm_api.engine import TokenLogprob
+
 
 @dataclass(frozen=True, slots=True)
 class SamplingParams:
@@ -26,12 +28,6 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()  # ids that end a choice besides EOS
     ignore_eos: bool = False  # EOS does not end the choice (benchmarks, tests)
     top_logprobs: int = 0  # runners-up reported per token (0 = only the sampled one)
-
-
-@dataclass(frozen=True, slots=True)
-class TokenLogprob:
-    logprob: float  # of the sampled id; may be -inf
-    top: tuple[tuple[int, float], ...]  # the `top_logprobs` best ids, best first
 
 
 @dataclass(frozen=True, slots=True)

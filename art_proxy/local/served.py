@@ -1,12 +1,14 @@
-"""What one local-llm server serves: the base model's names and context, its engine, its vocabulary.
+"""What one local-llm server serves, as the engine behind vLLM's routes (`vllm_api.engine`).
 
-Shared by the route handlers. A request names the base model (or omits `model`) or a loaded LoRA
-adapter; the response echoes that name, as vLLM does.
+The base model's names and context, the batching engine, the tokenizer and chat template; each
+request's sampling fields (`request_params`) and, for chat with tools, its Hermes tool calls
+(`tool_calls`). Engine errors become vLLM's statuses here.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -14,16 +16,19 @@ from transformers import PreTrainedTokenizerBase
 
 from art_proxy.local.chat_format import ChatRenderer
 from art_proxy.local.engine import Engine
-from art_proxy.local.errors import ModelLoadError
+from art_proxy.local.errors import (
+    AdapterExists,
+    AdapterLoadFailed,
+    AdapterNotFound,
+    ModelLoadError,
+)
 from art_proxy.local.model_loading import LoadedModel
-from art_proxy.local.sampling import TokenLogprob
-from art_proxy.wire import MIN_LOGPROB, ApiError
-
-
-@dataclass(frozen=True)
-class ModelChoice:
-    name: str  # echoed in the response
-    adapter: str | None  # None = the base model
+from art_proxy.local.request_params import check_supported, sampling_params
+from art_proxy.local.sampling import SamplingParams
+from art_proxy.local.tool_calls import ToolCallReading, reads_tool_calls
+from art_proxy.vllm_api.engine import ChatRequest, CompletionRequest, Generation
+from art_proxy.vllm_api.requests import model_not_found
+from art_proxy.wire import ApiError
 
 
 @dataclass
@@ -64,21 +69,22 @@ class ServedModel:
             renderer=ChatRenderer(loaded.tokenizer),
         )
 
-    def choose(self, body: dict[str, Any]) -> ModelChoice:
-        model = body.get("model")
-        if model is None or model == self.name:
-            return ModelChoice(self.name, None)
-        if not isinstance(model, str):
-            raise ApiError(400, "'model' must be a string.", param="model")
-        if model in self.engine.adapters.paths():
-            return ModelChoice(model, model)
-        raise not_found(model)
+    @property
+    def vocab_size(self) -> int:
+        return len(self.tokenizer)
 
-    def check_token_ids(self, ids: list[int]) -> None:
-        vocab = len(self.tokenizer)
-        for token_id in ids:
-            if not 0 <= token_id < vocab:
-                raise ApiError(400, f"Token id {token_id} is out of vocabulary.", param="prompt")
+    def adapter_paths(self) -> Mapping[str, str]:
+        return self.engine.adapters.paths()
+
+    def screen(self, body: dict[str, Any]) -> None:
+        check_supported(body)
+
+    def render(self, messages: list[Any], tools: list[dict[str, Any]] | None) -> list[int]:
+        return self.renderer.render(messages, tools)
+
+    def encode(self, text: str) -> list[int]:
+        ids: list[int] = self.tokenizer(text)["input_ids"]
+        return ids
 
     def piece(self, token_id: int) -> tuple[str, list[int]]:
         """The id decoded alone, special tokens kept, and its UTF-8 bytes (vLLM's `token`, `bytes`)."""
@@ -90,31 +96,51 @@ class ServedModel:
             self._pieces[token_id] = cached
         return cached
 
-    def logprob_entry(self, token_id: int, logprob: float, *, as_id: bool) -> dict[str, Any]:
-        """One chat logprobs entry without its `top_logprobs`."""
-        if as_id:
-            token = f"token_id:{token_id}"
-            return {"token": token, "logprob": wire_logprob(logprob), "bytes": list(token.encode())}
-        text, raw = self.piece(token_id)
-        return {"token": text, "logprob": wire_logprob(logprob), "bytes": raw}
+    async def chat(self, request: ChatRequest, prompt_ids: list[int], limit: int) -> Generation:
+        reading = reads_tool_calls(request)
+        params = sampling_params(request.body, max_tokens=limit, top_logprobs=request.top_logprobs)
+        generation = self._submit([prompt_ids], params, request.n, request.adapter, request.model)
+        return ToolCallReading(generation) if reading else generation
 
-    def chat_logprobs(
-        self, ids: tuple[int, ...], logprobs: tuple[TokenLogprob, ...], *, as_id: bool
-    ) -> list[dict[str, Any]]:
-        entries = []
-        for token_id, logprob in zip(ids, logprobs, strict=True):
-            entry = self.logprob_entry(token_id, logprob.logprob, as_id=as_id)
-            entry["top_logprobs"] = [
-                self.logprob_entry(top_id, top_logprob, as_id=as_id)
-                for top_id, top_logprob in logprob.top
-            ]
-            entries.append(entry)
-        return entries
+    async def complete(self, request: CompletionRequest, limits: list[int]) -> Generation:
+        # One limit for the batch, the tightest prompt's: the engine takes one SamplingParams
+        # per request (vLLM cuts each prompt to its own room).
+        params = sampling_params(
+            request.body, max_tokens=min(limits), top_logprobs=request.logprobs or 0
+        )
+        return self._submit(request.prompts, params, request.n, request.adapter, request.model)
 
+    def _submit(
+        self,
+        prompts: list[list[int]],
+        params: SamplingParams,
+        n: int,
+        adapter: str | None,
+        model: str,
+    ) -> Generation:
+        try:
+            return self.engine.submit(prompts, params, n=n, adapter=adapter)
+        except AdapterNotFound as exc:  # unloaded since the request was parsed
+            raise model_not_found(model) from exc
 
-def wire_logprob(logprob: float) -> float:
-    return max(logprob, MIN_LOGPROB)
+    async def load_adapter(self, name: str, path: str, *, replace: bool) -> None:
+        if name == self.name:
+            raise ApiError(
+                400,
+                f"The lora adapter '{name}' has the base model's name.",
+                type="InvalidUserInput",
+            )
+        try:
+            await self.engine.load_adapter(name, path, replace=replace)
+        except AdapterExists as exc:
+            raise ApiError(400, str(exc), type="InvalidUserInput") from exc
+        except AdapterNotFound as exc:
+            raise ApiError(404, str(exc)) from exc
+        except AdapterLoadFailed as exc:
+            raise ApiError(500, str(exc)) from exc
 
-
-def not_found(model: str) -> ApiError:
-    return ApiError(404, f"The model `{model}` does not exist.", param="model")
+    async def unload_adapter(self, name: str) -> None:
+        try:
+            await self.engine.unload_adapter(name)
+        except AdapterNotFound as exc:
+            raise ApiError(404, str(exc)) from exc

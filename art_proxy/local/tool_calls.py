@@ -8,6 +8,7 @@ parse stays content and no call is made. Text after the first `<tool_call>` is n
 Streaming holds back anything that may be markup: content goes out up to the first `<tool_call>`
 (or a partial one at the end of the text), and each call goes out whole, in one fragment, once it
 closes or the choice ends. The fragments' concatenated arguments equal the non-stream arguments.
+`ToolCallReading` applies both to a generation, for a request with tools and tool_choice "auto".
 """
 
 from __future__ import annotations
@@ -15,8 +16,12 @@ from __future__ import annotations
 import json
 import re
 import uuid
-from dataclasses import dataclass
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, replace
 from typing import Any
+
+from art_proxy.vllm_api.engine import ChatRequest, ChoiceDelta, ChoiceOutput, Generation
+from art_proxy.wire import ApiError
 
 TOOL_CALL_START = "<tool_call>"
 TOOL_CALL_END = "</tool_call>"
@@ -123,3 +128,64 @@ def _partial_tag(text: str) -> int:
         if TOOL_CALL_START.startswith(text[-size:]):
             return size
     return 0
+
+
+def reads_tool_calls(chat: ChatRequest) -> bool:
+    """Whether the reply is parsed for tool calls: with tools and tool_choice "auto" (or none
+    given); "none" shows the tools without parsing. Forcing a call needs guided decoding, which
+    this server does not have, so other choices are a 400."""
+    choice = chat.body.get("tool_choice")
+    if chat.tools is None or choice == "none":
+        return False
+    if choice in (None, "auto"):
+        return True
+    raise ApiError(
+        400,
+        "Only tool_choice 'auto' and 'none' are supported by art-proxy local-llm.",
+        param="tool_choice",
+    )
+
+
+class ToolCallReading:
+    """A generation whose replies are read for tool calls: a whole reply parsed at once, a
+    streamed one through a `ToolCallStream` per choice."""
+
+    def __init__(self, generation: Generation) -> None:
+        self._generation = generation
+        self.choices = generation.choices
+
+    async def deltas(self) -> AsyncIterator[ChoiceDelta]:
+        streams = [ToolCallStream() for _ in range(self.choices)]
+        async for delta in self._generation.deltas():
+            yield _read_delta(delta, streams[delta.index])
+
+    async def collect(self) -> list[ChoiceOutput]:
+        return [_read_choice(choice) for choice in await self._generation.collect()]
+
+    def cancel(self) -> None:
+        self._generation.cancel()
+
+
+def _read_choice(choice: ChoiceOutput) -> ChoiceOutput:
+    parsed = parse_tool_calls(choice.text or "")
+    if not parsed.tool_calls:
+        return choice
+    return replace(
+        choice,
+        text=parsed.content,
+        tool_calls=tuple(call.as_message_part() for call in parsed.tool_calls),
+        finish_reason="tool_calls",
+    )
+
+
+def _read_delta(delta: ChoiceDelta, stream: ToolCallStream) -> ChoiceDelta:
+    last = delta.finish_reason is not None
+    piece = stream.feed(delta.text or "", final=last)
+    return replace(
+        delta,
+        text=piece.content or None,
+        tool_calls=tuple(
+            {"index": index, **call.as_message_part()} for index, call in piece.tool_calls
+        ),
+        finish_reason="tool_calls" if last and stream.called else delta.finish_reason,
+    )

@@ -1,4 +1,4 @@
-"""`POST /v1/chat/completions` of the fake vLLM, stream and non-stream.
+"""The fake vLLM's chat replies: text, or a tool call it writes as markup and reports parsed.
 
 A tool call is generated as `<tool_call>` markup (what Qwen emits); the response reports it parsed, as
 vLLM's hermes parser does, and a stream holds the markup back: its ids travel in `"delta": {}` chunks
@@ -10,53 +10,27 @@ finish reason "stop"; as in vLLM, its re-rendered markup then no longer extends 
 from __future__ import annotations
 
 import json
-import time
 import uuid
-from collections.abc import Iterator
-from dataclasses import dataclass
-from typing import Any, Literal
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any, Literal
 
-from aiohttp import web
+from art_proxy.testing.fake_generation import FakeGeneration
+from art_proxy.vllm_api.engine import ChatRequest, ChoiceOutput
+from art_proxy.wire import ApiError
 
-from art_proxy.testing.fake_engine import (
-    FakeEngine,
-    Generated,
-    ScriptedCall,
-    chunks_of,
-    mid_stream_error,
-    sampled_logprob,
-    serve_events,
-)
-from art_proxy.testing.fake_tokenizer import TemplateError
-from art_proxy.wire import (
-    MAX_LOGPROBS,
-    ApiError,
-    bool_field,
-    chat_max_tokens,
-    choice_count,
-    include_usage,
-    int_field,
-    json_response,
-    read_json_object,
-)
+if TYPE_CHECKING:  # the engine calls this module to answer a chat request
+    from art_proxy.testing.fake_config import ScriptedCall
+    from art_proxy.testing.fake_engine import FakeEngine
 
 ToolMode = Literal["text", "markup", "named"]
 
 
 @dataclass(frozen=True, slots=True)
-class _ChatRequest:
-    model: str
-    n: int
-    max_tokens: int | None
-    max_tokens_param: str  # the field it came from, which errors name
-    logprobs: bool
-    top_logprobs: int
-    tokens_as_ids: bool
-    return_token_ids: bool
-    stream: bool
-    include_usage: bool
+class _Reply:
+    """What every choice of one request says."""
+
     tool_mode: ToolMode
-    tool: dict[str, Any] | None
+    tool: dict[str, Any] | None  # the function called (None in text mode)
     after_tool_result: bool  # the last message is a tool result
     arguments: str | None  # the tool call's arguments, from `tool_script` (None: from the reply)
 
@@ -71,83 +45,36 @@ class _ToolCall:
     arguments_len: int
 
 
-@dataclass(frozen=True, slots=True)
-class _Choice:
-    index: int
-    output: Generated
-    tool_call: _ToolCall | None
-    content: str | None
-
-
-async def handle_chat_completions(engine: FakeEngine, request: web.Request) -> web.StreamResponse:
-    body = await read_json_object(request)
-    engine.record(body)
-    chat = _parse(engine, body)
-    try:
-        prompt_ids = engine.tokenizer.render_prompt(body["messages"], body.get("tools"))
-    except TemplateError as exc:
-        raise ApiError(400, str(exc), param="messages") from exc
-    limit = engine.completion_limit(len(prompt_ids), chat.max_tokens, param=chat.max_tokens_param)
-    choices = [_generate(engine, chat, index, limit) for index in range(chat.n)]
-    await engine.before_answer()
-    response_id = f"chatcmpl-{uuid.uuid4().hex}"
-    if chat.stream:
-        events = _stream_events(engine, chat, response_id, prompt_ids, choices)
-        return await serve_events(request, events, engine.config.chunk_delay_s)
-    return json_response(_response(engine, chat, response_id, prompt_ids, choices))
-
-
-def _parse(engine: FakeEngine, body: dict[str, Any]) -> _ChatRequest:
-    model = engine.served_model(body)
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise ApiError(400, "'messages' must be a non-empty list.", param="messages")
-    n = choice_count(body)
-    max_tokens, max_tokens_param = chat_max_tokens(body)
-    logprobs = bool_field(body, "logprobs")
-    top_logprobs = int_field(body, "top_logprobs", 0, minimum=0, maximum=MAX_LOGPROBS)
-    if top_logprobs and not logprobs:
-        raise ApiError(
-            400, "when using `top_logprobs`, `logprobs` must be set to true.", param="top_logprobs"
-        )
-    stream = bool_field(body, "stream")
-    last = messages[-1]
+def chat_generation(engine: FakeEngine, chat: ChatRequest, limit: int) -> FakeGeneration:
+    """`chat.n` choices of at most `limit` ids, with their tool calls parsed."""
+    last = chat.messages[-1]
     after_tool_result = isinstance(last, dict) and last.get("role") == "tool"
-    scripted = engine.scripted_call(messages)
-    tool_mode, tool = _tool_choice(engine, body, after_tool_result, scripted)
-    return _ChatRequest(
-        model=model,
-        n=n,
-        max_tokens=max_tokens,
-        max_tokens_param=max_tokens_param,
-        logprobs=logprobs,
-        top_logprobs=top_logprobs or 0,
-        tokens_as_ids=bool_field(body, "return_tokens_as_token_ids"),
-        return_token_ids=bool_field(body, "return_token_ids"),
-        stream=stream,
-        include_usage=include_usage(body, stream),
-        tool_mode=tool_mode,
-        tool=tool,
-        after_tool_result=after_tool_result,
-        arguments=json.dumps(scripted.arguments) if scripted and tool_mode == "markup" else None,
-    )
+    scripted = engine.scripted_call(chat.messages)
+    tool_mode, tool = _tool_choice(engine, chat, after_tool_result, scripted)
+    arguments = json.dumps(scripted.arguments) if scripted and tool_mode == "markup" else None
+    reply = _Reply(tool_mode, tool, after_tool_result, arguments)
+    choices = [_generate(engine, chat, reply, index, limit) for index in range(chat.n)]
+    outputs = [output for output, _ in choices]
+
+    def saying(index: int, start: int, end: int) -> tuple[str | None, tuple[dict[str, Any], ...]]:
+        output, call = choices[index]
+        if call is None:
+            return engine.tokenizer.decode(output.token_ids[start:end]), ()
+        return None, _tool_fragments(engine, call, output.token_ids, start, end)
+
+    return FakeGeneration(outputs, engine.config, saying)
 
 
 def _tool_choice(
     engine: FakeEngine,
-    body: dict[str, Any],
+    chat: ChatRequest,
     after_tool_result: bool,
     scripted: ScriptedCall | None,
 ) -> tuple[ToolMode, dict[str, Any] | None]:
-    tools = body.get("tools")
-    choice = body.get("tool_choice")
-    if tools is None:
-        if choice not in (None, "none"):
-            raise ApiError(400, "When using `tool_choice`, `tools` must be set.", param="tools")
+    if chat.tools is None:
         return "text", None
-    if not isinstance(tools, list) or not tools:
-        raise ApiError(400, "'tools' must be a non-empty list when given.", param="tools")
-    functions = [_function_of(tool) for tool in tools]
+    functions: list[dict[str, Any]] = [tool["function"] for tool in chat.tools]
+    choice = chat.body.get("tool_choice")
     if choice is None or choice == "auto":
         if scripted is not None:
             return "markup", _named_function(functions, scripted.name)
@@ -173,13 +100,6 @@ def _named_function(functions: list[dict[str, Any]], name: str) -> dict[str, Any
     raise ApiError(400, f"tool_script calls {name!r}, which is not offered.", param="tools")
 
 
-def _function_of(tool: Any) -> dict[str, Any]:
-    function = tool.get("function") if isinstance(tool, dict) else None
-    if not isinstance(function, dict) or not isinstance(function.get("name"), str):
-        raise ApiError(400, "Each tool needs a 'function' with a string 'name'.", param="tools")
-    return function
-
-
 def _arguments(function: dict[str, Any], value: str) -> str:
     """`{"<first required parameter>": value}`, or `{}` when the tool requires none."""
     parameters = function.get("parameters")
@@ -189,182 +109,41 @@ def _arguments(function: dict[str, Any], value: str) -> str:
     return "{}"
 
 
-def _generate(engine: FakeEngine, chat: _ChatRequest, index: int, limit: int) -> _Choice:
+def _generate(
+    engine: FakeEngine, chat: ChatRequest, reply: _Reply, index: int, limit: int
+) -> tuple[ChoiceOutput, _ToolCall | None]:
     tokenizer = engine.tokenizer
-    reply = engine.reply_text(index, after_tool_result=chat.after_tool_result)
-    if chat.tool_mode == "text" or chat.tool is None:
-        output = engine.generate(tokenizer.encode(reply), limit, "stop")
-        return _Choice(index, output, None, output.text)
-    name = chat.tool["name"]
-    arguments = chat.arguments if chat.arguments is not None else _arguments(chat.tool, reply)
-    if chat.tool_mode == "markup":
+    top_logprobs = chat.top_logprobs if chat.logprobs else None
+    text = engine.reply_text(index, after_tool_result=reply.after_tool_result)
+    if reply.tool_mode == "text" or reply.tool is None:
+        return engine.generate(tokenizer.encode(text), limit, "stop", top_logprobs), None
+    name = reply.tool["name"]
+    arguments = reply.arguments if reply.arguments is not None else _arguments(reply.tool, text)
+    if reply.tool_mode == "markup":
         header, argument_ids, trailer = tokenizer.tool_call_segments(name, arguments)
-        output = engine.generate((*header, *argument_ids, *trailer), limit, "tool_calls")
+        body_ids = (*header, *argument_ids, *trailer)
+        output = engine.generate(body_ids, limit, "tool_calls", top_logprobs)
         content = None
     else:
         header, argument_ids = (), tokenizer.encode(arguments)
-        output = engine.generate(argument_ids, limit, "stop")
+        output = engine.generate(argument_ids, limit, "stop", top_logprobs)
         content = ""
     if output.finish_reason == "length":
-        # Cut markup does not parse: vLLM returns it as plain text.
-        return _Choice(index, output, None, output.text)
-    call_id = f"chatcmpl-tool-{uuid.uuid4().hex}"
-    call = _ToolCall(call_id, name, arguments, len(header), len(argument_ids))
-    return _Choice(index, output, call, content)
-
-
-def _logprobs(
-    engine: FakeEngine, chat: _ChatRequest, ids: tuple[int, ...], start: int
-) -> dict[str, Any] | None:
-    """One entry per id (EOS included); `start` is the first id's position in the completion."""
-    if not chat.logprobs:
-        return None
-    content = []
-    for position, token_id in enumerate(ids, start):
-        entry = _token(engine, chat, token_id, sampled_logprob(position))
-        ranked = engine.top_logprobs(token_id, position, chat.top_logprobs)
-        entry["top_logprobs"] = [_token(engine, chat, i, lp) for i, lp in ranked]
-        content.append(entry)
-    return {"content": content}
-
-
-def _token(engine: FakeEngine, chat: _ChatRequest, token_id: int, logprob: float) -> dict[str, Any]:
-    if chat.tokens_as_ids:
-        token = f"token_id:{token_id}"
-        return {"token": token, "logprob": logprob, "bytes": list(token.encode())}
-    tokenizer = engine.tokenizer
-    return {
-        "token": tokenizer.piece(token_id),
-        "logprob": logprob,
-        "bytes": tokenizer.piece_bytes(token_id),
+        return output, None  # cut markup does not parse: vLLM returns it as plain text
+    call = _ToolCall(
+        f"chatcmpl-tool-{uuid.uuid4().hex}", name, arguments, len(header), len(argument_ids)
+    )
+    message_part = {
+        "id": call.id,
+        "type": "function",
+        "function": {"name": call.name, "arguments": call.arguments},
     }
+    return replace(output, text=content, tool_calls=(message_part,)), call
 
 
-def _usage(prompt_ids: list[int], choices: list[_Choice]) -> dict[str, int]:
-    completion_tokens = sum(len(choice.output.token_ids) for choice in choices)
-    return {
-        "prompt_tokens": len(prompt_ids),
-        "total_tokens": len(prompt_ids) + completion_tokens,
-        "completion_tokens": completion_tokens,
-    }
-
-
-def _response(
-    engine: FakeEngine,
-    chat: _ChatRequest,
-    response_id: str,
-    prompt_ids: list[int],
-    choices: list[_Choice],
-) -> dict[str, Any]:
-    return {
-        "id": response_id,
-        "object": "chat.completion",
-        "created": int(time.time()),
-        "model": chat.model,
-        "choices": [_response_choice(engine, chat, choice) for choice in choices],
-        "service_tier": None,
-        "system_fingerprint": None,
-        "usage": {**_usage(prompt_ids, choices), "prompt_tokens_details": None},
-        "prompt_logprobs": None,
-        "prompt_token_ids": prompt_ids if chat.return_token_ids else None,
-        "kv_transfer_params": None,
-    }
-
-
-def _response_choice(engine: FakeEngine, chat: _ChatRequest, choice: _Choice) -> dict[str, Any]:
-    message: dict[str, Any] = {
-        "role": "assistant",
-        "content": choice.content,
-        "refusal": None,
-        "annotations": None,
-        "audio": None,
-        "function_call": None,
-    }
-    if choice.tool_call is not None:
-        call = choice.tool_call
-        message["tool_calls"] = [
-            {
-                "id": call.id,
-                "type": "function",
-                "function": {"name": call.name, "arguments": call.arguments},
-            }
-        ]
-    message["reasoning"] = None
-    ids = choice.output.token_ids
-    return {
-        "index": choice.index,
-        "message": message,
-        "logprobs": _logprobs(engine, chat, ids, 0),
-        "finish_reason": choice.output.finish_reason,
-        "stop_reason": None,
-        "token_ids": list(ids) if chat.return_token_ids else None,
-    }
-
-
-def _stream_events(
-    engine: FakeEngine,
-    chat: _ChatRequest,
-    response_id: str,
-    prompt_ids: list[int],
-    choices: list[_Choice],
-) -> Iterator[dict[str, Any]]:
-    head = {
-        "id": response_id,
-        "object": "chat.completion.chunk",
-        "created": int(time.time()),
-        "model": chat.model,
-    }
-    for choice in choices:
-        role = {"index": choice.index, "delta": {"role": "assistant", "content": ""}}
-        yield {
-            **head,
-            "choices": [{**role, "logprobs": None, "finish_reason": None}],
-            "prompt_token_ids": prompt_ids if chat.return_token_ids else None,
-        }
-    # Held-back markup still costs a chunk when it has ids or logprobs to carry (vLLM's rule).
-    skip_empty = not chat.return_token_ids and not chat.logprobs
-    bounds = [chunks_of(len(c.output.token_ids), engine.config.tokens_per_chunk) for c in choices]
-    # Choices advance in turn, one chunk each, the way parallel sequences leave the engine.
-    for step in range(max(len(b) for b in bounds)):
-        for choice, choice_bounds in zip(choices, bounds, strict=True):
-            if step >= len(choice_bounds):
-                continue
-            start, end = choice_bounds[step]
-            last = step == len(choice_bounds) - 1
-            chunk_choice = _stream_choice(engine, chat, choice, start, end, last)
-            if skip_empty and not last and not chunk_choice["delta"]:
-                continue
-            yield {**head, "choices": [chunk_choice]}
-            if engine.config.fail_mid_stream:
-                yield mid_stream_error()
-                return
-    if chat.include_usage:
-        yield {**head, "choices": [], "usage": _usage(prompt_ids, choices)}
-
-
-def _stream_choice(
-    engine: FakeEngine, chat: _ChatRequest, choice: _Choice, start: int, end: int, last: bool
-) -> dict[str, Any]:
-    ids = choice.output.token_ids[start:end]
-    if choice.tool_call is None:
-        delta: dict[str, Any] = {"content": engine.tokenizer.decode(ids)}
-    else:
-        delta = _tool_delta(engine, choice.tool_call, choice.output.token_ids, start, end)
-    chunk: dict[str, Any] = {
-        "index": choice.index,
-        "delta": delta,
-        "logprobs": _logprobs(engine, chat, ids, start),
-        "finish_reason": choice.output.finish_reason if last else None,
-    }
-    if last:
-        chunk["stop_reason"] = None
-    chunk["token_ids"] = list(ids) if chat.return_token_ids else None
-    return chunk
-
-
-def _tool_delta(
+def _tool_fragments(
     engine: FakeEngine, call: _ToolCall, ids: tuple[int, ...], start: int, end: int
-) -> dict[str, Any]:
+) -> tuple[dict[str, Any], ...]:
     """The parsed part of ids[start:end]: the call's head once, argument text, or nothing."""
     arguments_start = call.header_len
     arguments_end = call.header_len + call.arguments_len
@@ -378,6 +157,6 @@ def _tool_delta(
     if text:
         function["arguments"] = text
     if not function:
-        return {}
+        return ()
     fragment["function"] = function
-    return {"tool_calls": [fragment]}
+    return (fragment,)

@@ -1,100 +1,43 @@
-"""The fake vLLM's configuration, shared state and deterministic "sampling".
+"""The fake vLLM's engine: its shared state and deterministic "sampling", behind `vllm_api`'s seam.
 
 Generation is a pure function of the request: choice `i` says `reply` (plus ` (i)` for i > 0), then
 EOS; after a tool result it says `answer_after_tool` instead, when set; turn `k` of a conversation
-calls `tool_script[k]` instead, when there is one. `max_tokens` cuts it (no EOS then, finish reason
-"length"). Logprobs depend only on a token's position in its completion, so a stream and a
-non-stream call of the same request agree id for id and logprob for logprob. Errors and
-request-field rules are vLLM's own, from `art_proxy.wire`, which `art-proxy local-llm` shares.
+calls `tool_script[k]` instead, when there is one (`fake_chat`). `max_tokens` cuts it (no EOS then,
+finish reason "length"). Logprobs depend only on a token's position in its completion, so a stream
+and a non-stream call of the same request agree id for id and logprob for logprob. Everything else
+on the wire, errors and request-field rules included, is `vllm_api`'s, which local-llm shares.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import time
-from collections.abc import Iterable
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
-import orjson
-from aiohttp import web
-from pydantic import BaseModel, ConfigDict, Field
-
-from art_proxy.testing.fake_tokenizer import IM_END_ID, FakeTokenizer
-from art_proxy.wire import ApiError, completion_limit
-
-FinishReason = Literal["stop", "length", "tool_calls"]
+from art_proxy.testing.fake_chat import chat_generation
+from art_proxy.testing.fake_config import FakeVllmConfig, ScriptedCall
+from art_proxy.testing.fake_generation import FakeGeneration
+from art_proxy.testing.fake_tokenizer import VOCAB_SIZE, FakeTokenizer
+from art_proxy.vllm_api.engine import (
+    ChatRequest,
+    ChoiceOutput,
+    CompletionRequest,
+    FinishReason,
+    TokenLogprob,
+)
+from art_proxy.wire import ApiError
 
 # Deterministic stand-ins for sampled logprobs, cycling by position (exact decimals, no float noise).
 _SAMPLED_LOGPROBS = (-0.01, -0.02, -0.03, -0.04, -0.05, -0.06, -0.07)
+_BARE_LOGPROBS = tuple(TokenLogprob(logprob, ()) for logprob in _SAMPLED_LOGPROBS)
 # Pieces offered as runners-up in `top_logprobs`; more than MAX_LOGPROBS so one may equal the sample.
 _ALTERNATIVE_PIECES = (
     "the", ",", ".", " ", "a", "and", "to", "of", "I", "is", "in",
     "it", "you", "that", "\n", "for", "on", "with", "as", "was", "be", "!",
 )  # fmt: skip
-
-
-class ScriptedCall(BaseModel):
-    """A tool call the fake makes at its turn of `tool_script`."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    name: str = Field(description="An offered tool (else a 400).")
-    arguments: dict[str, Any] = Field(default_factory=dict)
-
-
-class FakeVllmConfig(BaseModel):
-    """How the fake answers. Every knob has a default, so `FakeVllmConfig()` is a plain vLLM."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    model: str = Field("Qwen/Qwen2.5-0.5B-Instruct", description="Served name of the base model.")
-    max_model_len: int = Field(2048, ge=1, description="Context length in tokens, prompt included.")
-    allow_runtime_lora: bool = Field(
-        True, description="Serve /v1/load_lora_adapter and /v1/unload_lora_adapter (else 404)."
-    )
-    reply: str = Field("Hello from the fake.", description="Assistant text of choice 0.")
-    answer_after_tool: str | None = Field(
-        None,
-        description="Assistant text of choice 0 when the last message is a tool result (None = "
-        "reply): with tool_call, a scripted agent turn that calls a tool with `reply` as its "
-        "argument, then answers this.",
-    )
-    delay_s: float = Field(0.0, ge=0, description="Seconds to wait before answering (0 = none).")
-    chunk_delay_s: float = Field(0.0, ge=0, description="Seconds between stream chunks (0 = none).")
-    tokens_per_chunk: int = Field(
-        1, ge=1, description="Generated ids carried by each stream chunk."
-    )
-    fail_mid_stream: bool = Field(
-        False, description="Streams send one token chunk, then an error event, then [DONE]."
-    )
-    error_status: int = Field(
-        0, description="Answer every valid generation request with this HTTP error (0 = off)."
-    )
-    tool_call: bool = Field(
-        True,
-        description="Call the first tool when tools are offered and the last message is not a "
-        "tool result (False = always answer text, unless tool_choice names or requires a tool).",
-    )
-    tool_script: tuple[ScriptedCall, ...] = Field(
-        (),
-        description="Tool calls by turn, for multi-step agents: a request whose conversation holds "
-        "k assistant messages, with tools offered and tool_choice auto or required, calls "
-        "tool_script[k]; past its end the fake answers as without a script.",
-    )
-    record_requests: bool = Field(
-        True, description="Keep each generation request body (off for long benchmark runs)."
-    )
-    eos_token_id: int = Field(IM_END_ID, description="Id that ends a turn (Qwen's <|im_end|>).")
-
-
-@dataclass(frozen=True, slots=True)
-class Generated:
-    """One choice's output: ids (EOS last unless cut), decoded text and why it ended."""
-
-    token_ids: tuple[int, ...]
-    text: str
-    finish_reason: FinishReason
 
 
 @dataclass
@@ -112,27 +55,87 @@ class FakeEngine:
     def __post_init__(self) -> None:
         self.tokenizer = FakeTokenizer(self.config.eos_token_id)
         self._alternative_ids = [self.tokenizer.encode(p)[0] for p in _ALTERNATIVE_PIECES]
+        self._pieces: dict[int, tuple[str, list[int]]] = {}
 
-    def record(self, body: dict[str, Any]) -> None:
+    # -- what the seam asks of an engine -----------------------------------------------------
+
+    @property
+    def name(self) -> str:
+        return self.config.model
+
+    @property
+    def root(self) -> str:
+        return self.config.model
+
+    @property
+    def max_model_len(self) -> int:
+        return self.config.max_model_len
+
+    @property
+    def vocab_size(self) -> int:
+        return VOCAB_SIZE
+
+    def adapter_paths(self) -> Mapping[str, str]:
+        return self.adapters
+
+    def screen(self, body: dict[str, Any]) -> None:
+        """Keeps every generation request for tests to inspect, the invalid ones too."""
         if self.config.record_requests:
             self.requests.append(body)
 
-    def served_model(self, body: dict[str, Any]) -> str:
-        """The name a response echoes: the requested base or adapter name (omitted = base)."""
-        model = body.get("model")
-        if model is None or model == self.config.model:
-            return self.config.model
-        if not isinstance(model, str):
-            raise ApiError(400, "'model' must be a string.", param="model")
-        if model in self.adapters:
-            return model
-        raise ApiError(404, f"The model `{model}` does not exist.", param="model")
+    def render(self, messages: list[Any], tools: list[dict[str, Any]] | None) -> list[int]:
+        return self.tokenizer.render_prompt(messages, tools)
 
-    def completion_limit(
-        self, prompt_len: int, max_tokens: int | None, *, param: str = "max_tokens"
-    ) -> int:
-        """How many ids a choice may generate (`wire.completion_limit`'s rules)."""
-        return completion_limit(prompt_len, max_tokens, self.config.max_model_len, param=param)
+    def encode(self, text: str) -> list[int]:
+        return list(self.tokenizer.encode(text))
+
+    def piece(self, token_id: int) -> tuple[str, list[int]]:
+        cached = self._pieces.get(token_id)
+        if cached is None:
+            cached = self._pieces[token_id] = (
+                self.tokenizer.piece(token_id),
+                self.tokenizer.piece_bytes(token_id),
+            )
+        return cached
+
+    async def chat(self, request: ChatRequest, prompt_ids: list[int], limit: int) -> FakeGeneration:
+        generation = chat_generation(self, request, limit)
+        await self._before_answer()
+        return generation
+
+    async def complete(self, request: CompletionRequest, limits: list[int]) -> FakeGeneration:
+        outputs = [
+            self.generate(
+                self.tokenizer.encode(self.reply_text(i)), limit, "stop", request.logprobs
+            )
+            for limit in limits
+            for i in range(request.n)
+        ]
+        await self._before_answer()
+
+        def text(index: int, start: int, end: int) -> tuple[str, tuple[dict[str, Any], ...]]:
+            return self.tokenizer.decode(outputs[index].token_ids[start:end]), ()
+
+        return FakeGeneration(outputs, self.config, text)
+
+    async def load_adapter(self, name: str, path: str, *, replace: bool) -> None:
+        if name in self.adapters and not replace:
+            raise ApiError(
+                400,
+                f"The lora adapter '{name}' has already been loaded. If you want to load the "
+                "adapter in place, set 'load_inplace' to True.",
+                type="InvalidUserInput",
+            )
+        if not await asyncio.to_thread(os.path.exists, path):
+            raise ApiError(404, f"Loading lora {name} failed: No adapter found for {path}")
+        # In place keeps the adapter's position in /v1/models, as vLLM's registry does.
+        self.adapters[name] = path
+
+    async def unload_adapter(self, name: str) -> None:
+        if self.adapters.pop(name, None) is None:
+            raise ApiError(404, f"The lora adapter '{name}' cannot be found.")
+
+    # -- what it generates -------------------------------------------------------------------
 
     def reply_text(self, choice_index: int, *, after_tool_result: bool = False) -> str:
         reply = self.config.reply
@@ -146,27 +149,39 @@ class FakeEngine:
         script = self.config.tool_script
         return script[turn] if turn < len(script) else None
 
-    def generate(self, body_ids: tuple[int, ...], limit: int, finish: FinishReason) -> Generated:
-        """`body_ids` + EOS, cut to `limit` ids; `finish` is the reason when nothing was cut."""
+    def generate(
+        self, body_ids: tuple[int, ...], limit: int, finish: FinishReason, top_logprobs: int | None
+    ) -> ChoiceOutput:
+        """`body_ids` + EOS, cut to `limit` ids; `finish` is the reason when nothing was cut.
+        With `top_logprobs` None the output has no logprobs (nobody asked)."""
         ids = (*body_ids, self.config.eos_token_id)
         if len(ids) > limit:
-            ids = ids[:limit]
-            return Generated(ids, self.tokenizer.decode(ids), "length")
-        return Generated(ids, self.tokenizer.decode(ids), finish)
+            ids, finish = ids[:limit], "length"
+        logprobs = () if top_logprobs is None else self._logprobs(ids, top_logprobs)
+        return ChoiceOutput(ids, logprobs, self.tokenizer.decode(ids), finish)
 
-    def top_logprobs(self, token_id: int, position: int, k: int) -> list[tuple[int, float]]:
-        """The sampled id and its logprob first, then k - 1 runners-up with lower logprobs."""
-        if k <= 0:
-            return []
-        ranked = [(token_id, sampled_logprob(position))]
+    def _logprobs(self, ids: tuple[int, ...], k: int) -> tuple[TokenLogprob, ...]:
+        """Each id's logprob by its position; with k > 0 the sampled id and its logprob rank
+        first among the top k, then k - 1 runners-up with lower logprobs."""
+        if k <= 0:  # the commonest ask, on every call the proxy makes: no runners-up
+            return tuple(
+                _BARE_LOGPROBS[position % len(_BARE_LOGPROBS)] for position in range(len(ids))
+            )
+        return tuple(
+            TokenLogprob(_sampled_logprob(position), self._top_logprobs(token_id, position, k))
+            for position, token_id in enumerate(ids)
+        )
+
+    def _top_logprobs(self, token_id: int, position: int, k: int) -> tuple[tuple[int, float], ...]:
+        ranked = [(token_id, _sampled_logprob(position))]
         for alternative in self._alternative_ids:
             if len(ranked) >= k:
                 break
             if alternative != token_id:
                 ranked.append((alternative, -2.0 - len(ranked)))
-        return ranked
+        return tuple(ranked)
 
-    async def before_answer(self) -> None:
+    async def _before_answer(self) -> None:
         """Injected failure and latency, applied once a request has been validated."""
         if self.config.error_status:
             raise ApiError(self.config.error_status, "Injected failure (error_status).")
@@ -174,38 +189,5 @@ class FakeEngine:
             await asyncio.sleep(self.config.delay_s)
 
 
-def sampled_logprob(position: int) -> float:
+def _sampled_logprob(position: int) -> float:
     return _SAMPLED_LOGPROBS[position % len(_SAMPLED_LOGPROBS)]
-
-
-def mid_stream_error() -> dict[str, Any]:
-    return ApiError(500, "Injected failure in the middle of the stream (fail_mid_stream).").body()
-
-
-# -- stream chunks -------------------------------------------------------------------------
-
-
-def chunks_of(length: int, size: int) -> list[tuple[int, int]]:
-    """[start, end) bounds of the stream chunks for `length` ids; an empty output still ends once."""
-    return [(start, min(start + size, length)) for start in range(0, length, size)] or [(0, 0)]
-
-
-# -- server-sent events --------------------------------------------------------------------
-
-
-async def serve_events(
-    request: web.Request, events: Iterable[dict[str, Any]], chunk_delay_s: float
-) -> web.StreamResponse:
-    """Write each event as `data: {json}` the moment it is made, then `data: [DONE]`."""
-    response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-    await response.prepare(request)
-    try:
-        for number, payload in enumerate(events):
-            if chunk_delay_s and number:
-                await asyncio.sleep(chunk_delay_s)
-            await response.write(b"data: " + orjson.dumps(payload) + b"\n\n")
-        await response.write(b"data: [DONE]\n\n")
-        await response.write_eof()
-    except ConnectionResetError:
-        pass  # The client hung up mid-stream: nothing is left to answer, and that is no error.
-    return response

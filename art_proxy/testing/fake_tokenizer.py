@@ -29,6 +29,8 @@ from typing import Any
 
 import orjson
 
+from art_proxy.vllm_api.engine import PromptError
+
 ENDOFTEXT_ID = 151643
 IM_START_ID = 151644
 IM_END_ID = 151645
@@ -45,10 +47,6 @@ _HASHED_ID_SPAN = 149_000
 _FIXED_IDS = {"\n": 198, " ": 220}
 # Agent prompts repeat the same long strings every turn; past this many entries the cache restarts.
 _ENCODE_CACHE_LIMIT = 65_536
-
-
-class TemplateError(ValueError):
-    """A message or tool the chat template cannot render (the server answers 400)."""
 
 
 class FakeTokenizer:
@@ -128,10 +126,10 @@ class FakeTokenizer:
             self._append_turn(ids, "system", self.encode(f"<tools>\n{block}\n</tools>"))
         for message in messages:
             if not isinstance(message, dict):
-                raise TemplateError("Each message must be an object.")
+                raise PromptError("Each message must be an object.")
             role = message.get("role")
             if not isinstance(role, str):
-                raise TemplateError("Each message needs a string 'role'.")
+                raise PromptError("Each message needs a string 'role'.")
             content = _content_text(message.get("content"))
             if role == "assistant":
                 body = self.assistant_body(content, message.get("tool_calls"))
@@ -147,7 +145,7 @@ class FakeTokenizer:
         if not tool_calls:
             return ids
         if not isinstance(tool_calls, list):
-            raise TemplateError("'tool_calls' must be a list.")
+            raise PromptError("'tool_calls' must be a list.")
         for call in tool_calls:
             name, arguments = _call_name_and_arguments(call)
             if ids:
@@ -183,24 +181,24 @@ def _content_text(content: Any) -> str:
         texts = []
         for part in content:
             if not isinstance(part, dict) or part.get("type") != "text":
-                raise TemplateError("Only text content parts are supported by this model.")
+                raise PromptError("Only text content parts are supported by this model.")
             text = part.get("text")
             if not isinstance(text, str):
-                raise TemplateError("A text content part needs a string 'text'.")
+                raise PromptError("A text content part needs a string 'text'.")
             texts.append(text)
         return "".join(texts)
-    raise TemplateError("Message 'content' must be a string, a list of parts or null.")
+    raise PromptError("Message 'content' must be a string, a list of parts or null.")
 
 
 def _call_name_and_arguments(call: Any) -> tuple[str, str]:
     function = call.get("function") if isinstance(call, dict) else None
     name = function.get("name") if isinstance(function, dict) else None
     if not isinstance(function, dict) or not isinstance(name, str):
-        raise TemplateError("Each tool call needs a 'function' with a string 'name'.")
+        raise PromptError("Each tool call needs a 'function' with a string 'name'.")
     arguments = function.get("arguments", "{}")
     if isinstance(arguments, dict):
         # Some clients echo parsed arguments; render them as vLLM's template would serialize them.
         arguments = json.dumps(arguments, ensure_ascii=False)
     if not isinstance(arguments, str):
-        raise TemplateError("A tool call's 'arguments' must be a JSON string.")
+        raise PromptError("A tool call's 'arguments' must be a JSON string.")
     return name, arguments

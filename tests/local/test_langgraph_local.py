@@ -20,10 +20,11 @@ from langgraph.prebuilt import create_react_agent
 
 from art_proxy.local import engine as engine_module
 from art_proxy.local.model_loading import LoadedModel
-from art_proxy.local.sampling import Sampled, SamplingParams, TokenLogprob
+from art_proxy.local.sampling import Sampled, SamplingParams
 from art_proxy.local.served import ServedModel
 from art_proxy.local.server import running_local_llm
 from art_proxy.proxy.server import running_proxy
+from art_proxy.vllm_api.engine import TokenLogprob
 from art_proxy_integrations.langgraph import ArtProxyCallback, chat_model
 from tests.conftest import proxy_settings, trajectories
 

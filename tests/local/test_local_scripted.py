@@ -11,8 +11,9 @@ import torch
 
 from art_proxy.local import engine as engine_module
 from art_proxy.local.model_loading import LoadedModel
-from art_proxy.local.sampling import Sampled, SamplingParams, TokenLogprob
+from art_proxy.local.sampling import Sampled, SamplingParams
 from art_proxy.local.server import RunningLocalLlm
+from art_proxy.vllm_api.engine import TokenLogprob
 from tests.local.wire_client import USER, chat
 from tests.wire_client import stream_events
 

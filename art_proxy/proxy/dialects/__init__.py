@@ -20,8 +20,6 @@ from __future__ import annotations
 
 from typing import Protocol
 
-import orjson
-
 from art_proxy.errors import ArtProxyError
 from art_proxy.records import Dialect, JsonObject
 
@@ -49,12 +47,6 @@ class Rendering(Protocol):
     def failed_answer(self, raw: bytes, status: int) -> bytes:
         """An upstream's error body (OpenAI-shaped, as vLLM writes it) in the dialect's shape."""
         ...
-
-
-def sse(event: str | None, data: JsonObject) -> bytes:
-    """One server-sent event; `event` None writes the bare `data:` line chat completions uses."""
-    line = b"data: " + orjson.dumps(data) + b"\n\n"
-    return line if event is None else b"event: " + event.encode() + b"\n" + line
 
 
 # Anthropic's error types by HTTP status (https://docs.anthropic.com/en/api/errors).

@@ -23,8 +23,9 @@ from anthropic.types import Message
 
 from art_proxy.errors import ArtProxyError, BadRequest
 from art_proxy.records import JsonObject
+from art_proxy.wire import sse
 
-from . import error_body, sse
+from . import error_body
 from .chat_reply import (
     PASSED_FIELDS,
     Delta,

@@ -4,11 +4,9 @@ from __future__ import annotations
 
 from art_proxy.errors import ArtProxyError
 from art_proxy.records import JsonObject
+from art_proxy.wire import DONE, sse
 
 from ..capture import ClientAsks, strip_chunk, strip_response
-from . import sse
-
-DONE = b"data: [DONE]\n\n"
 
 
 class ChatRendering:

@@ -14,8 +14,8 @@ from openai.types.responses import Response
 
 from art_proxy.errors import ArtProxyError
 from art_proxy.records import JsonObject
+from art_proxy.wire import sse
 
-from . import sse
 from .chat_reply import Delta, DeltaReader, Reply, reply_of, upstream_error
 
 RESPONSE_ID_PREFIX = "resp_"
