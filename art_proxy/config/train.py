@@ -6,6 +6,7 @@ They live here, not in the trainer, so the CLI can offer the trainer's flags wit
 from __future__ import annotations
 
 from enum import StrEnum
+from typing import Literal
 
 from pydantic import Field, model_validator
 
@@ -181,6 +182,11 @@ class TrainSettings(JudgeChoice, UpstreamSettings, StoreSettings, TrainerConfig)
         "the model and trains its share of each step's sequences, DDP averaging the adapter's "
         "gradients (gloo on CPUs, NCCL on GPUs); 1 = one process. Across machines, run "
         "`torchrun ... -m art_proxy.cli train` on each instead.",
+    )
+    sharding: Literal["ddp", "fsdp"] = Field(
+        "ddp",
+        description="With several ranks: ddp, each holds the whole model; fsdp, each holds "
+        "1/N of every weight (FSDP2), for a base too large for one device.",
     )
     collective_timeout: float = Field(
         300.0,

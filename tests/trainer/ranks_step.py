@@ -1,9 +1,9 @@
 """One GRPO step on a fixed batch, by one process or by each rank of several (under torchrun).
 
-`python -m tests.trainer.ranks_step OUT ROWS` under `torchrun --nproc-per-node N`: every rank
-trains its share of the first ROWS rows of `fixed_batch()` in lockstep, and rank 0 writes the
-loss, the gradient norm and its LoRA weights after the step to OUT, for
-tests/trainer/test_distributed.py to compare.
+`python -m tests.trainer.ranks_step OUT ROWS SHARDING` under `torchrun --nproc-per-node N`: every
+rank trains its share of the first ROWS rows of `fixed_batch()` in lockstep (SHARDING: ddp or
+fsdp), and rank 0 writes the loss, the gradient norm and the adapter after the step, gathered
+whole as a checkpoint holds it, to OUT, for tests/trainer/test_distributed.py to compare.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from peft import PeftModel
 
 from art_proxy.config import TrainerConfig
 from art_proxy_trainer.batch import SequenceStats, TrainingBatch
-from art_proxy_trainer.distributed import Ranks, Replica, join, leave
+from art_proxy_trainer.distributed import Ranks, Replica, Sharding, join, leave
 from art_proxy_trainer.loss import token_logprobs
 from art_proxy_trainer.policy import Policy
 from art_proxy_trainer.step import lora_model, make_optimizer
@@ -66,22 +66,23 @@ def lora_weights(model: PeftModel) -> dict[str, torch.Tensor]:
     }
 
 
-def main(out: str, rows: int) -> None:
+def main(out: str, rows: int, sharding: Sharding) -> None:
     ranks = Ranks.of_environment()
     assert ranks is not None, "run under torchrun with --nproc-per-node 2 or more"
     join(ranks, timeout_s=120)
     try:
         trained = policy()
-        replica = Replica(trained, ranks)
         batch = fixed_batch(trained.model).take(list(range(rows)))
+        replica = Replica(trained, ranks, sharding, CONFIG)
         result = replica.train(batch, CONFIG)
-        if ranks.leads:
+        gathered = replica.gather()
+        if gathered is not None:
             torch.save(
                 {
                     "applied": result.applied,
                     "loss": result.loss,
                     "grad_norm": result.grad_norm,
-                    "weights": lora_weights(trained.model),
+                    "weights": gathered.adapter,
                 },
                 out,
             )
@@ -90,4 +91,4 @@ def main(out: str, rows: int) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], int(sys.argv[2]))
+    main(sys.argv[1], int(sys.argv[2]), "fsdp" if sys.argv[3] == "fsdp" else "ddp")

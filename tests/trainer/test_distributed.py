@@ -47,18 +47,19 @@ def test_taking_rows_keeps_each_rows_tensors() -> None:
     assert taken.trained_tokens == int(batch.mask_B_T[[3, 1]].sum())
 
 
+@pytest.mark.parametrize("sharding", ["ddp", "fsdp"])
 @pytest.mark.parametrize(
     ("nproc", "rows"),
     [(2, 5), (3, 2)],  # 3 ranks, 2 rows: one rank trains nothing and still keeps step
 )
 def test_a_step_on_several_ranks_equals_the_step_of_one_process(
-    tmp_path: Path, nproc: int, rows: int
+    tmp_path: Path, nproc: int, rows: int, sharding: str
 ) -> None:
     single = policy()
     batch = fixed_batch(single.model).take(list(range(rows)))
     expected = train_step(single.model, single.optimizer, batch, CONFIG)
     out = tmp_path / "rank0.pt"
-    run = _torchrun(nproc, "-m", "tests.trainer.ranks_step", str(out), str(rows))
+    run = _torchrun(nproc, "-m", "tests.trainer.ranks_step", str(out), str(rows), sharding)
     assert run.returncode == 0, run.stderr[-3000:]
     got = torch.load(out, weights_only=True)
     assert expected.applied and got["applied"]
@@ -114,8 +115,11 @@ async def _consumed_once(stack: Stack, groups: set[str], steps: int) -> None:
     assert [(a.model, a.step) for a in aliases] == [(f"{TINY_NAME}@{steps}", steps)]
 
 
-def _nproc_command(stack: Stack, out: Path, steps: int) -> list[str]:
-    return [*train_command(stack, out, steps), "--nproc", "2", "--threads", "1"]
+def _nproc_command(stack: Stack, out: Path, steps: int, sharding: str = "ddp") -> list[str]:
+    return [*train_command(stack, out, steps), "--nproc", "2", "--threads", "1"] + [
+        "--sharding",
+        sharding,
+    ]
 
 
 async def test_the_sidecar_on_two_ranks_trains_swaps_and_consumes_every_group_once(
@@ -145,7 +149,9 @@ async def test_a_killed_rank_stops_the_run_and_a_restart_loses_no_group(
 ) -> None:
     groups = await _rollouts(stack, rounds=2)
     out = tmp_path / "run"
-    command = _nproc_command(stack, out, steps=3)
+    # Sharded: the checkpoints are gathered from both ranks' shards, and the restart hands the
+    # checkpoint to both.
+    command = _nproc_command(stack, out, steps=3, sharding="fsdp")
     process = await asyncio.create_subprocess_exec(
         *command, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE
     )

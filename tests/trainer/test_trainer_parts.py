@@ -119,13 +119,14 @@ def test_a_checkpoint_restores_the_adapter_and_optimizer(tmp_path: Path) -> None
     optimizer = make_optimizer(model, config)
     assert train_step(model, optimizer, build_batch(_samples()), config).applied
     checkpoints = Checkpoints(tmp_path)
-    checkpoints.save(model, optimizer, TrainerState(run="r", step=1))
+    policy = Policy(model, optimizer, 0, "m", {"m"})
+    checkpoints.save(model, policy.state(), TrainerState(run="r", step=1))
 
     fresh = _model(config)
     fresh_optimizer = make_optimizer(fresh, config)
     state = checkpoints.latest()
     assert state is not None and state.step == 1
-    checkpoints.restore(state, fresh, fresh_optimizer)
+    checkpoints.restore(state, Policy(fresh, fresh_optimizer, 0, "m", {"m"}))
     for (name, trained), (_, restored) in zip(
         model.named_parameters(), fresh.named_parameters(), strict=True
     ):

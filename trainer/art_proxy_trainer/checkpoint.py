@@ -19,12 +19,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from peft import PeftModel, set_peft_model_state_dict
+from peft import PeftModel
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from safetensors.torch import load_file
 
 from art_proxy.records import TrainingStep
 from art_proxy_trainer.errors import CheckpointError
+from art_proxy_trainer.policy import Policy, PolicyState, trained_parameters
 
 _ADAPTER_WEIGHTS = "adapter_model.safetensors"
 
@@ -73,13 +74,14 @@ class Checkpoints:
     def adapter_dir(self, step: int) -> Path:
         return self.path(step) / "adapter"
 
-    def save(self, model: PeftModel, optimizer: torch.optim.Optimizer, state: TrainerState) -> Path:
+    def save(self, model: PeftModel, trained: PolicyState, state: TrainerState) -> Path:
         final = self.path(state.step)
         partial = final.with_name(final.name + ".partial")
         shutil.rmtree(partial, ignore_errors=True)
         partial.mkdir(parents=True)
-        model.save_pretrained(str(partial / "adapter"))
-        torch.save(optimizer.state_dict(), partial / "optimizer.pt")
+        # `trained` is whole even where `model` holds a shard: peft writes it, with the config.
+        model.save_pretrained(str(partial / "adapter"), state_dict=trained.adapter)
+        torch.save(trained.optimizer, partial / "optimizer.pt")
         (partial / "state.json").write_text(state.model_dump_json(indent=1))
         shutil.rmtree(final, ignore_errors=True)  # a step redone after a kill before latest.json
         os.replace(partial, final)
@@ -98,13 +100,17 @@ class Checkpoints:
         except (OSError, ValueError) as exc:
             raise CheckpointError(f"checkpoint {self.path(step)} is unreadable: {exc}") from exc
 
-    def restore(
-        self, state: TrainerState, model: PeftModel, optimizer: torch.optim.Optimizer
-    ) -> None:
+    def restore(self, state: TrainerState, policy: Policy) -> None:
         path = self.path(state.step)
         try:
-            set_peft_model_state_dict(model, load_file(str(path / "adapter" / _ADAPTER_WEIGHTS)))
-            optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=True))
+            saved = load_file(str(path / "adapter" / _ADAPTER_WEIGHTS))
+            # peft's file names the weights without the adapter's name ("default").
+            adapter = {
+                name: saved[name.replace(f".{policy.model.active_adapter}.", ".", 1)]
+                for name, _ in trained_parameters(policy.model)
+            }
+            optimizer = torch.load(path / "optimizer.pt", weights_only=True)
+            policy.load(PolicyState(adapter, optimizer))
         except (OSError, RuntimeError, ValueError, KeyError) as exc:
             raise CheckpointError(
                 f"cannot resume from {path}: {exc} (another model or LoRA shape? use a new --out)"

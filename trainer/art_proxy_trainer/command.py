@@ -67,7 +67,8 @@ async def run_train(settings: TrainSettings, console: Console) -> TrainSummary:
     with console.status("loading the base model"):
         policy = await asyncio.to_thread(load_policy, settings.model, settings, seed=settings.seed)
     if ranks is not None:
-        policy.leader = Leader(Replica(policy, ranks), settings.collective_timeout)
+        replica = Replica(policy, ranks, settings.sharding, settings)
+        policy.leader = Leader(replica, settings.collective_timeout)
     try:
         return await _train(settings, console, policy, agent, scenarios, rubric, out)
     finally:
@@ -82,7 +83,7 @@ def run_follower(settings: TrainSettings, ranks: Ranks) -> None:
     join(ranks, settings.collective_timeout)
     try:
         policy = load_policy(settings.model, settings, seed=settings.seed)
-        follow(Replica(policy, ranks))
+        follow(Replica(policy, ranks, settings.sharding, settings))
     finally:
         leave()
 

@@ -1,13 +1,15 @@
-"""The trainer on several ranks: torch.distributed with DDP, rank 0 deciding, the others following.
+"""The trainer on several ranks: torch.distributed, rank 0 deciding, the others following.
 
 Rank 0 is the trainer as it is in one process: it reads groups, writes step records, checkpoints
-and swaps. Every rank holds the policy (DDP keeps the LoRA gradients equal across ranks), and
-each step rank 0 hands the whole batch to the others (`Leader.train`); every rank trains its
-token-balanced share of the sequences, the gradients are averaged in the last backward, and the
-loss is the token mean over the whole batch, as one process computes it. So exactly-once
-consumption and kill-and-resume are the one-process trainer's: nothing but rank 0 touches the
-store or the checkpoints, and a resumed rank 0 sends its restored weights and optimiser state to
-the others.
+and swaps. Every rank holds the policy, whole (DDP: the adapter's gradients are averaged across
+ranks) or a shard of it (FSDP2's `fully_shard`, for a base that does not fit one device: each
+rank keeps 1/N of every weight and gathers a layer's just for its forward and backward). Each step
+rank 0 hands the whole batch to the others (`Leader.train`); every rank trains its token-balanced
+share of the sequences, the gradients are averaged in the last backward, and the loss is the token
+mean over the whole batch, as one process computes it. So exactly-once consumption and
+kill-and-resume are the one-process trainer's: nothing but rank 0 touches the store or the
+checkpoints; a checkpoint is gathered whole from the shards, in one process's form, and a resumed
+rank 0 hands its state to the others.
 
 Every collective has a timeout (`--collective-timeout`): rank 0 sends a heartbeat while it waits
 for groups, so a follower that hears nothing for that long knows rank 0 is gone, and rank 0 learns
@@ -25,17 +27,26 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import Any, Literal
 
 import torch
 import torch.distributed as dist
-from peft import get_peft_model_state_dict, set_peft_model_state_dict
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.nn.parallel import DistributedDataParallel
 
 from art_proxy.config import TrainerConfig
 from art_proxy_trainer.batch import TrainingBatch
-from art_proxy_trainer.policy import Policy
-from art_proxy_trainer.step import Lockstep, StepResult, micro_batches, train_step
+from art_proxy_trainer.policy import Policy, PolicyState, load_into, trained_parameters
+from art_proxy_trainer.step import Lockstep, StepResult, make_optimizer, micro_batches, train_step
+
+Sharding = Literal["ddp", "fsdp"]
 
 log = logging.getLogger(__name__)
 
@@ -93,16 +104,34 @@ def shares(batch: TrainingBatch, world_size: int) -> list[list[int]]:
 
 
 class Replica:
-    """This rank's copy of the policy in the DDP wrapper, and the step it takes in lockstep."""
+    """This rank's copy or shard of the policy, and what the ranks do to it together."""
 
-    def __init__(self, policy: Policy, ranks: Ranks) -> None:
+    def __init__(
+        self, policy: Policy, ranks: Ranks, sharding: Sharding, config: TrainerConfig
+    ) -> None:
         self.policy = policy
         self.ranks = ranks
-        device_ids = [ranks.local_rank] if torch.cuda.is_available() else None
-        # Buffers are never trained (rotary tables): synchronising them each forward is waste.
-        self.forward = DistributedDataParallel(
-            policy.model, device_ids=device_ids, forward_sync_buffers=False
-        )
+        self.sharding = sharding
+        model = policy.model
+        self.forward: torch.nn.Module
+        if sharding == "fsdp":
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+            mesh = init_device_mesh(device, (ranks.world_size,))
+            # A shard per decoder layer (the modules transformers keeps whole), then the rest.
+            whole = set(getattr(model.get_base_model(), "_no_split_modules", None) or [])
+            for module in model.modules():
+                if type(module).__name__ in whole:
+                    fully_shard(module, mesh=mesh)
+            fully_shard(model, mesh=mesh)
+            # The parameters are shards now: the optimiser must hold those.
+            policy.optimizer = make_optimizer(model, config)
+            self.forward = model
+        else:
+            device_ids = [ranks.local_rank] if torch.cuda.is_available() else None
+            # Buffers are never trained (rotary tables): synchronising them each forward is waste.
+            self.forward = DistributedDataParallel(
+                model, device_ids=device_ids, forward_sync_buffers=False
+            )
 
     def train(self, batch: TrainingBatch, config: TrainerConfig) -> StepResult:
         rows = shares(batch, self.ranks.world_size)[self.ranks.rank]
@@ -120,14 +149,69 @@ class Replica:
         )
         return train_step(self.policy.model, self.policy.optimizer, mine, config, lockstep)
 
-    def load(self, adapter: dict[str, torch.Tensor], optimizer: dict[str, Any]) -> None:
-        set_peft_model_state_dict(self.policy.model, adapter)
-        self.policy.optimizer.load_state_dict(optimizer)
+    def gather(self) -> PolicyState | None:
+        """The whole adapter and optimiser state, on rank 0 (None elsewhere)."""
+        model, optimizer = self.policy.model, self.policy.optimizer
+        if self.sharding == "ddp":  # every rank holds it whole already
+            return self.policy.state_here() if self.ranks.leads else None
+        adapter = {name: _full(p).detach() for name, p in trained_parameters(model)}
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        by_name = get_optimizer_state_dict(model, optimizer, options=options)
+        if not self.ranks.leads:
+            return None
+        return PolicyState(adapter, _by_position(by_name, model))
+
+    def load(self, state: PolicyState | None) -> None:
+        """Every rank continues from rank 0's `state` (the others pass None)."""
+        model, optimizer = self.policy.model, self.policy.optimizer
+        if self.sharding == "ddp":
+            received = [state]
+            dist.broadcast_object_list(received, src=0)
+            assert received[0] is not None
+            load_into(model, optimizer, received[0])
+            return
+        options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True, strict=False)
+        adapter: dict[str, Any] = dict(state.adapter) if state is not None else {}
+        by_name = _by_name(state.optimizer, model) if state is not None else {}
+        set_model_state_dict(model, adapter, options=options)
+        set_optimizer_state_dict(model, optimizer, by_name, options=options)
 
     @contextlib.contextmanager
     def _syncing(self, sync: bool) -> Iterator[None]:
-        with contextlib.nullcontext() if sync else self.forward.no_sync():
+        if isinstance(self.forward, FSDPModule):
+            self.forward.set_requires_gradient_sync(sync)
             yield
+        elif isinstance(self.forward, DistributedDataParallel):
+            with contextlib.nullcontext() if sync else self.forward.no_sync():
+                yield
+
+
+def _full(parameter: torch.Tensor) -> torch.Tensor:
+    full_tensor = getattr(parameter, "full_tensor", None)  # a DTensor shard: every rank joins
+    return full_tensor() if full_tensor is not None else parameter
+
+
+def _by_position(by_name: dict[str, Any], model: torch.nn.Module) -> dict[str, Any]:
+    """torch.distributed's optimiser state (parameters by name) in torch's own form."""
+    position = {name: index for index, (name, _) in enumerate(trained_parameters(model))}
+    return {
+        "state": {position[name]: value for name, value in by_name["state"].items()},
+        "param_groups": [
+            {**group, "params": [position[name] for name in group["params"]]}
+            for group in by_name["param_groups"]
+        ],
+    }
+
+
+def _by_name(by_position: dict[str, Any], model: torch.nn.Module) -> dict[str, Any]:
+    names = [name for name, _ in trained_parameters(model)]
+    return {
+        "state": {names[index]: value for index, value in by_position["state"].items()},
+        "param_groups": [
+            {**group, "params": [names[index] for index in group["params"]]}
+            for group in by_position["param_groups"]
+        ],
+    }
 
 
 def _summed(values: list[float]) -> list[float]:
@@ -153,12 +237,17 @@ class Leader:
             self._tell(("train", batch, config))
             return self.replica.train(batch, config)
 
-    def share_state(self) -> None:
-        """Give every follower rank 0's adapter and optimiser state (after a resume)."""
-        policy = self.replica.policy
-        adapter = get_peft_model_state_dict(policy.model)
+    def gather(self) -> PolicyState:
         with self._lock:
-            self._tell(("load", adapter, policy.optimizer.state_dict()))
+            self._tell(("gather",))
+            gathered = self.replica.gather()
+        assert gathered is not None
+        return gathered
+
+    def load(self, state: PolicyState) -> None:
+        with self._lock:
+            self._tell(("load",))
+            self.replica.load(state)
 
     def close(self) -> None:
         self._closed.set()
@@ -191,7 +280,9 @@ def follow(replica: Replica) -> None:
         command = received[0]
         if command[0] == "train":
             replica.train(command[1], command[2])
+        elif command[0] == "gather":
+            replica.gather()
         elif command[0] == "load":
-            replica.load(command[1], command[2])
+            replica.load(None)
         elif command[0] == "stop":
             return

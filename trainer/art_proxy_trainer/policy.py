@@ -2,12 +2,14 @@
 
 The base is loaded exactly as the local server loads it (same GGUF conversion, float32), so the
 logprobs the trainer computes are those of the model that sampled the tokens, up to float noise.
+What a checkpoint holds of it (`PolicyState`) is whole, in one process's form, however many ranks
+hold the policy and however they split it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from peft import PeftModel
@@ -19,6 +21,20 @@ from art_proxy_trainer.step import StepResult, lora_model, make_optimizer, train
 
 if TYPE_CHECKING:
     from art_proxy_trainer.distributed import Leader
+
+
+@dataclass(frozen=True)
+class PolicyState:
+    """The trained part of the policy: the adapter's weights by parameter name, and the
+    optimiser's state in torch's own format (parameters by position)."""
+
+    adapter: dict[str, torch.Tensor]
+    optimizer: dict[str, Any]
+
+
+def trained_parameters(model: torch.nn.Module) -> list[tuple[str, torch.nn.Parameter]]:
+    """The adapter's parameters, in the order the optimiser holds them."""
+    return [(name, p) for name, p in model.named_parameters() if p.requires_grad]
 
 
 @dataclass
@@ -36,10 +52,32 @@ class Policy:
             return self.leader.train(batch, config)
         return train_step(self.model, self.optimizer, batch, config)
 
-    def restored(self) -> None:
-        """The weights and optimiser state were loaded from a checkpoint: other ranks load them."""
+    def state(self) -> PolicyState:
+        """The adapter and optimiser state, whole (gathered from every rank's shard)."""
         if self.leader is not None:
-            self.leader.share_state()
+            return self.leader.gather()
+        return self.state_here()
+
+    def state_here(self) -> PolicyState:
+        """The adapter and optimiser state this process holds."""
+        return PolicyState(
+            {name: p.detach() for name, p in trained_parameters(self.model)},
+            self.optimizer.state_dict(),
+        )
+
+    def load(self, state: PolicyState) -> None:
+        """Continue from `state` (a checkpoint's), on every rank when there are several."""
+        if self.leader is not None:
+            self.leader.load(state)
+            return
+        load_into(self.model, self.optimizer, state)
+
+
+def load_into(model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: PolicyState) -> None:
+    unexpected = model.load_state_dict(state.adapter, strict=False).unexpected_keys
+    if unexpected:
+        raise KeyError(f"the checkpoint has parameters this model lacks: {unexpected[:3]}")
+    optimizer.load_state_dict(state.optimizer)
 
 
 def load_policy(model: str | None, config: TrainerConfig, *, seed: int) -> Policy:

@@ -95,8 +95,7 @@ class Trainer:
             raise CheckpointError(
                 f"{self.checkpoints.out} holds run {state.run!r}, not {self.settings.run_name!r}"
             )
-        self.checkpoints.restore(state, self.policy.model, self.policy.optimizer)
-        self.policy.restored()
+        self.checkpoints.restore(state, self.policy)
         self.state = state
         record = state.record
         if record is not None:
@@ -159,7 +158,7 @@ class Trainer:
             self.state.reward_history.append((number, metrics["reward_mean"]))
         best = "val_reward" in metrics and self._validated(number, metrics["val_reward"])
         saving = time.perf_counter()
-        self.checkpoints.save(self.policy.model, self.policy.optimizer, self.state)
+        self.checkpoints.save(self.policy.model, self.policy.state(), self.state)
         if best:
             self.checkpoints.mark_best(number)
         await self.store.record_step(record)
