@@ -183,6 +183,12 @@ class TrainSettings(JudgeChoice, UpstreamSettings, StoreSettings, TrainerConfig)
         "gradients (gloo on CPUs, NCCL on GPUs); 1 = one process. Across machines, run "
         "`torchrun ... -m art_proxy.cli train` on each instead.",
     )
+    device: Literal["auto", "cpu", "cuda"] = Field(
+        "auto",
+        description="Where to train: auto, the GPU when torch sees one (rank N: GPU N), else "
+        "the CPU. On one GPU shared with vLLM, leave the trainer room (vLLM's "
+        "--gpu-memory-utilization) or train on the CPU.",
+    )
     sharding: Literal["ddp", "fsdp"] = Field(
         "ddp",
         description="With several ranks: ddp, each holds the whole model; fsdp, each holds "

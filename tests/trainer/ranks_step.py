@@ -69,11 +69,12 @@ def lora_weights(model: PeftModel) -> dict[str, torch.Tensor]:
 def main(out: str, rows: int, sharding: Sharding) -> None:
     ranks = Ranks.of_environment()
     assert ranks is not None, "run under torchrun with --nproc-per-node 2 or more"
-    join(ranks, timeout_s=120)
+    join(ranks, 120, torch.device("cpu"))
+    replica: Replica | None = None
     try:
         trained = policy()
         batch = fixed_batch(trained.model).take(list(range(rows)))
-        replica = Replica(trained, ranks, sharding, CONFIG)
+        replica = Replica(trained, ranks, sharding, CONFIG, torch.device("cpu"))
         result = replica.train(batch, CONFIG)
         gathered = replica.gather()
         if gathered is not None:
@@ -87,6 +88,8 @@ def main(out: str, rows: int, sharding: Sharding) -> None:
                 out,
             )
     finally:
+        if replica is not None:
+            replica.close()
         leave()
 
 

@@ -116,10 +116,8 @@ async def _consumed_once(stack: Stack, groups: set[str], steps: int) -> None:
 
 
 def _nproc_command(stack: Stack, out: Path, steps: int, sharding: str = "ddp") -> list[str]:
-    return [*train_command(stack, out, steps), "--nproc", "2", "--threads", "1"] + [
-        "--sharding",
-        sharding,
-    ]
+    ranks = ["--nproc", "2", "--threads", "1", "--sharding", sharding]
+    return [*train_command(stack, out, steps), *ranks]
 
 
 async def test_the_sidecar_on_two_ranks_trains_swaps_and_consumes_every_group_once(

@@ -130,9 +130,23 @@ class TrainingBatch:
     def trained_tokens(self) -> int:
         return int(self.mask_B_T.sum().item())
 
+    def to(self, device: torch.device) -> TrainingBatch:
+        """The batch on `device` (itself where it is there already)."""
+        if self.tokens_B_T.device == device:
+            return self
+        return TrainingBatch(
+            self.tokens_B_T.to(device),
+            self.attention_mask_B_T.to(device),
+            self.mask_B_T.to(device),
+            self.old_logprobs_B_T.to(device),
+            self.advantages_B.to(device),
+            self.stats,
+            self.transforms.to(device),
+        )
+
     def take(self, rows: list[int]) -> TrainingBatch:
         """These rows alone, in this order (a rank's share of the batch)."""
-        index = torch.tensor(rows, dtype=torch.int64)
+        index = torch.tensor(rows, dtype=torch.int64, device=self.tokens_B_T.device)
         return TrainingBatch(
             self.tokens_B_T[index],
             self.attention_mask_B_T[index],

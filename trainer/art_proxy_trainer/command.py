@@ -35,7 +35,7 @@ from art_proxy_trainer.checkpoint import Checkpoints
 from art_proxy_trainer.distributed import Leader, Ranks, Replica, follow, join, leave
 from art_proxy_trainer.loop import Events, WholeLoop, run_sidecar
 from art_proxy_trainer.metrics import MetricsSink
-from art_proxy_trainer.policy import Policy, load_policy
+from art_proxy_trainer.policy import Policy, load_policy, training_device
 from art_proxy_trainer.promoter import Promoter
 from art_proxy_trainer.swap import AdapterSwapper
 from art_proxy_trainer.trainer import Trainer
@@ -62,12 +62,9 @@ async def run_train(settings: TrainSettings, console: Console) -> TrainSummary:
     out = Path(settings.out)
     set_torch_threads(settings.threads)
     ranks = Ranks.of_environment()
-    if ranks is not None:
-        join(ranks, settings.collective_timeout)
     with console.status("loading the base model"):
-        policy = await asyncio.to_thread(load_policy, settings.model, settings, seed=settings.seed)
-    if ranks is not None:
-        replica = Replica(policy, ranks, settings.sharding, settings)
+        policy, replica = await asyncio.to_thread(_placed_policy, settings, ranks)
+    if replica is not None:
         policy.leader = Leader(replica, settings.collective_timeout)
     try:
         return await _train(settings, console, policy, agent, scenarios, rubric, out)
@@ -80,12 +77,26 @@ async def run_train(settings: TrainSettings, console: Console) -> TrainSummary:
 def run_follower(settings: TrainSettings, ranks: Ranks) -> None:
     """A rank other than 0: the policy, trained in step with rank 0 until it says stop."""
     set_torch_threads(settings.threads)
-    join(ranks, settings.collective_timeout)
     try:
-        policy = load_policy(settings.model, settings, seed=settings.seed)
-        follow(Replica(policy, ranks, settings.sharding, settings))
+        _, replica = _placed_policy(settings, ranks)
+        assert replica is not None
+        follow(replica)
+        replica.close()
     finally:
         leave()
+
+
+def _placed_policy(settings: TrainSettings, ranks: Ranks | None) -> tuple[Policy, Replica | None]:
+    """The policy on this process's device; with several ranks, joined to the others' copies."""
+    device = training_device(settings.device, ranks.local_rank if ranks is not None else 0)
+    if ranks is not None:
+        join(ranks, settings.collective_timeout, device)
+    policy = load_policy(settings.model, settings, seed=settings.seed)
+    if ranks is None or settings.sharding == "ddp":
+        policy.model.to(device)  # a sharded model's shards go to the device as they are made
+    if ranks is None:
+        return policy, None
+    return policy, Replica(policy, ranks, settings.sharding, settings, device)
 
 
 async def _train(

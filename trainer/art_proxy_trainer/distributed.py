@@ -19,6 +19,7 @@ of a dead follower at its next heartbeat. The launcher (launch.py) then stops ev
 from __future__ import annotations
 
 import contextlib
+import functools
 import heapq
 import logging
 import os
@@ -75,11 +76,11 @@ class Ranks:
         return self.rank == 0
 
 
-def join(ranks: Ranks, timeout_s: float) -> None:
+def join(ranks: Ranks, timeout_s: float, device: torch.device) -> None:
     """Join the process group: NCCL between GPUs, gloo between CPU processes."""
     backend = "gloo"
-    if torch.cuda.is_available():
-        torch.cuda.set_device(ranks.local_rank)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
         backend = "nccl"
     dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
 
@@ -107,16 +108,21 @@ class Replica:
     """This rank's copy or shard of the policy, and what the ranks do to it together."""
 
     def __init__(
-        self, policy: Policy, ranks: Ranks, sharding: Sharding, config: TrainerConfig
+        self,
+        policy: Policy,
+        ranks: Ranks,
+        sharding: Sharding,
+        config: TrainerConfig,
+        device: torch.device,
     ) -> None:
         self.policy = policy
         self.ranks = ranks
         self.sharding = sharding
+        self.device = device
         model = policy.model
         self.forward: torch.nn.Module
         if sharding == "fsdp":
-            device = "cuda" if torch.cuda.is_available() else "cpu"
-            mesh = init_device_mesh(device, (ranks.world_size,))
+            mesh = init_device_mesh(device.type, (ranks.world_size,))
             # A shard per decoder layer (the modules transformers keeps whole), then the rest.
             whole = set(getattr(model.get_base_model(), "_no_split_modules", None) or [])
             for module in model.modules():
@@ -127,16 +133,20 @@ class Replica:
             policy.optimizer = make_optimizer(model, config)
             self.forward = model
         else:
-            device_ids = [ranks.local_rank] if torch.cuda.is_available() else None
+            device_ids = [device.index] if device.type == "cuda" else None
             # Buffers are never trained (rotary tables): synchronising them each forward is waste.
             self.forward = DistributedDataParallel(
                 model, device_ids=device_ids, forward_sync_buffers=False
             )
 
     def train(self, batch: TrainingBatch, config: TrainerConfig) -> StepResult:
+        batch = batch.to(self.device)
         rows = shares(batch, self.ranks.world_size)[self.ranks.rank]
         mine = batch.take(rows)
-        passes = torch.tensor([len(micro_batches(mine, config.micro_batch_tokens)) if rows else 0])
+        passes = torch.tensor(
+            [len(micro_batches(mine, config.micro_batch_tokens)) if rows else 0],
+            device=self.device,  # NCCL reduces CUDA tensors only
+        )
         dist.all_reduce(passes, op=dist.ReduceOp.MAX)
         lockstep = Lockstep(
             forward=self.forward,
@@ -144,7 +154,7 @@ class Replica:
             passes=max(int(passes), 1),
             filler=batch.take([0]),
             syncing=self._syncing,
-            summed=_summed,
+            summed=functools.partial(_summed, device=self.device),
             world_size=self.ranks.world_size,
         )
         return train_step(self.policy.model, self.policy.optimizer, mine, config, lockstep)
@@ -175,6 +185,11 @@ class Replica:
         by_name = _by_name(state.optimizer, model) if state is not None else {}
         set_model_state_dict(model, adapter, options=options)
         set_optimizer_state_dict(model, optimizer, by_name, options=options)
+
+    def close(self) -> None:
+        """Drop the DDP wrapper while the process group lives: its teardown may use the group,
+        and a wrapper outliving it can hang the process at exit."""
+        self.forward = self.policy.model
 
     @contextlib.contextmanager
     def _syncing(self, sync: bool) -> Iterator[None]:
@@ -214,10 +229,10 @@ def _by_name(by_position: dict[str, Any], model: torch.nn.Module) -> dict[str, A
     }
 
 
-def _summed(values: list[float]) -> list[float]:
-    summed = torch.tensor(values, dtype=torch.float64)
+def _summed(values: list[float], device: torch.device) -> list[float]:
+    summed = torch.tensor(values, dtype=torch.float64, device=device)
     dist.all_reduce(summed)
-    return summed.tolist()
+    return [float(value) for value in summed.tolist()]
 
 
 class Leader:
@@ -254,6 +269,7 @@ class Leader:
         with self._lock:
             self._tell(("stop",))
         self._heartbeat.join()
+        self.replica.close()
 
     def _tell(self, command: tuple[Any, ...]) -> None:
         dist.broadcast_object_list([command], src=0)

@@ -10,6 +10,7 @@ unbounded term. The optional KL to the reference uses the k3 estimator
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -41,12 +42,18 @@ class SamplingTransforms:
     top_k_B_T: torch.Tensor | None = None  # 0 = off
     top_p_B_T: torch.Tensor | None = None  # 1 = off
 
+    def to(self, device: torch.device) -> SamplingTransforms:
+        return self._each(lambda tensor: tensor.to(device))
+
     def rows(self, rows: slice | torch.Tensor, length: int) -> SamplingTransforms:
-        def cut(tensor: torch.Tensor | None) -> torch.Tensor | None:
-            return None if tensor is None else tensor[rows, :length]
+        return self._each(lambda tensor: tensor[rows, :length])
+
+    def _each(self, change: Callable[[torch.Tensor], torch.Tensor]) -> SamplingTransforms:
+        def changed(tensor: torch.Tensor | None) -> torch.Tensor | None:
+            return None if tensor is None else change(tensor)
 
         return SamplingTransforms(
-            cut(self.temperatures_B_T), cut(self.top_k_B_T), cut(self.top_p_B_T)
+            changed(self.temperatures_B_T), changed(self.top_k_B_T), changed(self.top_p_B_T)
         )
 
 

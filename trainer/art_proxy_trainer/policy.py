@@ -17,6 +17,7 @@ from peft import PeftModel
 from art_proxy.config import TrainerConfig
 from art_proxy.local.model_loading import load_model
 from art_proxy_trainer.batch import TrainingBatch
+from art_proxy_trainer.errors import TrainerError
 from art_proxy_trainer.step import StepResult, lora_model, make_optimizer, train_step
 
 if TYPE_CHECKING:
@@ -71,6 +72,15 @@ class Policy:
             self.leader.load(state)
             return
         load_into(self.model, self.optimizer, state)
+
+
+def training_device(setting: str, local_rank: int = 0) -> torch.device:
+    """Where this process trains: `auto` takes its CUDA device when torch sees one."""
+    if setting == "cpu" or (setting == "auto" and not torch.cuda.is_available()):
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise TrainerError("--device cuda: torch sees no CUDA device (a CPU build of torch?)")
+    return torch.device("cuda", local_rank)
 
 
 def load_into(model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: PolicyState) -> None:

@@ -205,6 +205,7 @@ def train_step(
 ) -> StepResult:
     """One optimiser step on `batch` (with `lockstep`: this rank's share of the whole batch)."""
     model.eval()
+    batch = batch.to(next(model.parameters()).device)
     max_tokens = config.micro_batch_tokens
     while True:
         optimizer.zero_grad(set_to_none=True)
