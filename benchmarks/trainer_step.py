@@ -25,7 +25,10 @@ threads wait on each other at every parallel region and a step can take up to 7x
 round to the next, which swamps the ratio; with `--threads 1` the rounds stay within ~15%.
 
     .venv/bin/python benchmarks/trainer_step.py [--group 8] [--prompt-tokens 120]
-        [--completion-tokens 32] [--repeats 5] [--threads 0] [--quick]
+        [--completion-tokens 32] [--repeats 5] [--threads 0] [--quick] [--nproc 1]
+
+With `--nproc N` (N > 1) it measures the same batch's step on N ranks instead (trainer_ranks.py):
+N ranks against one process, DDP and FSDP2, and what each rank holds of a larger model.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from pathlib import Path
 
 import torch
 from peft import PeftModel
@@ -56,6 +60,7 @@ from art_proxy_trainer.batch import TrainingBatch, TrajectorySample, build_batch
 from art_proxy_trainer.loss import token_logprobs
 from art_proxy_trainer.step import lora_model, make_optimizer, train_step
 
+REPO = Path(__file__).resolve().parents[1]
 # The issue's target: a training step costs at most this many raw forward+backward passes.
 MAX_STEP_VS_RAW = 1.2
 # A usual GRPO KL weight; any value > 0 adds the same reference forward, so the time ignores it.
@@ -354,8 +359,8 @@ def print_report(report: Report) -> None:
 # ---------------------------------------------------------------- main
 
 
-def parse_args(argv: Sequence[str] | None) -> tuple[Sizes, int]:
-    """The sizes, and the torch threads to set (0: leave torch's default)."""
+def parse_args(argv: Sequence[str] | None) -> tuple[Sizes, int, int]:
+    """The sizes, the torch threads to set (0: leave torch's default) and the ranks."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument("--group", type=int, default=8, help="trajectories (default: 8)")
     parser.add_argument(
@@ -378,23 +383,42 @@ def parse_args(argv: Sequence[str] | None) -> tuple[Sizes, int]:
         help=f"a smoke run: {QUICK.group} rows, a prompt of the template's length, "
         f"{QUICK.completion_tokens} tokens, {QUICK.repeats} round, no warm-up",
     )
+    parser.add_argument(
+        "--nproc",
+        type=int,
+        default=1,
+        help="ranks: above 1, the step on that many ranks against one process (trainer_ranks.py)",
+    )
     args = parser.parse_args(argv)
+    if args.nproc < 1:
+        parser.error("--nproc must be at least 1")
     if args.threads < 0:
         parser.error("--threads must be 0 (torch's default) or more")
     if args.quick:
-        return QUICK, args.threads
+        return QUICK, args.threads, args.nproc
     if min(args.group, args.prompt_tokens, args.completion_tokens, args.repeats) < 1:
         parser.error("every size must be at least 1")
     sizes = Sizes(args.group, args.prompt_tokens, args.completion_tokens, args.repeats)
-    return sizes, args.threads
+    return sizes, args.threads, args.nproc
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    sizes, threads = parse_args(argv)
+    sizes, threads, nproc = parse_args(argv)
     if threads:
         torch.set_num_threads(threads)
     # peft wrapping the model calls an API transformers 5 deprecates: noise in the report.
     warnings.filterwarnings("ignore", "`is_gradient_checkpointing` is deprecated", FutureWarning)
+    if nproc > 1:
+        sys.path.insert(0, str(REPO))  # run as a script, the repository root is not on the path
+        from benchmarks.trainer_ranks import run as run_ranks
+
+        loaded = load_model(None)
+        run_ranks(
+            nproc,
+            sizes.repeats,
+            grpo_batch(loaded, lora_model(loaded.model, TrainerConfig()), sizes),
+        )
+        return
     print_report(run(sizes))
 
 

@@ -30,3 +30,12 @@ def test_trainer_step_benchmark_prints_its_ratio_to_raw_peft_last(
     last = capsys.readouterr().out.strip().splitlines()[-1]
     assert last.startswith("train_step = ")
     assert "x raw peft forward+backward" in last
+
+
+@pytest.mark.usefixtures("torch_threads")
+def test_trainer_step_benchmark_on_two_ranks_prints_the_ranks_figures_last(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    trainer_step(["--quick", "--threads", "1", "--nproc", "2"])
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert last.startswith("2 ranks: DDP step ") and "DDP's bytes per rank" in last
