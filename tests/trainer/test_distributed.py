@@ -13,15 +13,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from art_proxy.rollout import load_agent, run_rollouts
-from art_proxy.scenarios import Scenario
 from art_proxy.store.trajectory_store import TrajectoryStore
 from art_proxy_trainer.batch import TrainingBatch
 from art_proxy_trainer.distributed import shares
 from art_proxy_trainer.step import train_step
 from tests.trainer.conftest import TINY_NAME, Stack
 from tests.trainer.ranks_step import CONFIG, fixed_batch, lora_weights, policy
-from tests.trainer.test_training_loop import AGENT, train_command
+from tests.trainer.test_training_loop import finished_groups, train_command
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -87,23 +85,6 @@ def _ranks(launcher: int) -> dict[int, int]:
     return ranks
 
 
-async def _rollouts(stack: Stack, rounds: int) -> set[str]:
-    scenarios = [Scenario(id=f"s{n}", input=f"Question {n}?") for n in range(3)]
-    groups: set[str] = set()
-    for _ in range(rounds):  # 3 groups of 4 a round, rewarded at finish
-        report = await run_rollouts(
-            load_agent(AGENT),
-            scenarios,
-            proxy_url=stack.proxy.root_url,
-            group_size=4,
-            concurrency=8,
-            timeout_s=60,
-            model=TINY_NAME,
-        )
-        groups |= {group.group_id for group in report.groups}
-    return groups
-
-
 async def _consumed_once(stack: Stack, groups: set[str], steps: int) -> None:
     async with TrajectoryStore.opened(stack.store_url, writer=False) as store:
         recorded = await store.training_steps(run="run")
@@ -123,7 +104,7 @@ def _nproc_command(stack: Stack, out: Path, steps: int, sharding: str = "ddp") -
 async def test_the_sidecar_on_two_ranks_trains_swaps_and_consumes_every_group_once(
     stack: Stack, tmp_path: Path
 ) -> None:
-    groups = await _rollouts(stack, rounds=1)  # 3 groups: step 1 takes 2
+    groups = await finished_groups(stack, scenarios=3, rounds=1)  # step 1 takes 2 of 3
     out = tmp_path / "run"
     # Rank 0 waits for step 2's groups well beyond the collective timeout: its heartbeat keeps
     # the other rank from taking the silence for a dead rank 0.
@@ -135,7 +116,7 @@ async def test_the_sidecar_on_two_ranks_trains_swaps_and_consumes_every_group_on
         assert process.returncode is None, "the run ended before its first step"
         await asyncio.sleep(0.05)
     await asyncio.sleep(5)
-    groups |= await _rollouts(stack, rounds=1)  # 3 more: steps 2 and 3
+    groups |= await finished_groups(stack, scenarios=3, rounds=1)  # 3 more: steps 2, 3
     stdout, stderr = await asyncio.wait_for(process.communicate(), 300)
     assert process.returncode == 0, stderr.decode()[-3000:]
     assert "reached --steps 3" in stdout.decode()
@@ -145,7 +126,7 @@ async def test_the_sidecar_on_two_ranks_trains_swaps_and_consumes_every_group_on
 async def test_a_killed_rank_stops_the_run_and_a_restart_loses_no_group(
     stack: Stack, tmp_path: Path
 ) -> None:
-    groups = await _rollouts(stack, rounds=2)
+    groups = await finished_groups(stack, scenarios=3, rounds=2)
     out = tmp_path / "run"
     # Sharded: the checkpoints are gathered from both ranks' shards, and the restart hands the
     # checkpoint to both.

@@ -159,6 +159,24 @@ def train_command(stack: Stack, out: Path, steps: int) -> list[str]:
     ]
 
 
+async def finished_groups(stack: Stack, *, scenarios: int, rounds: int) -> set[str]:
+    """Groups of 4 rollouts, one per scenario a round, rewarded at finish; their ids."""
+    asked = [Scenario(id=f"s{n}", input=f"Question {n}?") for n in range(scenarios)]
+    groups: set[str] = set()
+    for _ in range(rounds):
+        report = await run_rollouts(
+            load_agent(AGENT),
+            asked,
+            proxy_url=stack.proxy.root_url,
+            group_size=4,
+            concurrency=8,
+            timeout_s=60,
+            model=TINY_NAME,
+        )
+        groups |= {group.group_id for group in report.groups}
+    return groups
+
+
 async def _kill_when(process: asyncio.subprocess.Process, ready: Callable[[], bool]) -> None:
     """SIGKILL the trainer the moment `ready()` holds (or when it ends by itself)."""
     while True:
@@ -173,19 +191,7 @@ async def _kill_when(process: asyncio.subprocess.Process, ready: Callable[[], bo
 async def test_a_trainer_killed_at_any_moment_resumes_without_losing_or_repeating_a_group(
     stack: Stack, tmp_path: Path
 ) -> None:
-    scenarios = [Scenario(id=f"s{n}", input=f"Question {n}?") for n in range(6)]
-    groups: set[str] = set()
-    for _ in range(2):  # 12 groups of 4, rewarded at finish: 6 steps of 2 groups
-        report = await run_rollouts(
-            load_agent(AGENT),
-            scenarios,
-            proxy_url=stack.proxy.root_url,
-            group_size=4,
-            concurrency=8,
-            timeout_s=60,
-            model=TINY_NAME,
-        )
-        groups |= {group.group_id for group in report.groups}
+    groups = await finished_groups(stack, scenarios=6, rounds=2)  # 12: 6 steps of 2 groups
     out = tmp_path / "run"
     checkpoints = out / "checkpoints"
     metrics = out / "metrics.jsonl"
