@@ -54,6 +54,16 @@ class TrainerConfig(Settings):
         description="Tokens per forward/backward pass (rows are accumulated in chunks of about "
         "this many padded tokens); 0 = the whole batch at once.",
     )
+    gradient_checkpointing: bool = Field(
+        False,
+        description="Recompute each decoder layer's activations in the backward instead of "
+        "keeping them: the same gradients in less memory, for about a third more compute.",
+    )
+    bf16: bool = Field(
+        False,
+        description="Autocast the forward passes to bfloat16 (CUDA only; a CPU trains in "
+        "float32): faster on a GPU, but the logprobs differ from the sampler's by bf16 rounding.",
+    )
 
 
 class RewardSource(StrEnum):

@@ -9,7 +9,9 @@ from peft import LoraConfig, PeftModel
 from art_proxy.config import TrainerConfig
 from art_proxy_trainer import step as step_module
 from art_proxy_trainer.batch import SequenceStats, TrainingBatch
+from art_proxy_trainer.errors import TrainerError
 from art_proxy_trainer.loss import token_logprobs
+from art_proxy_trainer.policy import training_device
 from art_proxy_trainer.step import lora_model, make_optimizer, train_step
 from tests.trainer.models import tiny_llama
 
@@ -147,3 +149,23 @@ def test_out_of_memory_even_one_sequence_at_a_time_abandons_the_step(
     assert (result.applied, result.reason) == (False, "out_of_memory")
     after = _lora_weights(model)
     assert all(torch.equal(before[name], after[name]) for name in before)
+
+
+def test_recomputed_activations_give_the_same_step() -> None:
+    kept, recomputed = _model(), _model(CONFIG.model_copy(update={"gradient_checkpointing": True}))
+    batch = _batch(kept)
+    batch.attention_mask_B_T[1, 9:] = 0  # a padded row, as real batches have
+    results = [
+        train_step(model, make_optimizer(model, CONFIG), batch, CONFIG)
+        for model in (kept, recomputed)
+    ]
+    assert results[0].loss == pytest.approx(results[1].loss, rel=1e-6)
+    assert results[0].grad_norm == pytest.approx(results[1].grad_norm, rel=1e-5)
+    for name, weight in _lora_weights(kept).items():
+        torch.testing.assert_close(_lora_weights(recomputed)[name], weight, msg=name)
+
+
+def test_bf16_is_refused_on_a_cpu() -> None:
+    with pytest.raises(TrainerError, match="--bf16 is for CUDA"):
+        training_device("cpu", CONFIG.model_copy(update={"bf16": True}))
+    assert training_device("cpu", CONFIG) == torch.device("cpu")

@@ -88,7 +88,9 @@ def run_follower(settings: TrainSettings, ranks: Ranks) -> None:
 
 def _placed_policy(settings: TrainSettings, ranks: Ranks | None) -> tuple[Policy, Replica | None]:
     """The policy on this process's device; with several ranks, joined to the others' copies."""
-    device = training_device(settings.device, ranks.local_rank if ranks is not None else 0)
+    device = training_device(
+        settings.device, settings, ranks.local_rank if ranks is not None else 0
+    )
     if ranks is not None:
         join(ranks, settings.collective_timeout, device)
     policy = load_policy(settings.model, settings, seed=settings.seed)

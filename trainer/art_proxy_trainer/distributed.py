@@ -45,7 +45,14 @@ from torch.nn.parallel import DistributedDataParallel
 from art_proxy.config import TrainerConfig
 from art_proxy_trainer.batch import TrainingBatch
 from art_proxy_trainer.policy import Policy, PolicyState, load_into, trained_parameters
-from art_proxy_trainer.step import Lockstep, StepResult, make_optimizer, micro_batches, train_step
+from art_proxy_trainer.step import (
+    Lockstep,
+    StepResult,
+    decoder_layers,
+    make_optimizer,
+    micro_batches,
+    train_step,
+)
 
 Sharding = Literal["ddp", "fsdp"]
 
@@ -124,10 +131,8 @@ class Replica:
         if sharding == "fsdp":
             mesh = init_device_mesh(device.type, (ranks.world_size,))
             # A shard per decoder layer (the modules transformers keeps whole), then the rest.
-            whole = set(getattr(model.get_base_model(), "_no_split_modules", None) or [])
-            for module in model.modules():
-                if type(module).__name__ in whole:
-                    fully_shard(module, mesh=mesh)
+            for layer in decoder_layers(model):
+                fully_shard(layer, mesh=mesh)
             fully_shard(model, mesh=mesh)
             # The parameters are shards now: the optimiser must hold those.
             policy.optimizer = make_optimizer(model, config)

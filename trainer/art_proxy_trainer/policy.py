@@ -74,9 +74,11 @@ class Policy:
         load_into(self.model, self.optimizer, state)
 
 
-def training_device(setting: str, local_rank: int = 0) -> torch.device:
+def training_device(setting: str, config: TrainerConfig, local_rank: int = 0) -> torch.device:
     """Where this process trains: `auto` takes its CUDA device when torch sees one."""
     if setting == "cpu" or (setting == "auto" and not torch.cuda.is_available()):
+        if config.bf16:
+            raise TrainerError("--bf16 is for CUDA devices: on a CPU the trainer runs in float32")
         return torch.device("cpu")
     if not torch.cuda.is_available():
         raise TrainerError("--device cuda: torch sees no CUDA device (a CPU build of torch?)")

@@ -10,12 +10,13 @@ optimiser moves and is returned as data with its reason; the adapter is left as 
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import warnings
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from peft import LoraConfig, PeftModel, get_peft_model
@@ -55,7 +56,26 @@ def lora_model(base: PreTrainedModel, config: TrainerConfig) -> PeftModel:
         # wrap; the warning says nothing to a user of the trainer.
         warnings.filterwarnings("ignore", category=FutureWarning, module="transformers")
         model: PeftModel = get_peft_model(base, lora)
+    if config.gradient_checkpointing:
+        recompute_activations(model)
     return model
+
+
+def decoder_layers(model: PeftModel) -> list[torch.nn.Module]:
+    """The modules transformers keeps whole (its `_no_split_modules`): the decoder layers."""
+    whole = set(getattr(model.get_base_model(), "_no_split_modules", None) or [])
+    return [module for module in model.modules() if type(module).__name__ in whole]
+
+
+def recompute_activations(model: PeftModel) -> None:
+    """Gradient checkpointing with torch's own `checkpoint`, layer by layer. transformers' own
+    switch acts in train mode only, and the trainer runs its forwards in eval mode."""
+    for layer in decoder_layers(model):
+        layer.forward = functools.partial(_recomputed, layer.forward)
+
+
+def _recomputed(forward: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    return torch.utils.checkpoint.checkpoint(forward, *args, use_reentrant=False, **kwargs)
 
 
 def make_optimizer(model: PeftModel, config: TrainerConfig) -> torch.optim.AdamW:
@@ -68,10 +88,14 @@ def _logprobs(
     tokens_B_T: torch.Tensor,
     attention_mask_B_T: torch.Tensor,
     transforms: SamplingTransforms,
+    bf16: bool,
 ) -> torch.Tensor:
-    logits_B_T_V: torch.Tensor = model(
-        input_ids=tokens_B_T, attention_mask=attention_mask_B_T
-    ).logits
+    # Autocast covers the model only: the logprobs are computed from float32 logits. No KV
+    # cache: nothing is generated, and a recomputed layer would find its own keys in it.
+    with torch.autocast("cuda", dtype=torch.bfloat16, enabled=bf16):
+        logits_B_T_V: torch.Tensor = model(
+            input_ids=tokens_B_T, attention_mask=attention_mask_B_T, use_cache=False
+        ).logits
     return token_logprobs(logits_B_T_V, tokens_B_T, transforms)
 
 
@@ -165,11 +189,13 @@ def _accumulate(
         ref_logprobs_B_T = None
         if config.kl_coef > 0:
             with torch.no_grad(), model.disable_adapter():
-                ref_logprobs_B_T = _logprobs(model, tokens_B_T, attention_B_T, transforms)
+                ref_logprobs_B_T = _logprobs(
+                    model, tokens_B_T, attention_B_T, transforms, config.bf16
+                )
         last = index == len(passes) - 1
         with lockstep.syncing(last) if lockstep else contextlib.nullcontext():
             result = grpo_loss(
-                _logprobs(forward, tokens_B_T, attention_B_T, transforms),
+                _logprobs(forward, tokens_B_T, attention_B_T, transforms, config.bf16),
                 source.old_logprobs_B_T[rows, :length],
                 source.advantages_B[rows],
                 mask_B_T,
