@@ -222,15 +222,8 @@ class ArtProxyCallback(BaseCallbackHandler):
     ) -> None:
         await self._end(run_id, None, error)
 
-    async def on_llm_error(
-        self,
-        error: BaseException,
-        *,
-        run_id: UUID,
-        parent_run_id: UUID | None = None,
-        **kwargs: Any,
-    ) -> None:
-        await self._end(run_id, None, error)
+    # A model run that fails ends what it opened as a chain does; LangChain calls both alike.
+    on_llm_error = on_chain_error
 
     async def _end(self, run_id: UUID, outputs: Any, error: BaseException | None) -> None:
         trajectory = self._owners.pop(run_id, None)
