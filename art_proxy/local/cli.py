@@ -76,10 +76,10 @@ def set_torch_threads(threads: int) -> None:
     processes on the same cores (local-llm and the trainer) contend; giving each its share helps."""
     import torch
 
-    torch.set_num_threads(threads or _usable_cores())
+    torch.set_num_threads(threads or usable_cores())
 
 
-def _usable_cores() -> int:
+def usable_cores() -> int:
     try:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux

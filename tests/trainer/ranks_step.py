@@ -75,6 +75,9 @@ def main(out: str, rows: int, sharding: Sharding) -> None:
         trained = policy()
         batch = fixed_batch(trained.model).take(list(range(rows)))
         replica = Replica(trained, ranks, sharding, CONFIG, torch.device("cpu"))
+        # A checkpoint before the first step (a run whose first steps had no signal) must not
+        # count a step the optimiser never took.
+        replica.gather()
         result = replica.train(batch, CONFIG)
         gathered = replica.gather()
         if gathered is not None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import signal
 import time
 from collections.abc import Coroutine
@@ -22,7 +23,7 @@ from rich.table import Table
 
 from art_proxy.config import JudgeSettings, TrainSettings
 from art_proxy.errors import ConfigError
-from art_proxy.local.cli import set_torch_threads
+from art_proxy.local.cli import set_torch_threads, usable_cores
 from art_proxy.records import TrainingStep
 from art_proxy.rollout import Agent, load_agent
 from art_proxy.ruler.command import build_ruler
@@ -60,8 +61,8 @@ async def run_train(settings: TrainSettings, console: Console) -> TrainSummary:
     scenarios = load_scenarios(settings.scenarios) if settings.scenarios else []
     rubric = load_rubric(settings.rubric)
     out = Path(settings.out)
-    set_torch_threads(settings.threads)
     ranks = Ranks.of_environment()
+    set_torch_threads(_threads(settings, ranks))
     with console.status("loading the base model"):
         policy, replica = await asyncio.to_thread(_placed_policy, settings, ranks)
     if replica is not None:
@@ -70,20 +71,33 @@ async def run_train(settings: TrainSettings, console: Console) -> TrainSummary:
         return await _train(settings, console, policy, agent, scenarios, rubric, out)
     finally:
         if policy.leader is not None:
+            # The launcher passes a Ctrl-C on to every rank, again: rank 0 has heard it once
+            # and now stops the others itself.
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
             policy.leader.close()
         leave()
 
 
 def run_follower(settings: TrainSettings, ranks: Ranks) -> None:
     """A rank other than 0: the policy, trained in step with rank 0 until it says stop."""
-    set_torch_threads(settings.threads)
+    set_torch_threads(_threads(settings, ranks))
+    replica = None
     try:
         _, replica = _placed_policy(settings, ranks)
         assert replica is not None
         follow(replica)
-        replica.close()
     finally:
+        if replica is not None:
+            replica.close()
         leave()
+
+
+def _threads(settings: TrainSettings, ranks: Ranks | None) -> int:
+    """torch threads: --threads, else (0) this machine's cores shared among its ranks."""
+    if settings.threads or ranks is None:
+        return settings.threads
+    local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", ranks.world_size))
+    return max(1, usable_cores() // local_ranks)
 
 
 def _placed_policy(settings: TrainSettings, ranks: Ranks | None) -> tuple[Policy, Replica | None]:

@@ -170,11 +170,16 @@ class Replica:
         if self.sharding == "ddp":  # every rank holds it whole already
             return self.policy.state_here() if self.ranks.leads else None
         adapter = {name: _full(p).detach() for name, p in trained_parameters(model)}
-        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-        by_name = get_optimizer_state_dict(model, optimizer, options=options)
+        # Before the first applied step (the same on every rank) there is no state, and torch's
+        # getter would make one by an empty Adam step, counting a step never taken.
+        stepped = bool(optimizer.state)
+        if stepped:
+            options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+            by_name = get_optimizer_state_dict(model, optimizer, options=options)  # rank 0's
         if not self.ranks.leads:
             return None
-        return PolicyState(adapter, _by_position(by_name, model))
+        optimizer_state = _by_position(by_name, model) if stepped else optimizer.state_dict()
+        return PolicyState(adapter, optimizer_state)
 
     def load(self, state: PolicyState | None) -> None:
         """Every rank continues from rank 0's `state` (the others pass None)."""
@@ -187,9 +192,14 @@ class Replica:
             return
         options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True, strict=False)
         adapter: dict[str, Any] = dict(state.adapter) if state is not None else {}
-        by_name = _by_name(state.optimizer, model) if state is not None else {}
         set_model_state_dict(model, adapter, options=options)
-        set_optimizer_state_dict(model, optimizer, by_name, options=options)
+        # An optimiser that never stepped has no state to load (and torch's setter would make
+        # one by an empty Adam step): every rank must hear which it is.
+        stepped = [state is not None and bool(state.optimizer["state"])]
+        dist.broadcast_object_list(stepped, src=0)
+        if stepped[0]:
+            by_name = _by_name(state.optimizer, model) if state is not None else {}
+            set_optimizer_state_dict(model, optimizer, by_name, options=options)
 
     def close(self) -> None:
         """Drop the DDP wrapper while the process group lives: its teardown may use the group,
@@ -249,32 +259,47 @@ class Leader:
         self._last_sent = time.monotonic()
         self._interval = timeout_s / _HEARTBEATS_PER_TIMEOUT
         self._closed = threading.Event()
+        # Set when rank 0 failed inside a collective: the followers are still in it, so a
+        # "stop" would meet the wrong collective. Rank 0 exits instead and the launcher stops them.
+        self._broken = False
         self._heartbeat = threading.Thread(target=self._beat, name="rank0-heartbeat", daemon=True)
         self._heartbeat.start()
 
     def train(self, batch: TrainingBatch, config: TrainerConfig) -> StepResult:
-        with self._lock:
+        with self._collective():
             self._tell(("train", batch, config))
             return self.replica.train(batch, config)
 
     def gather(self) -> PolicyState:
-        with self._lock:
+        with self._collective():
             self._tell(("gather",))
             gathered = self.replica.gather()
         assert gathered is not None
         return gathered
 
     def load(self, state: PolicyState) -> None:
-        with self._lock:
+        with self._collective():
             self._tell(("load",))
             self.replica.load(state)
 
     def close(self) -> None:
         self._closed.set()
+        try:
+            with self._lock:
+                if not self._broken:
+                    self._tell(("stop",))
+            self._heartbeat.join()
+        finally:
+            self.replica.close()
+
+    @contextlib.contextmanager
+    def _collective(self) -> Iterator[None]:
         with self._lock:
-            self._tell(("stop",))
-        self._heartbeat.join()
-        self.replica.close()
+            try:
+                yield
+            except BaseException:
+                self._broken = True
+                raise
 
     def _tell(self, command: tuple[Any, ...]) -> None:
         dist.broadcast_object_list([command], src=0)
@@ -283,13 +308,14 @@ class Leader:
     def _beat(self) -> None:
         while not self._closed.wait(self._interval / 2):
             with self._lock:
-                if self._closed.is_set():
+                if self._closed.is_set() or self._broken:
                     return
                 if time.monotonic() - self._last_sent >= self._interval:
                     try:
                         self._tell(("wait",))
                     except RuntimeError as exc:  # a follower is gone: the launcher stops us all
                         log.error("rank 0 lost a follower: %s", exc)
+                        self._broken = True
                         return
 
 

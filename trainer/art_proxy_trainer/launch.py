@@ -12,6 +12,7 @@ import logging
 import sys
 import uuid
 
+from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
@@ -38,6 +39,10 @@ def launch_ranks(nproc: int, argv: list[str]) -> None:
     logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
     try:
         elastic_launch(config, sys.executable)("-m", "art_proxy.cli", *argv)
+    except SignalException as exc:  # Ctrl-C or a kill: the launcher passed it to every rank
+        raise TrainerError(
+            f"interrupted ({exc.sigval.name}); the next start resumes from the last checkpoint"
+        ) from exc
     except ChildFailedError as exc:
         rank, failure = exc.get_first_failure()
         why = (

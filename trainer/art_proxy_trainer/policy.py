@@ -82,6 +82,11 @@ def training_device(setting: str, config: TrainerConfig, local_rank: int = 0) ->
         return torch.device("cpu")
     if not torch.cuda.is_available():
         raise TrainerError("--device cuda: torch sees no CUDA device (a CPU build of torch?)")
+    if local_rank >= torch.cuda.device_count():
+        raise TrainerError(
+            f"rank {local_rank} of this machine has no GPU of its own: torch sees "
+            f"{torch.cuda.device_count()} (--nproc at most that many, or --device cpu)"
+        )
     return torch.device("cuda", local_rank)
 
 
