@@ -83,6 +83,10 @@ class StoreError(Exception):
     """A database failure inside the store; the proxy decides what it means for the client."""
 
 
+class JournalError(StoreError):
+    """The journal could not take a record (a full or failing disk)."""
+
+
 class GroupAlreadyConsumed(StoreError):
     """A training step named a group its run already trained on at another step: nothing of the
     step was written (each group feeds exactly one step of a run)."""

@@ -108,7 +108,13 @@ def plan(settings: UpSettings) -> list[Part]:
             color="magenta",
         )
     proxy_flags = flags(
-        upstream=f"{llm_url}/v1", store=settings.store, host=settings.host, port=settings.port
+        upstream=f"{llm_url}/v1",
+        store=settings.store,
+        host=settings.host,
+        port=settings.port,
+        journal=settings.journal,
+        durability=settings.durability.value,
+        journal_max_mb=settings.journal_max_mb or None,
     )
     proxy = Part(
         "proxy",

@@ -236,7 +236,7 @@ def generate_batched(loaded: LoadedModel, prompt_ids: list[list[int]]) -> Throug
     mask_B_T = torch.tensor([[0] * (length - len(ids)) + [1] * len(ids) for ids in prompt_ids])
     start = time.perf_counter()
     with torch.inference_mode():
-        out_B_T = model.generate(  # type: ignore[misc]  # transformers' self-type Protocol rejects its own models
+        out_B_T = model.generate(  # type: ignore[misc,unused-ignore]  # some transformers releases' self-type Protocol rejects their own models
             input_ids=ids_B_T,
             attention_mask=mask_B_T,
             max_new_tokens=MAX_TOKENS,

@@ -150,7 +150,7 @@ def sample_completions(loaded: LoadedModel, prompt: list[int], sizes: Sizes) -> 
     assert isinstance(generator, GenerationMixin)  # a causal LM: load_model's AutoModelForCausalLM
     with torch.random.fork_rng(), torch.inference_mode():
         torch.manual_seed(SEED)
-        out_G_T = generator.generate(  # type: ignore[misc]  # transformers' self-type Protocol rejects its own models
+        out_G_T = generator.generate(  # type: ignore[misc,unused-ignore]  # some transformers releases' self-type Protocol rejects their own models
             input_ids=torch.tensor([prompt]),
             attention_mask=torch.ones(1, len(prompt), dtype=torch.int64),
             do_sample=True,

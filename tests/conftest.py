@@ -10,6 +10,7 @@ import os
 import tempfile
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import aiohttp
@@ -83,11 +84,9 @@ async def _drop_postgres_database(name: str) -> None:
         await connection.close()
 
 
-@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
-async def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[str]:
-    if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path / 'art.db'}"
-        return
+@asynccontextmanager
+async def fresh_postgres_database() -> AsyncIterator[str]:
+    """The URL of a new database on the local server, dropped afterwards; skips without one."""
     name = await _postgres_database()
     if name is None:
         pytest.skip("no PostgreSQL server on 127.0.0.1:5432 (trust auth, database test)")
@@ -95,6 +94,22 @@ async def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIter
         yield f"postgresql://postgres@127.0.0.1:5432/{name}"
     finally:
         await _drop_postgres_database(name)
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
+async def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[str]:
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'art.db'}"
+        return
+    async with fresh_postgres_database() as url:
+        yield url
+
+
+@pytest.fixture
+async def postgres_url() -> AsyncIterator[str]:
+    """A PostgreSQL store only (a test about PostgreSQL's own behaviour)."""
+    async with fresh_postgres_database() as url:
+        yield url
 
 
 @pytest.fixture
@@ -140,7 +155,8 @@ async def sqlite_proxy(sqlite_url: str, vllm: FakeVllm) -> AsyncIterator[Running
 
 
 async def trajectories(proxy: RunningProxy) -> list[TrajectoryRecord]:
-    """Every trajectory the proxy recorded, with its calls."""
+    """Every trajectory the proxy recorded, with its calls (its journal ingested first)."""
+    await proxy.parts.settled()
     found = await proxy.parts.store.trajectories()
     return [
         record

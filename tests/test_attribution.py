@@ -156,10 +156,14 @@ async def test_two_proxies_on_one_store_stitch_one_conversation(
         messages = [{"role": "user", "content": "load-balanced"}]
         reply = await chat(http, first.base_url, messages)
         messages = continued(messages, reply, "next")
+        # Another proxy knows a call once it is ingested (its proxy knows it at once).
+        await first.parts.settled()
         reply = await chat(http, second.base_url, messages)
+        await second.parts.settled()
         await chat(http, first.base_url, continued(messages, reply, "last"))
         listed = (await admin_get(http, first, "/trajectories"))["data"]
         assert len(listed) == 1
+        await first.parts.settled()
         whole = await first.parts.store.trajectory(listed[0]["id"])
     assert whole is not None and whole.calls is not None
     assert [call.seq for call in whole.calls] == [0, 1, 2]
@@ -183,6 +187,7 @@ async def test_two_proxies_on_one_store_follow_an_agent_that_re_renders_its_repl
                 json={"model": MODEL, "messages": opening, "tools": tools},
             ) as response:
                 replies.append((await response.json())["choices"][0]["message"])
+        await first.parts.settled()
         for reply in reversed(replies):  # the newer run first: ids, not order, decide
             as_text = f"Calling tools:\n{[dict(call) for call in reply['tool_calls']]!r}"
             echoed = [
@@ -191,6 +196,7 @@ async def test_two_proxies_on_one_store_follow_an_agent_that_re_renders_its_repl
                 {"role": "user", "content": "Observation: done"},
             ]
             await chat(http, second.base_url, echoed)
+        await second.parts.settled()
         calls = [
             call
             for summary in await first.parts.store.trajectories()
@@ -217,6 +223,7 @@ async def test_explicit_trajectory_survives_a_proxy_restart(
         reply = await chat(http, proxy.base_url, messages, headers)
     async with running_proxy(settings) as proxy:
         await chat(http, proxy.base_url, continued(messages, reply, "after"), headers)
+        await proxy.parts.settled()
         whole = await proxy.parts.store.trajectory("long-run")
     assert whole is not None and whole.calls is not None
     assert [call.seq for call in whole.calls] == [0, 1]
@@ -276,6 +283,7 @@ async def test_a_failed_call_leaves_the_trajectory_continuable_by_a_retry(
             await chat(http, proxy.base_url, messages)
             listed = (await admin_get(http, proxy, "/trajectories"))["data"]
             assert len(listed) == 1 and listed[0]["call_count"] == 3
+            await proxy.parts.settled()
             whole = await proxy.parts.store.trajectory(listed[0]["id"])
     assert whole is not None and whole.calls is not None
     assert [c.status for c in whole.calls] == ["ok", "upstream_error", "ok"]
@@ -288,9 +296,11 @@ async def test_siblings_on_two_proxies_join_one_group_once_the_store_is_merged(
     settings = proxy_settings(store_url, vllm.base_url)
     async with running_proxy(settings) as first, running_proxy(settings) as second:
         await chat(http, first.base_url, [{"role": "user", "content": "shared task"}])
+        await first.parts.settled()
         groups = await first.parts.store.active_groups(utcnow() - timedelta(seconds=5))
         second.parts.tracker.groups.refresh(groups)  # what housekeeping does every second
         await chat(http, second.base_url, [{"role": "user", "content": "shared task"}])
+        await second.parts.settled()  # first's /art/v1 waits for first's records only
         listed = (await admin_get(http, first, "/groups"))["data"]
     assert [group["size"] for group in listed] == [2]
 
@@ -318,6 +328,7 @@ async def test_a_val_run_and_a_train_run_of_one_opening_are_never_siblings(
     splits: tuple[Split, ...] = ("val", "train", "val")
     for split in splits:
         await chat(http, proxy.base_url, opening, attribution_headers(split=split))
+    await proxy.parts.settled()
     trajectories = await proxy.parts.store.trajectories()
     groups: dict[str, set[str]] = {}
     for trajectory in trajectories:
@@ -337,6 +348,7 @@ async def test_a_group_mixing_splits_is_offered_to_the_trainer_as_val_only(
         await http.post(
             proxy.root_url + f"/art/v1/trajectories/t{number}/finish", json={"reward": number}
         )
+    await proxy.parts.settled()
     [group] = await proxy.parts.store.trainable_groups("run", source="finish")
     assert group.group_id == "mixed" and group.split == "val"
 
@@ -350,7 +362,9 @@ async def test_openings_after_one_assistant_greeting_are_different_scenarios(
     ]
     for request in ("Refund order 17", "Reset my password", "Refund order 17"):
         await chat(http, proxy.base_url, [*greeting, {"role": "user", "content": request}])
+    await proxy.parts.settled()
     scenarios = [t.scenario_id for t in await proxy.parts.store.trajectories(oldest_first=True)]
     assert scenarios[0] == scenarios[2] != scenarios[1]
+    await proxy.parts.settled()
     [refund, _] = sorted(await proxy.parts.store.scenarios(), key=lambda s: s.id != scenarios[0])
     assert refund.opening[-1] == {"role": "user", "content": "Refund order 17"}

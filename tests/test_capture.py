@@ -179,7 +179,9 @@ async def test_upstream_without_token_ids_is_recorded_as_text_not_trainable(
                 model="gpt-x", messages=[{"role": "user", "content": "hi"}]
             )
             assert reply.choices[0].message.content == "hosted answer"
+        await proxy.parts.settled()
         trajectories = await proxy.parts.store.trajectories()
+        await proxy.parts.settled()
         calls = await proxy.parts.store.calls([t.id for t in trajectories])
     recorded = [call for found in calls.values() for call in found]
     assert len(recorded) == 2
@@ -206,7 +208,9 @@ async def test_unknown_request_fields_reach_the_upstream(
     sent = vllm.requests[-1]
     assert sent["some_future_field"] == {"x": 1} and sent["top_k"] == 5
     assert sent["response_format"] == {"type": "json_object"}
+    await sqlite_proxy.parts.settled()
     trajectory = (await sqlite_proxy.parts.store.trajectories())[0]
+    await sqlite_proxy.parts.settled()
     whole = await sqlite_proxy.parts.store.trajectory(trajectory.id)
     assert whole is not None and whole.calls is not None
     assert whole.calls[0].sampling == {"top_k": 5}
@@ -319,7 +323,9 @@ async def test_sampling_the_trainer_cannot_reproduce_is_recorded_not_trainable_w
     }
     async with http.post(sqlite_proxy.base_url + "/chat/completions", json=body) as response:
         assert response.status == 200, await response.text()
+    await sqlite_proxy.parts.settled()
     [trajectory] = await sqlite_proxy.parts.store.trajectories()
+    await sqlite_proxy.parts.settled()
     whole = await sqlite_proxy.parts.store.trajectory(trajectory.id)
     assert whole is not None and whole.calls is not None
     [call] = whole.calls

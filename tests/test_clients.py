@@ -57,8 +57,10 @@ async def chat_model(proxy: RunningProxy) -> AsyncIterator[ChatOpenAI]:
 
 
 async def only_trajectory(proxy: RunningProxy) -> TrajectoryRecord:
+    await proxy.parts.settled()
     found = await proxy.parts.store.trajectories()
     assert len(found) == 1, f"expected one trajectory, got {len(found)}"
+    await proxy.parts.settled()
     whole = await proxy.parts.store.trajectory(found[0].id)
     assert whole is not None and whole.calls is not None
     return whole
@@ -138,6 +140,7 @@ async def test_stream_and_non_stream_record_the_same_token_ids(
         else:
             await client.chat.completions.create(model=MODEL, messages=messages)
     calls = []
+    await proxy.parts.settled()
     for trajectory in await proxy.parts.store.trajectories():
         whole = await proxy.parts.store.trajectory(trajectory.id)
         assert whole is not None and whole.calls
@@ -240,11 +243,13 @@ async def test_concurrent_runs_of_one_scenario_are_siblings_of_one_group(
             ]
 
     await asyncio.gather(*(run(index) for index in range(4)))
+    await proxy.parts.settled()
     trajectories = await proxy.parts.store.trajectories()
     # Identical replies make the runs' second calls identical too; each run is still stitched
     # into some open trajectory of the scenario, and all runs share one group.
     assert len({t.scenario_id for t in trajectories}) == 1
     assert len({t.group_id for t in trajectories}) == 1
+    await proxy.parts.settled()
     groups = await proxy.parts.store.groups()
     assert len(groups) == 1 and groups[0].size == len(trajectories)
 

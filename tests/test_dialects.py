@@ -130,6 +130,7 @@ async def test_a_dialect_trajectory_exports_and_batches_as_a_chat_one(
         },
     ]
     await claude.messages.create(model=MODEL, max_tokens=64, messages=messages, tools=tools)
+    await proxy.parts.settled()
     [exported] = [
         line async for line in proxy.parts.store.export(scenario=None, status=None, split=None)
     ]

@@ -1,101 +1,79 @@
-"""Durability: a call whose response reached the client is in the store, even after SIGKILL.
+"""Durability: a call whose response reached the client reaches the store, exactly once, whatever
+happens to the proxy or the store in between.
 
-The proxy runs as a real `art-proxy serve` process under concurrent load (plain and streamed calls),
-is killed with SIGKILL mid-load, and every response id a client saw complete must be recorded.
+Real `art-proxy serve` processes killed with SIGKILL mid-load, a real PostgreSQL made unreachable
+for 30 s by a TCP relay that cuts and refuses its connections (`art_proxy.testing.fault_tcp`), and
+journals cut mid-frame as a killed process leaves them.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import errno
 import os
+import shutil
 import signal
-import sys
+import sqlite3
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
 
 import aiohttp
-import orjson
+import pytest
 
-from art_proxy.store.trajectory_store import TrajectoryStore
+from art_proxy.config import Durability
+from art_proxy.errors import ConfigError, StoreError
+from art_proxy.journal import segments
+from art_proxy.journal.frames import scan
+from art_proxy.journal.ingester import REJECTED_FILE, Ingester
+from art_proxy.proxy.server import running_proxy
 from art_proxy.testing.fake_vllm import FakeVllm
+from art_proxy.testing.fault_tcp import FaultyTcp, faulty_tcp
 from art_proxy.testing.loopback import free_port
+from tests.conftest import proxy_settings
+from tests.proxy_load import (
+    MODEL,
+    art_proxy_command,
+    assert_each_once,
+    load,
+    one_call,
+    recorded_response_ids,
+    until,
+    wait_healthy,
+)
 
-MODEL = "Qwen/Qwen2.5-0.5B-Instruct"
 CLIENTS = 16
 # Completed calls before the kill: enough that several group commits are in flight.
 ENOUGH = 200
+OUTAGE_S = 30.0
 
 
-def art_proxy_command() -> list[str]:
-    return [str(Path(sys.executable).parent / "art-proxy")]
+@pytest.fixture
+async def relay() -> AsyncIterator[FaultyTcp]:
+    async with faulty_tcp("127.0.0.1", 5432) as started:
+        yield started
 
 
-async def wait_healthy(
-    url: str, process: asyncio.subprocess.Process, timeout_s: float = 30
-) -> None:
-    deadline = time.monotonic() + timeout_s
-    async with aiohttp.ClientSession() as http:
-        while time.monotonic() < deadline:
-            assert process.returncode is None, "art-proxy exited during start-up"
-            try:
-                async with http.get(url) as response:
-                    if response.status == 200:
-                        return
-            except aiohttp.ClientConnectionError:
-                pass
-            await asyncio.sleep(0.1)
-    raise AssertionError("art-proxy did not become healthy")
+def through(relay: FaultyTcp, postgres_url: str) -> str:
+    """The same database, reached through the relay."""
+    return postgres_url.replace("127.0.0.1:5432", f"127.0.0.1:{relay.port}")
 
 
-async def one_call(http: aiohttp.ClientSession, base: str, index: int) -> str:
-    """One call; returns the response id once the client has seen the whole response."""
-    body: dict[str, Any] = {
-        "model": MODEL,
-        "messages": [{"role": "user", "content": f"durable {index}"}],
-        "stream": index % 2 == 1,
-    }
-    async with http.post(f"{base}/chat/completions", json=body) as response:
-        assert response.status == 200
-        if not body["stream"]:
-            return str((await response.json())["id"])
-        response_id, done = "", False
-        async for line in response.content:
-            if line.startswith(b"data: [DONE]"):
-                done = True
-            elif line.startswith(b"data: "):
-                response_id = orjson.loads(line[6:])["id"]
-        if not done:
-            raise ConnectionError("stream cut before [DONE]")
-        return response_id
-
-
-async def load(base: str, completed: list[str], enough: asyncio.Event, stop: asyncio.Event) -> None:
-    async with aiohttp.ClientSession() as http:
-
-        async def client(number: int) -> None:
-            index = number
-            while not stop.is_set():
-                try:
-                    completed.append(await one_call(http, base, index))
-                    if len(completed) >= ENOUGH:
-                        enough.set()
-                except (aiohttp.ClientError, ConnectionError, AssertionError):
-                    return  # the proxy is gone
-                index += CLIENTS
-
-        await asyncio.gather(*(client(number) for number in range(CLIENTS)))
-
-
-async def test_every_completed_call_survives_sigkill(store_url: str, vllm: FakeVllm) -> None:
+@contextlib.asynccontextmanager
+async def serve_process(
+    store: str, upstream: str, journal: Path
+) -> AsyncIterator[tuple[asyncio.subprocess.Process, int]]:
     port = free_port()
     process = await asyncio.create_subprocess_exec(
         *art_proxy_command(),
         "serve",
         "--upstream",
-        vllm.base_url,
+        upstream,
         "--store",
-        store_url,
+        store,
+        "--journal",
+        str(journal),
         "--port",
         str(port),
         stdout=asyncio.subprocess.DEVNULL,
@@ -104,31 +82,392 @@ async def test_every_completed_call_survives_sigkill(store_url: str, vllm: FakeV
     )
     try:
         await wait_healthy(f"http://127.0.0.1:{port}/health", process)
-        completed: list[str] = []
-        enough, stop = asyncio.Event(), asyncio.Event()
-        load_task = asyncio.create_task(
-            load(f"http://127.0.0.1:{port}/v1", completed, enough, stop)
-        )
-        await asyncio.wait_for(enough.wait(), timeout=60)
-        process.send_signal(signal.SIGKILL)
-        await asyncio.wait_for(process.wait(), timeout=10)
-        stop.set()
-        await asyncio.wait_for(load_task, timeout=30)
+        yield process, port
     finally:
         if process.returncode is None:
             process.kill()
             await process.wait()
 
-    store = await TrajectoryStore.open(store_url, writer=False)
-    try:
-        recorded: set[str] = set()
-        offset = 0
-        while page := await store.trajectories(limit=1000, offset=offset):
-            calls = await store.calls([t.id for t in page])
-            recorded |= {c.response["id"] for cs in calls.values() for c in cs if c.response}
-            offset += len(page)
-    finally:
-        await store.aclose()
-    missing = set(completed) - recorded
+
+async def kill(process: asyncio.subprocess.Process) -> None:
+    process.send_signal(signal.SIGKILL)
+    await asyncio.wait_for(process.wait(), timeout=10)
+
+
+async def ingest_what_is_left(store: str, upstream: str, journal: Path) -> dict[str, object]:
+    """Start a proxy on the journal a killed one left; its /health once all of it is ingested."""
+    async with running_proxy(proxy_settings(store, upstream, journal=str(journal))) as proxy:
+        await asyncio.wait_for(proxy.parts.settled(), timeout=60)
+        async with aiohttp.ClientSession() as http:
+            return await get_health(http, proxy.root_url)
+
+
+async def test_every_completed_call_survives_sigkill(
+    store_url: str, vllm: FakeVllm, tmp_path: Path
+) -> None:
+    journal = tmp_path / "journal"
+    completed: list[str] = []
+    stop = asyncio.Event()
+    async with serve_process(store_url, vllm.base_url, journal) as (process, port):
+        load_task = asyncio.create_task(
+            load(f"http://127.0.0.1:{port}/v1", completed, stop, clients=CLIENTS)
+        )
+        await until(lambda: len(completed) >= ENOUGH, 60, f"{ENOUGH} completed calls")
+        await kill(process)
+        stop.set()
+        await asyncio.wait_for(load_task, timeout=30)
+    await ingest_what_is_left(store_url, vllm.base_url, journal)
     assert len(completed) >= ENOUGH
-    assert not missing, f"{len(missing)} of {len(completed)} completed calls are not in the store"
+    assert_each_once(completed, await recorded_response_ids(store_url))
+
+
+async def get_health(http: aiohttp.ClientSession, root: str) -> dict[str, object]:
+    async with http.get(root + "/health") as response:
+        assert response.status == 200  # still answering and recording: stays in rotation
+        health: dict[str, object] = await response.json()
+    return health
+
+
+@pytest.mark.postgres
+async def test_a_store_outage_of_30_s_under_load_loses_no_record(
+    postgres_url: str, relay: FaultyTcp, vllm: FakeVllm, tmp_path: Path
+) -> None:
+    settings = proxy_settings(
+        through(relay, postgres_url),
+        vllm.base_url,
+        journal=str(tmp_path / "journal"),
+        idle_timeout=0,
+    )
+    completed: list[str] = []
+    stop = asyncio.Event()
+    async with running_proxy(settings) as proxy, aiohttp.ClientSession() as http:
+        load_task = asyncio.create_task(
+            load(proxy.base_url, completed, stop, clients=8, pause_s=0.01)
+        )
+        await until(lambda: len(completed) >= 50, 30, "50 calls before the outage")
+        started = time.monotonic()
+        await relay.drop()  # the server goes away mid-conversation...
+        ingester = proxy.parts.ingester
+        assert ingester is not None
+        await until(lambda: ingester.state.unavailable_since is not None, 10, "the outage noticed")
+        before_refusal = len(completed)
+        await asyncio.sleep(OUTAGE_S / 2)
+        await relay.refuse()  # ...and then refuses to be reached at all
+        await asyncio.sleep(OUTAGE_S / 2)
+        during = await get_health(http, proxy.root_url)
+        answered_in_outage = len(completed) - before_refusal
+        await relay.restore()
+        outage_s = time.monotonic() - started
+        await asyncio.sleep(1.0)
+        stop.set()
+        await asyncio.wait_for(load_task, timeout=30)
+        await asyncio.wait_for(proxy.parts.settled(), timeout=120)
+        after = await get_health(http, proxy.root_url)
+
+    assert outage_s >= OUTAGE_S
+    assert answered_in_outage > 100, "the proxy stopped answering while the store was down"
+    journal = during["journal"]
+    assert isinstance(journal, dict)
+    assert during["status"] == "store unavailable: journaling"
+    assert journal["store"] == "unavailable"
+    assert isinstance(journal["backlog_frames"], int) and journal["backlog_frames"] > 100
+    assert isinstance(journal["backlog_bytes"], int) and journal["backlog_bytes"] > 0
+    assert isinstance(journal["oldest_frame_age_s"], float)
+    assert journal["oldest_frame_age_s"] >= OUTAGE_S - 5
+    assert after["status"] == "ok" and after["lost_records"] == 0
+    assert isinstance(after["journal"], dict) and after["journal"]["backlog_frames"] == 0
+    assert_each_once(completed, await recorded_response_ids(postgres_url))
+
+
+@pytest.mark.postgres
+async def test_sigkill_during_a_store_outage_loses_no_record(
+    postgres_url: str, relay: FaultyTcp, vllm: FakeVllm, tmp_path: Path
+) -> None:
+    journal, store = tmp_path / "journal", through(relay, postgres_url)
+    completed: list[str] = []
+    stop = asyncio.Event()
+    async with serve_process(store, vllm.base_url, journal) as (process, port):
+        load_task = asyncio.create_task(
+            load(f"http://127.0.0.1:{port}/v1", completed, stop, clients=8)
+        )
+        await until(lambda: len(completed) >= 50, 30, "50 calls before the outage")
+        await relay.refuse()
+        outage_began = len(completed)
+        await until(lambda: len(completed) >= outage_began + 200, 60, "200 calls in the outage")
+        await kill(process)
+        stop.set()
+        await asyncio.wait_for(load_task, timeout=30)
+    await relay.restore()
+    health = await ingest_what_is_left(store, vllm.base_url, journal)
+    assert isinstance(health["journal"], dict) and health["journal"]["ingested"] >= 200
+    assert_each_once(completed, await recorded_response_ids(postgres_url))
+
+
+@pytest.mark.postgres
+async def test_a_proxy_started_while_its_store_is_unreachable_answers_and_records_all_later(
+    postgres_url: str, relay: FaultyTcp, vllm: FakeVllm, tmp_path: Path
+) -> None:
+    """A restart during a database outage: the proxy starts, answers and journals; when the
+    store answers (a new database here: its schema first), every call lands, exactly once."""
+    await relay.refuse()
+    journal = tmp_path / "journal"
+    settings = proxy_settings(through(relay, postgres_url), vllm.base_url, journal=str(journal))
+    async with running_proxy(settings) as proxy, aiohttp.ClientSession() as http:
+        completed = [await one_call(http, proxy.base_url, index) for index in range(20)]
+        during = await get_health(http, proxy.root_url)
+        await relay.restore()
+        await asyncio.wait_for(proxy.parts.settled(), timeout=60)
+        after = await get_health(http, proxy.root_url)
+
+    assert during["status"] == "store unavailable: journaling"
+    assert isinstance(during["journal"], dict) and during["journal"]["backlog_frames"] == 20
+    assert after["status"] == "ok" and after["lost_records"] == 0
+    assert_each_once(completed, await recorded_response_ids(postgres_url))
+
+
+@pytest.mark.postgres
+async def test_a_wrong_store_or_no_journal_still_stops_the_proxy_at_start(
+    postgres_url: str, relay: FaultyTcp, vllm: FakeVllm, tmp_path: Path
+) -> None:
+    """Only an unreachable store is waited for, and only with a journal to keep the records in:
+    a wrong database is a mistake to say at once."""
+    wrong = postgres_url.rsplit("/", 1)[0] + "/no_such_database"
+    settings = proxy_settings(wrong, vllm.base_url, journal=str(tmp_path / "journal"))
+    with pytest.raises(StoreError, match="no_such_database"):
+        async with running_proxy(settings):
+            pass
+    await relay.refuse()
+    settings = proxy_settings(through(relay, postgres_url), vllm.base_url, journal="off")
+    with pytest.raises(StoreError, match="Connect call failed"):
+        async with running_proxy(settings):
+            pass
+
+
+@pytest.mark.postgres
+async def test_a_journal_at_its_bound_sends_records_to_the_store_and_keeps_the_rest(
+    postgres_url: str, relay: FaultyTcp, vllm: FakeVllm, tmp_path: Path
+) -> None:
+    """`--journal-max-mb`: during an outage the journal takes records up to its bound; past it a
+    record goes to the store directly, and with the store down too it is lost (counted) while the
+    call is still answered. What the journal kept lands once the store is back."""
+    settings = proxy_settings(
+        through(relay, postgres_url),
+        vllm.base_url,
+        journal=str(tmp_path / "journal"),
+        journal_max_mb=0.01,  # about four records
+    )
+    async with running_proxy(settings) as proxy, aiohttp.ClientSession() as http:
+        await relay.refuse()
+        completed = [await one_call(http, proxy.base_url, index) for index in range(12)]
+        during = await get_health(http, proxy.root_url)
+        await relay.restore()
+        await asyncio.wait_for(proxy.parts.settled(), timeout=60)
+
+    journal = during["journal"]
+    assert isinstance(journal, dict) and isinstance(journal["backlog_bytes"], int)
+    assert 0 < journal["backlog_bytes"] <= 0.01 * 2**20
+    kept, lost = journal["backlog_frames"], during["lost_records"]
+    assert isinstance(kept, int) and isinstance(lost, int) and kept > 0 and lost > 0
+    assert kept + lost == len(completed)
+    recorded = await recorded_response_ids(postgres_url)
+    assert_each_once(completed[:kept], recorded)
+    assert sum(recorded.values()) == kept
+
+
+def segment_files(journal: Path) -> list[Path]:
+    return sorted(journal.glob("*/*.frames"))
+
+
+async def test_a_torn_last_frame_is_skipped_and_counted_and_the_rest_ingested(
+    sqlite_url: str, vllm: FakeVllm, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A proxy killed mid-append leaves part of a frame: the next one ingests every whole frame
+    before it, never the half one, and counts it."""
+    journal = tmp_path / "journal"
+    settings = proxy_settings(sqlite_url, vllm.base_url, journal=str(journal))
+    with monkeypatch.context() as patch:
+        patch.setattr(Ingester, "start", lambda self: None)  # journaled, never ingested
+        async with running_proxy(settings) as first, aiohttp.ClientSession() as http:
+            completed = [await one_call(http, first.base_url, index) for index in range(3)]
+    [segment] = segment_files(journal)
+    whole = segment.read_bytes()
+    segment.write_bytes(whole + whole[:40])  # the head of a fourth frame, as a kill leaves it
+    health = await ingest_what_is_left(sqlite_url, vllm.base_url, journal)
+    assert isinstance(health["journal"], dict)
+    assert health["journal"]["torn_frames"] == 1
+    assert health["journal"]["ingested"] == 3
+    assert_each_once(completed, await recorded_response_ids(sqlite_url))
+    assert segment_files(journal) == []  # ingested and trimmed
+
+
+async def test_a_journal_replayed_after_its_records_landed_records_them_once(
+    sqlite_url: str, vllm: FakeVllm, tmp_path: Path
+) -> None:
+    """A proxy killed after its records were ingested but before the journal was trimmed."""
+    journal, kept = tmp_path / "journal", tmp_path / "kept"
+    settings = proxy_settings(sqlite_url, vllm.base_url, journal=str(journal))
+    async with running_proxy(settings) as proxy, aiohttp.ClientSession() as http:
+        completed = [await one_call(http, proxy.base_url, index) for index in range(4)]
+        await proxy.parts.settled()
+        [segment] = segment_files(journal)
+        kept.mkdir()
+        shutil.copy(segment, kept / segment.name)
+        slot = segment.parent
+    shutil.copytree(kept, slot, dirs_exist_ok=True)  # as if the proxy had died before trimming
+    health = await ingest_what_is_left(sqlite_url, vllm.base_url, journal)
+    assert isinstance(health["journal"], dict) and health["journal"]["rejected_records"] == 0
+    assert_each_once(completed, await recorded_response_ids(sqlite_url))
+
+
+async def test_durability_power_syncs_the_journal_before_answering(
+    sqlite_url: str, vllm: FakeVllm, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    synced: list[int] = []
+    real_fdatasync = os.fdatasync
+
+    def counting_fdatasync(fd: int) -> None:
+        synced.append(fd)
+        real_fdatasync(fd)
+
+    monkeypatch.setattr(os, "fdatasync", counting_fdatasync)
+    settings = proxy_settings(
+        sqlite_url, vllm.base_url, journal=str(tmp_path / "journal"), durability="power"
+    )
+    async with running_proxy(settings) as proxy, aiohttp.ClientSession() as http:
+        await one_call(http, proxy.base_url, 0)
+        assert len(synced) == 1  # before the answer
+        await asyncio.gather(*(one_call(http, proxy.base_url, n) for n in range(1, 17)))
+        assert len(synced) <= 17  # group commit: never more than one a call
+        health = await get_health(http, proxy.root_url)
+    assert isinstance(health["journal"], dict) and health["journal"]["durability"] == "power"
+    assert len(await recorded_response_ids(sqlite_url)) == 17
+
+
+async def test_a_full_journal_disk_falls_back_to_committing_in_the_store(
+    sqlite_url: str, vllm: FakeVllm, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    settings = proxy_settings(sqlite_url, vllm.base_url, journal=str(tmp_path / "journal"))
+    async with running_proxy(settings) as proxy, aiohttp.ClientSession() as http:
+        first = await one_call(http, proxy.base_url, 0)
+        with monkeypatch.context() as patch:
+
+            def full(fd: int, buffers: object) -> int:
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+            patch.setattr(os, "writev", full)
+            second = await one_call(http, proxy.base_url, 1)
+        third = await one_call(http, proxy.base_url, 2)
+        await proxy.parts.settled()
+        health = await get_health(http, proxy.root_url)
+    assert health["lost_records"] == 0
+    assert_each_once([first, second, third], await recorded_response_ids(sqlite_url))
+
+
+async def test_the_default_journal_sits_beside_a_sqlite_store_and_goes_when_empty(
+    tmp_path: Path, vllm: FakeVllm
+) -> None:
+    settings = proxy_settings(f"sqlite:///{tmp_path / 'art.db'}", vllm.base_url)
+    async with running_proxy(settings) as proxy, aiohttp.ClientSession() as http:
+        await one_call(http, proxy.base_url, 0)
+        assert proxy.parts.journal is not None
+        assert proxy.parts.journal.slot.parent == tmp_path / "art.db.journal"
+    assert not (tmp_path / "art.db.journal").exists()
+
+
+def test_a_journal_of_another_store_is_refused(tmp_path: Path) -> None:
+    journal = segments.Journal.open(tmp_path, "sqlite:///a.db", Durability.process)
+    try:
+        with pytest.raises(ConfigError, match=r"holds records of store sqlite:///a\.db"):
+            segments.Journal.open(tmp_path, "sqlite:///b.db", Durability.process)
+    finally:
+        journal.close()
+
+
+async def test_a_record_the_store_refuses_is_set_aside_and_the_next_ones_land(
+    sqlite_url: str, vllm: FakeVllm, tmp_path: Path
+) -> None:
+    """The store answers, but not for this record (here: the call is for a trajectory the store
+    was told to refuse): it is kept in `rejected-records` and counted, never blocking the rest."""
+    journal = tmp_path / "journal"
+    settings = proxy_settings(sqlite_url, vllm.base_url, journal=str(journal))
+    database = sqlite_url.removeprefix("sqlite:///")
+    async with running_proxy(settings) as proxy, aiohttp.ClientSession() as http:
+        first = await one_call(http, proxy.base_url, 0)
+        await proxy.parts.settled()
+        with contextlib.closing(sqlite3.connect(database)) as connection, connection:
+            connection.execute(
+                "CREATE TRIGGER refuse BEFORE INSERT ON calls WHEN NEW.seq = 0 "
+                "AND NEW.request LIKE '%durable 1\"%' BEGIN SELECT RAISE(ABORT, 'refused'); END"
+            )
+        refused = await one_call(http, proxy.base_url, 1)
+        after = await one_call(http, proxy.base_url, 2)
+        await proxy.parts.settled()
+        health = await get_health(http, proxy.root_url)
+    assert isinstance(health["journal"], dict) and health["journal"]["rejected_records"] == 1
+    recorded = await recorded_response_ids(sqlite_url)
+    assert_each_once([first, after], recorded)
+    assert refused not in recorded
+    kept = scan((journal / REJECTED_FILE).read_bytes())
+    assert len(kept.frames) == 1 and not kept.torn
+    assert b"durable 1" in kept.frames[0].payload
+
+
+async def test_segments_rotate_and_are_trimmed_once_ingested(
+    sqlite_url: str, vllm: FakeVllm, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(segments, "SEGMENT_BYTES", 8192)  # a few records a segment
+    journal = tmp_path / "journal"
+    settings = proxy_settings(sqlite_url, vllm.base_url, journal=str(journal))
+    async with running_proxy(settings) as proxy, aiohttp.ClientSession() as http:
+        completed = await asyncio.gather(*(one_call(http, proxy.base_url, n) for n in range(40)))
+        await proxy.parts.settled()
+        assert len(segment_files(journal)) == 1  # only the live one is left
+        assert proxy.parts.journal is not None and proxy.parts.journal.backlog_bytes == 0
+    assert_each_once(list(completed), await recorded_response_ids(sqlite_url))
+
+
+async def test_a_record_larger_than_a_read_is_journaled_and_ingested_whole(
+    sqlite_url: str, vllm: FakeVllm, tmp_path: Path
+) -> None:
+    """The ingester reads 4 MiB at a time; a bigger frame is read on its own. (The fake refuses
+    a prompt this long, as vLLM would: the call is recorded as an upstream error, body and all.)"""
+    settings = proxy_settings(sqlite_url, vllm.base_url, journal=str(tmp_path / "journal"))
+    content = "many words " * 500_000  # 5.5 MB
+    body = {"model": MODEL, "messages": [{"role": "user", "content": content}], "max_tokens": 4}
+    async with running_proxy(settings) as proxy, aiohttp.ClientSession() as http:
+        async with http.post(f"{proxy.base_url}/chat/completions", json=body) as response:
+            assert response.status == 400
+        await proxy.parts.settled()
+        [trajectory] = await proxy.parts.store.trajectories()
+        whole = await proxy.parts.store.trajectory(trajectory.id)
+    assert whole is not None and whole.calls is not None
+    [call] = whole.calls
+    assert call.status == "upstream_error"
+    assert call.request["messages"][0]["content"] == content
+
+
+async def test_a_refused_first_call_still_creates_its_trajectory_for_the_calls_after_it(
+    sqlite_url: str, vllm: FakeVllm, tmp_path: Path
+) -> None:
+    settings = proxy_settings(sqlite_url, vllm.base_url, journal=str(tmp_path / "journal"))
+    database = sqlite_url.removeprefix("sqlite:///")
+    async with running_proxy(settings) as proxy, aiohttp.ClientSession() as http:
+        with contextlib.closing(sqlite3.connect(database)) as connection, connection:
+            connection.execute(
+                "CREATE TRIGGER refuse BEFORE INSERT ON calls WHEN NEW.request LIKE "
+                "'%refuse me%' BEGIN SELECT RAISE(ABORT, 'refused'); END"
+            )
+        headers = {"X-Art-Trajectory": "t-refused"}
+        for content in ("refuse me", "take me"):
+            body = {"model": MODEL, "messages": [{"role": "user", "content": content}]}
+            async with http.post(
+                f"{proxy.base_url}/chat/completions", json=body, headers=headers
+            ) as response:
+                assert response.status == 200
+        await proxy.parts.settled()
+        whole = await proxy.parts.store.trajectory("t-refused")
+        health = await get_health(http, proxy.root_url)
+    assert isinstance(health["journal"], dict) and health["journal"]["rejected_records"] == 1
+    assert whole is not None and whole.calls is not None
+    assert [call.seq for call in whole.calls] == [1]
+    assert whole.call_count == 1

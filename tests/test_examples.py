@@ -45,9 +45,11 @@ async def test_openai_sdk_example_records_one_group_of_stitched_trajectories(
     proxy: RunningProxy,
 ) -> None:
     await run_openai_sdk_example(proxy.base_url, rollouts=3)
+    await proxy.parts.settled()
     trajectories = await proxy.parts.store.trajectories()
     assert len(trajectories) == 3
     assert len({t.group_id for t in trajectories}) == 1
+    await proxy.parts.settled()
     calls = await proxy.parts.store.calls([t.id for t in trajectories])
     for trajectory in trajectories:
         recorded = calls[trajectory.id]
@@ -61,8 +63,10 @@ async def test_an_unmodified_agent_names_its_scenario_and_group_by_base_url_alon
     # A per-run base URL is the other path that needs no code change: the scenario and group
     # ride in the URL, the turns are still stitched automatically.
     await run_openai_sdk_example(f"{proxy.root_url}/scenario/sky/group/batch-1/v1", rollouts=2)
+    await proxy.parts.settled()
     trajectories = await proxy.parts.store.trajectories()
     assert {(t.scenario_id, t.group_id) for t in trajectories} == {("sky", "batch-1")}
+    await proxy.parts.settled()
     calls = await proxy.parts.store.calls([t.id for t in trajectories])
     assert sorted(len(recorded) for recorded in calls.values()) == [2, 2]
 

@@ -38,6 +38,7 @@ async def test_export_writes_one_trajectory_a_line(proxy: RunningProxy, tmp_path
     await two_turns(proxy, "first task", "train")
     await two_turns(proxy, "second task", "val")
     store = proxy.parts.settings.store
+    await proxy.parts.settled()  # export reads the store from another process
     out = tmp_path / "out.jsonl"
     result = await asyncio.to_thread(export, "--store", store, "--out", str(out))
     assert result.returncode == 0, result.stderr
@@ -56,6 +57,7 @@ async def test_export_filters_by_split_to_standard_output(proxy: RunningProxy) -
     await two_turns(proxy, "train task", "train")
     await two_turns(proxy, "val task", "val")
     store = proxy.parts.settings.store
+    await proxy.parts.settled()  # export reads the store from another process
     result = await asyncio.to_thread(export, "--store", store, "--split", "val")
     assert result.returncode == 0, result.stderr
     lines = [json.loads(line) for line in result.stdout.splitlines()]

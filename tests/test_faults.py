@@ -60,6 +60,7 @@ def assert_openai_error(status: int, raw: bytes, expected: int, error_type: str)
 
 async def recorded_calls(proxy: RunningProxy) -> list[CallRecord]:
     calls: list[CallRecord] = []
+    await proxy.parts.settled()
     for trajectory in await proxy.parts.store.trajectories():
         whole = await proxy.parts.store.trajectory(trajectory.id)
         assert whole is not None and whole.calls is not None
@@ -204,6 +205,7 @@ async def test_invalid_x_art_split_is_400_and_recorded_as_rejected_in_the_defaul
     assert "X-Art-Split" in message
     call = await assert_one_rejected_call(proxy, 400, "X-Art-Split")
     assert call.request == CHAT
+    await proxy.parts.settled()
     [trajectory] = await proxy.parts.store.trajectories()
     assert trajectory.split == "train"
     assert vllm.requests == []
@@ -227,6 +229,7 @@ async def test_call_to_a_finished_explicit_trajectory_is_409(
     )
     assert_openai_error(status, raw, 409, "ConflictError")
 
+    await proxy.parts.settled()
     trajectory = await proxy.parts.store.trajectory("run-1")
     assert trajectory is not None and trajectory.calls is not None
     assert trajectory.status == "finished"
@@ -440,10 +443,14 @@ async def break_calls_table(store_url: str) -> None:
         await connection.close()
 
 
+# Without a journal (--journal off) each answer waits for the store's commit, and the store-error
+# policy decides what a failed one means; with one, see test_durability.py.
+
+
 async def test_store_unavailable_with_serve_policy_answers_200_and_counts_the_lost_record(
     store_url: str, vllm: FakeVllm, http: aiohttp.ClientSession
 ) -> None:
-    async with running_proxy(proxy_settings(store_url, vllm.base_url)) as proxy:
+    async with running_proxy(proxy_settings(store_url, vllm.base_url, journal="off")) as proxy:
         await break_calls_table(store_url)
         status, raw = await post(http, proxy.base_url + "/chat/completions", CHAT)
         assert status == 200
@@ -454,26 +461,28 @@ async def test_store_unavailable_with_serve_policy_answers_200_and_counts_the_lo
         assert health["lost_records"] == 1
         assert health["calls"] == 1
         # The call's batch was one transaction: no trajectory without its call.
+        await proxy.parts.settled()
         assert await proxy.parts.store.trajectories() == []
 
 
 async def test_store_unavailable_with_fail_policy_is_503_store_unavailable_error(
     store_url: str, vllm: FakeVllm, http: aiohttp.ClientSession
 ) -> None:
-    settings = proxy_settings(store_url, vllm.base_url, on_store_error="fail")
+    settings = proxy_settings(store_url, vllm.base_url, on_store_error="fail", journal="off")
     async with running_proxy(settings) as proxy:
         await break_calls_table(store_url)
         status, raw = await post(http, proxy.base_url + "/chat/completions", CHAT)
         message = assert_openai_error(status, raw, 503, "StoreUnavailableError")
         assert "could not be recorded" in message
         assert proxy.parts.counters.lost_records == 1
+        await proxy.parts.settled()
         assert await proxy.parts.store.trajectories() == []
 
 
 async def test_store_unavailable_with_fail_policy_ends_a_stream_with_an_error_event(
     sqlite_url: str, vllm: FakeVllm, http: aiohttp.ClientSession
 ) -> None:
-    settings = proxy_settings(sqlite_url, vllm.base_url, on_store_error="fail")
+    settings = proxy_settings(sqlite_url, vllm.base_url, on_store_error="fail", journal="off")
     async with running_proxy(settings) as proxy:
         await break_calls_table(sqlite_url)
         status, raw = await post(

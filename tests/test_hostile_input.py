@@ -28,10 +28,11 @@ from pydantic import ValidationError
 
 from art_proxy.config import ProxySettings
 from art_proxy.errors import StoreError
+from art_proxy.journal.ingester import Ingester
 from art_proxy.proxy.server import RunningProxy, running_proxy
 from art_proxy.records import CallRecord
 from art_proxy.store.writer import Batch
-from art_proxy.testing.fake_vllm import FakeVllm
+from art_proxy.testing.fake_vllm import FakeVllm, FakeVllmConfig, running_fake_vllm
 from art_proxy.testing.loopback import serving
 from tests.conftest import proxy_settings
 from tests.store_rows import call_row
@@ -71,6 +72,7 @@ def error_of(raw: bytes, status: int) -> dict[str, Any]:
 
 
 async def all_calls(proxy: RunningProxy) -> list[CallRecord]:
+    await proxy.parts.settled()
     store = proxy.parts.store
     calls = await store.calls([t.id for t in await store.trajectories(limit=1000)])
     return [call for trajectory_calls in calls.values() for call in trajectory_calls]
@@ -264,6 +266,7 @@ async def test_2_a_finish_body_that_could_not_be_read_back_is_400_and_changes_no
     assert status == 200
     status, raw = await post(http, proxy.root_url + "/art/v1/trajectories/t-1/finish", body)
     assert status == 400, raw
+    await proxy.parts.settled()
     trajectory = await proxy.parts.store.trajectory("t-1")
     assert trajectory is not None and trajectory.status == "open"
     await assert_reads_back(proxy, http)
@@ -277,6 +280,7 @@ async def test_2_readers_skip_and_count_a_row_they_cannot_read(
         headers = {"X-Art-Trajectory": trajectory}
         status, _ = await post(http, sqlite_proxy.base_url + "/chat/completions", CHAT, headers)
         assert status == 200
+    await sqlite_proxy.parts.settled()
     path = sqlite_proxy.parts.settings.store.removeprefix("sqlite:///")
     with closing(sqlite3.connect(path)) as connection, connection:
         connection.execute("UPDATE trajectories SET metrics = '{\"x\": null}' WHERE id = 'bad'")
@@ -590,3 +594,61 @@ async def test_fuzz_every_class_leaves_the_proxy_recording_and_readable(
     await assert_reads_back(scripted_proxy, http)
     exported = export(scripted_proxy.parts.settings.store).stdout
     assert SECRET not in exported
+
+
+@pytest.mark.parametrize("journal", ["journal", "off"])
+async def test_6_keys_in_a_body_never_reach_the_journal_or_the_store_either_way(
+    sqlite_url: str,
+    vllm: FakeVllm,
+    http: aiohttp.ClientSession,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    journal: str,
+) -> None:
+    """Scrubbed before the record is journaled (the journal's frames are kept on disk until
+    ingested) as before it is committed without a journal."""
+    directory = tmp_path / "journal"
+    setting = str(directory) if journal == "journal" else "off"
+    monkeypatch.setattr(Ingester, "start", lambda self: None)  # frames stay on disk
+    body = {
+        **CHAT,
+        "messages": [{"role": "user", "content": f"my key is {SECRET}, keep it"}],
+        "api_key": "plain-looking-key",
+    }
+    settings = proxy_settings(sqlite_url, vllm.base_url, journal=setting)
+    async with running_proxy(settings) as proxy:
+        status, _ = await post(http, proxy.base_url + "/chat/completions", body)
+        assert status == 200
+        if journal == "journal":
+            written = b"".join(path.read_bytes() for path in directory.glob("*/*.frames"))
+        else:  # the database and its write-ahead log, where a fresh commit sits
+            database = Path(sqlite_url.removeprefix("sqlite:///"))
+            written = b"".join(
+                path.read_bytes()
+                for path in (database, database.with_name(database.name + "-wal"))
+                if path.exists()
+            )
+    assert b"[redacted]" in written  # the record is there, scrubbed
+    assert SECRET.encode() not in written and b"plain-looking-key" not in written
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_6_a_key_in_an_answer_with_logprobs_is_scrubbed_and_its_logprobs_kept(
+    sqlite_url: str, http: aiohttp.ClientSession, stream: bool
+) -> None:
+    """An upstream that echoes a key: the stored answer's text is scrubbed; its logprob entries
+    (one token each, left out of the search) are kept as the client received them."""
+    reply = f"your key is {SECRET} ok"
+    async with (
+        running_fake_vllm(FakeVllmConfig(reply=reply)) as fake,
+        running_proxy(proxy_settings(sqlite_url, fake.base_url)) as proxy,
+    ):
+        body = {**CHAT, "logprobs": True, "stream": stream}
+        status, _ = await post(http, proxy.base_url + "/chat/completions", body)
+        assert status == 200
+        [call] = await all_calls(proxy)
+    assert call.response is not None
+    [choice] = call.response["choices"]
+    assert choice["message"]["content"] == "your key is [redacted] ok"
+    assert call.completion_token_ids is not None
+    assert len(choice["logprobs"]["content"]) == len(call.completion_token_ids[0])

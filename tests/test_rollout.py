@@ -93,6 +93,7 @@ async def test_each_scenario_becomes_one_group_finished_with_the_agents_rewards(
 
     assert report.rollouts == 6 and report.failed == 0 and report.warnings == []
     assert [done for done, _ in progress] == list(range(1, 7))
+    await proxy.parts.settled()
     store = proxy.parts.store
     for group, split in zip(report.groups, ("train", "val"), strict=True):
         assert ready_for_judging(group)
@@ -114,6 +115,7 @@ async def test_running_the_same_scenarios_twice_makes_two_groups(
     second = only_group(await rollouts(sqlite_proxy, no_reward, same))
 
     assert first.group_id != second.group_id
+    await sqlite_proxy.parts.settled()
     groups = await sqlite_proxy.parts.store.groups(scenario="trip")
     assert {group.id: group.size for group in groups} == {first.group_id: 3, second.group_id: 3}
     assert first.rewards == dict.fromkeys(first.trajectory_ids, None)
@@ -142,6 +144,7 @@ async def test_a_failing_agent_leaves_its_error_and_the_other_rollouts_go_on(
     assert group.unrecorded == {no_call: "the agent made no call through rollout.base_url"}
     assert group.rewards == {first: 1.0, last: 1.0}
     assert group.succeeded == [first, last] and ready_for_judging(group)
+    await sqlite_proxy.parts.settled()
     recorded = await sqlite_proxy.parts.store.trajectory(broke, with_calls=False)
     assert recorded is not None and recorded.status == "finished"
     assert recorded.metadata == {ROLLOUT_ERROR: "ValueError: the tool broke"}
@@ -168,6 +171,7 @@ async def test_a_hanging_agent_is_cut_by_the_timeout_and_recorded(
     assert group.errors == {hung: "timeout after 5s"} and group.timed_out == [hung]
     assert report.timed_out == 1 and report.failed == 1 and report.seconds < 30
     assert group.rewards == {fine: 0.5} and not ready_for_judging(group)
+    await sqlite_proxy.parts.settled()
     recorded = await sqlite_proxy.parts.store.trajectory(hung, with_calls=False)
     assert recorded is not None and recorded.status == "finished"
     assert recorded.metadata == {ROLLOUT_ERROR: "timeout after 5s"}
@@ -213,6 +217,7 @@ async def test_an_outcome_carries_metrics_and_metadata_and_a_bad_return_is_an_er
     assert group.errors == {
         bad: "TypeError: the agent returned str, not a float, RolloutOutcome or None"
     }
+    await sqlite_proxy.parts.settled()
     recorded = await sqlite_proxy.parts.store.trajectory(good, with_calls=False)
     assert recorded is not None
     assert (recorded.reward, recorded.metrics, recorded.metadata) == (
@@ -458,6 +463,7 @@ async def test_rollout_command_runs_an_agent_file_and_prints_a_summary(
     assert [[cell.strip() for cell in row] for row in rows] == [
         ["val", "1", "1", "2", "0", "0", "1.000"]
     ]
+    await sqlite_proxy.parts.settled()
     recorded = await sqlite_proxy.parts.store.trajectories()
     assert [(t.scenario_id, t.split, t.reward) for t in recorded] == [("quiz", "val", 1.0)] * 2
 
@@ -500,6 +506,7 @@ async def test_scenario_ids_that_need_quoting_reach_the_store_unchanged(
         sqlite_proxy, no_reward, scenarios(("trip to a/b? #1 %", "train")), group_size=2
     )
     assert report.failed == 0 and not only_group(report).unrecorded
+    await sqlite_proxy.parts.settled()
     recorded = await sqlite_proxy.parts.store.trajectories()
     assert {t.scenario_id for t in recorded} == {"trip to a/b? #1 %"}
 

@@ -52,6 +52,7 @@ async def test_bank_holds_each_prod_opening_once_newest_first(
     await converse(http, proxy, "Practice task", "train")
     await converse(http, proxy, "A table in Paris", "prod")
     out = tmp_path / "bank.jsonl"
+    await proxy.parts.settled()  # the bank reads the store from another process
 
     result = await asyncio.to_thread(
         scenario_bank, "--store", proxy.parts.settings.store, "--out", str(out)
@@ -78,6 +79,7 @@ async def test_bank_takes_the_split_asked_and_a_limit(
     await converse(http, proxy, "Practice task", "train")
     await converse(http, proxy, "Another practice task", "train")
     store = proxy.parts.settings.store
+    await proxy.parts.settled()  # the bank reads the store from another process
 
     result = await asyncio.to_thread(scenario_bank, "--store", store, "--split", "train")
     assert result.returncode == 0, result.stderr

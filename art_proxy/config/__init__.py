@@ -9,7 +9,15 @@ declared by each.
 
 from art_proxy.config.export import ExportSettings, ScenarioBankSettings
 from art_proxy.config.judge import JudgeChoice, JudgeSettings, ProgrammaticFor
-from art_proxy.config.proxy import LogLevel, OnStoreError, ProxySettings, is_loopback
+from art_proxy.config.proxy import (
+    JOURNAL_AUTO,
+    JOURNAL_OFF,
+    Durability,
+    LogLevel,
+    OnStoreError,
+    ProxySettings,
+    is_loopback,
+)
 from art_proxy.config.rollout import RolloutSettings
 from art_proxy.config.shared import DEFAULT_STORE, StoreSettings, UpstreamSettings
 from art_proxy.config.train import RewardSource, TrainerConfig, TrainSettings
@@ -17,6 +25,9 @@ from art_proxy.config.up import Engine, UpSettings
 
 __all__ = [
     "DEFAULT_STORE",
+    "JOURNAL_AUTO",
+    "JOURNAL_OFF",
+    "Durability",
     "Engine",
     "ExportSettings",
     "JudgeChoice",

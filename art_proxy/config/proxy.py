@@ -7,13 +7,21 @@ from enum import StrEnum
 
 from pydantic import Field, model_validator
 
-from art_proxy.config.shared import StoreSettings, UpstreamSettings
+from art_proxy.config.shared import Settings, StoreSettings, UpstreamSettings
 from art_proxy.records import Split
 
 
 class OnStoreError(StrEnum):
     serve = "serve"
     fail = "fail"
+
+
+class Durability(StrEnum):
+    process = "process"  # a journaled record survives the process being killed (page cache)
+    power = "power"  # ... and the machine losing power (a group-committed fdatasync)
+
+
+JOURNAL_AUTO, JOURNAL_OFF = "auto", "off"
 
 
 class LogLevel(StrEnum):
@@ -23,7 +31,31 @@ class LogLevel(StrEnum):
     error = "error"
 
 
-class ProxySettings(UpstreamSettings, StoreSettings):
+class JournalSettings(Settings):
+    """Where a proxy keeps each record before the store has it (`serve`, and `up`'s proxy)."""
+
+    journal: str = Field(
+        JOURNAL_AUTO,
+        description="Directory where each call's record is appended before the answer is sent; "
+        "an ingester moves records into the store, so calls go on being answered and recorded "
+        "while the store is down. auto: STORE.journal beside a SQLite store, else under "
+        "$XDG_STATE_HOME/art-proxy/journals; off: each answer waits for the store's commit.",
+    )
+    durability: Durability = Field(
+        Durability.process,
+        description="process: a record the client saw answered survives the proxy being killed; "
+        "power: also the machine losing power (an fdatasync before the answer).",
+    )
+    journal_max_mb: float = Field(
+        0.0,
+        ge=0,
+        description="Most MiB of records the journal keeps waiting for the store (a long outage); "
+        "past it a record is committed to the store directly, then --on-store-error applies "
+        "(0 = as much as the disk holds).",
+    )
+
+
+class ProxySettings(JournalSettings, UpstreamSettings, StoreSettings):
     host: str = Field("127.0.0.1", description="Address to bind.")
     port: int = Field(8100, description="Port to bind (0 = any free port).")
     api_key: str | None = Field(None, description="Key clients must send as Bearer (unset = open).")
@@ -42,7 +74,8 @@ class ProxySettings(UpstreamSettings, StoreSettings):
     max_body_mb: float = Field(32.0, description="Largest request body in MiB (413 above).")
     on_store_error: OnStoreError = Field(
         OnStoreError.serve,
-        description="serve: answer the agent and count the lost record; fail: answer 503.",
+        description="When a record can be neither journaled (a full disk) nor committed: serve: "
+        "answer the agent and count the lost record; fail: answer 503.",
     )
     default_split: Split = Field(
         "train",

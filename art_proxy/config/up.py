@@ -6,6 +6,7 @@ from enum import StrEnum
 
 from pydantic import Field, model_validator
 
+from art_proxy.config.proxy import JournalSettings
 from art_proxy.config.shared import StoreSettings
 
 
@@ -14,7 +15,7 @@ class Engine(StrEnum):
     vllm = "vllm"
 
 
-class UpSettings(StoreSettings):
+class UpSettings(JournalSettings, StoreSettings):
     engine: Engine = Field(
         Engine.local,
         description="Inference server: local (art-proxy local-llm) or vllm (real vLLM, from "

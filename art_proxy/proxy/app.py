@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hmac
 import logging
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
 from datetime import timedelta
 from typing import Literal
 
@@ -27,11 +28,16 @@ from art_proxy.errors import (
     StoreError,
     Unauthorized,
 )
+from art_proxy.journal.directory import journal_directory
+from art_proxy.journal.ingester import Ingester
+from art_proxy.journal.segments import Journal
 from art_proxy.store.trajectory_store import TrajectoryStore, utcnow
 
 from .admin import Admin
 from .aliases import Aliases
 from .dialects import dialect_of_path, error_body
+from .health import health
+from .parts import PARTS, ProxyParts
 from .recording import Counters, Recorder
 from .relay import Relay
 from .request_body import body_too_large
@@ -45,26 +51,19 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 # How a scenario's group stays open after its newest member started (see tracker.py).
 GROUP_WINDOW_S = 60.0
-
-
-@dataclass
-class ProxyParts:
-    settings: ProxySettings
-    store: TrajectoryStore
-    tracker: TrajectoryTracker
-    counters: Counters
-    relay: Relay
-    admin: Admin
-    aliases: Aliases
-
-
-PARTS = web.AppKey("parts", ProxyParts)
+# How long a read of the store through the proxy (/art/v1, a stored response) waits for the
+# journal's records before it to be ingested; past it the read goes ahead (the store is down).
+SETTLE_TIMEOUT_S = 10.0
+# The same for the tracker's look-up of a conversation that memory does not hold: on the hot path.
+LOOKUP_SETTLE_TIMEOUT_S = 1.0
+# How long a stopping proxy goes on ingesting; what is left waits in the journal for the next start.
+DRAIN_TIMEOUT_S = 10.0
 
 
 def create_app(settings: ProxySettings) -> web.Application:
     app = web.Application(
         client_max_size=int(settings.max_body_mb * 1024 * 1024),
-        middlewares=[_errors, _auth(settings)],
+        middlewares=[_errors, _auth(settings), _own_records_first],
     )
     app.cleanup_ctx.append(_lifecycle(settings))
     _add_routes(app.router)
@@ -73,16 +72,48 @@ def create_app(settings: ProxySettings) -> web.Application:
 
 def _lifecycle(settings: ProxySettings) -> Callable[[web.Application], AsyncIterator[None]]:
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
-        store = await TrajectoryStore.open(settings.store)
+        directory = journal_directory(settings.journal, settings.store)
+        # With a journal, calls need no store to be answered and recorded: one that cannot be
+        # reached now is caught up with (schema first) once it answers.
+        store = await TrajectoryStore.open(settings.store, unreachable_ok=directory is not None)
+        if not store.migrated:
+            log.error(
+                "STORE UNAVAILABLE at start (%s): calls are answered and journaled in %s, and "
+                "go to the store when it answers",
+                store.engine.url.render_as_string(hide_password=True),
+                directory,
+            )
+        try:
+            journal = (
+                Journal.open(
+                    directory,
+                    settings.store,
+                    settings.durability,
+                    max_backlog_bytes=int(settings.journal_max_mb * 2**20),
+                )
+                if directory is not None
+                else None
+            )
+        except BaseException:
+            await store.aclose()
+            raise
+        ingester = Ingester(journal, store) if journal is not None else None
+        if ingester is not None:
+            ingester.start()
         counters = Counters()
         tracker = TrajectoryTracker(
-            store, settings.upstream, group_size=settings.group_size, group_window=GROUP_WINDOW_S
+            store,
+            settings.upstream,
+            group_size=settings.group_size,
+            group_window=GROUP_WINDOW_S,
+            own_records_stored=functools.partial(_settle_lookups, journal, ingester),
         )
         aliases = Aliases(store)
         try:
-            await aliases.reload()
+            if store.migrated:  # else housekeeping reads them once the store answers
+                await aliases.reload()
         except StoreError:
-            await store.aclose()
+            await _stop_recording(store, journal, ingester)
             raise
         async with Upstreams(
             settings.upstream,
@@ -90,7 +121,7 @@ def _lifecycle(settings: ProxySettings) -> Callable[[web.Application], AsyncIter
             timeout_s=settings.upstream_timeout,
             pass_client_key=not settings.api_key,
         ) as upstreams:
-            recorder = Recorder(store, tracker, settings.on_store_error, counters)
+            recorder = Recorder(store, tracker, settings.on_store_error, counters, journal)
             shadow = ShadowSampler(
                 upstreams,
                 tracker,
@@ -107,11 +138,15 @@ def _lifecycle(settings: ProxySettings) -> Callable[[web.Application], AsyncIter
                 aliases,
                 shadow,
                 default_split=settings.default_split,
+                read_your_writes=functools.partial(_settle_reads, journal),
             )
             admin = Admin(store, tracker, aliases)
-            app[PARTS] = ProxyParts(settings, store, tracker, counters, relay, admin, aliases)
+            parts = ProxyParts(
+                settings, store, tracker, counters, relay, admin, aliases, journal, ingester
+            )
+            app[PARTS] = parts
             sweeper = asyncio.create_task(
-                _housekeeping(settings.idle_timeout, store, tracker, aliases)
+                _housekeeping(settings.idle_timeout, store, tracker, aliases, journal)
             )
             try:
                 yield
@@ -120,9 +155,49 @@ def _lifecycle(settings: ProxySettings) -> Callable[[web.Application], AsyncIter
                 sweeper.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await sweeper
-                await store.aclose()
+                await _stop_recording(store, journal, ingester)
 
     return lifecycle
+
+
+async def _settle_reads(journal: Journal | None) -> None:
+    """What a read of the store on a client's behalf (/art/v1, the dashboard: `_own_records_first`;
+    a stored response: relay.py) awaits first: the calls recorded before it, ingested, if they
+    come within `SETTLE_TIMEOUT_S`."""
+    if journal is not None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(journal.settled(), SETTLE_TIMEOUT_S)
+
+
+async def _settle_lookups(journal: Journal | None, ingester: Ingester | None) -> None:
+    """Before the tracker asks the store about a conversation memory has no more (its bound):
+    this proxy's records, ingested, when any are pending and the store takes them (not during
+    an outage: the call is answered without waiting, from memory only)."""
+    if journal is None or ingester is None or journal.backlog_frames == 0:
+        return
+    if ingester.state.unavailable_since is None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(journal.settled(), LOOKUP_SETTLE_TIMEOUT_S)
+
+
+async def _stop_recording(
+    store: TrajectoryStore, journal: Journal | None, ingester: Ingester | None
+) -> None:
+    """Ingest what the journal holds (for a while), then close the journal and the store."""
+    try:
+        if ingester is not None:
+            await ingester.aclose(DRAIN_TIMEOUT_S)
+        if journal is not None:
+            left = journal.close()
+            if left:
+                log.error(
+                    "stopping with %d records not yet in the store: they stay in the journal "
+                    "%s and are ingested when a proxy of this store starts there",
+                    left,
+                    journal.directory,
+                )
+    finally:
+        await store.aclose()
 
 
 def _add_routes(router: web.UrlDispatcher) -> None:
@@ -134,7 +209,7 @@ def _add_routes(router: web.UrlDispatcher) -> None:
 
         return handle
 
-    router.add_get("/health", _health)
+    router.add_get("/health", health)
     scenario, group, trajectory = (
         "/scenario/{scenario}",
         "/group/{group}",
@@ -169,40 +244,18 @@ def _add_routes(router: web.UrlDispatcher) -> None:
     dashboard.add_routes(router, lambda request: request.app[PARTS].store)
 
 
-async def _health(request: web.Request) -> web.Response:
-    parts = request.app[PARTS]
-    writer = parts.store.writer
-    # A proxy whose store writer stopped answers calls it cannot record: take it out of rotation.
-    return web.json_response(
-        {
-            "status": "ok" if writer.running else "store writer stopped",
-            "upstreams": parts.settings.upstream,
-            "open_trajectories": parts.tracker.open_count,
-            "calls": parts.counters.calls,
-            "failed_calls": parts.counters.failed_calls,
-            "lost_records": parts.counters.lost_records,
-            "stitch_misses": parts.counters.stitch_misses,
-            "calls_by_attribution": parts.counters.by_attribution,
-            "calls_by_dialect": parts.counters.by_dialect,
-            "untrainable_calls": parts.counters.untrainable_calls,
-            "shadow_calls": parts.counters.shadow_calls,
-            "shadow_samples": parts.counters.shadow_samples,
-            "shadow_skipped": parts.counters.shadow_skipped,
-            "commits": writer.commits,
-            "records_committed": writer.batches,
-            "unreadable_rows": parts.store.unreadable_rows,
-        },
-        status=200 if writer.running else 503,
-    )
-
-
 # Seconds between merges of the store's open groups and aliases into memory (see
 # groups.Groups.refresh and aliases.py).
 _GROUP_REFRESH_S = 1.0
+_REPORT_EVERY_S = 10.0  # housekeeping's failures, logged at most this often
 
 
 async def _housekeeping(
-    idle_timeout: float, store: TrajectoryStore, tracker: TrajectoryTracker, aliases: Aliases
+    idle_timeout: float,
+    store: TrajectoryStore,
+    tracker: TrajectoryTracker,
+    aliases: Aliases,
+    journal: Journal | None,
 ) -> None:
     """Finish idle trajectories and keep the tracker's view of groups and the aliases current,
     off the hot path."""
@@ -210,6 +263,7 @@ async def _housekeeping(
         min(_GROUP_REFRESH_S, max(idle_timeout / 4, 0.05)) if idle_timeout > 0 else _GROUP_REFRESH_S
     )
     since = utcnow()
+    reported = 0.0  # when a failure was last logged: an outage fails every round
     while True:
         await asyncio.sleep(period)
         try:
@@ -217,13 +271,16 @@ async def _housekeeping(
             tracker.groups.refresh(await store.active_groups(since - timedelta(seconds=period)))
             since = started
             await aliases.reload()
-            if idle_timeout > 0:
+            # While records wait in the journal the store's idea of "idle" is stale.
+            if idle_timeout > 0 and (journal is None or journal.backlog_frames == 0):
                 finished = await store.finish_idle(utcnow() - timedelta(seconds=idle_timeout))
                 if finished:
                     tracker.forget(finished)
                     log.info("finished %d idle trajectories", len(finished))
-        except StoreError as exc:
-            log.error("housekeeping failed (will retry): %s", exc)
+        except Exception as exc:  # a StoreError, mostly; whatever it is, the loop goes on
+            if time.monotonic() - reported >= _REPORT_EVERY_S:
+                reported = time.monotonic()
+                log.error("housekeeping failed (will retry): %s: %s", type(exc).__name__, exc)
 
 
 @web.middleware
@@ -254,6 +311,15 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
         log.exception("unexpected error on %s %s", request.method, request.path)
         error = ArtProxyError("internal error in art-proxy")
         return web.json_response(error_body(dialect, error), status=500)
+
+
+@web.middleware
+async def _own_records_first(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """/art/v1 and the dashboard read and change recorded calls: they see every call this proxy
+    answered before them (read-your-writes), once its journal has them in the store."""
+    if request.path.startswith("/art/") or dashboard.is_dashboard_path(request.path):
+        await _settle_reads(request.app[PARTS].journal)
+    return await handler(request)
 
 
 def _translate_http(request: web.Request, exc: web.HTTPException) -> ArtProxyError:

@@ -120,10 +120,13 @@ def strip_response(response: JsonObject, asks: ClientAsks) -> JsonObject:
 
 
 def strip_chunk(chunk: JsonObject, asks: ClientAsks) -> JsonObject | None:
-    """A stream chunk as the client asked for it; None when the whole chunk must not be sent."""
+    """A stream chunk as the client asked for it; None when the whole chunk must not be sent,
+    `chunk` itself when all of it may be."""
     choices = chunk.get("choices")
     if not choices and "usage" in chunk and not asks.usage_chunk and "error" not in chunk:
         return None
+    if asks.token_ids and asks.logprobs and (asks.usage_chunk or "usage" not in chunk):
+        return chunk
     stripped = dict(chunk)
     if not asks.token_ids:
         stripped.pop("prompt_token_ids", None)

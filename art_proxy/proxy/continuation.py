@@ -10,14 +10,19 @@ in another form (attribution.py says how replies are recognised).
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Literal
 
+from art_proxy.errors import StoreError
 from art_proxy.records import JsonObject
 from art_proxy.store.trajectory_store import TrajectoryStore
 
 from .attribution import Candidate, Explicit, candidates, reply_messages, resemblance, verbatim
 from .open_trajectories import OpenTrajectories, OpenTrajectory, fits, sequences_of
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -34,17 +39,26 @@ async def find_continuation(
     store: TrajectoryStore,
     messages: list[JsonObject],
     explicit: Explicit,
+    own_records_stored: Callable[[], Awaitable[None]],
 ) -> Continuation | None:
-    """The open trajectory these messages continue, None when they continue none."""
+    """The open trajectory these messages continue, None when they continue none. Memory knows
+    this proxy's open trajectories (but a bounded number); the store knows every proxy's, once
+    `own_records_stored` says this one's are in it."""
     found = candidates(messages)
     if not found:
         return None
     newest = memory.tip_owner(found[0].key, explicit)
     if newest is not None:
         return _continued(newest, messages[found[0].position])
-    exact, prompted = await store.open_trajectories_by_tip(
-        [c.key for c in found], [c.prompt_key for c in found]
-    )
+    try:
+        await own_records_stored()
+        exact, prompted = await store.open_trajectories_by_tip(
+            [c.key for c in found], [c.prompt_key for c in found]
+        )
+    except StoreError as exc:
+        # The store is down: answer anyway (the record is journaled); only memory can tell.
+        log.warning("continuation looked up in memory only, the store failed: %s", exc)
+        exact, prompted = {}, {}
     for candidate in found:
         for row in exact.get(candidate.key, []):
             state = claimable(memory, row, explicit)

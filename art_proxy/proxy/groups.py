@@ -18,11 +18,11 @@ the store saw active (other proxies' too) every second.
 from __future__ import annotations
 
 import time
-import uuid
 from collections import OrderedDict
 from dataclasses import dataclass
 
 from art_proxy.errors import Conflict
+from art_proxy.ids import new_id
 from art_proxy.records import JsonObject, Split
 from art_proxy.store.trajectory_store import TrajectoryStore
 
@@ -57,7 +57,7 @@ class Groups:
         """The id of the group a new trajectory of `key` joins (a new group if none is open)."""
         group = self._automatic.get(key)
         if group is None or not self._joinable(group):
-            group = _Group(uuid.uuid4().hex, 0, set(), time.monotonic())
+            group = _Group(new_id(), 0, set(), time.monotonic())
             self._automatic[key] = group
         group.size += 1
         group.open_ids.add(trajectory_id)

@@ -1,10 +1,8 @@
 """The hot path: forward a generation call, relay the answer, record it.
 
 Non-stream: the upstream body is parsed once, recorded whole, and the client gets it back cut to
-what it asked for. Stream: every chunk is written to the client as it arrives; `[DONE]` is held back
-until the record is committed, so a client that saw the end of a stream finds it in the store.
-Upstream 4xx/5xx answers pass through unchanged. A client that leaves mid-stream closes the upstream
-response (vLLM then aborts the request) and leaves an `aborted` record of what was generated.
+what it asked for. Stream: every chunk is written to the client as it arrives, and `[DONE]` waits
+for the record (stream_relay.py). Upstream 4xx/5xx answers pass through unchanged.
 A `model` that names an alias goes upstream as the alias's target (aliases.py); nothing else in the
 body changes, and the answer names the served model, as OpenAI's does. Once an answer is wholly
 sent, the shadow sampler may sample the call again in the background (shadow.py).
@@ -14,9 +12,9 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-import aiohttp
 import orjson
 from aiohttp import web
 from aiohttp.web_protocol import RequestPayloadError
@@ -26,20 +24,18 @@ from art_proxy.errors import (
     BadRequest,
     NotFound,
     StoreUnavailable,
-    UpstreamError,
 )
-from art_proxy.records import AliasRecord, CallKind, CallStatus, Dialect, JsonObject, Split
+from art_proxy.records import AliasRecord, CallKind, Dialect, JsonObject, Split
 from art_proxy.store.trajectory_store import TrajectoryStore
 
 from .aliases import Aliases
 from .attribution import explicit_attribution
-from .capture import chunk_problem
 from .dialects import Rendering, anthropic, responses, responses_answer
 from .dialects.openai import ChatRendering
 from .recording import CallInProgress, Outcome, Recorder
 from .request_body import Rejection, body_too_large, check_body, load_body, parse_body
 from .shadow import ShadowSampler
-from .stream_rebuild import StreamRecorder
+from .stream_relay import relay_stream
 from .tracker import TrajectoryTracker
 from .upstream import PATHS, Upstreams, read_body
 
@@ -57,8 +53,10 @@ class Relay:
         shadow: ShadowSampler,
         *,
         default_split: Split = "train",
+        read_your_writes: Callable[[], Awaitable[None]],
     ) -> None:
         self._upstreams = upstreams
+        self._read_your_writes = read_your_writes
         self._store = store
         self._tracker = tracker
         self._recorder = recorder
@@ -78,11 +76,16 @@ class Relay:
     async def messages(self, request: web.Request) -> web.StreamResponse:
         return await self._generate(request, "chat", "anthropic")
 
+    async def _stored_call(self, call_id: str) -> JsonObject | None:
+        """A recorded call's row, once this proxy's own records before it are in the store."""
+        await self._read_your_writes()
+        return await self._store.call_row(call_id)
+
     async def stored_response(self, request: web.Request) -> web.Response:
         """`GET /v1/responses/{id}`: a stored response, rendered again from its call's record."""
         response_id = request.match_info["response"]
         call_id = responses.call_id_of(response_id)
-        row = await self._store.call_row(call_id) if call_id else None
+        row = await self._stored_call(call_id) if call_id else None
         if row is None or not responses.retrievable(row):
             raise NotFound(f"no response with id {response_id!r}", param="response_id")
         created = row["created_at"].timestamp()
@@ -171,7 +174,7 @@ class Relay:
             if not isinstance(exc, StoreUnavailable):
                 await self._recorder.record(call, Outcome("failed", exc.status, error=exc.message))
             raise
-        return await self._relay_stream(request, call, response, rendering)
+        return await relay_stream(request, call, response, rendering, self._recorder, self._shadow)
 
     async def _translate(
         self, raw: bytes, kind: CallKind, dialect: Dialect
@@ -185,7 +188,7 @@ class Relay:
             return loaded
         try:
             if dialect == "responses":
-                done = await responses.translate(loaded, self._store.call_row)
+                done = await responses.translate(loaded, self._stored_call)
                 chat, continues = done.chat, done.continues
             else:
                 chat, continues = anthropic.translate(loaded), None
@@ -248,76 +251,6 @@ class Relay:
         await self._shadow.after_answer(request, answer, call, outcome)
         return answer
 
-    async def _relay_stream(
-        self,
-        request: web.Request,
-        call: CallInProgress,
-        response: aiohttp.ClientResponse,
-        rendering: Rendering,
-    ) -> web.StreamResponse:
-        client = web.StreamResponse(
-            headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
-        )
-        await client.prepare(request)
-        recorder = StreamRecorder(call.kind)
-        outcome_status: CallStatus = "ok"
-        error: str | None = None
-        try:
-            outcome_status, error = await self._pump(client, response, recorder, rendering)
-        finally:
-            response.close()  # an aborted client closes the upstream request too
-        if recorder.error is not None and outcome_status == "ok":
-            outcome_status, error = "upstream_error", str(recorder.error.get("message"))
-        outcome = Outcome(outcome_status, 200, response=recorder.response(), error=error)
-        try:
-            await self._recorder.record(call, outcome)
-        except StoreUnavailable as exc:
-            if outcome_status != "aborted":
-                await _write_quietly(client, rendering.stream_error(exc))
-                await _write_quietly(client, rendering.end(None))
-            return client
-        if outcome_status != "aborted":
-            finished = outcome.response if outcome_status == "ok" else None
-            await _write_quietly(client, rendering.end(finished))
-            await self._shadow.after_answer(request, client, call, outcome)
-        return client
-
-    async def _pump(
-        self,
-        client: web.StreamResponse,
-        response: aiohttp.ClientResponse,
-        recorder: StreamRecorder,
-        rendering: Rendering,
-    ) -> tuple[CallStatus, str | None]:
-        """Relay chunks until `[DONE]`; returns the call's status and error. A stream that breaks
-        off or sends what the proxy cannot read ends with an error event (then `[DONE]`)."""
-        try:
-            async for line in response.content:
-                if not line.startswith(b"data:"):
-                    continue
-                payload = line[5:].strip()
-                if payload == b"[DONE]":
-                    return "ok", None
-                chunk = orjson.loads(payload)
-                problem = chunk_problem(chunk, recorder.kind)
-                if problem is not None:
-                    error = UpstreamError(f"upstream sent a malformed stream chunk: {problem}")
-                    break
-                recorder.add(chunk)
-                out = rendering.chunk(chunk)
-                if out:
-                    try:
-                        await client.write(out)
-                    except (ConnectionResetError, aiohttp.ClientConnectionResetError):
-                        return "aborted", "the client closed the connection mid-stream"
-            else:
-                error = UpstreamError("upstream stream ended without [DONE]")
-        except (TimeoutError, aiohttp.ClientError, orjson.JSONDecodeError) as exc:
-            error = UpstreamError(f"upstream stream broke off: {type(exc).__name__}: {exc}")
-        log.warning("a stream failed: %s", error.message)
-        await _write_quietly(client, rendering.stream_error(error))
-        return "failed", error.message
-
 
 @dataclass(frozen=True)
 class Translated:
@@ -378,8 +311,3 @@ def _client_auth(request: web.Request) -> str | None:
     if authorization is None and "x-api-key" in request.headers:
         return f"Bearer {request.headers['x-api-key']}"
     return authorization
-
-
-async def _write_quietly(client: web.StreamResponse, data: bytes) -> None:
-    with contextlib.suppress(ConnectionResetError, aiohttp.ClientConnectionResetError):
-        await client.write(data)

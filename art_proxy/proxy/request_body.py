@@ -13,6 +13,7 @@ line. A request nested deeper than `MAX_DEPTH` could be forwarded but never stor
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -124,15 +125,28 @@ def _validated(body: JsonObject, kind: CallKind) -> JsonObject | Rejection:
 
 def within_depth(value: Any, depth: int) -> bool:
     """Whether `value` nests at most `depth` levels, measured by orjson at C speed: wrapped in
-    `254 - depth` lists, a deeper value passes orjson's limit and makes it raise."""
-    wrapped: Any = value
-    for _ in range(_ORJSON_MAX_DEPTH - depth):
-        wrapped = [wrapped]
+    `254 - depth` lists, a deeper value passes orjson's limit and makes it raise. The wrapping
+    lists are made once per depth (building them took 80 us a call; the event loop is the only
+    caller, and nothing awaits between filling the innermost one and emptying it)."""
+    outer, innermost = _wrappers(depth)
+    innermost.append(value)
     try:
-        orjson.dumps(wrapped)
+        orjson.dumps(outer)
     except orjson.JSONEncodeError:
         return False
+    finally:
+        innermost.clear()
     return True
+
+
+@functools.cache
+def _wrappers(depth: int) -> tuple[list[Any], list[Any]]:
+    """`_ORJSON_MAX_DEPTH - depth` nested lists: the outermost, and the innermost (empty)."""
+    innermost: list[Any] = []
+    outer = innermost
+    for _ in range(_ORJSON_MAX_DEPTH - depth - 1):
+        outer = [outer]
+    return outer, innermost
 
 
 def _param(loc: tuple[int | str, ...]) -> str:

@@ -18,7 +18,8 @@ from art_proxy import serving
 from art_proxy.config import ProxySettings, is_loopback
 from art_proxy.errors import ArtProxyError, BadRequest
 
-from .app import PARTS, ProxyParts, create_app
+from .app import create_app
+from .parts import PARTS, ProxyParts
 
 log = logging.getLogger(__name__)
 
@@ -131,6 +132,7 @@ def serve(settings: ProxySettings) -> None:
 async def _serve_until_stopped(settings: ProxySettings) -> None:
     stop = serving.stop_requested()
     async with running_proxy(settings) as proxy:
+        serving.tune_collector()
         upstreams = ", ".join(settings.upstream)
         log.info(
             "art-proxy serving on %s (store %s; upstream %s)",

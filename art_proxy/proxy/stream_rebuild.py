@@ -57,7 +57,9 @@ class StreamRecorder:
         index = int(choice.get("index", 0))
         so_far = self._choices.setdefault(index, _ChoiceSoFar(index))
         if choice.get("token_ids") is not None:
-            so_far.token_ids = (so_far.token_ids or []) + list(choice["token_ids"])
+            if so_far.token_ids is None:
+                so_far.token_ids = []
+            so_far.token_ids.extend(choice["token_ids"])
         if choice.get("prompt_token_ids") is not None:
             so_far.prompt_token_ids = list(choice["prompt_token_ids"])
         logprobs = choice.get("logprobs")

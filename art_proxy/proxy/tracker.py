@@ -16,12 +16,12 @@ born finished: nothing continues it, so it is never kept in memory.
 from __future__ import annotations
 
 import itertools
-import uuid
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 
 from art_proxy.errors import Conflict
+from art_proxy.ids import new_id
 from art_proxy.records import Attribution, JsonObject, Split
-from art_proxy.redaction import scrub
 from art_proxy.store.rows import NewTrajectoryRows, TrajectoryRow
 from art_proxy.store.trajectory_store import TrajectoryStore, utcnow
 
@@ -56,8 +56,12 @@ class TrajectoryTracker:
         *,
         group_size: int = 0,
         group_window: float = 60.0,
+        own_records_stored: Callable[[], Awaitable[None]],
     ) -> None:
         self._store = store
+        # Awaited before the store is asked about a conversation memory does not know: this
+        # proxy's own records may still be on their way there (the journal; app.py).
+        self._own_records_stored = own_records_stored
         self._upstreams = itertools.cycle(upstreams)
         self.groups = Groups(
             store,
@@ -97,7 +101,9 @@ class TrajectoryTracker:
                     known, "response", claimed, reason="previous_response_id names its call"
                 )
         if explicit.trajectory_id is None and messages:
-            found = await find_continuation(self._memory, self._store, messages, explicit)
+            found = await find_continuation(
+                self._memory, self._store, messages, explicit, self._own_records_stored
+            )
             if found is not None:
                 claimed = self._memory.move_tip(found.state, [])
                 return self._next_call(found.state, found.attribution, claimed, reason=found.reason)
@@ -173,7 +179,7 @@ class TrajectoryTracker:
         self, explicit: Explicit, scenario_id: str, messages: list[JsonObject] | None
     ) -> Assignment:
         now = utcnow()
-        trajectory_id = explicit.trajectory_id or uuid.uuid4().hex
+        trajectory_id = explicit.trajectory_id or new_id()
         group_id = (
             self.groups.join_explicit(explicit.group_id, scenario_id)
             if explicit.group_id is not None
@@ -193,7 +199,7 @@ class TrajectoryTracker:
                 "id": scenario_id,
                 "created_at": now,
                 "auto": explicit.scenario_id is None,
-                "opening": scrub(opening_of(messages or [])),
+                "opening": opening_of(messages or []),  # scrubbed with its record
             },
             group={"id": group_id, "scenario_id": scenario_id, "created_at": now},
             trajectory={
@@ -229,7 +235,7 @@ class TrajectoryTracker:
         `metadata["shadow_of"]`."""
         assert served.seq == 0, "only a call that opened its trajectory is shadowed"
         now = utcnow()
-        trajectory_id = uuid.uuid4().hex
+        trajectory_id = new_id()
         self.groups.add_shadow((served.scenario_id, served.split), served.group_id)
         assert served.new_rows is not None
         # The served call's creation rows: its scenario and group rows are idempotent inserts,

@@ -60,6 +60,22 @@ def aware(value: datetime | None) -> datetime | None:
     return value.replace(tzinfo=UTC)
 
 
+# What a database that cannot be reached raises: SQLAlchemy's errors, and the socket's own while a
+# connection is being made (asyncpg's connect lets ConnectionRefusedError and the like through).
+DATABASE_ERRORS = (SQLAlchemyError, OSError, TimeoutError)
+# PostgreSQL's "the database system is starting up" (or shutting down): a server on its way back.
+_CANNOT_CONNECT_NOW = "57P03"
+
+
+def store_unreachable(error: StoreError) -> bool:
+    """Whether `error` says the store could not be reached (refused, reset, timed out, a server
+    starting up) rather than refusing what was asked (no such database, role or password)."""
+    cause = error.__cause__
+    if isinstance(cause, (OSError, TimeoutError)):
+        return True
+    return getattr(getattr(cause, "orig", None), "sqlstate", None) == _CANNOT_CONNECT_NOW
+
+
 class StoreBase:
     engine: AsyncEngine
 
@@ -69,7 +85,7 @@ class StoreBase:
         try:
             async with self.engine.begin() as connection:
                 yield connection
-        except SQLAlchemyError as exc:
+        except DATABASE_ERRORS as exc:
             raise StoreError(f"{type(exc).__name__}: {exc}") from exc
 
     async def _first(self, query: sa.Select[Any]) -> JsonObject | None:
@@ -81,5 +97,5 @@ class StoreBase:
             async with self.engine.connect() as connection:
                 result = await connection.execute(query)
                 return [dict(row) for row in result.mappings()]
-        except SQLAlchemyError as exc:
+        except DATABASE_ERRORS as exc:
             raise StoreError(f"{type(exc).__name__}: {exc}") from exc

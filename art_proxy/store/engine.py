@@ -30,6 +30,7 @@ from art_proxy.errors import ConfigError
 _MIGRATIONS = Path(__file__).parent / "migrations"
 # Seconds a SQLite writer waits for another writer (a second proxy, `export` while serving).
 _SQLITE_BUSY_TIMEOUT_MS = 10_000
+_POSTGRES_CONNECT_TIMEOUT_S = 10
 
 
 def async_url(url: str) -> str:
@@ -88,6 +89,8 @@ def create_engine(url: str) -> AsyncEngine:
         pool_size=10,
         max_overflow=10,
         pool_pre_ping=True,
+        # A server that went away mid-connect fails a connect in seconds, not asyncpg's minute.
+        connect_args={"timeout": _POSTGRES_CONNECT_TIMEOUT_S},
         **{**_ENGINE_OPTIONS, "json_serializer": _jsonb_dumps},
     )
 

@@ -98,6 +98,15 @@ class TouchRow(TypedDict):
 
 Row = ScenarioRow | GroupRow | TrajectoryRow | CallRow | TouchRow
 
+# The datetime fields of each kind: JSON carries them as ISO 8601 text (the journal's frames).
+TIME_FIELDS: dict[RowKind, tuple[str, ...]] = {
+    RowKind.scenario: ("created_at",),
+    RowKind.group: ("created_at",),
+    RowKind.trajectory: ("created_at", "updated_at", "finished_at"),
+    RowKind.call: ("created_at",),
+    RowKind.touch: ("b_now",),
+}
+
 
 @dataclass(frozen=True)
 class NewTrajectoryRows:

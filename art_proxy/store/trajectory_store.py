@@ -15,7 +15,6 @@ from typing import Any, TypeVar
 
 import sqlalchemy as sa
 from pydantic import BaseModel, ValidationError
-from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from art_proxy.errors import StoreError
@@ -29,7 +28,15 @@ from art_proxy.records import (
     TrajectoryRecord,
 )
 from art_proxy.store import schema
-from art_proxy.store.base import aware, group_counts, group_record, group_split, utcnow
+from art_proxy.store.base import (
+    DATABASE_ERRORS,
+    aware,
+    group_counts,
+    group_record,
+    group_split,
+    store_unreachable,
+    utcnow,
+)
 from art_proxy.store.engine import (
     TransactionRunner,
     create_engine,
@@ -54,20 +61,35 @@ class TrajectoryStore(TrainingRecords, FeedbackRecords, JudgmentRecords):
         self.engine = engine
         self.writer = GroupCommitWriter(engine.dialect.name, runner)
         self.unreadable_rows = 0
+        self.migrated = False
 
     @classmethod
-    async def open(cls, url: str, *, writer: bool = True) -> TrajectoryStore:
-        """Connect, migrate to the newest schema and (for a proxy) start the group-commit writer."""
+    async def open(
+        cls, url: str, *, writer: bool = True, unreachable_ok: bool = False
+    ) -> TrajectoryStore:
+        """Connect, migrate to the newest schema and (for a proxy) start the group-commit writer.
+        With `unreachable_ok` a store that cannot be reached now is opened all the same,
+        unmigrated: `migrate()` once it answers (a proxy with a journal, which needs no store to
+        take calls)."""
         engine = create_engine(url)
-        try:
-            await migrate(engine)
-        except (SQLAlchemyError, OSError) as exc:
-            await engine.dispose()
-            raise StoreError(f"cannot open store {engine.url!r}: {exc}") from exc
         store = cls(engine, transaction_runner(url, engine))
+        try:
+            await store.migrate()
+        except StoreError as exc:
+            if not (unreachable_ok and store_unreachable(exc)):
+                await store.aclose()
+                raise
         if writer:
             store.writer.start()
         return store
+
+    async def migrate(self) -> None:
+        """Bring the schema to the newest revision (idempotent); `StoreError` if it cannot be."""
+        try:
+            await migrate(self.engine)
+        except DATABASE_ERRORS as exc:
+            raise StoreError(f"cannot open store {self.engine.url!r}: {exc}") from exc
+        self.migrated = True
 
     @classmethod
     @contextlib.asynccontextmanager

@@ -21,7 +21,7 @@ import contextlib
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
@@ -30,7 +30,7 @@ from sqlalchemy.sql.dml import UpdateBase
 from art_proxy.errors import StoreError
 from art_proxy.store import schema
 from art_proxy.store.engine import TransactionRunner
-from art_proxy.store.rows import Row, RowKind
+from art_proxy.store.rows import CallRow, Row, RowKind
 
 __all__ = ["Batch", "GroupCommitWriter", "Row", "RowKind"]
 
@@ -166,6 +166,17 @@ class GroupCommitWriter:
         self._queue.put_nowait(pending)
         await pending.done
 
+    async def ping(self) -> None:
+        """`StoreError` unless the store answers a trivial query on the writer's own path."""
+
+        def probe(connection: sa.Connection) -> None:
+            connection.execute(sa.text("SELECT 1"))
+
+        try:
+            await self._runner.run(probe)
+        except Exception as exc:
+            raise StoreError(f"{type(exc).__name__}: {exc}") from exc
+
     async def aclose(self) -> None:
         """Commit what is queued, then stop."""
         if self._task is None:
@@ -196,7 +207,7 @@ class GroupCommitWriter:
         a row (orjson's TypeError for a value nested too deeply, say), and a writer that died of
         it would leave every later call unrecorded."""
         try:
-            await self._apply([pending.batch for pending in group])
+            await self.commit([pending.batch for pending in group])
         except Exception as exc:
             if len(group) == 1:
                 _fail(group[0], exc)
@@ -206,7 +217,7 @@ class GroupCommitWriter:
             )
             for pending in group:
                 try:
-                    await self._apply([pending.batch])
+                    await self.commit([pending.batch])
                 except Exception as single_exc:
                     _fail(pending, single_exc)
                 else:
@@ -215,13 +226,16 @@ class GroupCommitWriter:
         for pending in group:
             _succeed(pending)
 
-    async def _apply(self, batches: list[Batch]) -> None:
-        by_kind: dict[RowKind, list[_Values]] = {}
-        for batch in batches:
-            for kind, row in batch.rows:
-                by_kind.setdefault(kind, []).append(row)
+    async def commit(self, batches: Sequence[Batch], *, skip_recorded: bool = False) -> None:
+        """Apply `batches` in one transaction. `skip_recorded` leaves out the batches whose call
+        is in the store already (the journal's ingester, replaying what may have landed)."""
 
         def transaction(connection: sa.Connection) -> None:
+            kept = _unrecorded(connection, batches) if skip_recorded else batches
+            by_kind: dict[RowKind, list[_Values]] = {}
+            for batch in kept:
+                for kind, row in batch.rows:
+                    by_kind.setdefault(kind, []).append(row)
             for kind in sorted(by_kind):
                 if self._sqlite is not None:
                     self._sqlite.execute(connection, kind, by_kind[kind])
@@ -231,6 +245,23 @@ class GroupCommitWriter:
         await self._runner.run(transaction)
         self.commits += 1
         self.batches += len(batches)
+
+
+def _call_id(batch: Batch) -> str | None:
+    for kind, row in batch.rows:
+        if kind is RowKind.call:
+            return cast(CallRow, row)["id"]
+    return None
+
+
+def _unrecorded(connection: sa.Connection, batches: Sequence[Batch]) -> list[Batch]:
+    """The batches whose call is not in the store yet."""
+    ids = [call for batch in batches if (call := _call_id(batch)) is not None]
+    recorded: set[str] = set()
+    for start in range(0, len(ids), 500):  # SQLite's bound on bound parameters is far above
+        query = sa.select(schema.calls.c.id).where(schema.calls.c.id.in_(ids[start : start + 500]))
+        recorded.update(connection.execute(query).scalars())
+    return [batch for batch in batches if _call_id(batch) not in recorded]
 
 
 def _succeed(pending: _Pending) -> None:

@@ -111,6 +111,7 @@ async def record_everything(http: aiohttp.ClientSession, proxy: RunningProxy) ->
     await rollout(
         http, proxy, scenario="held-out", trajectory="val-1", task="Held out.", split="val"
     )
+    await proxy.parts.settled()
     store = proxy.parts.store
     good = await store.trajectory("good-1", with_calls=False)
     assert good is not None

@@ -252,6 +252,7 @@ async def test_a_failed_judgment_shows_with_its_reason_beside_the_scores_the_tra
     failed = judgment(recorded.group_id, recorded.trajectory_ids).model_copy(
         update={"status": "judge_failed", "reason": "judge answered <nonsense>", "scores": []}
     )
+    await sqlite_proxy.parts.settled()
     await sqlite_proxy.parts.store.add_judgment(failed)
     _, overview = await page(http, sqlite_proxy, "/dashboard?status=judge_failed")
     assert "summarise" in overview and "judge answered &lt;nonsense&gt;" in overview

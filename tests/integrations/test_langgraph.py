@@ -116,6 +116,7 @@ async def test_reward_set_inside_the_run_and_run_metadata_ids(
     }
     await agent.ainvoke(QUESTION, config)
 
+    await sqlite_proxy.parts.settled()
     trajectory = await sqlite_proxy.parts.store.trajectory("run-1")
     assert trajectory is not None and trajectory.scenario_id == "graded"
     assert trajectory.reward == 0.25 and trajectory.metrics == {"graded": 1.0}
@@ -137,6 +138,7 @@ async def test_failed_run_is_finished_with_the_error(
     with pytest.raises(RuntimeError, match="tool broke"):
         await agent.ainvoke(QUESTION, {"metadata": {"art_trajectory": "broken-1"}})
 
+    await sqlite_proxy.parts.settled()
     trajectory = await sqlite_proxy.parts.store.trajectory("broken-1")
     assert trajectory is not None and trajectory.status == "finished"
     assert trajectory.metadata == {"error": "RuntimeError: tool broke"}
@@ -262,7 +264,9 @@ async def test_admin_key_authenticates_the_finish_and_a_failed_finish_spares_the
             outputs = await agent.ainvoke(QUESTION, config)
             assert final_text(outputs) == "Hello from the fake."
 
+        await proxy.parts.settled()
         right = await proxy.parts.store.trajectory("right")
+        await proxy.parts.settled()
         wrong = await proxy.parts.store.trajectory("wrong")
         assert right is not None and right.status == "finished"
         assert wrong is not None and wrong.status == "open"

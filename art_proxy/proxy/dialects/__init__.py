@@ -31,8 +31,9 @@ class Rendering(Protocol):
         """A whole chat answer as the client's answer body."""
         ...
 
-    def chunk(self, chunk: JsonObject) -> bytes:
-        """The events for one upstream chat chunk (b"" when there is nothing to send)."""
+    def chunk(self, chunk: JsonObject, raw: bytes) -> bytes:
+        """The events for one upstream chat chunk, parsed from `raw` (b"" when there is nothing
+        to send)."""
         ...
 
     def end(self, response: JsonObject | None) -> bytes:

@@ -282,7 +282,7 @@ class AnthropicRendering:
             message = raw.decode("utf-8", "replace")[:2000]
         return json.dumps(error_body("anthropic", ArtProxyError(message, status=status))).encode()
 
-    def chunk(self, chunk: JsonObject) -> bytes:
+    def chunk(self, chunk: JsonObject, raw: bytes) -> bytes:
         if "error" in chunk:  # vLLM's mid-stream error
             return self.stream_error(upstream_error(chunk))
         out = self._start(chunk)

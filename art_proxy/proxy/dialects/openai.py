@@ -18,8 +18,10 @@ class ChatRendering:
     def whole(self, response: JsonObject) -> JsonObject:
         return strip_response(response, self._asks)
 
-    def chunk(self, chunk: JsonObject) -> bytes:
+    def chunk(self, chunk: JsonObject, raw: bytes) -> bytes:
         out = strip_chunk(chunk, self._asks)
+        if out is chunk:  # the client asked for all of it: the upstream's own bytes
+            return b"data: " + raw + b"\n\n"
         return b"" if out is None else sse(None, out)
 
     def end(self, response: JsonObject | None) -> bytes:

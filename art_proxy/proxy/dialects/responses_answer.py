@@ -178,7 +178,7 @@ class ResponsesRendering:
     def failed_answer(self, raw: bytes, status: int) -> bytes:
         return raw  # OpenAI-shaped, like the Responses API's own errors
 
-    def chunk(self, chunk: JsonObject) -> bytes:
+    def chunk(self, chunk: JsonObject, raw: bytes) -> bytes:
         if "error" in chunk:  # vLLM's mid-stream error
             return self.stream_error(upstream_error(chunk))
         out = self._start()

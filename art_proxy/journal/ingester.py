@@ -1,0 +1,233 @@
+"""The ingester: moves journaled records into the store, in order, in batches, behind the proxy.
+
+One transaction takes up to `_MAX_FRAMES` frames (the group-commit writer's statements). Frames
+that may be in the store already (an earlier run's, or those of a transaction whose outcome was
+lost with its connection) are filtered by call id inside the transaction, so a record lands exactly
+once. While the store is unavailable the ingester waits, retries with backoff and says so in the
+log; the proxy keeps answering and journaling. A record the store itself refuses (the store answers,
+but not for that record) is set aside in `rejected-records` beside the journal and counted, so it
+cannot hold up every record behind it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from dataclasses import dataclass
+from typing import cast
+
+from art_proxy.errors import StoreError
+from art_proxy.store.rows import Row, RowKind, TrajectoryRow
+from art_proxy.store.trajectory_store import TrajectoryStore
+from art_proxy.store.writer import Batch
+
+from .entries import Entry, decode
+from .frames import header
+from .segments import Journal, PendingFrame
+
+log = logging.getLogger(__name__)
+
+_MAX_FRAMES = 512  # the writer's bound on one transaction
+# How long the ingester waits for more frames after one arrives, unless a reader waits on it.
+_LINGER_S = 0.005
+_MAX_BYTES = 4 * 1024 * 1024  # decoded on the event loop: a bound on one pause
+_BACKOFF_S = (0.05, 2.0)  # first and longest wait between tries while the store is unavailable
+_PING_TIMEOUT_S = 5.0
+_REPORT_EVERY_S = 10.0
+REJECTED_FILE = "rejected-records"
+
+
+@dataclass
+class IngestState:
+    """Exposed on /health."""
+
+    ingested: int = 0
+    rejected: int = 0  # refused by a store that was up: kept in `rejected-records`
+    unavailable_since: float | None = None  # wall clock; None while the store takes records
+    last_error: str | None = None
+    oldest_pending_at: float | None = None  # wall clock of the oldest frame not yet ingested
+
+
+class Ingester:
+    def __init__(self, journal: Journal, store: TrajectoryStore) -> None:
+        self._journal = journal
+        self._store = store
+        self.state = IngestState()
+        self._task: asyncio.Task[None] | None = None
+        self._doubtful = False  # the last transaction failed: it may have committed anyway
+        self._reported = 0.0  # when the outage was last logged
+
+    def start(self) -> None:
+        if not self._store.migrated:  # unreachable when the proxy started (which logged it)
+            self.state.unavailable_since = self._reported = time.time()
+            self.state.last_error = "not reachable when the proxy started"
+        self._task = asyncio.create_task(self._run(), name="art-proxy-ingester")
+
+    @property
+    def running(self) -> bool:
+        return self._task is not None and not self._task.done()
+
+    async def aclose(self, timeout_s: float) -> int:
+        """Ingest what is journaled for up to `timeout_s`, then stop; returns the frames left."""
+        if self.running:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._journal.settled(), timeout_s)
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        return self._journal.backlog_frames
+
+    async def _run(self) -> None:
+        await self._until_migrated()
+        journal = self._journal
+        while True:
+            journal.appended.clear()
+            pending = journal.pending(_MAX_FRAMES, _MAX_BYTES)
+            if not pending:
+                self.state.oldest_pending_at = None
+                await journal.appended.wait()
+                if not journal.wanted.is_set():
+                    # Let a few more calls finish: one transaction then takes them all, and
+                    # the commit keeps out of the way of the calls in flight.
+                    with contextlib.suppress(TimeoutError):
+                        async with asyncio.timeout(_LINGER_S):
+                            await journal.wanted.wait()
+                continue
+            journal.wanted.clear()
+            await self._ingest(pending)
+
+    async def _until_migrated(self) -> None:
+        """A store that could not be reached when the proxy started: bring its schema to the
+        newest revision as soon as it answers, before anything is ingested into it."""
+        backoff = _BACKOFF_S[0]
+        while not self._store.migrated:
+            try:
+                await self._store.migrate()
+            except StoreError as exc:
+                self._unavailable(exc)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, _BACKOFF_S[1])
+        self._available()
+
+    async def _ingest(self, pending: list[PendingFrame]) -> None:
+        """Put `pending` in the store, however long the store takes to come back."""
+        entries: list[Entry | None] = []
+        for item in pending:
+            try:
+                entries.append(decode(item.frame.payload))
+            except ValueError as exc:  # its checksum held: written so by a bug, not a crash
+                self._reject(item, exc)
+                entries.append(None)
+        self.state.oldest_pending_at = _oldest(entries)
+        start, alone, backoff = 0, False, _BACKOFF_S[0]
+        while start < len(pending):
+            stop = start + 1 if alone else len(pending)
+            batches = [entry.batch for entry in entries[start:stop] if entry is not None]
+            verify = self._doubtful or any(item.recovered for item in pending[start:stop])
+            try:
+                if batches:
+                    await self._store.writer.commit(batches, skip_recorded=verify)
+            except Exception as exc:  # the driver's, a value's conversion: see writer.py
+                self._doubtful = True
+                if not await self._store_answers():
+                    self._unavailable(exc)
+                    await asyncio.sleep(backoff)
+                    backoff = min(backoff * 2, _BACKOFF_S[1])
+                    continue
+                if stop - start > 1:
+                    alone = True  # find the record the store refuses, keep its neighbours
+                    continue
+                self._reject(pending[start], exc)
+                entry = entries[start]
+                if entry is not None:
+                    await self._create_its_trajectory(entry.batch)
+            else:
+                self._doubtful = False
+                self._available()
+                self.state.ingested += len(batches)
+            self._journal.consume(pending[stop - 1].end, stop - start)
+            start = stop
+            self.state.oldest_pending_at = _oldest(entries[start:])
+
+    async def _store_answers(self) -> bool:
+        try:
+            await asyncio.wait_for(self._store.writer.ping(), _PING_TIMEOUT_S)
+        except (StoreError, TimeoutError):
+            return False
+        return True
+
+    def _unavailable(self, exc: Exception) -> None:
+        now = time.time()
+        reason = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
+        state = self.state
+        if state.unavailable_since is None:
+            state.unavailable_since = now
+            self._reported = now
+            log.error(
+                "STORE UNAVAILABLE (%s): calls are still answered and journaled in %s; "
+                "they go to the store when it returns",
+                reason,
+                self._journal.directory,
+            )
+        elif now - self._reported >= _REPORT_EVERY_S:
+            self._reported = now
+            log.error(
+                "store still unavailable after %.0f s (%s): %d records (%.1f MB) journaled, "
+                "the oldest %.0f s old",
+                now - state.unavailable_since,
+                reason,
+                self._journal.backlog_frames,
+                self._journal.backlog_bytes / 1e6,
+                now - (state.oldest_pending_at or now),
+            )
+        state.last_error = reason
+
+    def _available(self) -> None:
+        since = self.state.unavailable_since
+        if since is not None:
+            self.state.unavailable_since = None
+            log.warning(
+                "store available again after %.0f s: ingesting %d journaled records",
+                time.time() - since,
+                self._journal.backlog_frames,
+            )
+
+    async def _create_its_trajectory(self, refused: Batch) -> None:
+        """After a record is refused: its trajectory's rows, if it was the first call, so that
+        the trajectory's later calls are not refused too for want of it."""
+        creation: list[tuple[RowKind, Row]] = []
+        for kind, row in refused.rows:
+            if kind is RowKind.trajectory:
+                creation.append((kind, {**cast(TrajectoryRow, row), "call_count": 0}))
+            elif kind < RowKind.call:
+                creation.append((kind, row))
+        if creation:
+            with contextlib.suppress(Exception):  # refused too: its calls will say so
+                await self._store.writer.commit([Batch(creation)])
+
+    def _reject(self, item: PendingFrame, exc: Exception) -> None:
+        self.state.rejected += 1
+        path = self._journal.directory / REJECTED_FILE
+        with open(path, "ab") as file:  # frames again: the same reader can look at them
+            file.write(header(item.frame.payload) + item.frame.payload)
+        log.error(
+            "the store refused a journaled record (%s: %s); it is kept in %s (%d so far)",
+            type(exc).__name__,
+            str(exc).splitlines()[0][:300] if str(exc) else "",
+            path,
+            self.state.rejected,
+        )
+
+
+def _oldest(entries: list[Entry | None]) -> float | None:
+    """When the first of `entries` (None for an unreadable frame) was appended."""
+    return next((entry.appended_at for entry in entries if entry is not None), None)
+
+
+def age_s(appended_at: float | None) -> float:
+    """Seconds since a wall-clock time of the ingester's state (0 for None)."""
+    return 0.0 if appended_at is None else max(0.0, time.time() - appended_at)

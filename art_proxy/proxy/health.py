@@ -1,0 +1,74 @@
+"""`/health`: whether the proxy answers and records, with its counters and its journal's state.
+
+While the store is down calls are still answered and recorded (in the journal), so the status says
+so with 200 and the proxy stays in a load balancer's rotation; 503 only when calls go unrecorded.
+"""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from art_proxy.journal.ingester import age_s
+
+from .parts import PARTS, ProxyParts
+
+
+def _journal_health(parts: ProxyParts) -> dict[str, object] | None:
+    journal, ingester = parts.journal, parts.ingester
+    if journal is None or ingester is None:
+        return None
+    state = ingester.state
+    return {
+        "directory": str(journal.slot),
+        "durability": journal.durability.value,
+        "store": "available" if state.unavailable_since is None else "unavailable",
+        "store_unavailable_s": age_s(state.unavailable_since) if state.unavailable_since else 0.0,
+        "store_error": state.last_error if state.unavailable_since else None,
+        "backlog_frames": journal.backlog_frames,
+        "backlog_bytes": journal.backlog_bytes,
+        "oldest_frame_age_s": round(age_s(state.oldest_pending_at), 3),
+        "ingested": state.ingested,
+        "rejected_records": state.rejected,
+        "torn_frames": journal.stats.torn_frames,
+    }
+
+
+def _health_status(parts: ProxyParts) -> tuple[str, bool]:
+    """What /health says, and whether calls are recorded (else 503: out of rotation)."""
+    if parts.ingester is None:
+        running = parts.store.writer.running
+        return ("ok" if running else "store writer stopped"), running
+    if not parts.ingester.running:
+        return "journal ingester stopped", False
+    if parts.ingester.state.unavailable_since is not None:
+        # Calls are still answered and recorded (in the journal): stay in rotation.
+        return "store unavailable: journaling", True
+    return "ok", True
+
+
+async def health(request: web.Request) -> web.Response:
+    parts = request.app[PARTS]
+    writer = parts.store.writer
+    status, recording = _health_status(parts)
+    return web.json_response(
+        {
+            "status": status,
+            "upstreams": parts.settings.upstream,
+            "open_trajectories": parts.tracker.open_count,
+            "calls": parts.counters.calls,
+            "failed_calls": parts.counters.failed_calls,
+            "lost_records": parts.counters.lost_records,
+            "stitch_misses": parts.counters.stitch_misses,
+            "calls_by_attribution": parts.counters.by_attribution,
+            "calls_by_dialect": parts.counters.by_dialect,
+            "untrainable_calls": parts.counters.untrainable_calls,
+            "shadow_calls": parts.counters.shadow_calls,
+            "shadow_samples": parts.counters.shadow_samples,
+            "shadow_skipped": parts.counters.shadow_skipped,
+            "commits": writer.commits,
+            "records_committed": writer.batches,
+            "unreadable_rows": parts.store.unreadable_rows,
+            "journal": _journal_health(parts),
+        },
+        status=200 if recording else 503,
+    )
