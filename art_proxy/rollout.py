@@ -31,6 +31,7 @@ from urllib.parse import quote
 import aiohttp
 
 from art_proxy.errors import ConfigError
+from art_proxy.ids import new_id
 from art_proxy.records import ROLLOUT_ERROR, JsonObject, Split, TrajectoryRecord
 from art_proxy.scenarios import Scenario
 
@@ -222,10 +223,10 @@ async def run_rollouts(
 
 def _new_group(scenario: Scenario, size: int) -> GroupReport:
     return GroupReport(
-        group_id=uuid.uuid4().hex,
+        group_id=new_id(),
         scenario_id=scenario.id,
         split=scenario.split,
-        trajectory_ids=[uuid.uuid4().hex for _ in range(size)],
+        trajectory_ids=[new_id() for _ in range(size)],
     )
 
 

@@ -28,6 +28,7 @@ from rich.table import Table
 
 from art_proxy.config import Engine, UpSettings
 from art_proxy.errors import ConfigError
+from art_proxy.ids import short_id
 from art_proxy.local.errors import ModelLoadError
 from art_proxy.vllm_server import VllmLaunch
 
@@ -334,9 +335,9 @@ async def summarize(proxy_root: str) -> None:
             calls = whole["calls"]
             tokens = sum(len(ids) for c in calls for ids in c["completion_token_ids"] or [])
             table.add_row(
-                summary["id"][:10],
+                short_id(summary["id"], 10),
                 escape(summary["scenario_id"][:16]),
-                summary["group_id"][:8],
+                short_id(summary["group_id"]),
                 str(len(calls)),
                 str(tokens),
                 "yes" if calls and all(c["trainable"] for c in calls) else "no",

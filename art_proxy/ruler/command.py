@@ -18,6 +18,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn
 from rich.table import Table
 
 from art_proxy.config import JudgeSettings
+from art_proxy.ids import short_id
 from art_proxy.records import Judgment
 from art_proxy.ruler.ensemble import ensemble_name
 from art_proxy.ruler.judge import LitellmJudge, litellm_token_counter
@@ -156,7 +157,7 @@ def summary(totals: Totals, settings: JudgeSettings) -> Table:
     if totals.failures:
         table.add_section()
         for judgment in totals.failures[:_FAILURES_SHOWN]:
-            table.add_row(judgment.status, f"{judgment.group_id[:12]}: {judgment.reason}")
+            table.add_row(judgment.status, f"{short_id(judgment.group_id, 12)}: {judgment.reason}")
         hidden = len(totals.failures) - _FAILURES_SHOWN
         if hidden > 0:
             table.add_row("...", f"{hidden} more, all in the store's judgments table")
