@@ -51,8 +51,12 @@ CONCURRENCY = (16, 64)
 # Opens the connections and warms each server's caches before anything is timed.
 WARMUP_REQUESTS = 50
 WARMUP_STREAMS = 5
-# A slow target (LiteLLM) ends a throughput phase here rather than at its request count.
+# A slow target (LiteLLM) ends a phase here rather than at its request count.
 PHASE_DEADLINE_S = 15.0
+# The throughput phases take turns, target after target, this many times at each level, and each
+# target's best round counts: the machine's speed drifts within a run (other tenants' load), and
+# taking turns lets every target meet the same drift instead of one target a slow minute.
+THROUGHPUT_ROUNDS = 3
 # LiteLLM imports for a long while on 2 busy cores; the others are up in about a second.
 START_TIMEOUT_S = 120.0
 CALL_TIMEOUT_S = 30.0
@@ -107,14 +111,17 @@ class CallFailed(Exception):
 # ---------------------------------------------------------------- results
 
 
-@dataclass(frozen=True)
+@dataclass
 class TargetResult:
     name: str
-    latencies_ms: list[float]
-    throughput: dict[int, float]  # concurrency -> successful requests/s
-    ttfb_ms: list[float]
-    failed_calls: int
-    chunks_per_s: float  # the streaming relay phase
+    latencies_ms: list[float] = field(default_factory=list)  # sequential calls
+    throughput: dict[int, float] = field(default_factory=dict)  # concurrency -> best round's req/s
+    ttfb_ms: list[float] = field(default_factory=list)
+    chunks_per_s: float = 0.0  # the streaming relay phase
+    failed_calls: int = 0
+    # The target's process (all its threads) over its rounds at TARGET_CONCURRENCY, where
+    # /proc tells; the fake's and the load generator's CPU are not in it.
+    cpu_us_per_call: float | None = None
 
     @property
     def p50_ms(self) -> float:
@@ -170,6 +177,16 @@ class Servers:
 
     def exit_code(self, name: str) -> int | None:
         return self._procs[name].poll()
+
+    def cpu_seconds(self, name: str) -> float | None:
+        """CPU time the server's process has used so far (user and system, all threads);
+        None where /proc does not tell (not Linux)."""
+        try:
+            stat = Path(f"/proc/{self._procs[name].pid}/stat").read_text()
+        except OSError:
+            return None
+        fields = stat.rpartition(")")[2].split()  # after the command name, which may hold spaces
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
     def log_tail(self, name: str, lines: int = 8) -> str:
         text = self.log_path(name).read_text(errors="replace").strip().splitlines()
@@ -412,11 +429,13 @@ async def sequential(load: LoadGenerator, count: int, *, stream: bool = False) -
     return phase
 
 
-async def concurrent(load: LoadGenerator, concurrency: int, count: int) -> tuple[float, Phase]:
-    """Requests/s of `concurrency` callers sharing `count` calls (or the phase deadline)."""
+async def concurrent(
+    load: LoadGenerator, concurrency: int, count: int, deadline_s: float = PHASE_DEADLINE_S
+) -> tuple[float, Phase]:
+    """Requests/s of `concurrency` callers sharing `count` calls (or `deadline_s`)."""
     phase = Phase()
     remaining = count
-    deadline = time.monotonic() + PHASE_DEADLINE_S
+    deadline = time.monotonic() + deadline_s
 
     async def caller() -> None:
         nonlocal remaining
@@ -454,39 +473,89 @@ async def relayed(load: LoadGenerator, streams: int) -> tuple[float, Phase]:
     return chunks / (time.perf_counter() - start), phase
 
 
-async def measure(name: str, base_url: str, workload: Workload) -> TargetResult:
-    requests = workload.requests
-    connector = aiohttp.TCPConnector(limit=0)
-    timeout = aiohttp.ClientTimeout(total=CALL_TIMEOUT_S)
-    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+async def measure_alone(result: TargetResult, base_url: str, workload: Workload) -> None:
+    """The phases a target runs on its own: sequential latency, streaming time to first byte,
+    the streaming relay."""
+    requests, name = workload.requests, result.name
+    async with _session() as session:
         load = LoadGenerator(session, base_url, workload)
         await concurrent(load, 4, WARMUP_REQUESTS)
         await sequential(load, WARMUP_STREAMS, stream=True)
         console.print(f"  {name}: {requests} sequential calls ...")
         latency = await sequential(load, requests)
-        throughput: dict[int, float] = {}
-        failed = latency.failed
-        for level in CONCURRENCY:
-            console.print(f"  {name}: {4 * requests} calls, {level} at a time ...")
-            throughput[level], phase = await concurrent(load, level, 4 * requests)
-            phase.checked(f"{level}-concurrent")
-            failed += phase.failed
+        result.latencies_ms = latency.checked("sequential")
+        result.failed_calls += latency.failed
         console.print(f"  {name}: {requests // 2} sequential streams ...")
         ttfb = await sequential(load, requests // 2, stream=True)
         console.print(
             f"  {name}: {workload.relayed_streams} streams of {STREAM_CHUNKS} chunks, "
             f"{STREAM_CONCURRENCY} at a time ..."
         )
-        chunks_per_s, streams = await relayed(load, workload.relayed_streams)
+        result.chunks_per_s, streams = await relayed(load, workload.relayed_streams)
         streams.checked("relayed stream")
-        return TargetResult(
-            name,
-            latency.checked("sequential"),
-            throughput,
-            ttfb.checked("stream"),
-            failed + ttfb.failed + streams.failed,
-            chunks_per_s,
+        result.ttfb_ms = ttfb.checked("stream")
+        result.failed_calls += ttfb.failed + streams.failed
+
+
+async def taking_turns(
+    servers: Servers, report: Report, urls: dict[str, str], workload: Workload
+) -> None:
+    """Throughput at each level, THROUGHPUT_ROUNDS rounds with the targets taking turns, each
+    target's best round counting. A target that fails every call of a round is dropped."""
+    calls = 2 * workload.requests
+    round_s = PHASE_DEADLINE_S / THROUGHPUT_ROUNDS
+    async with contextlib.AsyncExitStack() as stack:
+        loads = {}
+        for name in report.results:
+            session = await stack.enter_async_context(_session())
+            loads[name] = LoadGenerator(session, urls[name], workload)
+            await concurrent(loads[name], 4, WARMUP_REQUESTS, round_s)
+        console.print(
+            f"throughput: {THROUGHPUT_ROUNDS} rounds, targets taking turns, up to {calls} calls "
+            f"(or {round_s:.0f} s) each; the best round counts"
         )
+        cpu_seconds = dict.fromkeys(loads, 0.0)
+        cpu_calls = dict.fromkeys(loads, 0)
+        for level in CONCURRENCY:
+            for round_ in range(1, THROUGHPUT_ROUNDS + 1):
+                console.print(f"  round {round_} at {level} in flight: {', '.join(loads)}")
+                for name, load in list(loads.items()):
+                    cpu_before = servers.cpu_seconds(name)
+                    rate, phase = await concurrent(load, level, calls, round_s)
+                    cpu_after = servers.cpu_seconds(name)
+                    if not _keep(report, loads, name, phase, f"{level}-concurrent"):
+                        continue
+                    result = report.results[name]
+                    result.throughput[level] = max(result.throughput.get(level, 0.0), rate)
+                    if (
+                        level == TARGET_CONCURRENCY
+                        and cpu_before is not None
+                        and cpu_after is not None
+                    ):
+                        cpu_seconds[name] += cpu_after - cpu_before
+                        cpu_calls[name] += len(phase.seconds)
+        for name, result in report.results.items():
+            if cpu_calls[name]:
+                result.cpu_us_per_call = cpu_seconds[name] / cpu_calls[name] * 1e6
+
+
+def _keep(
+    report: Report, loads: dict[str, LoadGenerator], name: str, phase: Phase, what: str
+) -> bool:
+    """Count a phase's failures; drop the target if it answered none of its calls."""
+    report.results[name].failed_calls += phase.failed
+    try:
+        phase.checked(what)
+    except TargetUnavailable as exc:
+        report.skipped[name] = str(exc)
+        del report.results[name], loads[name]
+        return False
+    return True
+
+
+def _session() -> aiohttp.ClientSession:
+    connector = aiohttp.TCPConnector(limit=0)
+    return aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(CALL_TIMEOUT_S))
 
 
 async def run_targets(servers: Servers, urls: dict[str, str], workload: Workload) -> Report:
@@ -501,10 +570,14 @@ async def run_targets(servers: Servers, urls: dict[str, str], workload: Workload
             if name in report.skipped:
                 continue
             console.print(f"measuring {name} ({url})")
+            result = TargetResult(name)
             try:
-                report.results[name] = await measure(name, url, workload)
+                await measure_alone(result, url, workload)
             except TargetUnavailable as exc:
                 report.skipped[name] = str(exc)
+            else:
+                report.results[name] = result
+        await taking_turns(servers, report, urls, workload)
         if "art-proxy" in report.results:
             with contextlib.suppress(aiohttp.ClientError, ValueError):
                 async with session.get(health_url("art-proxy", urls["art-proxy"])) as response:
@@ -540,9 +613,16 @@ def print_report(report: Report, requests: int) -> None:
         )
     console.print(table)
     console.print(
-        f"sequential: {requests} calls per target; concurrent: up to {4 * requests} per level "
-        f"(or {PHASE_DEADLINE_S:.0f} s); streams: {requests // 2}; litellm=={LITELLM_VERSION}"
+        f"sequential: {requests} calls per target; concurrent: the best of {THROUGHPUT_ROUNDS} "
+        f"rounds of up to {2 * requests} calls; streams: {requests // 2}; "
+        f"litellm=={LITELLM_VERSION}"
     )
+    for result in results.values():
+        if result.cpu_us_per_call is not None:
+            console.print(
+                f"{result.name}'s process: {result.cpu_us_per_call:,.0f} us of CPU a call "
+                f"at {TARGET_CONCURRENCY} in flight"
+            )
     for name, why in report.skipped.items():
         console.print(f"[yellow]{name} skipped:[/yellow] {escape(why)}")
     if report.proxy_health:
