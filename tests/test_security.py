@@ -224,6 +224,23 @@ async def fake_vllm_seeing_authorization() -> AsyncIterator[tuple[str, list[str 
         yield f"{root_url}/v1", seen
 
 
+@contextlib.asynccontextmanager
+async def fake_vllm_setting_cookies() -> AsyncIterator[tuple[str, list[str | None]]]:
+    """The fake vLLM setting a cookie on every answer, as a hosted API behind a CDN does
+    (Cloudflare's `__cf_bm`), plus the Cookie header of every request it answered."""
+    seen: list[str | None] = []
+    app = create_fake_vllm_app()
+
+    async def set_cookie(request: web.Request, response: web.StreamResponse) -> None:
+        seen.append(request.headers.get("Cookie"))
+        response.headers.add("Set-Cookie", f"__cf_bm=agent-{len(seen)}-session; Path=/")
+
+    app.on_response_prepare.append(set_cookie)
+    async with serving(app) as root_url:
+        # By name: aiohttp's cookie jar drops cookies from a bare IP address on its own.
+        yield f"{root_url.replace('127.0.0.1', 'localhost')}/v1", seen
+
+
 def dump_sqlite(path: str) -> str:
     """Every row of every table, as text."""
     lines: list[str] = []
@@ -341,6 +358,21 @@ async def test_the_proxy_api_key_is_not_passed_on_to_the_upstream(
             assert status == 200
             status, _ = await request(http, "GET", proxy.base_url + "/models", client)
             assert status == 200
+    assert seen == [None, None]
+
+
+async def test_cookies_an_upstream_sets_are_not_sent_with_other_agents_calls(
+    sqlite_url: str, http: aiohttp.ClientSession
+) -> None:
+    """One pooled session serves every agent behind the proxy: a cookie one answer set must not
+    ride along on the next agent's call."""
+    async with fake_vllm_setting_cookies() as (upstream, seen):
+        async with running_proxy(proxy_settings(sqlite_url, upstream)) as proxy:
+            for agent_key in ("sk-agent-one-1a2b3c", "sk-agent-two-4d5e6f"):
+                status, _ = await request(
+                    http, "POST", proxy.base_url + "/chat/completions", bearer(agent_key), CHAT
+                )
+                assert status == 200
     assert seen == [None, None]
 
 

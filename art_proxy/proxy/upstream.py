@@ -44,7 +44,12 @@ class Upstreams:
     async def __aenter__(self) -> Upstreams:
         connector = aiohttp.TCPConnector(limit=0, limit_per_host=_CONNECTIONS_PER_UPSTREAM)
         self._session = aiohttp.ClientSession(
-            connector=connector, timeout=self._timeout, auto_decompress=True
+            connector=connector,
+            timeout=self._timeout,
+            auto_decompress=True,
+            # One session serves every agent: a cookie one answer sets (a CDN's, before a hosted
+            # API) must not ride along on other agents' calls.
+            cookie_jar=aiohttp.DummyCookieJar(),
         )
         return self
 
