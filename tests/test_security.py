@@ -366,13 +366,15 @@ async def test_cookies_an_upstream_sets_are_not_sent_with_other_agents_calls(
 ) -> None:
     """One pooled session serves every agent behind the proxy: a cookie one answer set must not
     ride along on the next agent's call."""
-    async with fake_vllm_setting_cookies() as (upstream, seen):
-        async with running_proxy(proxy_settings(sqlite_url, upstream)) as proxy:
-            for agent_key in ("sk-agent-one-1a2b3c", "sk-agent-two-4d5e6f"):
-                status, _ = await request(
-                    http, "POST", proxy.base_url + "/chat/completions", bearer(agent_key), CHAT
-                )
-                assert status == 200
+    async with (
+        fake_vllm_setting_cookies() as (upstream, seen),
+        running_proxy(proxy_settings(sqlite_url, upstream)) as proxy,
+    ):
+        for agent_key in ("sk-agent-one-1a2b3c", "sk-agent-two-4d5e6f"):
+            status, _ = await request(
+                http, "POST", proxy.base_url + "/chat/completions", bearer(agent_key), CHAT
+            )
+            assert status == 200
     assert seen == [None, None]
 
 
