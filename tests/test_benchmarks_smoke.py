@@ -1,11 +1,15 @@
-"""The benchmarks that load the bundled model still run end to end, at smoke-test sizes.
+"""The benchmarks still run end to end, at smoke-test sizes: those that load the bundled model, and
+the proxy's overhead against the fake upstream.
 
 Their figures come from running them in full (see benchmarks/README.md), never from the tests.
 """
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import torch
@@ -39,3 +43,20 @@ def test_trainer_step_benchmark_on_two_ranks_prints_the_ranks_figures_last(
     trainer_step(["--quick", "--threads", "1", "--nproc", "2"])
     last = capsys.readouterr().out.strip().splitlines()[-1]
     assert last.startswith("2 ranks: DDP step ") and "DDP's bytes per rank" in last
+
+
+def test_proxy_overhead_benchmark_prints_the_key_figure_last() -> None:
+    # A process of its own, as `make bench` runs it: it starts the fake and the proxy as its own
+    # subprocesses and stops them on exit.
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "proxy_overhead.py"
+    done = subprocess.run(
+        [sys.executable, str(script), "--requests", "4", "--streams", "2", "--skip-litellm"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    lines = done.stdout.strip().splitlines()
+    assert any("art-proxy's process:" in line and "us of CPU a call" in line for line in lines)
+    assert lines[-1].startswith("art-proxy: ") and "LiteLLM skipped" in lines[-1]
