@@ -43,23 +43,19 @@ _TOKEN_RE = re.compile(_TOKEN)
 # One pass over a value's JSON: a secret key (as a JSON key) or a token anywhere.
 _SUSPECT_RE = re.compile(rf'"(?i:{_SECRET_KEY})"\s*:|{_TOKEN}'.encode())
 # Pieces of which any text `_SUSPECT_RE` matches holds at least one: how each `_SECRET_KEY` ends
-# (with the key's closing quote; looked for in the lowercased JSON) and how each `_TOKEN` starts.
-# Looking for them costs about 20 ns a byte less than the regex (36 ns a byte: 10 us for a small
-# request, more than anything else the proxy does with it), so the regex runs only after a hit.
-# tests/test_redaction.py holds an example of every kind of secret.
-_KEY_ENDINGS = (
-    b'key"',
-    b'authorization"',
-    b'token"',
-    b'password"',
-    b'passwd"',
-    b'secret"',
-    b'cookie"',
-)
-_TOKEN_STARTS = (
-    *(b"earer", b"sk-", b"hf_", b"github_pat_", b"xox", b"AKIA", b"AIza"),
+# (with the key's closing quote) and how each `_TOKEN` starts, in lowercase, looked for in the
+# lowercased JSON (a few more texts are suspected so, never fewer). The regex runs only after a
+# hit: its case-insensitive alternatives cost 36 ns a byte (10 us for a small request, more than
+# anything else the proxy does with it). The pieces are looked for in one pass, as one
+# alternation: an `in` search for each of the 19 took 19 passes (measured: 5.8 against 0.6 us for
+# a 36-byte message, 15 against 11 us for a 726-byte answer; 30 against 20 us for a new call's
+# record). tests/test_redaction.py holds an example of every kind of secret.
+_PIECES = (
+    *(b'key"', b'authorization"', b'token"', b'password"', b'passwd"', b'secret"', b'cookie"'),
+    *(b"earer", b"sk-", b"hf_", b"github_pat_", b"xox", b"akia", b"aiza"),
     *(b"ghp_", b"gho_", b"ghu_", b"ghs_", b"ghr_"),
 )
+_PIECES_RE = re.compile(b"|".join(re.escape(piece) for piece in _PIECES))
 
 Value = TypeVar("Value")
 
@@ -115,11 +111,7 @@ def _part_suspect(part: Any) -> bool:
 
 
 def _may_hold_secret(dumped: bytes) -> bool:
-    # `map` of the bound method: no Python frame per piece (a generator's cost as much as the
-    # search itself).
-    if any(map(dumped.__contains__, _TOKEN_STARTS)):
-        return True
-    return any(map(dumped.lower().__contains__, _KEY_ENDINGS))
+    return _PIECES_RE.search(dumped.lower()) is not None
 
 
 def scrub_text(text: str) -> str:
