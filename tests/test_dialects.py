@@ -286,9 +286,61 @@ async def test_anthropic_refusals_are_anthropic_shaped(
         async with http.post(proxy.root_url + "/v1/messages", data=b"{") as response:
             body = await response.json()
             assert response.status == 400 and body["type"] == "error"
-        async with http.post(proxy.root_url + "/v1/messages/count_tokens", json={}) as response:
+        async with http.get(proxy.root_url + "/v1/messages/count_tokens") as response:
             body = await response.json()
-            assert response.status == 404 and body["error"]["type"] == "not_found_error"
+            assert response.status == 405 and body["type"] == "error"
+
+
+WEATHER_FOR_CLAUDE: anthropic.types.ToolParam = {
+    "name": _FUNCTION["name"],
+    "description": _FUNCTION["description"],
+    "input_schema": _FUNCTION["parameters"],
+}
+
+
+async def test_anthropic_count_tokens_is_the_prompt_a_messages_call_gets(
+    proxy: RunningProxy, claude: anthropic.AsyncAnthropic
+) -> None:
+    """The SDK's `count_tokens` is answered by the upstream's `/tokenize` with the prompt the same
+    request gets through `/v1/messages`, system and tools included; a count is not recorded."""
+    prompt: dict[str, Any] = {
+        "model": MODEL,
+        "system": "Be brief.",
+        "messages": [{"role": "user", "content": "Weather in Paris?"}],
+        "tools": [WEATHER_FOR_CLAUDE],
+    }
+    counted = await claude.messages.count_tokens(**prompt)
+    created = await claude.messages.create(max_tokens=5, **prompt)
+
+    assert counted.input_tokens == created.usage.input_tokens > 0
+    [call] = await only_calls(proxy)
+    assert call.prompt_token_ids is not None
+    assert len(call.prompt_token_ids) == counted.input_tokens
+    untranslatable = {**prompt, "tools": [{"type": "web_search_20250305", "name": "web_search"}]}
+    with pytest.raises(anthropic.BadRequestError) as refused:
+        await claude.messages.count_tokens(**untranslatable)
+    assert isinstance(refused.value.body, dict) and refused.value.body["type"] == "error"
+    with pytest.raises(anthropic.NotFoundError) as unknown:
+        await claude.messages.count_tokens(**{**prompt, "model": "no-such-model"})
+    assert "no-such-model" in str(unknown.value.body)
+
+
+async def test_count_tokens_on_an_upstream_without_tokenize_says_so(store_url: str) -> None:
+    """A hosted API has no `/tokenize`: the count is a clear 404 in Anthropic's shape."""
+    async with running_fake_vllm(FakeVllmConfig()) as fake:
+        # Where a hosted API's base URL would be: the fake has no /api/tokenize.
+        hosted = fake.base_url.removesuffix("/v1") + "/api/v1"
+        async with (
+            running_proxy(proxy_settings(store_url, hosted)) as proxy,
+            aiohttp.ClientSession() as http,
+            http.post(
+                proxy.root_url + "/v1/messages/count_tokens",
+                json={"model": MODEL, "messages": [{"role": "user", "content": "Hi"}]},
+            ) as response,
+        ):
+            body = await response.json()
+    assert response.status == 404 and body["error"]["type"] == "not_found_error"
+    assert "serves no /tokenize" in body["error"]["message"]
 
 
 async def test_anthropic_sdk_keys_and_upstream_errors(store_url: str) -> None:

@@ -211,13 +211,15 @@ async def test_an_anthropic_conversation_is_one_stitched_trajectory_with_vllms_i
 ) -> None:
     client = AsyncAnthropic(base_url=vllm_proxy.root_url, api_key="unused", max_retries=0)
     messages: list[MessageParam] = [{"role": "user", "content": "Name a colour."}]
+    counted = []  # count_tokens of each call's request, before it is sent
     for next_question in ("And another one?", None):
-        settings: dict[str, Any] = {
+        prompt: dict[str, Any] = {
             "model": real_vllm.model,
-            "max_tokens": 12,
             "system": "Answer in one word.",
             "messages": messages,
         }
+        counted.append((await client.messages.count_tokens(**prompt)).input_tokens)
+        settings = {**prompt, "max_tokens": 12}
         if stream:
             async with client.messages.stream(**settings) as events:
                 reply = await events.get_final_message()
@@ -232,6 +234,8 @@ async def test_an_anthropic_conversation_is_one_stitched_trajectory_with_vllms_i
     for call in (opening, follow_up):
         assert (call.dialect, call.stream, call.trainable) == ("anthropic", stream, True)
     assert follow_up.attribution == "continuation" and follow_up.stitched
+    # vLLM's /tokenize counts the prompt each call had: the SDK's count_tokens, answered.
+    assert counted == [len(call.prompt_token_ids or []) for call in (opening, follow_up)]
 
 
 async def test_the_openai_agents_sdk_runs_unmodified_on_vllm(

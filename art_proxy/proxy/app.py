@@ -227,6 +227,7 @@ def _add_routes(router: web.UrlDispatcher) -> None:
         router.add_post(prefix + "/v1/responses", via("relay", "responses"))
         router.add_get(prefix + "/v1/responses/{response}", via("relay", "stored_response"))
         router.add_post(prefix + "/v1/messages", via("relay", "messages"))
+        router.add_post(prefix + "/v1/messages/count_tokens", via("relay", "count_tokens"))
         router.add_get(prefix + "/v1/models", via("relay", "models"))
     router.add_get("/art/v1/trajectories", via("admin", "trajectories"))
     router.add_get("/art/v1/trajectories/{trajectory}", via("admin", "trajectory"))

@@ -24,6 +24,7 @@ from art_proxy.errors import (
     BadRequest,
     NotFound,
     StoreUnavailable,
+    UpstreamError,
 )
 from art_proxy.records import AliasRecord, CallKind, Dialect, JsonObject, Split
 from art_proxy.store.trajectory_store import TrajectoryStore
@@ -101,6 +102,32 @@ class Relay:
         if response.status == 200 and self._aliases.records:
             raw = _with_aliases(raw, self._aliases.records)
         return web.Response(body=raw, status=response.status, content_type="application/json")
+
+    async def count_tokens(self, request: web.Request) -> web.Response:
+        """Anthropic's `POST /v1/messages/count_tokens`, counted by the upstream's tokenizer: the
+        body's prompt, translated as `/v1/messages` translates it, goes to vLLM's `/tokenize`
+        (at the server's root), which renders it as a chat call's prompt. Nothing is recorded:
+        nothing was generated."""
+        loaded = load_body(await request.read())
+        if isinstance(loaded, Rejection):
+            raise loaded.error
+        model = self._aliases.resolve(anthropic.model_of(loaded))
+        asked: JsonObject = {"model": model, **anthropic.prompt_of(loaded)}
+        upstream = self._upstreams.urls[0]
+        root = upstream.removesuffix("/v1")
+        response = await self._upstreams.post(root, "/tokenize", asked, _client_auth(request))
+        raw = await read_body(root, response)
+        if response.status == 200:
+            return _json({"input_tokens": _count_of(upstream, raw)})
+        if response.status in (404, 405) and b'"detail"' in raw:  # the route, not the model
+            raise NotFound(
+                f"upstream {upstream} counts no tokens: it serves no /tokenize (vLLM does)"
+            )
+        return web.Response(
+            body=anthropic.failed_answer(raw, response.status),
+            status=response.status,
+            content_type="application/json",
+        )
 
     async def _generate(
         self, request: web.Request, kind: CallKind, dialect: Dialect
@@ -286,6 +313,18 @@ async def _read_body(request: web.Request) -> bytes | Rejection:
         return Rejection(
             BadRequest(f"request body {reason}", param="Content-Encoding"), None, False
         )
+
+
+def _count_of(upstream: str, raw: bytes) -> int:
+    """The `count` of a `/tokenize` answer; `UpstreamError` if it has none."""
+    try:
+        parsed = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        parsed = None
+    count = parsed.get("count") if isinstance(parsed, dict) else None
+    if type(count) is not int:
+        raise UpstreamError(f"upstream {upstream} answered /tokenize without a count")
+    return count
 
 
 def _with_aliases(raw: bytes, aliases: list[AliasRecord]) -> bytes:

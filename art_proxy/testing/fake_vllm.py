@@ -1,9 +1,9 @@
 """A faithful fake of vLLM's OpenAI server, for tests and as the benchmarks' fast local upstream.
 
 It speaks the wire format of `VLLM_WIRE.md` (token ids, logprobs, stream chunks, tool-call deltas,
-errors, `/v1/models`, runtime LoRA) through `art_proxy.vllm_api`, the server local-llm runs too, and
-answers deterministically: see `fake_engine` for what it generates and `fake_tokenizer` for the
-prompt-prefix invariant multi-turn recording relies on.
+errors, `/v1/models`, `/tokenize`, runtime LoRA) through `art_proxy.vllm_api`, the server local-llm
+runs too, and answers deterministically: see `fake_engine` for what it generates and
+`fake_tokenizer` for the prompt-prefix invariant multi-turn recording relies on.
 
     async with running_fake_vllm(FakeVllmConfig(reply="42")) as vllm:
         ...  # point the code under test at vllm.base_url, then inspect vllm.requests

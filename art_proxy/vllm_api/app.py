@@ -1,4 +1,4 @@
-"""vLLM's routes over an engine: generation, `/v1/models`, `/health`, and runtime LoRA.
+"""vLLM's routes over an engine: generation, `/tokenize`, `/v1/models`, `/health`, and runtime LoRA.
 
 Runtime LoRA routes exist only where asked for (vLLM needs `VLLM_ALLOW_RUNTIME_LORA_UPDATING`;
 without it they are 404). Unknown routes and methods answer in FastAPI's shape, as vLLM does.
@@ -14,6 +14,7 @@ from aiohttp import web
 from art_proxy.vllm_api.chat import chat_completions
 from art_proxy.vllm_api.completions import completions
 from art_proxy.vllm_api.engine import InferenceEngine
+from art_proxy.vllm_api.tokenize import tokenize
 from art_proxy.wire import MAX_BODY_BYTES, ApiError, json_response, model_card, read_json_object
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -30,6 +31,9 @@ def vllm_app(
     async def complete(request: web.Request) -> web.StreamResponse:
         return await completions(engine, request)
 
+    async def count(request: web.Request) -> web.StreamResponse:
+        return await tokenize(engine, request)
+
     async def models(request: web.Request) -> web.StreamResponse:
         return json_response(_models(engine, logprobs_mode))
 
@@ -44,6 +48,7 @@ def vllm_app(
     app.router.add_get("/v1/models", models)
     app.router.add_post("/v1/chat/completions", chat)
     app.router.add_post("/v1/completions", complete)
+    app.router.add_post("/tokenize", count)
     if lora_routes:
         app.router.add_post("/v1/load_lora_adapter", load)
         app.router.add_post("/v1/unload_lora_adapter", unload)

@@ -40,7 +40,7 @@ async def _read_body(engine: InferenceEngine, request: web.Request) -> dict[str,
 
 
 def _parse_chat(engine: InferenceEngine, body: dict[str, Any]) -> ChatRequest:
-    model, adapter = _chosen_model(engine, body)
+    model, adapter = chosen_model(engine, body)
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise ApiError(400, "'messages' must be a non-empty list.", param="messages")
@@ -57,7 +57,7 @@ def _parse_chat(engine: InferenceEngine, body: dict[str, Any]) -> ChatRequest:
         model=model,
         adapter=adapter,
         messages=messages,
-        tools=_tools(body),
+        tools=checked_tools(body),
         n=choice_count(body),
         max_tokens=max_tokens,
         max_tokens_param=max_tokens_param,
@@ -71,7 +71,7 @@ def _parse_chat(engine: InferenceEngine, body: dict[str, Any]) -> ChatRequest:
 
 
 def _parse_completion(engine: InferenceEngine, body: dict[str, Any]) -> CompletionRequest:
-    model, adapter = _chosen_model(engine, body)
+    model, adapter = chosen_model(engine, body)
     stream = bool_field(body, "stream")
     return CompletionRequest(
         body=body,
@@ -88,7 +88,7 @@ def _parse_completion(engine: InferenceEngine, body: dict[str, Any]) -> Completi
     )
 
 
-def _chosen_model(engine: InferenceEngine, body: dict[str, Any]) -> tuple[str, str | None]:
+def chosen_model(engine: InferenceEngine, body: dict[str, Any]) -> tuple[str, str | None]:
     """The name the response echoes and the adapter it names (None: the base, also when omitted)."""
     model = body.get("model")
     if model is None or model == engine.name:
@@ -104,7 +104,7 @@ def model_not_found(model: str) -> ApiError:
     return ApiError(404, f"The model `{model}` does not exist.", param="model")
 
 
-def _tools(body: dict[str, Any]) -> list[dict[str, Any]] | None:
+def checked_tools(body: dict[str, Any]) -> list[dict[str, Any]] | None:
     tools, choice = body.get("tools"), body.get("tool_choice")
     if tools is None:
         if choice not in (None, "none"):

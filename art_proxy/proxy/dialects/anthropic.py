@@ -45,20 +45,11 @@ MESSAGE_ID_PREFIX = "msg_"
 
 def translate(body: JsonObject) -> JsonObject:
     """The chat-completions body for a Messages request; `BadRequest` naming the field."""
-    model = body.get("model")
-    require(isinstance(model, str) and bool(model), "model", "must be a non-empty string")
+    model_of(body)
     max_tokens = body.get("max_tokens")
     require(type(max_tokens) is int and max_tokens > 0, "max_tokens", "must be a positive integer")
-    messages: list[JsonObject] = []
-    system = body.get("system")
-    if system is not None:
-        messages.append({"role": "system", "content": _text_blocks(system, "system")})
-    turns = a_list(body.get("messages"), "messages", "must be a non-empty list")
-    require(bool(turns), "messages", "must be a non-empty list")
-    for index, turn in enumerate(turns):
-        messages += _turn(turn, f"messages[{index}]")
     chat: JsonObject = {key: body[key] for key in PASSED_FIELDS if key in body}
-    chat["messages"] = messages
+    chat.update(prompt_of(body))
     chat["max_tokens"] = max_tokens
     stops = body.get("stop_sequences")
     if stops is not None:
@@ -68,13 +59,34 @@ def translate(body: JsonObject) -> JsonObject:
             "must be a list of strings",
         )
         chat["stop"] = stops
-    tools = body.get("tools")
-    if tools:
-        require(isinstance(tools, list), "tools", "must be a list")
-        chat["tools"] = [_tool(tool, f"tools[{index}]") for index, tool in enumerate(tools)]
     if body.get("tool_choice") is not None:
         chat.update(_tool_choice(body["tool_choice"]))
     return chat
+
+
+def model_of(body: JsonObject) -> str:
+    model = body.get("model")
+    require(isinstance(model, str) and bool(model), "model", "must be a non-empty string")
+    return str(model)
+
+
+def prompt_of(body: JsonObject) -> JsonObject:
+    """What of a Messages request (or a `count_tokens` one) makes the prompt: its `system`,
+    messages and tools, as chat `messages` and `tools`."""
+    messages: list[JsonObject] = []
+    system = body.get("system")
+    if system is not None:
+        messages.append({"role": "system", "content": _text_blocks(system, "system")})
+    turns = a_list(body.get("messages"), "messages", "must be a non-empty list")
+    require(bool(turns), "messages", "must be a non-empty list")
+    for index, turn in enumerate(turns):
+        messages += _turn(turn, f"messages[{index}]")
+    prompt: JsonObject = {"messages": messages}
+    tools = body.get("tools")
+    if tools:
+        require(isinstance(tools, list), "tools", "must be a list")
+        prompt["tools"] = [_tool(tool, f"tools[{index}]") for index, tool in enumerate(tools)]
+    return prompt
 
 
 def _text_blocks(value: Any, where: str) -> str:
@@ -259,6 +271,16 @@ def _validated(message: JsonObject) -> JsonObject:
     return Message.model_validate(message).model_dump(mode="json", exclude_unset=True)
 
 
+def failed_answer(raw: bytes, status: int) -> bytes:
+    """An upstream error body (OpenAI-shaped) in Anthropic's shape, same status."""
+    try:
+        parsed = json.loads(raw)
+        message = str(parsed["error"]["message"])
+    except (ValueError, KeyError, TypeError):
+        message = raw.decode("utf-8", "replace")[:2000]
+    return json.dumps(error_body("anthropic", ArtProxyError(message, status=status))).encode()
+
+
 class AnthropicRendering:
     """A chat answer as a Messages `message`, or its stream as Anthropic's event sequence."""
 
@@ -274,13 +296,7 @@ class AnthropicRendering:
         return message_object(self._call_id, self._model, response)
 
     def failed_answer(self, raw: bytes, status: int) -> bytes:
-        """An upstream error body (OpenAI-shaped) in Anthropic's shape, same status."""
-        try:
-            parsed = json.loads(raw)
-            message = str(parsed["error"]["message"])
-        except (ValueError, KeyError, TypeError):
-            message = raw.decode("utf-8", "replace")[:2000]
-        return json.dumps(error_body("anthropic", ArtProxyError(message, status=status))).encode()
+        return failed_answer(raw, status)
 
     def chunk(self, chunk: JsonObject, raw: bytes) -> bytes:
         if "error" in chunk:  # vLLM's mid-stream error
