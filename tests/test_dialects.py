@@ -289,6 +289,14 @@ async def test_anthropic_refusals_are_anthropic_shaped(
         async with http.get(proxy.root_url + "/v1/messages/count_tokens") as response:
             body = await response.json()
             assert response.status == 405 and body["type"] == "error"
+        async with http.post(
+            proxy.root_url + "/v1/messages/count_tokens",
+            data=b'{"model": "m"}',
+            headers={"Content-Encoding": "gzip"},
+        ) as response:
+            body = await response.json()
+            assert response.status == 400 and body["type"] == "error"
+            assert "Content-Encoding" in body["error"]["message"]
 
 
 WEATHER_FOR_CLAUDE: anthropic.types.ToolParam = {

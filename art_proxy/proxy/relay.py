@@ -108,7 +108,8 @@ class Relay:
         body's prompt, translated as `/v1/messages` translates it, goes to vLLM's `/tokenize`
         (at the server's root), which renders it as a chat call's prompt. Nothing is recorded:
         nothing was generated."""
-        loaded = load_body(await request.read())
+        raw = await _read_body(request)
+        loaded = raw if isinstance(raw, Rejection) else load_body(raw)
         if isinstance(loaded, Rejection):
             raise loaded.error
         model = self._aliases.resolve(anthropic.model_of(loaded))
@@ -116,15 +117,15 @@ class Relay:
         upstream = self._upstreams.urls[0]
         root = upstream.removesuffix("/v1")
         response = await self._upstreams.post(root, "/tokenize", asked, _client_auth(request))
-        raw = await read_body(root, response)
+        answer = await read_body(root, response)
         if response.status == 200:
-            return _json({"input_tokens": _count_of(upstream, raw)})
-        if response.status in (404, 405) and b'"detail"' in raw:  # the route, not the model
+            return _json({"input_tokens": _count_of(upstream, answer)})
+        if response.status in (404, 405) and b'"detail"' in answer:  # the route, not the model
             raise NotFound(
                 f"upstream {upstream} counts no tokens: it serves no /tokenize (vLLM does)"
             )
         return web.Response(
-            body=anthropic.failed_answer(raw, response.status),
+            body=anthropic.failed_answer(answer, response.status),
             status=response.status,
             content_type="application/json",
         )
