@@ -9,7 +9,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from art_proxy.proxy import open_trajectories
+from art_proxy.proxy import groups, open_trajectories
 from art_proxy.proxy.server import RunningProxy, running_proxy
 from art_proxy.records import Split
 from art_proxy.store.trajectory_store import utcnow
@@ -99,6 +99,37 @@ async def test_group_size_starts_a_new_group_when_full(
             await chat(http, proxy.base_url, [{"role": "user", "content": "same task"}])
         groups = (await admin_get(http, proxy, "/groups"))["data"]
     assert sorted(g["size"] for g in groups) == [1, 2, 2]
+
+
+def test_the_refresh_forgets_exactly_the_groups_no_trajectory_can_join(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    now = 1000.0
+    monkeypatch.setattr("art_proxy.proxy.groups.time.monotonic", lambda: now)
+    held = groups.Groups(None, size=2, window=10.0, max_explicit=10)  # type: ignore[arg-type]
+    held.join_automatic(("open", "train"), "t1")
+    closed = held.join_automatic(("closed", "train"), "t2")
+    held.member_finished(("closed", "train"), "t2")
+    held.join_automatic(("full", "train"), "t3")
+    held.join_automatic(("full", "train"), "t4")
+    held.refresh([])
+    assert len(held) == 2  # the full one is gone; the closed one is joinable for its window
+    assert held.join_automatic(("closed", "train"), "t5") == closed
+    held.member_finished(("closed", "train"), "t5")
+    now += 11.0
+    held.refresh([])
+    assert len(held) == 1  # the closed one's window passed; the open one stays
+    now += 1000.0
+    held.refresh([])
+    assert len(held) == 1
+    held.member_finished(("open", "train"), "t1")
+    elsewhere = {"id": "g-9", "scenario_id": "other", "split": "train", "size": 1, "open_count": 1}
+    held.refresh([elsewhere])  # another proxy's open member: joinable here for a window
+    assert held.join_automatic(("other", "train"), "t6") == "g-9"
+    held.member_finished(("other", "train"), "t6")
+    now += 11.0
+    held.refresh([])
+    assert len(held) == 0
 
 
 async def test_finish_records_reward_metrics_and_metadata(
