@@ -206,7 +206,7 @@ def local_llm(settings: LocalLlmSettings) -> None:
 def train(settings: TrainSettings) -> None:
     try:
         from art_proxy_trainer.command import run_follower, run_train
-        from art_proxy_trainer.distributed import Ranks
+        from art_proxy_trainer.distributed import Ranks, exit_rank
         from art_proxy_trainer.errors import TrainerError
         from art_proxy_trainer.launch import launch_ranks
     except ImportError as exc:
@@ -224,7 +224,7 @@ def train(settings: TrainSettings) -> None:
             # Rank 0 says when to stop (Ctrl-C reaches every rank of the terminal's group).
             signal.signal(signal.SIGINT, signal.SIG_IGN)
             run_follower(settings, ranks)
-            return
+            exit_rank()
         console = Console()
         summary = asyncio.run(run_train(settings, console))
     except (TrainerError, ModelLoadError, RubricError, ConfigError, StoreError, OSError) as exc:
@@ -234,6 +234,8 @@ def train(settings: TrainSettings) -> None:
             raise
         _fail(f"rank {ranks.rank}: {exc}")
     console.print(summary.table())
+    if ranks is not None:
+        exit_rank()
 
 
 @settings_command(

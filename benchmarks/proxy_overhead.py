@@ -1,8 +1,9 @@
 """What art-proxy adds to a call, next to a direct call and to LiteLLM's proxy.
 
-One run starts a fake vLLM (`art_proxy.testing.fake_vllm`), art-proxy recording into SQLite in a
-temp dir, and LiteLLM's proxy pointed at the same fake; each is a subprocess, so none shares the
-load generator's event loop. LiteLLM lives in its own venv (`.venv-litellm`, made on first use) so
+One run starts a fake vLLM (`art_proxy.testing.fake_vllm`), a bare aiohttp relay in front of it
+(`bare_relay.py`: bytes in, bytes out, the floor any aiohttp proxy meets on this machine),
+art-proxy recording into SQLite in a temp dir, and LiteLLM's proxy pointed at the same fake; each
+is a subprocess, so none shares the load generator's event loop. LiteLLM lives in its own venv (`.venv-litellm`, made on first use) so
 that its pins never touch `.venv`. Against each target the run measures sequential latency,
 throughput at 16 and 64 concurrent requests (rounds in which the targets take turns, the best round
 counting, and the CPU a call of each server's process), streaming time to first byte and the
@@ -57,6 +58,8 @@ PHASE_DEADLINE_S = 15.0
 # target's best round counts: the machine's speed drifts within a run (other tenants' load), and
 # taking turns lets every target meet the same drift instead of one target a slow minute.
 THROUGHPUT_ROUNDS = 3
+# Sequential latency is measured in this many blocks per target, the targets taking turns.
+LATENCY_ROUNDS = 5
 # LiteLLM imports for a long while on 2 busy cores; the others are up in about a second.
 START_TIMEOUT_S = 120.0
 CALL_TIMEOUT_S = 30.0
@@ -74,6 +77,8 @@ STREAM_CHUNKS = 256
 # Long enough for STREAM_CHUNKS tokens; other calls are cut at CALL_MAX_TOKENS.
 FAKE_REPLY = "Hello from the fake." + " word" * STREAM_CHUNKS
 CALL_MAX_TOKENS = 16
+# The floor beside art-proxy: an aiohttp relay that passes bytes and does nothing else.
+BARE_RELAY = "bare relay"
 
 LITELLM_ENV = {
     "LITELLM_LOG": "ERROR",
@@ -274,7 +279,7 @@ def start_servers(
     servers: Servers, workdir: Path, workload: Workload, litellm: Path | None
 ) -> dict[str, str]:
     """Start every server at once (they boot in parallel); returns each target's base URL."""
-    ports = {name: free_port() for name in ("direct", "art-proxy", "LiteLLM")}
+    ports = {name: free_port() for name in ("direct", BARE_RELAY, "art-proxy", "LiteLLM")}
     urls = {name: f"http://{HOST}:{port}/v1" for name, port in ports.items()}
     fake = urls["direct"]
     fake_vllm = [
@@ -282,6 +287,8 @@ def start_servers(
         *["--reply", FAKE_REPLY],
     ]
     servers.start("direct", [*fake_vllm, *_bind(ports["direct"])])
+    bare_relay = [sys.executable, str(Path(__file__).with_name("bare_relay.py"))]
+    servers.start(BARE_RELAY, [*bare_relay, *_bind(ports[BARE_RELAY]), "--upstream", fake])
     store = f"sqlite:///{workdir / 'art.db'}"
     art_proxy = Path(sys.executable).with_name("art-proxy")
     servers.start(
@@ -416,9 +423,11 @@ class Phase:
         return [s * 1000 for s in self.seconds]
 
 
-async def sequential(load: LoadGenerator, count: int, *, stream: bool = False) -> Phase:
+async def sequential(
+    load: LoadGenerator, count: int, *, stream: bool = False, deadline_s: float = PHASE_DEADLINE_S
+) -> Phase:
     phase = Phase()
-    deadline = time.monotonic() + PHASE_DEADLINE_S
+    deadline = time.monotonic() + deadline_s
     for _ in range(count):
         if time.monotonic() > deadline:
             break
@@ -473,18 +482,42 @@ async def relayed(load: LoadGenerator, streams: int) -> tuple[float, Phase]:
     return chunks / (time.perf_counter() - start), phase
 
 
+async def latency_taking_turns(report: Report, urls: dict[str, str], workload: Workload) -> None:
+    """Sequential latency in LATENCY_ROUNDS blocks per target, the targets taking turns: every
+    target meets the same minutes of the machine, whose speed drifts (measured one after the
+    other, a bare relay that does nothing added 1.51 ms in one run, twice what art-proxy added
+    a minute later). Each target's p50 is over all its calls. Before any stream or load phase:
+    a proxy that has taken 30,000 calls is slower than a fresh one (see README)."""
+    block = max(1, workload.requests // LATENCY_ROUNDS)
+    block_s = PHASE_DEADLINE_S / LATENCY_ROUNDS
+    async with contextlib.AsyncExitStack() as stack:
+        loads = {}
+        for name in report.results:
+            session = await stack.enter_async_context(_session())
+            loads[name] = LoadGenerator(session, urls[name], workload)
+            await concurrent(loads[name], 4, WARMUP_REQUESTS)
+            await sequential(loads[name], WARMUP_STREAMS, stream=True)
+        console.print(
+            f"sequential latency: {LATENCY_ROUNDS} blocks of {block} calls per target, "
+            "targets taking turns"
+        )
+        phases = {name: Phase() for name in loads}
+        for _ in range(LATENCY_ROUNDS):
+            for name, load in loads.items():
+                done = await sequential(load, block, deadline_s=block_s)
+                phases[name].seconds += done.seconds
+                phases[name].failed += done.failed
+                phases[name].last_error = done.last_error or phases[name].last_error
+    for name, phase in phases.items():
+        if _keep(report, {}, name, phase, "sequential"):
+            report.results[name].latencies_ms = phase.checked("sequential")
+
+
 async def measure_alone(result: TargetResult, base_url: str, workload: Workload) -> None:
-    """The phases a target runs on its own: sequential latency, streaming time to first byte,
-    the streaming relay."""
+    """The phases a target runs on its own: streaming time to first byte, the streaming relay."""
     requests, name = workload.requests, result.name
     async with _session() as session:
         load = LoadGenerator(session, base_url, workload)
-        await concurrent(load, 4, WARMUP_REQUESTS)
-        await sequential(load, WARMUP_STREAMS, stream=True)
-        console.print(f"  {name}: {requests} sequential calls ...")
-        latency = await sequential(load, requests)
-        result.latencies_ms = latency.checked("sequential")
-        result.failed_calls += latency.failed
         console.print(f"  {name}: {requests // 2} sequential streams ...")
         ttfb = await sequential(load, requests // 2, stream=True)
         console.print(
@@ -548,7 +581,8 @@ def _keep(
         phase.checked(what)
     except TargetUnavailable as exc:
         report.skipped[name] = str(exc)
-        del report.results[name], loads[name]
+        del report.results[name]
+        loads.pop(name, None)
         return False
     return True
 
@@ -566,17 +600,15 @@ async def run_targets(servers: Servers, urls: dict[str, str], workload: Workload
                 await wait_ready(session, servers, name, health_url(name, url))
             except TargetUnavailable as exc:
                 report.skipped[name] = f"did not start: {exc}"
-        for name, url in urls.items():
-            if name in report.skipped:
-                continue
-            console.print(f"measuring {name} ({url})")
-            result = TargetResult(name)
+        report.results = {name: TargetResult(name) for name in urls if name not in report.skipped}
+        await latency_taking_turns(report, urls, workload)
+        for name, result in list(report.results.items()):
+            console.print(f"measuring {name} ({urls[name]})")
             try:
-                await measure_alone(result, url, workload)
+                await measure_alone(result, urls[name], workload)
             except TargetUnavailable as exc:
                 report.skipped[name] = str(exc)
-            else:
-                report.results[name] = result
+                del report.results[name]
         await taking_turns(servers, report, urls, workload)
         if "art-proxy" in report.results:
             with contextlib.suppress(aiohttp.ClientError, ValueError):
@@ -613,7 +645,8 @@ def print_report(report: Report, requests: int) -> None:
         )
     console.print(table)
     console.print(
-        f"sequential: {requests} calls per target; concurrent: the best of {THROUGHPUT_ROUNDS} "
+        f"sequential: {requests} calls per target in {LATENCY_ROUNDS} blocks, taking turns; "
+        f"concurrent: the best of {THROUGHPUT_ROUNDS} "
         f"rounds of up to {2 * requests} calls; streams: {requests // 2}; "
         f"litellm=={LITELLM_VERSION}"
     )
@@ -636,10 +669,17 @@ def print_report(report: Report, requests: int) -> None:
     if proxy is None or direct is None:
         console.print("[red]no art-proxy figure: art-proxy or the fake upstream failed[/red]")
         return
-    print_targets(proxy, direct, results.get("LiteLLM"))
+    print_targets(proxy, direct, results.get("LiteLLM"), results.get(BARE_RELAY))
 
 
-def print_targets(proxy: TargetResult, direct: TargetResult, litellm: TargetResult | None) -> None:
+def print_targets(
+    proxy: TargetResult,
+    direct: TargetResult,
+    litellm: TargetResult | None,
+    floor: TargetResult | None,
+) -> None:
+    """The issue's targets, and beside them the bare relay's figures: the floor that any aiohttp
+    proxy meets on this machine in the same minutes."""
     level = TARGET_CONCURRENCY
     added_ms = proxy.p50_ms - direct.p50_ms
     table = Table(title="targets (from the issue)")
@@ -651,7 +691,17 @@ def print_targets(proxy: TargetResult, direct: TargetResult, litellm: TargetResu
         f"<= {MAX_ADDED_P50_MS:g} ms",
         _verdict(added_ms <= MAX_ADDED_P50_MS),
     )
-    key = f"art-proxy: {added_ms:+.2f} ms p50, {_ratio(proxy, direct, level):.2f}x direct @{level}"
+    key = f"art-proxy: {added_ms:+.2f} ms p50"
+    if floor is not None:
+        floor_ms = floor.p50_ms - direct.p50_ms
+        table.add_row(
+            "  the bare relay's added p50 (the floor)", f"{floor_ms:+.2f} ms", "(info)", ""
+        )
+        key += f" (bare relay {floor_ms:+.2f})"
+    key += f", {_ratio(proxy, direct, level):.2f}x direct @{level}"
+    if floor is not None:
+        floor_ratio = _ratio(floor, direct, level)
+        key += f" (bare relay {floor_ratio:.2f}x)"
     if litellm is not None:
         _add_ratio_rows(table, proxy, litellm, MIN_THROUGHPUT_VS_LITELLM)
         key += f", {_ratio(proxy, litellm, level):.0f}x LiteLLM @{level}"
@@ -659,6 +709,13 @@ def print_targets(proxy: TargetResult, direct: TargetResult, litellm: TargetResu
         table.add_row(f"throughput vs LiteLLM @{level}", "skipped", "", "")
         key += ", LiteLLM skipped"
     _add_ratio_rows(table, proxy, direct, MIN_THROUGHPUT_VS_DIRECT)
+    if floor is not None:
+        table.add_row(
+            f"  the bare relay vs direct @{level} (the floor)",
+            f"{_ratio(floor, direct, level):.2f}x",
+            "(info)",
+            "",
+        )
     added_ttfb = proxy.ttfb_p50_ms - direct.ttfb_p50_ms
     table.add_row("added stream TTFB p50", f"{added_ttfb:+.2f} ms", "(info)", "")
     streamed = proxy.chunks_per_s / direct.chunks_per_s
@@ -716,7 +773,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         f"(default: {2 * STREAM_CONCURRENCY})",
     )
     parser.add_argument(
-        "--skip-litellm", action="store_true", help="measure only direct and art-proxy"
+        "--skip-litellm",
+        action="store_true",
+        help="measure only direct, the bare relay and art-proxy",
     )
     args = parser.parse_args(argv)
     if args.requests < 2 or args.streams < 1:
