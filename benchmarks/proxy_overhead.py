@@ -491,12 +491,9 @@ async def latency_taking_turns(report: Report, urls: dict[str, str], workload: W
     block = max(1, workload.requests // LATENCY_ROUNDS)
     block_s = PHASE_DEADLINE_S / LATENCY_ROUNDS
     async with contextlib.AsyncExitStack() as stack:
-        loads = {}
-        for name in report.results:
-            session = await stack.enter_async_context(_session())
-            loads[name] = LoadGenerator(session, urls[name], workload)
-            await concurrent(loads[name], 4, WARMUP_REQUESTS)
-            await sequential(loads[name], WARMUP_STREAMS, stream=True)
+        loads = await _warm_loads(stack, report, urls, workload, PHASE_DEADLINE_S)
+        for load in loads.values():
+            await sequential(load, WARMUP_STREAMS, stream=True)
         console.print(
             f"sequential latency: {LATENCY_ROUNDS} blocks of {block} calls per target, "
             "targets taking turns"
@@ -538,11 +535,7 @@ async def taking_turns(
     calls = 2 * workload.requests
     round_s = PHASE_DEADLINE_S / THROUGHPUT_ROUNDS
     async with contextlib.AsyncExitStack() as stack:
-        loads = {}
-        for name in report.results:
-            session = await stack.enter_async_context(_session())
-            loads[name] = LoadGenerator(session, urls[name], workload)
-            await concurrent(loads[name], 4, WARMUP_REQUESTS, round_s)
+        loads = await _warm_loads(stack, report, urls, workload, round_s)
         console.print(
             f"throughput: {THROUGHPUT_ROUNDS} rounds, targets taking turns, up to {calls} calls "
             f"(or {round_s:.0f} s) each; the best round counts"
@@ -570,6 +563,23 @@ async def taking_turns(
         for name, result in report.results.items():
             if cpu_calls[name]:
                 result.cpu_us_per_call = cpu_seconds[name] / cpu_calls[name] * 1e6
+
+
+async def _warm_loads(
+    stack: contextlib.AsyncExitStack,
+    report: Report,
+    urls: dict[str, str],
+    workload: Workload,
+    warmup_s: float,
+) -> dict[str, LoadGenerator]:
+    """A load generator with a session of its own for each target, its connections opened and
+    its caches warmed by WARMUP_REQUESTS calls."""
+    loads = {}
+    for name in report.results:
+        session = await stack.enter_async_context(_session())
+        loads[name] = LoadGenerator(session, urls[name], workload)
+        await concurrent(loads[name], 4, WARMUP_REQUESTS, warmup_s)
+    return loads
 
 
 def _keep(
