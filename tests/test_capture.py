@@ -264,6 +264,46 @@ def test_incremental_keys_equal_the_keys_of_whole_prefixes() -> None:
     ]
 
 
+@pytest.mark.parametrize(
+    "roles",
+    [
+        ["user"],
+        ["system", "user", "assistant", "tool", "assistant", "user"],
+        ["assistant", "user", "assistant", "user"],  # a greeting belongs to the opening
+        ["system", "assistant", "assistant"],  # no user: the whole conversation opens
+    ],
+)
+def test_one_pass_over_a_conversation_gives_every_key_the_separate_hashes_give(
+    roles: list[str],
+) -> None:
+    """Attribution and the record hash a call's messages once (`conversation_of`): each key must
+    be the one hashing its messages alone gives."""
+    from art_proxy.proxy.attribution import (
+        auto_scenario_id,
+        candidates,
+        conversation_key,
+        conversation_of,
+        opening_of,
+    )
+
+    messages: list[dict[str, Any]] = [
+        {"role": role, "content": f"{role} {position}"} for position, role in enumerate(roles)
+    ]
+    conversation = conversation_of(messages)
+    assert "auto-" + conversation.opening_key == auto_scenario_id(messages)
+    assert conversation.opening_key == conversation_key(opening_of(messages))
+    assert conversation.prompt_key == conversation_key(messages)
+    assert [(c.position, c.key, c.prompt_key) for c in conversation.candidates] == [
+        (p, conversation_key(messages[: p + 1]), conversation_key(messages[:p]))
+        for p in reversed(range(len(roles)))
+        if roles[p] == "assistant"
+    ]
+    assert conversation.candidates == candidates(messages)
+    reply = {"role": "assistant", "content": "the reply"}
+    assert conversation.reply_keys([reply]) == [conversation_key([*messages, reply])]
+    assert conversation.prompt_key == conversation_key(messages)  # reply_keys fed a copy
+
+
 WEATHER_TOOL = {
     "type": "function",
     "function": {

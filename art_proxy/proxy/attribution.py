@@ -156,8 +156,11 @@ def opening_of(messages: list[JsonObject]) -> list[JsonObject]:
     return messages
 
 
+AUTO_SCENARIO_PREFIX = "auto-"
+
+
 def auto_scenario_id(messages: list[JsonObject]) -> str:
-    return "auto-" + conversation_key(opening_of(messages))
+    return AUTO_SCENARIO_PREFIX + conversation_key(opening_of(messages))
 
 
 @dataclass(frozen=True)
@@ -172,15 +175,52 @@ class Candidate:
 
 def candidates(messages: list[JsonObject]) -> list[Candidate]:
     """Every assistant message of `messages`, the longest conversation first (one hash pass)."""
+    return conversation_of(messages).candidates
+
+
+@dataclass(frozen=True)
+class Conversation:
+    """The keys a call's messages give, from one pass of the hash over them: where an earlier
+    call of the conversation may have ended (attribution), the key of its opening (an automatic
+    scenario's), and the hash of them all, which the call's record extends with each reply (the
+    keys the next call is recognised by). An agent sends its whole conversation with each call;
+    hashing it once instead of three times took 106 instead of 185 us for 21 messages of 13 KB."""
+
+    candidates: list[Candidate]  # the longest conversation first
+    opening_key: str  # conversation_key(opening_of(messages))
+    whole: hashlib.blake2b  # fed every message; copied, never fed again
+
+    @property
+    def prompt_key(self) -> str:
+        """`conversation_key(messages)`."""
+        return self.whole.hexdigest()
+
+    def reply_keys(self, replies: list[JsonObject]) -> list[str]:
+        """`conversation_key(messages + [reply])` for each reply."""
+        keys = []
+        for reply in replies:
+            hasher = self.whole.copy()
+            _feed(hasher, reply)
+            keys.append(hasher.hexdigest())
+        return keys
+
+
+def conversation_of(messages: list[JsonObject]) -> Conversation:
     hasher = hashlib.blake2b(digest_size=16)
     found = []
+    opening_key = None
+    asked = False
     for position, message in enumerate(messages):
-        prompt_key = hasher.copy().hexdigest() if message.get("role") == "assistant" else ""
+        assistant = message.get("role") == "assistant"
+        prompt_key = hasher.copy().hexdigest() if assistant else ""
+        if assistant and asked and opening_key is None:  # as `opening_of` cuts it
+            opening_key = prompt_key
         _feed(hasher, message)
-        if prompt_key:
+        if assistant:
             found.append(Candidate(position, hasher.copy().hexdigest(), prompt_key))
+        asked = asked or message.get("role") == "user"
     found.reverse()
-    return found
+    return Conversation(found, opening_key or hasher.hexdigest(), hasher)
 
 
 def continuation_candidates(messages: list[JsonObject]) -> list[str]:

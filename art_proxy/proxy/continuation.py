@@ -19,7 +19,7 @@ from art_proxy.errors import StoreError
 from art_proxy.records import JsonObject
 from art_proxy.store.trajectory_store import TrajectoryStore
 
-from .attribution import Candidate, Explicit, candidates, reply_messages, resemblance, verbatim
+from .attribution import Candidate, Explicit, reply_messages, resemblance, verbatim
 from .open_trajectories import OpenTrajectories, OpenTrajectory, fits, sequences_of
 
 log = logging.getLogger(__name__)
@@ -38,13 +38,14 @@ async def find_continuation(
     memory: OpenTrajectories,
     store: TrajectoryStore,
     messages: list[JsonObject],
+    found: list[Candidate],
     explicit: Explicit,
     own_records_stored: Callable[[], Awaitable[None]],
 ) -> Continuation | None:
-    """The open trajectory these messages continue, None when they continue none. Memory knows
-    this proxy's open trajectories (but a bounded number); the store knows every proxy's, once
-    `own_records_stored` says this one's are in it."""
-    found = candidates(messages)
+    """The open trajectory these messages continue, None when they continue none. `found`: the
+    messages' candidates (`attribution.candidates`). Memory knows this proxy's open trajectories
+    (but a bounded number); the store knows every proxy's, once `own_records_stored` says this
+    one's are in it."""
     if not found:
         return None
     newest = memory.tip_owner(found[0].key, explicit)

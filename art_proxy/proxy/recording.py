@@ -274,9 +274,11 @@ class Recorder:
         reply: what the next call of its conversation is recognised by."""
         if call.kind != "chat" or outcome.response is None or outcome.status != "ok":
             return [], None, []
-        messages = list(call.body.get("messages") or [])
         replies = reply_messages(outcome.response)
-        prompt_key, keys = call_keys(messages, replies)
+        conversation = call.assignment.conversation  # hashed once, when the call was attributed
+        if conversation is not None:
+            return replies, conversation.prompt_key, conversation.reply_keys(replies)
+        prompt_key, keys = call_keys(list(call.body.get("messages") or []), replies)
         return replies, prompt_key, keys
 
 

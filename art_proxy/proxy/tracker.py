@@ -25,7 +25,14 @@ from art_proxy.records import Attribution, JsonObject, Split
 from art_proxy.store.rows import NewTrajectoryRows, TrajectoryRow
 from art_proxy.store.trajectory_store import TrajectoryStore, utcnow
 
-from .attribution import Explicit, auto_scenario_id, opening_of
+from .attribution import (
+    AUTO_SCENARIO_PREFIX,
+    Conversation,
+    Explicit,
+    auto_scenario_id,
+    conversation_of,
+    opening_of,
+)
 from .continuation import find_continuation
 from .groups import Groups
 from .open_trajectories import MAX_TRAJECTORIES_IN_MEMORY, OpenTrajectories, OpenTrajectory
@@ -46,6 +53,8 @@ class Assignment:
     new_rows: NewTrajectoryRows | None
     claimed_tip: list[str] = field(default_factory=list)  # given back if the call fails
     reason: str = ""  # why the call was attributed so, for the debug log
+    # The keys of the call's messages, hashed once for attribution and the record (a chat call).
+    conversation: Conversation | None = None
 
 
 class TrajectoryTracker:
@@ -88,29 +97,51 @@ class TrajectoryTracker:
     ) -> Assignment:
         """Where a call goes. `continues`: the trajectory a Responses call's
         `previous_response_id` names (it continues that trajectory, if still open)."""
+        conversation = conversation_of(messages) if messages else None
         if explicit.trajectory_id is not None:
             known = await self._open(explicit.trajectory_id, finished_is_conflict=True)
             if known is not None:
                 source: Attribution = "url" if explicit.source == "url" else "header"
-                return self._next_call(known, source, reason=f"the {source} names it")
+                return self._next_call(
+                    known, source, reason=f"the {source} names it", conversation=conversation
+                )
         elif continues is not None:
             known = await self._open(continues)
             if known is not None and known.fits(explicit):
                 claimed = self._memory.move_tip(known, [])
                 return self._next_call(
-                    known, "response", claimed, reason="previous_response_id names its call"
+                    known,
+                    "response",
+                    claimed,
+                    reason="previous_response_id names its call",
+                    conversation=conversation,
                 )
-        if explicit.trajectory_id is None and messages:
+        if explicit.trajectory_id is None and messages and conversation is not None:
             found = await find_continuation(
-                self._memory, self._store, messages, explicit, self._own_records_stored
+                self._memory,
+                self._store,
+                messages,
+                conversation.candidates,
+                explicit,
+                self._own_records_stored,
             )
             if found is not None:
                 claimed = self._memory.move_tip(found.state, [])
-                return self._next_call(found.state, found.attribution, claimed, reason=found.reason)
-        scenario_id = explicit.scenario_id or auto_scenario_id(messages or [])
+                return self._next_call(
+                    found.state,
+                    found.attribution,
+                    claimed,
+                    reason=found.reason,
+                    conversation=conversation,
+                )
+        scenario_id = explicit.scenario_id or (
+            AUTO_SCENARIO_PREFIX + conversation.opening_key
+            if conversation is not None
+            else auto_scenario_id([])
+        )
         if explicit.group_id is not None:
             scenario_id = await self.groups.explicit_scenario(explicit, scenario_id)
-        return self._start(explicit, scenario_id, messages)
+        return self._start(explicit, scenario_id, messages, conversation)
 
     def record_call(
         self,
@@ -167,16 +198,23 @@ class TrajectoryTracker:
         claimed_tip: list[str] | None = None,
         *,
         reason: str,
+        conversation: Conversation | None,
     ) -> Assignment:
         self._memory.touch(state)
         seq = state.next_seq
         state.next_seq += 1
-        return _assignment(state, seq, attribution, state.unsaved_rows, claimed_tip or [], reason)
+        return _assignment(
+            state, seq, attribution, state.unsaved_rows, claimed_tip or [], reason, conversation
+        )
 
     # --- new trajectories ------------------------------------------------------------------------
 
     def _start(
-        self, explicit: Explicit, scenario_id: str, messages: list[JsonObject] | None
+        self,
+        explicit: Explicit,
+        scenario_id: str,
+        messages: list[JsonObject] | None,
+        conversation: Conversation | None,
     ) -> Assignment:
         now = utcnow()
         trajectory_id = explicit.trajectory_id or new_id()
@@ -227,7 +265,7 @@ class TrajectoryTracker:
             if explicit.trajectory_id is None
             else f"the {explicit.source} names a trajectory not seen before"
         )
-        return _assignment(state, 0, attribution, rows, reason=reason)
+        return _assignment(state, 0, attribution, rows, reason=reason, conversation=conversation)
 
     def shadow_of(self, served: Assignment) -> Assignment:
         """A new one-call trajectory beside `served` (which opened its own): same scenario, group,
@@ -271,6 +309,7 @@ def _assignment(
     rows: NewTrajectoryRows | None,
     claimed_tip: list[str] | None = None,
     reason: str = "",
+    conversation: Conversation | None = None,
 ) -> Assignment:
     return Assignment(
         trajectory_id=state.id,
@@ -284,4 +323,5 @@ def _assignment(
         new_rows=rows,
         claimed_tip=claimed_tip or [],
         reason=reason,
+        conversation=conversation,
     )
