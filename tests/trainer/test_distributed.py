@@ -107,15 +107,18 @@ async def test_the_sidecar_on_two_ranks_trains_swaps_and_consumes_every_group_on
     groups = await finished_groups(stack, scenarios=3, rounds=1)  # step 1 takes 2 of 3
     out = tmp_path / "run"
     # Rank 0 waits for step 2's groups well beyond the collective timeout: its heartbeat keeps
-    # the other rank from taking the silence for a dead rank 0.
-    command = [*_nproc_command(stack, out, steps=3), "--collective-timeout", "2"]
+    # the other rank from taking the silence for a dead rank 0. (The timeout bounds the ranks'
+    # rendezvous too: at 2 s, two ranks importing torch on a busy 2-core machine missed it.)
+    command = [*_nproc_command(stack, out, steps=3), "--collective-timeout", "5"]
     process = await asyncio.create_subprocess_exec(
         *command, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
     )
     while not (out / "checkpoints" / "step-000001").exists():
-        assert process.returncode is None, "the run ended before its first step"
+        if process.returncode is not None:
+            _, stderr = await process.communicate()
+            pytest.fail(f"the run ended before its first step:\n{stderr.decode()[-3000:]}")
         await asyncio.sleep(0.05)
-    await asyncio.sleep(5)
+    await asyncio.sleep(12)
     groups |= await finished_groups(stack, scenarios=3, rounds=1)  # 3 more: steps 2, 3
     stdout, stderr = await asyncio.wait_for(process.communicate(), 300)
     assert process.returncode == 0, stderr.decode()[-3000:]

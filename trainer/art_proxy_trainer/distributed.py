@@ -108,11 +108,11 @@ def leave() -> None:
 
 def exit_rank() -> NoReturn:
     """End a rank that finished cleanly without the interpreter's finalization: the streams and
-    the log flushed, then `os._exit(0)`. Finalization destroys what torch's modules still hold
-    of the process group (FSDP's meshes keep a reference past `destroy_process_group`), and
-    gloo's worker threads destroyed that way abort the process ("terminate called without an
-    active exception": SIGABRT after a run that had finished; seen in CI on a restarted FSDP
-    rank and on 3 CPU ranks). A rank has written everything it keeps before this point."""
+    the log flushed, then `os._exit(0)`. A rank that had finished was seen aborting at exit
+    ("terminate called without an active exception", SIGABRT; in CI, on a restarted FSDP rank
+    and on 3 CPU ranks): most likely gloo's worker threads destroyed by finalization, with what
+    torch still holds of the process group past `destroy_process_group` (FSDP's device meshes,
+    for one). A rank has written everything it keeps before this point."""
     logging.shutdown()
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):
