@@ -152,5 +152,5 @@ class Groups:
             elif not self._joinable(group):
                 del self._automatic[key]
                 self._settling.discard(key)
-            elif group.open_ids and not (self._size and group.size >= self._size):
+            elif group.open_ids:  # joinable, so not full
                 self._settling.discard(key)
