@@ -3,14 +3,15 @@
 One run starts a fake vLLM (`art_proxy.testing.fake_vllm`), a bare aiohttp relay in front of it
 (`bare_relay.py`: bytes in, bytes out, the floor any aiohttp proxy meets on this machine),
 art-proxy recording into SQLite in a temp dir, and LiteLLM's proxy pointed at the same fake; each
-is a subprocess, so none shares the load generator's event loop. LiteLLM lives in its own venv (`.venv-litellm`, made on first use) so
-that its pins never touch `.venv`. Against each target the run measures sequential latency,
-throughput at 16 and 64 concurrent requests (rounds in which the targets take turns, the best round
-counting, and the CPU a call of each server's process), streaming time to first byte and the
-streaming relay's throughput (64 concurrent streams of 256 chunks, each chunk with its token id and
-logprob, as vLLM sends them when asked), then checks the issue's targets. The servers and the load
-generator share the machine's cores, so absolute figures are this machine's; the targets are stated
-as differences and ratios. Traffic stays on 127.0.0.1; every phase is bounded in count and in time.
+is a subprocess, so none shares the load generator's event loop. LiteLLM lives in its own venv
+(`.venv-litellm`, made on first use) so that its pins never touch `.venv`. Against each target the
+run measures sequential latency, throughput at 16 and 64 concurrent requests (rounds in which the
+targets take turns, the best round counting, and the CPU a call of each server's process),
+streaming time to first byte and the streaming relay's throughput (64 concurrent streams of 256
+chunks, each chunk with its token id and logprob, as vLLM sends them when asked), then checks the
+issue's targets. The servers and the load generator share the machine's cores, so absolute figures
+are this machine's; the targets are stated as differences and ratios. Traffic stays on 127.0.0.1;
+every phase is bounded in count and in time.
 
     .venv/bin/python benchmarks/proxy_overhead.py [--requests 500] [--skip-litellm]
 """
