@@ -24,7 +24,7 @@ import pytest
 
 from art_proxy.config import Durability
 from art_proxy.errors import ConfigError, StoreError
-from art_proxy.journal import segments
+from art_proxy.journal import ingester, segments
 from art_proxy.journal.frames import scan
 from art_proxy.journal.ingester import REJECTED_FILE, Ingester
 from art_proxy.proxy.server import running_proxy
@@ -410,6 +410,27 @@ async def test_a_record_the_store_refuses_is_set_aside_and_the_next_ones_land(
     kept = scan((journal / REJECTED_FILE).read_bytes())
     assert len(kept.frames) == 1 and not kept.torn
     assert b"durable 1" in kept.frames[0].payload
+
+
+async def test_the_ingester_gathers_calls_into_one_transaction_until_a_reader_waits(
+    sqlite_url: str, vllm: FakeVllm, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Frames wait `_LINGER_S` for more to share their transaction, after an idle wait and after
+    a transaction alike; a read of the store on a client's behalf ends the wait at once."""
+    monkeypatch.setattr(ingester, "_LINGER_S", 3600.0)
+    settings = proxy_settings(sqlite_url, vllm.base_url, journal=str(tmp_path / "journal"))
+    async with running_proxy(settings) as proxy, aiohttp.ClientSession() as http:
+        first = [await one_call(http, proxy.base_url, n) for n in range(4)]
+        assert not await recorded_response_ids(sqlite_url)  # gathered, not yet in the store
+        async with http.get(f"{proxy.root_url}/art/v1/trajectories") as response:
+            assert response.status == 200
+            listed = (await response.json())["data"]
+            assert len(listed) == 4  # its wait for the records ended the gathering
+        second = [await one_call(http, proxy.base_url, n) for n in range(4, 8)]
+        assert_each_once(first, await recorded_response_ids(sqlite_url))
+        assert len(await recorded_response_ids(sqlite_url)) == 4
+        await asyncio.wait_for(proxy.parts.settled(), 30)
+    assert_each_once(first + second, await recorded_response_ids(sqlite_url))
 
 
 async def test_segments_rotate_and_are_trimmed_once_ingested(
