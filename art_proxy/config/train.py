@@ -208,7 +208,8 @@ class TrainSettings(JudgeChoice, UpstreamSettings, StoreSettings, TrainerConfig)
         300.0,
         gt=0,
         description="Seconds a rank waits for the others before the run stops with an error "
-        "(with --nproc or under torchrun).",
+        "(with --nproc or under torchrun); it also bounds the start: every rank must join and "
+        "load the model within it of the first.",
     )
 
     @model_validator(mode="after")
