@@ -290,7 +290,7 @@ def test_one_pass_over_a_conversation_gives_every_key_the_separate_hashes_give(
         {"role": role, "content": f"{role} {position}"} for position, role in enumerate(roles)
     ]
     conversation = conversation_of(messages)
-    assert "auto-" + conversation.opening_key == auto_scenario_id(messages)
+    assert conversation.scenario_id == auto_scenario_id(messages)
     assert conversation.opening_key == conversation_key(opening_of(messages))
     assert conversation.prompt_key == conversation_key(messages)
     assert [(c.position, c.key, c.prompt_key) for c in conversation.candidates] == [

@@ -195,6 +195,11 @@ class Conversation:
         """`conversation_key(messages)`."""
         return self.whole.hexdigest()
 
+    @property
+    def scenario_id(self) -> str:
+        """`auto_scenario_id(messages)`: the scenario of a call that names none."""
+        return AUTO_SCENARIO_PREFIX + self.opening_key
+
     def reply_keys(self, replies: list[JsonObject]) -> list[str]:
         """`conversation_key(messages + [reply])` for each reply."""
         keys = []

@@ -26,7 +26,6 @@ from art_proxy.store.rows import NewTrajectoryRows, TrajectoryRow
 from art_proxy.store.trajectory_store import TrajectoryStore, utcnow
 
 from .attribution import (
-    AUTO_SCENARIO_PREFIX,
     Conversation,
     Explicit,
     auto_scenario_id,
@@ -135,9 +134,7 @@ class TrajectoryTracker:
                     conversation=conversation,
                 )
         scenario_id = explicit.scenario_id or (
-            AUTO_SCENARIO_PREFIX + conversation.opening_key
-            if conversation is not None
-            else auto_scenario_id([])
+            conversation.scenario_id if conversation is not None else auto_scenario_id([])
         )
         if explicit.group_id is not None:
             scenario_id = await self.groups.explicit_scenario(explicit, scenario_id)
