@@ -710,8 +710,8 @@ def print_targets(
         )
         key += f" (bare relay {floor_ms:+.2f})"
     key += f", {_ratio(proxy, direct, level):.2f}x direct @{level}"
-    if floor is not None:
-        floor_ratio = _ratio(floor, direct, level)
+    floor_ratio = _ratio(floor, direct, level) if floor is not None else None
+    if floor_ratio is not None:
         key += f" (bare relay {floor_ratio:.2f}x)"
     if litellm is not None:
         _add_ratio_rows(table, proxy, litellm, MIN_THROUGHPUT_VS_LITELLM)
@@ -720,12 +720,9 @@ def print_targets(
         table.add_row(f"throughput vs LiteLLM @{level}", "skipped", "", "")
         key += ", LiteLLM skipped"
     _add_ratio_rows(table, proxy, direct, MIN_THROUGHPUT_VS_DIRECT)
-    if floor is not None:
+    if floor_ratio is not None:
         table.add_row(
-            f"  the bare relay vs direct @{level} (the floor)",
-            f"{_ratio(floor, direct, level):.2f}x",
-            "(info)",
-            "",
+            f"  the bare relay vs direct @{level} (the floor)", f"{floor_ratio:.2f}x", "(info)", ""
         )
     added_ttfb = proxy.ttfb_p50_ms - direct.ttfb_p50_ms
     table.add_row("added stream TTFB p50", f"{added_ttfb:+.2f} ms", "(info)", "")
