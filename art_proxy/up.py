@@ -26,7 +26,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from art_proxy.config import Engine, UpSettings
+from art_proxy.config import Engine, LogLevel, UpSettings
 from art_proxy.errors import ConfigError
 from art_proxy.ids import short_id
 from art_proxy.local.errors import ModelLoadError
@@ -116,6 +116,7 @@ def plan(settings: UpSettings) -> list[Part]:
         journal=settings.journal,
         durability=settings.durability.value,
         journal_max_mb=settings.journal_max_mb or None,
+        log_level=None if settings.log_level is LogLevel.info else settings.log_level.value,
     )
     proxy = Part(
         "proxy",
@@ -141,6 +142,8 @@ def trainer_command(settings: UpSettings) -> str | None:
         proxy=f"http://{settings.host}:{settings.port}",
         upstream=f"http://127.0.0.1:{settings.llm_port}/v1",
         model=settings.model,
+        nproc=settings.nproc if settings.nproc > 1 else None,
+        sharding=settings.sharding if settings.sharding != "ddp" else None,
     )
     return shlex.join([art_proxy, "train", *train_flags])
 

@@ -26,9 +26,9 @@ import aiohttp
 import openai
 import pytest
 
-from art_proxy.config import UpSettings
+from art_proxy.config import LogLevel, UpSettings
 from art_proxy.testing.loopback import free_port
-from art_proxy.up import plan
+from art_proxy.up import plan, trainer_command
 from art_proxy.vllm_server import VllmNotFound, find_vllm_python
 
 ART_PROXY = str(Path(sys.executable).parent / "art-proxy")
@@ -302,6 +302,18 @@ def test_plan_with_the_vllm_engine_serves_the_model_as_the_trainer_scores_it(
     served = llm.argv[llm.argv.index("--model") + 1]
     assert Path(served, "config.json").is_file()
     assert llm.argv[llm.argv.index("--served-model-name") + 1] == "SmolLM2-135M-Instruct"
+
+
+def test_up_hands_the_trainers_ranks_and_the_proxys_log_level_to_their_commands() -> None:
+    agent = UpSettings(agent="agent.py:rollout", scenarios="s.jsonl")
+    assert "--nproc" not in (trainer_command(agent) or "")  # defaults are left to the parts
+    assert "--log-level" not in plan(agent)[1].argv
+    ranked = agent.model_copy(update={"nproc": 2, "sharding": "fsdp", "log_level": LogLevel.debug})
+    train = shlex.split(trainer_command(ranked) or "")
+    assert train[train.index("--nproc") + 1] == "2"
+    assert train[train.index("--sharding") + 1] == "fsdp"
+    proxy = plan(ranked)[1].argv
+    assert proxy[proxy.index("--log-level") + 1] == "debug"
 
 
 async def test_up_vllm_without_vllm_fails_with_one_clear_line(tmp_path: Path) -> None:

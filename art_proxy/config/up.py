@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from enum import StrEnum
+from typing import Literal
 
 from pydantic import Field, model_validator
 
-from art_proxy.config.proxy import JournalSettings
+from art_proxy.config.proxy import JournalSettings, LogLevel
 from art_proxy.config.shared import StoreSettings
 
 
@@ -51,6 +52,15 @@ class UpSettings(JournalSettings, StoreSettings):
     scenarios: str | None = Field(None, description="Scenarios JSONL for --agent.")
     steps: int = Field(20, ge=1, description="Training steps with --agent.")
     out: str = Field("art-train", description="Trainer directory (checkpoints, metrics.jsonl).")
+    nproc: int = Field(
+        1, ge=1, description="Training processes with --agent, one per device (train's --nproc)."
+    )
+    sharding: Literal["ddp", "fsdp"] = Field(
+        "ddp", description="With --nproc: ddp or fsdp (train's --sharding)."
+    )
+    log_level: LogLevel = Field(
+        LogLevel.info, description="The proxy's log level (serve's --log-level)."
+    )
 
     @model_validator(mode="after")
     def _one_job(self) -> UpSettings:
