@@ -167,6 +167,42 @@ async def test_a_chain_continues_across_proxy_restarts(
     assert calls[1].stitched
 
 
+async def test_responses_input_tokens_is_the_prompt_a_responses_call_gets(
+    proxy: RunningProxy, client: openai.AsyncOpenAI
+) -> None:
+    """The SDK's `responses.input_tokens.count` is answered by the upstream's `/tokenize` with the
+    prompt the same request gets through `/v1/responses`, instructions, tools and a previous
+    response's conversation included; a count is not recorded."""
+    prompt: dict[str, Any] = {
+        "model": MODEL,
+        "instructions": "Be brief.",
+        "input": "Weather in Paris?",
+        "tools": [WEATHER],
+    }
+    counted = await client.responses.input_tokens.count(**prompt)
+    first = await client.responses.create(**prompt)
+    [tool_call] = first.output
+    assert tool_call.type == "function_call"
+    result = {"type": "function_call_output", "call_id": tool_call.call_id, "output": "sunny"}
+    follow_up = {**prompt, "input": [result], "previous_response_id": first.id}
+    counted_after = await client.responses.input_tokens.count(**follow_up)
+    await client.responses.create(**follow_up)
+
+    assert counted.object == "response.input_tokens"
+    assert first.usage is not None and counted.input_tokens == first.usage.input_tokens > 0
+    calls = await only_calls(proxy)
+    assert [len(call.prompt_token_ids or []) for call in calls] == [
+        counted.input_tokens,
+        counted_after.input_tokens,
+    ]
+    with pytest.raises(openai.BadRequestError) as refused:
+        await client.responses.input_tokens.count(model=MODEL, input="Hi", conversation="c1")
+    assert "conversation" in str(refused.value.body)
+    with pytest.raises(openai.NotFoundError) as unknown:
+        await client.responses.input_tokens.count(**{**prompt, "model": "no-such-model"})
+    assert "no-such-model" in str(unknown.value.body)
+
+
 async def test_full_history_input_continues_by_its_messages(
     proxy: RunningProxy, client: openai.AsyncOpenAI
 ) -> None:

@@ -190,12 +190,18 @@ async def test_a_responses_chain_is_one_stitched_trajectory_with_vllms_ids(
         final: Response = events[-1].response
         return final
 
+    async def count(**fields: Any) -> int:
+        counted = await client.responses.input_tokens.count(model=real_vllm.model, **fields)
+        return counted.input_tokens
+
     # Instructions are not carried over from the previous response: agents send them each time.
     instructions = "Answer in one word."
-    first = await create(input="Name a colour.", instructions=instructions)
-    second = await create(
-        input="And another one?", instructions=instructions, previous_response_id=first.id
-    )
+    opening_fields = {"input": "Name a colour.", "instructions": instructions}
+    counted = [await count(**opening_fields)]
+    first = await create(**opening_fields)
+    follow_up_fields = {**opening_fields, "input": "And another one?"}
+    counted.append(await count(**follow_up_fields, previous_response_id=first.id))
+    second = await create(**follow_up_fields, previous_response_id=first.id)
     assert first.output and second.output
     await client.close()
 
@@ -203,6 +209,8 @@ async def test_a_responses_chain_is_one_stitched_trajectory_with_vllms_ids(
     for call in (opening, follow_up):
         assert (call.dialect, call.stream, call.trainable) == ("responses", stream, True)
     assert follow_up.attribution == "response" and follow_up.stitched
+    # vLLM's /tokenize counts the prompt each call had: the SDK's input_tokens.count, answered.
+    assert counted == [len(call.prompt_token_ids or []) for call in (opening, follow_up)]
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])

@@ -225,6 +225,7 @@ def _add_routes(router: web.UrlDispatcher) -> None:
         router.add_post(prefix + "/v1/chat/completions", via("relay", "chat"))
         router.add_post(prefix + "/v1/completions", via("relay", "completion"))
         router.add_post(prefix + "/v1/responses", via("relay", "responses"))
+        router.add_post(prefix + "/v1/responses/input_tokens", via("relay", "input_tokens"))
         router.add_get(prefix + "/v1/responses/{response}", via("relay", "stored_response"))
         router.add_post(prefix + "/v1/messages", via("relay", "messages"))
         router.add_post(prefix + "/v1/messages/count_tokens", via("relay", "count_tokens"))

@@ -104,31 +104,48 @@ class Relay:
         return web.Response(body=raw, status=response.status, content_type="application/json")
 
     async def count_tokens(self, request: web.Request) -> web.Response:
-        """Anthropic's `POST /v1/messages/count_tokens`, counted by the upstream's tokenizer: the
-        body's prompt, translated as `/v1/messages` translates it, goes to vLLM's `/tokenize`
-        (at the server's root), which renders it as a chat call's prompt. Nothing is recorded:
-        nothing was generated."""
-        raw = await _read_body(request)
-        loaded = raw if isinstance(raw, Rejection) else load_body(raw)
-        if isinstance(loaded, Rejection):
-            raise loaded.error
+        """Anthropic's `POST /v1/messages/count_tokens`: the body's prompt, translated as
+        `/v1/messages` translates it, counted by the upstream (`_counted`)."""
+        loaded = await _loaded_body(request)
         model = self._aliases.resolve(anthropic.model_of(loaded))
-        asked: JsonObject = {"model": model, **anthropic.prompt_of(loaded)}
+        counted = await self._counted(request, {"model": model, **anthropic.prompt_of(loaded)})
+        if isinstance(counted, int):
+            return _json({"input_tokens": counted})
+        status, answer = counted
+        return web.Response(
+            body=anthropic.failed_answer(answer, status),
+            status=status,
+            content_type="application/json",
+        )
+
+    async def input_tokens(self, request: web.Request) -> web.Response:
+        """OpenAI's `POST /v1/responses/input_tokens`: the body's prompt, translated as
+        `/v1/responses` translates it (instructions, tools and a `previous_response_id`'s
+        conversation included), counted by the upstream (`_counted`)."""
+        chat = (await responses.translate(await _loaded_body(request), self._stored_call)).chat
+        prompt: JsonObject = {"model": self._aliases.resolve(chat["model"])}
+        prompt |= {key: chat[key] for key in ("messages", "tools") if key in chat}
+        counted = await self._counted(request, prompt)
+        if isinstance(counted, int):
+            return _json({"object": "response.input_tokens", "input_tokens": counted})
+        status, answer = counted
+        return web.Response(body=answer, status=status, content_type="application/json")
+
+    async def _counted(self, request: web.Request, prompt: JsonObject) -> int | tuple[int, bytes]:
+        """The tokens of a chat prompt (`model`, `messages`, `tools`) by the upstream's tokenizer:
+        vLLM's `/tokenize` (at the server's root) renders it as a chat call's prompt. Else the
+        upstream's failed status and answer. Nothing is recorded: nothing was generated."""
         upstream = self._upstreams.urls[0]
         root = upstream.removesuffix("/v1")
-        response = await self._upstreams.post(root, "/tokenize", asked, _client_auth(request))
+        response = await self._upstreams.post(root, "/tokenize", prompt, _client_auth(request))
         answer = await read_body(root, response)
         if response.status == 200:
-            return _json({"input_tokens": _count_of(upstream, answer)})
+            return _count_of(upstream, answer)
         if response.status in (404, 405) and b'"detail"' in answer:  # the route, not the model
             raise NotFound(
                 f"upstream {upstream} counts no tokens: it serves no /tokenize (vLLM does)"
             )
-        return web.Response(
-            body=anthropic.failed_answer(answer, response.status),
-            status=response.status,
-            content_type="application/json",
-        )
+        return response.status, answer
 
     async def _generate(
         self, request: web.Request, kind: CallKind, dialect: Dialect
@@ -300,6 +317,15 @@ def _rendering(call: CallInProgress) -> Rendering:
 
 def _json(body: JsonObject) -> web.Response:
     return web.Response(body=orjson.dumps(body), content_type="application/json")
+
+
+async def _loaded_body(request: web.Request) -> JsonObject:
+    """A body that is only read (a count): its JSON object, or `BadRequest`."""
+    raw = await _read_body(request)
+    loaded = raw if isinstance(raw, Rejection) else load_body(raw)
+    if isinstance(loaded, Rejection):
+        raise loaded.error
+    return loaded
 
 
 async def _read_body(request: web.Request) -> bytes | Rejection:
