@@ -31,11 +31,13 @@ log = logging.getLogger(__name__)
 
 _MAX_FRAMES = 512  # the writer's bound on one transaction
 # How long the ingester gathers frames before a transaction, unless a reader waits on it or a
-# transaction's worth is waiting. A transaction's own cost (its thread hop, its commit) is then
-# shared by ~20 ms of calls: at 5 ms, sequential calls shared each commit three or four ways, and
-# the ingester's work, on the other core and the event loop, added 0.24 ms to a call's p50 and
-# 310 us of CPU a call against 20 ms (benchmarks/README.md, the seventh session).
-_LINGER_S = 0.02
+# transaction's worth is waiting: a transaction's own cost (its thread hop, its commit) is then
+# shared by the calls of 10 ms. At 5 ms, and with no wait after a transaction, sequential calls
+# shared each commit three or four ways, and the ingester's work on the other core and the event
+# loop added to their latency (A/B, the seventh session: -0.12 to -0.24 ms p50, the store thread's
+# CPU a call 404 -> 229 us; 20 ms measured the same as 10). Longer would widen the window in which
+# a second proxy on the store does not yet see a call (README, "What readers see").
+_LINGER_S = 0.01
 _MAX_BYTES = 4 * 1024 * 1024  # decoded on the event loop: a bound on one pause
 _BACKOFF_S = (0.05, 2.0)  # first and longest wait between tries while the store is unavailable
 _PING_TIMEOUT_S = 5.0
