@@ -108,15 +108,9 @@ class Relay:
         `/v1/messages` translates it, counted by the upstream (`_counted`)."""
         loaded = await _loaded_body(request)
         model = self._aliases.resolve(anthropic.model_of(loaded))
-        counted = await self._counted(request, {"model": model, **anthropic.prompt_of(loaded)})
-        if isinstance(counted, int):
-            return _json({"input_tokens": counted})
-        status, answer = counted
-        return web.Response(
-            body=anthropic.failed_answer(answer, status),
-            status=status,
-            content_type="application/json",
-        )
+        prompt = {"model": model, **anthropic.prompt_of(loaded)}
+        counted = await self._counted(request, prompt, anthropic.failed_answer)
+        return counted if isinstance(counted, web.Response) else _json({"input_tokens": counted})
 
     async def input_tokens(self, request: web.Request) -> web.Response:
         """OpenAI's `POST /v1/responses/input_tokens`: the body's prompt, translated as
@@ -126,15 +120,20 @@ class Relay:
         prompt: JsonObject = {"model": self._aliases.resolve(chat["model"])}
         prompt |= {key: chat[key] for key in ("messages", "tools") if key in chat}
         counted = await self._counted(request, prompt)
-        if isinstance(counted, int):
-            return _json({"object": "response.input_tokens", "input_tokens": counted})
-        status, answer = counted
-        return web.Response(body=answer, status=status, content_type="application/json")
+        if isinstance(counted, web.Response):
+            return counted
+        return _json({"object": "response.input_tokens", "input_tokens": counted})
 
-    async def _counted(self, request: web.Request, prompt: JsonObject) -> int | tuple[int, bytes]:
+    async def _counted(
+        self,
+        request: web.Request,
+        prompt: JsonObject,
+        failed: Callable[[bytes, int], bytes] | None = None,
+    ) -> int | web.Response:
         """The tokens of a chat prompt (`model`, `messages`, `tools`) by the upstream's tokenizer:
         vLLM's `/tokenize` (at the server's root) renders it as a chat call's prompt. Else the
-        upstream's failed status and answer. Nothing is recorded: nothing was generated."""
+        upstream's failure, its body rendered by `failed` (None: as sent, OpenAI-shaped).
+        Nothing is recorded: nothing was generated."""
         upstream = self._upstreams.urls[0]
         root = upstream.removesuffix("/v1")
         response = await self._upstreams.post(root, "/tokenize", prompt, _client_auth(request))
@@ -145,7 +144,11 @@ class Relay:
             raise NotFound(
                 f"upstream {upstream} counts no tokens: it serves no /tokenize (vLLM does)"
             )
-        return response.status, answer
+        return web.Response(
+            body=failed(answer, response.status) if failed is not None else answer,
+            status=response.status,
+            content_type="application/json",
+        )
 
     async def _generate(
         self, request: web.Request, kind: CallKind, dialect: Dialect
