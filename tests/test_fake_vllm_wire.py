@@ -11,6 +11,7 @@ from typing import Any
 import aiohttp
 import pytest
 
+from art_proxy.testing import fake_tokenizer
 from art_proxy.testing.fake_tokenizer import IM_END_ID
 from art_proxy.testing.fake_vllm import FakeVllm, FakeVllmConfig, running_fake_vllm
 from tests.wire_client import choice_chunks, post, stream_events
@@ -817,3 +818,22 @@ def _adapter(tmp_path: Path, name: str) -> dict[str, Any]:
     path = tmp_path / name
     path.mkdir(exist_ok=True)
     return {"lora_name": name, "lora_path": str(path)}
+
+
+# -- the fake's own tokenizer --------------------------------------------------------------
+
+
+def test_words_past_the_tokenizers_bound_are_spelled_out_and_still_decode_exactly(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A long run of distinct words (the benchmark's "hi <n>" calls) once filled the id space, and
+    the next new word's probe for a free id spun for ever, hanging the fake."""
+    monkeypatch.setattr(fake_tokenizer, "_MAX_WORD_PIECES", 40)
+    tokenizer = fake_tokenizer.FakeTokenizer()
+    texts = [f"call number {n} of the run" for n in range(100)]
+    encoded = [tokenizer.encode(text) for text in texts]
+    assert [tokenizer.decode(ids) for ids in encoded] == texts
+    late = tokenizer.encode("1234")  # a word first seen past the bound: one id a character
+    assert late == tuple(tokenizer.encode(digit)[0] for digit in "1234")
+    assert tokenizer.encode("1234 again")[:4] == late  # spelled the same way every time
+    assert tokenizer.encode("5 again")[0] == encoded[5][4]  # a word seen before keeps its id

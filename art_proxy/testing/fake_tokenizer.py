@@ -3,7 +3,10 @@
 Text splits into pieces: a special token (`<|im_start|>`, `<tool_call>`, ...), a run of word
 characters, a run of whitespace, or one other character; each piece is one id. An id is a stable hash
 of the piece into [1000, 150000), the same in every process; a collision probes to the next free id,
-and the table maps every id back to its piece, so decoding is exact.
+and the table maps every id back to its piece, so decoding is exact. Once `_MAX_WORD_PIECES` pieces
+hold ids, a new piece is spelled out one character a piece, as a real tokenizer spells out a word it
+has no token for: a long run of distinct words (a benchmark's numbered calls) never fills the id
+space, where the probe for a free id would spin for ever.
 
 The chat template tokenizes each message on its own and concatenates the results:
 
@@ -45,6 +48,8 @@ _HASHED_ID_MIN = 1000
 _HASHED_ID_SPAN = 149_000
 # Qwen's own ids for the commonest pieces, so a rendered prompt looks familiar in a debugger.
 _FIXED_IDS = {"\n": 198, " ": 220}
+# Pieces that get ids of their own; the rest of the span is left to single characters.
+_MAX_WORD_PIECES = 100_000
 # Agent prompts repeat the same long strings every turn; past this many entries the cache restarts.
 _ENCODE_CACHE_LIMIT = 65_536
 
@@ -79,7 +84,11 @@ class FakeTokenizer:
     def encode(self, text: str) -> tuple[int, ...]:
         ids = self._encode_cache.get(text)
         if ids is None:
-            ids = tuple(self._piece_id(piece) for piece in self._pattern.findall(text))
+            ids = tuple(
+                token_id
+                for piece in self._pattern.findall(text)
+                for token_id in self._piece_ids(piece)
+            )
             if len(self._encode_cache) >= _ENCODE_CACHE_LIMIT:
                 self._encode_cache.clear()
             self._encode_cache[text] = ids
@@ -100,10 +109,21 @@ class FakeTokenizer:
         pieces = self._id_to_piece
         return "".join(pieces.get(i, "") for i in ids if i not in self._skipped_ids)
 
+    def _piece_ids(self, piece: str) -> tuple[int, ...]:
+        """The piece's id; its characters' when it has none and the word pieces are used up."""
+        token_id = self._piece_to_id.get(piece)
+        if token_id is not None:
+            return (token_id,)
+        if len(piece) > 1 and len(self._piece_to_id) >= _MAX_WORD_PIECES:
+            return tuple(self._piece_id(character) for character in piece)
+        return (self._piece_id(piece),)
+
     def _piece_id(self, piece: str) -> int:
         token_id = self._piece_to_id.get(piece)
         if token_id is not None:
             return token_id
+        if len(self._piece_to_id) >= _HASHED_ID_SPAN:
+            raise PromptError("The fake tokenizer has no id left for a new character.")
         digest = hashlib.blake2b(piece.encode("utf-8", "surrogatepass"), digest_size=8).digest()
         token_id = _HASHED_ID_MIN + int.from_bytes(digest, "big") % _HASHED_ID_SPAN
         while token_id in self._id_to_piece:
