@@ -132,6 +132,29 @@ def test_the_refresh_forgets_exactly_the_groups_no_trajectory_can_join(
     assert len(held) == 0
 
 
+def test_the_refresh_looks_only_at_the_groups_whose_window_has_ended(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With thousands of new trajectories a second, memory lets go of thousands of open ones a
+    second, and their groups wait out the window: a refresh looked at each of them every second."""
+    now = 1000.0
+    monkeypatch.setattr("art_proxy.proxy.groups.time.monotonic", lambda: now)
+    held = groups.Groups(None, size=0, window=60.0, max_explicit=10)  # type: ignore[arg-type]
+    for n in range(1000):
+        held.join_automatic((f"s{n}", "train"), f"t{n}")
+        held.member_finished((f"s{n}", "train"), f"t{n}")
+        now += 0.01  # ten seconds of them
+    looked_at: list[bool] = []
+    joinable = held._joinable
+    monkeypatch.setattr(held, "_joinable", lambda group: looked_at.append(joinable(group)))
+    now = 1059.0
+    held.refresh([])
+    assert looked_at == [] and len(held) == 1000  # no window has ended yet
+    now = 1064.995
+    held.refresh([])
+    assert len(looked_at) == 500 and len(held) == 500  # the first five seconds' windows ended
+
+
 async def test_finish_records_reward_metrics_and_metadata(
     proxy: RunningProxy, http: aiohttp.ClientSession
 ) -> None:

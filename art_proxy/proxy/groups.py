@@ -13,13 +13,16 @@ conflict. Explicit groups are never joined automatically.
 
 The hot path never asks the store which group a new trajectory joins: `refresh` merges the groups
 the store saw active (other proxies' too) every second. It also forgets groups no trajectory can
-join any more, looking only at those that may have become so (no open member here, or full): a
-sweep of every group held 20,000 open trajectories' groups in the event loop for tens of
-milliseconds a second.
+join any more, looking only at those whose time has come: each group without an open member here,
+or full, is scheduled for when it may stop being joinable. A sweep of every group held 20,000 open
+trajectories' groups in the event loop for tens of milliseconds a second; a sweep of every group
+without an open member (those of the trajectories memory let go of, at 2,000 new trajectories a
+second, for the window's 60 s) held it for hundreds.
 """
 
 from __future__ import annotations
 
+import heapq
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -55,8 +58,10 @@ class Groups:
         self._automatic: dict[GroupKey, _Group] = {}  # each key's current automatic group
         # Explicit group id -> its scenario, oldest first (bounded like the trajectories).
         self._explicit: OrderedDict[str, str] = OrderedDict()
-        # Keys whose group has no open member here, or is full: joinable for a while at most.
-        self._settling: set[GroupKey] = set()
+        # Keys whose group has no open member here, or is full (joinable for a while at most), by
+        # when (monotonic) to look at the group again: a heap, and each key's earliest time in it.
+        self._settling: list[tuple[float, GroupKey]] = []
+        self._settling_at: dict[GroupKey, float] = {}
 
     def __len__(self) -> int:
         """Automatic groups held in memory (joinable, or not yet forgotten)."""
@@ -72,7 +77,7 @@ class Groups:
         group.open_ids.add(trajectory_id)
         group.newest_start = time.monotonic()
         if self._size and group.size >= self._size:
-            self._settling.add(key)
+            self._settle(key, group)
         return group.id
 
     def join_explicit(self, group_id: str, scenario_id: str) -> str:
@@ -103,21 +108,33 @@ class Groups:
         group = self._automatic.get(key)
         if group is not None and group.id == group_id:
             group.size += 1
-            self._settling.add(key)
+            self._settle(key, group)
 
     def member_finished(self, key: GroupKey, trajectory_id: str) -> None:
         group = self._automatic.get(key)
         if group is not None:
             group.open_ids.discard(trajectory_id)
             if not group.open_ids:
-                self._settling.add(key)
+                self._settle(key, group)
+
+    def _full(self, group: _Group) -> bool:
+        return bool(self._size) and group.size >= self._size
 
     def _joinable(self, group: _Group) -> bool:
-        if self._size and group.size >= self._size:
-            return False
-        now = time.monotonic()
-        recent = now - group.newest_start < self._window
-        return bool(group.open_ids) or group.elsewhere_until > now or recent
+        return not self._full(group) and (
+            bool(group.open_ids) or time.monotonic() < self._joinable_until(group)
+        )
+
+    def _joinable_until(self, group: _Group) -> float:
+        """Until when (monotonic) a group with room is joinable without an open member here."""
+        return max(group.newest_start + self._window, group.elsewhere_until)
+
+    def _settle(self, key: GroupKey, group: _Group) -> None:
+        """Look at `key`'s group again when it may have stopped being joinable (at once if full)."""
+        at = time.monotonic() if self._full(group) else self._joinable_until(group)
+        if at < self._settling_at.get(key, float("inf")):
+            self._settling_at[key] = at
+            heapq.heappush(self._settling, (at, key))
 
     def refresh(self, active_groups: list[JsonObject]) -> None:
         """Merge groups the store saw active (other proxies' too), and forget stale ones.
@@ -139,18 +156,23 @@ class Groups:
                 group.size = max(group.size, int(row["size"]))
                 if int(row["open_count"]) > len(group.open_ids):
                     group.elsewhere_until = now + self._window
-                self._settling.add(key)
-        self._forget_settled()
+                self._settle(key, group)
+        self._forget_settled(now)
 
-    def _forget_settled(self) -> None:
-        """Forget the settling groups no trajectory can join now; one with an open member again
-        (and room) leaves the settling set until it has none."""
-        for key in list(self._settling):
+    def _forget_settled(self, now: float) -> None:
+        """Forget the settling groups whose time has come and that no trajectory can join now; one
+        still joinable without an open member here is looked at again when that may end, and one
+        with an open member again (and room) when its last one finishes (`member_finished`)."""
+        settling, settling_at = self._settling, self._settling_at
+        while settling and settling[0][0] <= now:
+            at, key = heapq.heappop(settling)
+            if settling_at.get(key) != at:
+                continue  # superseded by an earlier time, already looked at
+            del settling_at[key]
             group = self._automatic.get(key)
             if group is None:
-                self._settling.discard(key)
-            elif not self._joinable(group):
+                continue
+            if not self._joinable(group):
                 del self._automatic[key]
-                self._settling.discard(key)
-            elif group.open_ids:  # joinable, so not full
-                self._settling.discard(key)
+            elif not group.open_ids:
+                self._settle(key, group)  # its window moved on (a new member, another proxy's)
