@@ -9,7 +9,8 @@ run measures sequential latency, throughput at 16 and 64 concurrent requests (ro
 targets take turns, the best round counting, and the CPU a call of each server's process),
 streaming time to first byte and the streaming relay's throughput (64 concurrent streams of 256
 chunks, each chunk with its token id and logprob, as vLLM sends them when asked), then checks the
-issue's targets. The servers and the load generator share the machine's cores, so absolute figures
+issue's targets. art-proxy's rounds and its streaming relay end once its records are in the store,
+not with its last answer: what it costs to record a call is part of what it costs. The servers and the load generator share the machine's cores, so absolute figures
 are this machine's; the targets are stated as differences and ratios. Traffic stays on 127.0.0.1;
 every phase is bounded in count and in time.
 
@@ -21,6 +22,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import itertools
 import json
 import os
@@ -30,7 +32,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Coroutine, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -59,6 +61,8 @@ PHASE_DEADLINE_S = 15.0
 # target's best round counts: the machine's speed drifts within a run (other tenants' load), and
 # taking turns lets every target meet the same drift instead of one target a slow minute.
 THROUGHPUT_ROUNDS = 3
+# How often a throughput round of art-proxy asks whether its records are in the store yet.
+INGESTED_POLL_S = 0.005
 # Sequential latency is measured in this many blocks per target, the targets taking turns.
 LATENCY_ROUNDS = 5
 # LiteLLM imports for a long while on 2 busy cores; the others are up in about a second.
@@ -440,9 +444,15 @@ async def sequential(
 
 
 async def concurrent(
-    load: LoadGenerator, concurrency: int, count: int, deadline_s: float = PHASE_DEADLINE_S
+    load: LoadGenerator,
+    concurrency: int,
+    count: int,
+    deadline_s: float = PHASE_DEADLINE_S,
+    *,
+    settled: Callable[[], Awaitable[None]] | None = None,
 ) -> tuple[float, Phase]:
-    """Requests/s of `concurrency` callers sharing `count` calls (or `deadline_s`)."""
+    """Requests/s of `concurrency` callers sharing `count` calls (or `deadline_s`); with
+    `settled`, the clock stops only once it returns (art-proxy: its records in the store)."""
     phase = Phase()
     remaining = count
     deadline = time.monotonic() + deadline_s
@@ -458,11 +468,32 @@ async def concurrent(
 
     start = time.perf_counter()
     await asyncio.gather(*(caller() for _ in range(concurrency)))
+    if settled is not None:
+        await settled()
     return len(phase.seconds) / (time.perf_counter() - start), phase
 
 
-async def relayed(load: LoadGenerator, streams: int) -> tuple[float, Phase]:
-    """Chunks/s of STREAM_CONCURRENCY streams at a time, `streams` in all (or the deadline)."""
+async def ingested(session: aiohttp.ClientSession, health: str) -> None:
+    """Until art-proxy's journal has no frame left for the store (its /health says so).
+
+    A throughput round of art-proxy ends here, not with its last answer: under load its
+    ingester falls behind the answers (at 16 in flight, 7,600 of a 4 s burst's 12,800 records
+    were still journaled when the burst ended; they took 0.7 s of CPU to catch up), and that
+    work, left out of the round, fell into the next target's round instead."""
+    deadline = time.monotonic() + PHASE_DEADLINE_S
+    while time.monotonic() < deadline:
+        async with session.get(health) as response:
+            journal = (await response.json()).get("journal") or {}
+        if not journal.get("backlog_frames"):
+            return
+        await asyncio.sleep(INGESTED_POLL_S)
+
+
+async def relayed(
+    load: LoadGenerator, streams: int, settled: Callable[[], Awaitable[None]] | None = None
+) -> tuple[float, Phase]:
+    """Chunks/s of STREAM_CONCURRENCY streams at a time, `streams` in all (or the deadline);
+    with `settled`, the clock stops only once it returns."""
     phase = Phase()
     remaining, chunks = streams, 0
     deadline = time.monotonic() + PHASE_DEADLINE_S
@@ -480,6 +511,8 @@ async def relayed(load: LoadGenerator, streams: int) -> tuple[float, Phase]:
 
     start = time.perf_counter()
     await asyncio.gather(*(streamer() for _ in range(STREAM_CONCURRENCY)))
+    if settled is not None:
+        await settled()
     return chunks / (time.perf_counter() - start), phase
 
 
@@ -511,8 +544,14 @@ async def latency_taking_turns(report: Report, urls: dict[str, str], workload: W
             report.results[name].latencies_ms = phase.checked("sequential")
 
 
-async def measure_alone(result: TargetResult, base_url: str, workload: Workload) -> None:
-    """The phases a target runs on its own: streaming time to first byte, the streaming relay."""
+async def measure_alone(
+    result: TargetResult,
+    base_url: str,
+    workload: Workload,
+    settled: Callable[[], Awaitable[None]] | None,
+) -> None:
+    """The phases a target runs on its own: streaming time to first byte, the streaming relay
+    (ending once `settled` returns, if given)."""
     requests, name = workload.requests, result.name
     async with _session() as session:
         load = LoadGenerator(session, base_url, workload)
@@ -522,17 +561,22 @@ async def measure_alone(result: TargetResult, base_url: str, workload: Workload)
             f"  {name}: {workload.relayed_streams} streams of {STREAM_CHUNKS} chunks, "
             f"{STREAM_CONCURRENCY} at a time ..."
         )
-        result.chunks_per_s, streams = await relayed(load, workload.relayed_streams)
+        result.chunks_per_s, streams = await relayed(load, workload.relayed_streams, settled)
         streams.checked("relayed stream")
         result.ttfb_ms = ttfb.checked("stream")
         result.failed_calls += ttfb.failed + streams.failed
 
 
 async def taking_turns(
-    servers: Servers, report: Report, urls: dict[str, str], workload: Workload
+    servers: Servers,
+    report: Report,
+    urls: dict[str, str],
+    workload: Workload,
+    settled: Mapping[str, Callable[[], Awaitable[None]]],
 ) -> None:
     """Throughput at each level, THROUGHPUT_ROUNDS rounds with the targets taking turns, each
-    target's best round counting. A target that fails every call of a round is dropped."""
+    target's best round counting, a round of a target in `settled` ending once it returns. A
+    target that fails every call of a round is dropped."""
     calls = 2 * workload.requests
     round_s = PHASE_DEADLINE_S / THROUGHPUT_ROUNDS
     async with contextlib.AsyncExitStack() as stack:
@@ -548,7 +592,9 @@ async def taking_turns(
                 console.print(f"  round {round_} at {level} in flight: {', '.join(loads)}")
                 for name, load in list(loads.items()):
                     cpu_before = servers.cpu_seconds(name)
-                    rate, phase = await concurrent(load, level, calls, round_s)
+                    rate, phase = await concurrent(
+                        load, level, calls, round_s, settled=settled.get(name)
+                    )
                     cpu_after = servers.cpu_seconds(name)
                     if not _keep(report, loads, name, phase, f"{level}-concurrent"):
                         continue
@@ -612,15 +658,21 @@ async def run_targets(servers: Servers, urls: dict[str, str], workload: Workload
             except TargetUnavailable as exc:
                 report.skipped[name] = f"did not start: {exc}"
         report.results = {name: TargetResult(name) for name in urls if name not in report.skipped}
+        # art-proxy's phases of many calls end once its records are in the store (`ingested`).
+        settled = {
+            name: functools.partial(ingested, session, health_url(name, urls[name]))
+            for name in report.results
+            if name == "art-proxy"
+        }
         await latency_taking_turns(report, urls, workload)
         for name, result in list(report.results.items()):
             console.print(f"measuring {name} ({urls[name]})")
             try:
-                await measure_alone(result, urls[name], workload)
+                await measure_alone(result, urls[name], workload, settled.get(name))
             except TargetUnavailable as exc:
                 report.skipped[name] = str(exc)
                 del report.results[name]
-        await taking_turns(servers, report, urls, workload)
+        await taking_turns(servers, report, urls, workload, settled)
         if "art-proxy" in report.results:
             with contextlib.suppress(aiohttp.ClientError, ValueError):
                 async with session.get(health_url("art-proxy", urls["art-proxy"])) as response:
