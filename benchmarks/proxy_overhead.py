@@ -10,9 +10,10 @@ targets take turns, the best round counting, and the CPU a call of each server's
 streaming time to first byte and the streaming relay's throughput (64 concurrent streams of 256
 chunks, each chunk with its token id and logprob, as vLLM sends them when asked), then checks the
 issue's targets. art-proxy's rounds and its streaming relay end once its records are in the store,
-not with its last answer: what it costs to record a call is part of what it costs. The servers and the load generator share the machine's cores, so absolute figures
-are this machine's; the targets are stated as differences and ratios. Traffic stays on 127.0.0.1;
-every phase is bounded in count and in time.
+not with its last answer: what it costs to record a call is part of what it costs. The servers and
+the load generator share the machine's cores, so absolute figures are this machine's; the targets
+are stated as differences and ratios. Traffic stays on 127.0.0.1; every phase is bounded in count
+and in time.
 
     .venv/bin/python benchmarks/proxy_overhead.py [--requests 500] [--skip-litellm]
 """
@@ -659,11 +660,10 @@ async def run_targets(servers: Servers, urls: dict[str, str], workload: Workload
                 report.skipped[name] = f"did not start: {exc}"
         report.results = {name: TargetResult(name) for name in urls if name not in report.skipped}
         # art-proxy's phases of many calls end once its records are in the store (`ingested`).
-        settled = {
-            name: functools.partial(ingested, session, health_url(name, urls[name]))
-            for name in report.results
-            if name == "art-proxy"
-        }
+        settled: dict[str, Callable[[], Awaitable[None]]] = {}
+        if "art-proxy" in report.results:
+            health = health_url("art-proxy", urls["art-proxy"])
+            settled["art-proxy"] = functools.partial(ingested, session, health)
         await latency_taking_turns(report, urls, workload)
         for name, result in list(report.results.items()):
             console.print(f"measuring {name} ({urls[name]})")
