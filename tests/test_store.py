@@ -17,7 +17,7 @@ from art_proxy.errors import ConfigError, StoreError
 from art_proxy.proxy.server import running_proxy
 from art_proxy.store import schema
 from art_proxy.store.engine import async_url, create_engine
-from art_proxy.store.trajectory_store import TrajectoryStore, utcnow
+from art_proxy.store.trajectory_store import TrajectoryStore, open_by_tip_query, utcnow
 from art_proxy.store.writer import Batch, Row, RowKind, _statements
 from art_proxy.testing.fake_vllm import FakeVllm, FakeVllmConfig
 from tests.conftest import proxy_settings
@@ -176,6 +176,29 @@ async def test_sqlite_rows_written_by_the_cursor_equal_those_sqlalchemy_execute_
     finally:
         await recorded.dispose()
         await replayed.dispose()
+
+
+@pytest.mark.parametrize("prompt_keys", [[], ["p" * 32]], ids=["keys", "keys and prompt keys"])
+async def test_open_trajectories_are_found_by_their_tips_index_not_by_every_open_one(
+    sqlite_url: str, prompt_keys: list[str]
+) -> None:
+    """A proxy that does not know a continuation asks the store for the trajectory whose tip it
+    extends. Read through the status index, that query read every open trajectory (15 ms a call
+    beside 30,000 of them); SQLite's planner must take the tips' indexes (no statistics yet, as in
+    a new store, is when it guessed wrong)."""
+    async with TrajectoryStore.opened(sqlite_url, writer=False) as store:
+        query = open_by_tip_query(["k" * 32, "l" * 32], prompt_keys)
+        sql = str(
+            query.compile(dialect=store.engine.dialect, compile_kwargs={"literal_binds": True})
+        )
+        async with store.engine.connect() as connection:
+            plan = [row[3] for row in await connection.exec_driver_sql("EXPLAIN QUERY PLAN " + sql)]
+    searches = [step for step in plan if "trajectories" in step]
+    tips = {"ix_trajectories_tip_key"} | (
+        {"ix_trajectories_tip_prompt_key"} if prompt_keys else set()
+    )
+    assert searches and all(any(index in step for index in tips) for step in searches), plan
+    assert {index for index in tips if any(index in step for step in searches)} == tips, plan
 
 
 async def chat_json(

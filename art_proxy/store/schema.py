@@ -98,8 +98,9 @@ calls = sa.Table(
     # body the client sent; `request` holds the chat-completions body sent upstream (migration 0009).
     sa.Column("dialect", sa.String(16), nullable=False, server_default="openai"),
     sa.Column("client_request", Json),
+    # Not indexed by `continuation_key`: stitching reaches a call through its trajectory's tip
+    # (migration 0010).
     sa.Index("ix_calls_trajectory_seq", "trajectory_id", "seq"),
-    sa.Index("ix_calls_continuation_key", "continuation_key"),
 )
 
 # RULER's verdicts (records.Judgment). A group may have several: one per judge (or ensemble),

@@ -76,6 +76,25 @@ _ACTIVE_GROUPS = (
 )
 
 
+def open_by_tip_query(keys: Sequence[str], prompt_keys: Sequence[str] = ()) -> sa.Select[Any]:
+    """The query of `TrajectoryStore.open_trajectories_by_tip`.
+
+    Trajectories are found by the indexes of their tip's keys only. Without statistics, SQLite's
+    planner guesses that `status = 'open'` picks fewer rows than a key lookup and reads every open
+    trajectory through the status index instead: 15 ms a lookup beside 30,000 open trajectories,
+    against 2 ms by the keys. Written `status || ''`, the status cannot use an index, on SQLite
+    or PostgreSQL, and filters the few rows the keys found."""
+    matches: sa.ColumnElement[bool] = T.c.tip_key.in_(keys)
+    if prompt_keys:
+        matches = sa.or_(matches, T.c.tip_prompt_key.in_(prompt_keys))
+    return (
+        sa.select(T, C.c.prompt_token_ids, C.c.completion_token_ids, C.c.response)
+        .join(C, sa.and_(C.c.trajectory_id == T.c.id, C.c.continuation_key == T.c.tip_key))
+        .where(matches, T.c.status.concat("") == "open")
+        .order_by(T.c.created_at, C.c.seq)
+    )
+
+
 class TrajectoryStore(TrainingRecords, FeedbackRecords, JudgmentRecords):
     def __init__(self, engine: AsyncEngine, runner: TransactionRunner) -> None:
         self.engine = engine
@@ -136,15 +155,7 @@ class TrajectoryStore(TrainingRecords, FeedbackRecords, JudgmentRecords):
         """Open trajectories whose latest answered call has one of `keys` (its messages plus its
         reply), and those whose latest answered call's messages have one of `prompt_keys`, oldest
         first, each with that call's token ids (for the stitch check) and its response."""
-        matches: sa.ColumnElement[bool] = T.c.tip_key.in_(keys)
-        if prompt_keys:
-            matches = sa.or_(matches, T.c.tip_prompt_key.in_(prompt_keys))
-        query = (
-            sa.select(T, C.c.prompt_token_ids, C.c.completion_token_ids, C.c.response)
-            .join(C, sa.and_(C.c.trajectory_id == T.c.id, C.c.continuation_key == T.c.tip_key))
-            .where(matches, T.c.status == "open")
-            .order_by(T.c.created_at, C.c.seq)
-        )
+        query = open_by_tip_query(keys, prompt_keys)
         wanted, wanted_prompts = set(keys), set(prompt_keys)
         by_key: dict[str, dict[str, JsonObject]] = {}
         by_prompt: dict[str, dict[str, JsonObject]] = {}
