@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any, cast
 
@@ -12,13 +13,14 @@ import orjson
 import pytest
 import sqlalchemy as sa
 from sqlalchemy import Connection
+from sqlalchemy.dialects import sqlite as sqlite_dialect
 
 from art_proxy.errors import ConfigError, StoreError
 from art_proxy.proxy.server import running_proxy
 from art_proxy.store import schema
 from art_proxy.store.engine import async_url, create_engine
 from art_proxy.store.trajectory_store import TrajectoryStore, open_by_tip_query, utcnow
-from art_proxy.store.writer import Batch, Row, RowKind, _statements
+from art_proxy.store.writer import Batch, Row, RowKind, _sqlite_datetime, _statements
 from art_proxy.testing.fake_vllm import FakeVllm, FakeVllmConfig
 from tests.conftest import proxy_settings
 from tests.store_rows import group_row, scenario_row, trajectory_row
@@ -199,6 +201,25 @@ async def test_open_trajectories_are_found_by_their_tips_index_not_by_every_open
     )
     assert searches and all(any(index in step for index in tips) for step in searches), plan
     assert {index for index in tips if any(index in step for step in searches)} == tips, plan
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        datetime(2026, 11, 25, 9, 41, 28, 123456, tzinfo=UTC),
+        datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC),  # no microseconds: still six digits
+        datetime(2026, 6, 1, 23, 59, 59, 1, tzinfo=timezone(timedelta(hours=-7))),
+        datetime(999, 12, 31, 0, 0, 0, 500),  # naive, a three-digit year
+        None,
+    ],
+)
+def test_the_writers_sqlite_datetime_text_is_sqlalchemys(value: datetime | None) -> None:
+    """The writer formats datetimes itself, faster than SQLAlchemy's SQLite processor; a stored
+    timestamp that differed would sort and compare differently from those SQLAlchemy wrote."""
+    dialect = sqlite_dialect.dialect()
+    sqlalchemys = schema.calls.c.created_at.type.dialect_impl(dialect).bind_processor(dialect)
+    assert sqlalchemys is not None
+    assert _sqlite_datetime(value) == sqlalchemys(value)
 
 
 async def chat_json(
