@@ -194,7 +194,10 @@ async def test_open_trajectories_are_found_by_their_tips_index_not_by_every_open
             query.compile(dialect=store.engine.dialect, compile_kwargs={"literal_binds": True})
         )
         async with store.engine.connect() as connection:
-            plan = [row[3] for row in await connection.exec_driver_sql("EXPLAIN QUERY PLAN " + sql)]
+            plan = [
+                str(row._mapping["detail"])
+                for row in await connection.exec_driver_sql("EXPLAIN QUERY PLAN " + sql)
+            ]
     searches = [step for step in plan if "trajectories" in step]
     tips = {"ix_trajectories_tip_key"} | (
         {"ix_trajectories_tip_prompt_key"} if prompt_keys else set()
