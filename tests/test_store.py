@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+import functools
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any, cast
@@ -17,9 +18,10 @@ from sqlalchemy.dialects import sqlite as sqlite_dialect
 
 from art_proxy.errors import ConfigError, StoreError
 from art_proxy.proxy.server import running_proxy
+from art_proxy.records import FinishRequest
 from art_proxy.store import schema
 from art_proxy.store.engine import async_url, create_engine
-from art_proxy.store.trajectory_store import TrajectoryStore, open_by_tip_query, utcnow
+from art_proxy.store.trajectory_store import TrajectoryStore, utcnow
 from art_proxy.store.writer import Batch, Row, RowKind, _sqlite_datetime, _statements
 from art_proxy.testing.fake_vllm import FakeVllm, FakeVllmConfig
 from tests.conftest import proxy_settings
@@ -180,30 +182,78 @@ async def test_sqlite_rows_written_by_the_cursor_equal_those_sqlalchemy_execute_
         await replayed.dispose()
 
 
-@pytest.mark.parametrize("prompt_keys", [[], ["p" * 32]], ids=["keys", "keys and prompt keys"])
-async def test_open_trajectories_are_found_by_their_tips_index_not_by_every_open_one(
-    sqlite_url: str, prompt_keys: list[str]
+async def test_each_lookup_reads_trajectories_by_its_own_index(sqlite_url: str) -> None:
+    """SQLite's planner has no statistics in a store nobody ran ANALYZE on (all of them), and then
+    took an index led by `status` for any `status = ?`: a proxy's lookup of the trajectory a call
+    continues read every open trajectory (15 ms a call beside 30,000), the trainer's query for a few
+    groups' members every finished one. Each lookup must reach trajectories by the index made for
+    it, never by reading them all."""
+    async with TrajectoryStore.opened(sqlite_url) as store:
+        now = utcnow()
+        rows = [scenario_row("s", now), group_row("g", "s", now)]
+        rows += [trajectory_row(f"t{index}", "s", "g", now) for index in range(2)]
+        await store.write(Batch(rows))
+        for index in range(2):
+            await store.finish(f"t{index}", FinishRequest(reward=1.0))
+        lookups: dict[str, tuple[Callable[[], Awaitable[object]], set[str]]] = {
+            "a continued trajectory, by its tip": (
+                lambda: store.open_trajectories_by_tip(["k" * 32], ["p" * 32]),
+                {"ix_trajectories_tip_key", "ix_trajectories_tip_prompt_key"},
+            ),
+            "the same, without prompt keys": (
+                lambda: store.open_trajectories_by_tip(["k" * 32]),
+                {"ix_trajectories_tip_key"},
+            ),
+            "groups active in the last second": (
+                lambda: store.active_groups(now),
+                {"ix_trajectories_open_updated", "ix_trajectories_group"},
+            ),
+            "idle trajectories to finish": (
+                lambda: store.finish_idle(now - timedelta(hours=1)),
+                {"ix_trajectories_open_updated"},
+            ),
+            "one group's finished trajectories": (
+                lambda: store.trajectories(status="finished", group="g"),
+                {"ix_trajectories_group"},
+            ),
+            "the trainer's groups and their members' rewards": (
+                lambda: store.trainable_groups("run", source="finish"),
+                {"ix_trajectories_group"},
+            ),
+        }
+        steps: list[str] = []
+        explain = functools.partial(_explain_into, steps)
+        sa.event.listen(store.engine.sync_engine, "before_cursor_execute", explain)
+        try:
+            for name, (lookup, indexes) in lookups.items():
+                steps.clear()
+                await lookup()
+                reads = [step for step in steps if " trajectories" in step]
+                used = {index for index in indexes if any(index in step for step in reads)}
+                assert reads and used == indexes, (name, steps)
+                assert all(any(index in step for index in indexes) for step in reads), (name, steps)
+        finally:
+            sa.event.remove(store.engine.sync_engine, "before_cursor_execute", explain)
+
+
+def _explain_into(
+    steps: list[str],
+    connection: Connection,
+    cursor: Any,
+    statement: str,
+    parameters: Any,
+    context: Any,
+    executemany: bool,
 ) -> None:
-    """A proxy that does not know a continuation asks the store for the trajectory whose tip it
-    extends. Read through the status index, that query read every open trajectory (15 ms a call
-    beside 30,000 of them); SQLite's planner must take the tips' indexes (no statistics yet, as in
-    a new store, is when it guessed wrong)."""
-    async with TrajectoryStore.opened(sqlite_url, writer=False) as store:
-        query = open_by_tip_query(["k" * 32, "l" * 32], prompt_keys)
-        sql = str(
-            query.compile(dialect=store.engine.dialect, compile_kwargs={"literal_binds": True})
-        )
-        async with store.engine.connect() as connection:
-            plan = [
-                str(row._mapping["detail"])
-                for row in await connection.exec_driver_sql("EXPLAIN QUERY PLAN " + sql)
-            ]
-    searches = [step for step in plan if "trajectories" in step]
-    tips = {"ix_trajectories_tip_key"} | (
-        {"ix_trajectories_tip_prompt_key"} if prompt_keys else set()
-    )
-    assert searches and all(any(index in step for index in tips) for step in searches), plan
-    assert {index for index in tips if any(index in step for step in searches)} == tips, plan
+    """A `before_cursor_execute` listener: SQLite's plan for `statement`, a line a step."""
+    if executemany or not statement.lstrip().upper().startswith(("SELECT", "UPDATE")):
+        return
+    explaining = connection.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
+    try:
+        explaining.execute("EXPLAIN QUERY PLAN " + statement, parameters)
+        steps.extend(str(row[-1]) for row in explaining.fetchall())
+    finally:
+        explaining.close()
 
 
 @pytest.mark.parametrize(
