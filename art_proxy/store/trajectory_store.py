@@ -74,24 +74,6 @@ _ACTIVE_GROUPS = (
 )
 
 
-def open_by_tip_query(keys: Sequence[str], prompt_keys: Sequence[str] = ()) -> sa.Select[Any]:
-    """The query of `TrajectoryStore.open_trajectories_by_tip`.
-
-    Trajectories are found by the indexes of their tip's keys: through an index led by `status`
-    (there was one until migration 0011), SQLite's planner without statistics read every open
-    trajectory instead, 15 ms a lookup beside 30,000 of them against 2 by the keys. The bound
-    `status = ?` cannot use the partial index of open trajectories (schema.IS_OPEN)."""
-    matches: sa.ColumnElement[bool] = T.c.tip_key.in_(keys)
-    if prompt_keys:
-        matches = sa.or_(matches, T.c.tip_prompt_key.in_(prompt_keys))
-    return (
-        sa.select(T, C.c.prompt_token_ids, C.c.completion_token_ids, C.c.response)
-        .join(C, sa.and_(C.c.trajectory_id == T.c.id, C.c.continuation_key == T.c.tip_key))
-        .where(matches, T.c.status == "open")
-        .order_by(T.c.created_at, C.c.seq)
-    )
-
-
 class TrajectoryStore(TrainingRecords, FeedbackRecords, JudgmentRecords):
     def __init__(self, engine: AsyncEngine, runner: TransactionRunner) -> None:
         self.engine = engine
@@ -151,8 +133,22 @@ class TrajectoryStore(TrainingRecords, FeedbackRecords, JudgmentRecords):
     ) -> tuple[dict[str, list[JsonObject]], dict[str, list[JsonObject]]]:
         """Open trajectories whose latest answered call has one of `keys` (its messages plus its
         reply), and those whose latest answered call's messages have one of `prompt_keys`, oldest
-        first, each with that call's token ids (for the stitch check) and its response."""
-        query = open_by_tip_query(keys, prompt_keys)
+        first, each with that call's token ids (for the stitch check) and its response.
+
+        Trajectories are found by the indexes of their tip's keys: through an index led by
+        `status` (there was one until migration 0011), SQLite's planner without statistics read
+        every open trajectory instead, 15 ms a lookup beside 30,000 of them against 2 by the keys.
+        The bound `status = ?` cannot use the partial index of open trajectories (schema.IS_OPEN).
+        """
+        matches: sa.ColumnElement[bool] = T.c.tip_key.in_(keys)
+        if prompt_keys:
+            matches = sa.or_(matches, T.c.tip_prompt_key.in_(prompt_keys))
+        query = (
+            sa.select(T, C.c.prompt_token_ids, C.c.completion_token_ids, C.c.response)
+            .join(C, sa.and_(C.c.trajectory_id == T.c.id, C.c.continuation_key == T.c.tip_key))
+            .where(matches, T.c.status == "open")
+            .order_by(T.c.created_at, C.c.seq)
+        )
         wanted, wanted_prompts = set(keys), set(prompt_keys)
         by_key: dict[str, dict[str, JsonObject]] = {}
         by_prompt: dict[str, dict[str, JsonObject]] = {}
