@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
-from collections.abc import Awaitable, Callable, Sequence
+import re
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any, cast
@@ -221,10 +223,7 @@ async def test_each_lookup_reads_trajectories_by_its_own_index(sqlite_url: str) 
                 {"ix_trajectories_group"},
             ),
         }
-        steps: list[str] = []
-        explain = functools.partial(_explain_into, steps)
-        sa.event.listen(store.engine.sync_engine, "before_cursor_execute", explain)
-        try:
+        with _plans(store) as steps:
             for name, (lookup, indexes) in lookups.items():
                 steps.clear()
                 await lookup()
@@ -232,8 +231,49 @@ async def test_each_lookup_reads_trajectories_by_its_own_index(sqlite_url: str) 
                 used = {index for index in indexes if any(index in step for step in reads)}
                 assert reads and used == indexes, (name, steps)
                 assert all(any(index in step for index in indexes) for step in reads), (name, steps)
-        finally:
-            sa.event.remove(store.engine.sync_engine, "before_cursor_execute", explain)
+
+
+async def test_a_list_reads_its_page_from_an_index_instead_of_sorting_every_row(
+    sqlite_url: str,
+) -> None:
+    """A list of trajectories, groups or judgments, newest or oldest first, reads its page from
+    the end of an index by `created_at`: sorting the whole table took 290-350 ms a page beside
+    200,000 trajectories, and grew with the store."""
+    async with TrajectoryStore.opened(sqlite_url) as store:
+        lists: dict[str, tuple[Callable[[], Awaitable[object]], str]] = {
+            "trajectories": (lambda: store.trajectories(limit=5), "ix_trajectories_created"),
+            "finished ones": (
+                lambda: store.trajectories(status="finished", limit=5),
+                "ix_trajectories_created",
+            ),
+            "oldest first, a later page": (
+                lambda: store.trajectories(oldest_first=True, limit=5, offset=5),
+                "ix_trajectories_created",
+            ),
+            "groups": (lambda: store.groups(limit=5), "ix_groups_created"),
+            "judgments": (lambda: store.judgments(limit=5), "ix_judgments_created"),
+        }
+        with _plans(store) as steps:
+            for name, (read, index) in lists.items():
+                steps.clear()
+                await read()
+                # Walked in its order, the walk stopping at the page's end; no table read whole.
+                assert any(f"USING INDEX {index}" in step for step in steps), (name, steps)
+                assert not any(
+                    re.fullmatch(r"SCAN (groups|trajectories|judgments)", step) for step in steps
+                ), (name, steps)
+
+
+@contextlib.contextmanager
+def _plans(store: TrajectoryStore) -> Iterator[list[str]]:
+    """SQLite's plan of each statement `store` runs meanwhile, a line a step, in the list."""
+    steps: list[str] = []
+    explain = functools.partial(_explain_into, steps)
+    sa.event.listen(store.engine.sync_engine, "before_cursor_execute", explain)
+    try:
+        yield steps
+    finally:
+        sa.event.remove(store.engine.sync_engine, "before_cursor_execute", explain)
 
 
 def _explain_into(

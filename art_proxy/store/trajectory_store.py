@@ -309,16 +309,24 @@ class TrajectoryStore(TrainingRecords, FeedbackRecords, JudgmentRecords):
     async def groups(
         self, *, scenario: str | None = None, limit: int = 100, offset: int = 0
     ) -> list[GroupRecord]:
-        query = (
-            sa.select(G, *group_counts())
-            .join(T, T.c.group_id == G.c.id)
-            .group_by(G.c.id, G.c.scenario_id, G.c.created_at)
+        """Newest first. The page is chosen before its members are counted: counting first
+        aggregated every group in the store for each page."""
+        page = (
+            sa.select(G)
+            .where(sa.exists().where(T.c.group_id == G.c.id))  # as the join below would
             .order_by(G.c.created_at.desc(), G.c.id)
             .limit(limit)
             .offset(offset)
         )
         if scenario is not None:
-            query = query.where(G.c.scenario_id == scenario)
+            page = page.where(G.c.scenario_id == scenario)
+        chosen = page.subquery("page")
+        query = (
+            sa.select(chosen, *group_counts())
+            .join(T, T.c.group_id == chosen.c.id)
+            .group_by(chosen.c.id, chosen.c.scenario_id, chosen.c.created_at)
+            .order_by(chosen.c.created_at.desc(), chosen.c.id)
+        )
         return [group_record(row) for row in await self._all(query)]
 
     async def scenarios(self) -> list[ScenarioRecord]:
