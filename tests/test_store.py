@@ -22,6 +22,7 @@ from art_proxy.errors import ConfigError, StoreError
 from art_proxy.proxy.server import running_proxy
 from art_proxy.records import FinishRequest
 from art_proxy.store import schema
+from art_proxy.store.dashboard import GROUP_STATUSES, DashboardQueries, GroupFilter
 from art_proxy.store.engine import async_url, create_engine
 from art_proxy.store.trajectory_store import TrajectoryStore, utcnow
 from art_proxy.store.writer import Batch, Row, RowKind, _sqlite_datetime, _statements
@@ -218,6 +219,10 @@ async def test_each_lookup_reads_trajectories_by_its_own_index(sqlite_url: str) 
                 lambda: store.trajectories(status="finished", group="g"),
                 {"ix_trajectories_group"},
             ),
+            "the scenario bank's scenarios with a trajectory of a split": (
+                lambda: store.bank_scenarios("train"),
+                {"ix_trajectories_scenario_status"},
+            ),
             "the trainer's groups and their members' rewards": (
                 lambda: store.trainable_groups("run", source="finish"),
                 {"ix_trajectories_group"},
@@ -253,6 +258,12 @@ async def test_a_list_reads_its_page_from_an_index_instead_of_sorting_every_row(
             "groups": (lambda: store.groups(limit=5), "ix_groups_created"),
             "judgments": (lambda: store.judgments(limit=5), "ix_judgments_created"),
         }
+        dashboard = DashboardQueries(store.engine)
+        for status in (None, *GROUP_STATUSES):
+            lists[f"the dashboard's {status or 'all'} groups"] = (
+                functools.partial(dashboard.group_page, GroupFilter(status=status, split="train")),
+                "ix_groups_created",
+            )
         with _plans(store) as steps:
             for name, (read, index) in lists.items():
                 steps.clear()
@@ -260,7 +271,18 @@ async def test_a_list_reads_its_page_from_an_index_instead_of_sorting_every_row(
                 # Walked in its order, the walk stopping at the page's end; no table read whole.
                 assert any(f"USING INDEX {index}" in step for step in steps), (name, steps)
                 assert not any(
-                    re.fullmatch(r"SCAN (groups|trajectories|judgments)", step) for step in steps
+                    re.fullmatch(r"SCAN (groups|trajectories|judgments)( USING .*)?", step)
+                    and f"USING INDEX {index}" not in step
+                    for step in steps
+                ), (name, steps)
+                # A group's own rows are looked up by its id, never by walking another index.
+                assert all(
+                    any(
+                        key in step
+                        for key in ("ix_trajectories_group", "ix_judgments_group", "(id=?)")
+                    )
+                    for step in steps
+                    if re.match(r"SEARCH (trajectories|judgments)", step)
                 ), (name, steps)
 
 

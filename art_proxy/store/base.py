@@ -29,6 +29,15 @@ def group_split() -> sa.ColumnElement[Any]:
     return sa.case((any_val, "val"), else_=sa.func.min(trajectories.c.split))
 
 
+def is_split(split: str) -> sa.ColumnElement[bool]:
+    """A trajectory's split is `split`, written as `split || ''` so that no index serves it, for
+    a query that finds trajectories by another index (their group's, their scenario's): without
+    statistics (none unless someone runs ANALYZE) SQLite's planner took
+    `ix_trajectories_split_status_created` for `split = ?` and read every trajectory of the split
+    for each group or scenario it looked at."""
+    return schema.trajectories.c.split.concat("") == split
+
+
 def group_counts() -> list[sa.Label[Any]]:
     """Aggregates over a group's trajectories (joined as the `trajectories` table)."""
     trajectories = schema.trajectories

@@ -10,14 +10,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Literal, get_args
+from typing import Any, Literal, get_args
 
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from art_proxy.records import GroupOutcome, JsonObject, Split, TrajectoryScore
 from art_proxy.store import schema
-from art_proxy.store.base import StoreBase, group_split
+from art_proxy.store.base import StoreBase, group_split, is_split
 
 T, G, S, J = schema.trajectories, schema.groups, schema.scenarios, schema.judgments
 CG, TS = schema.consumed_groups, schema.training_steps
@@ -69,59 +69,56 @@ class DashboardQueries(StoreBase):
         self.engine = engine
 
     async def group_page(self, where: GroupFilter) -> list[GroupSummary]:
-        """Groups matching `where`, newest first."""
-        newest_judgment = (
-            sa.select(J.c.id)
-            .where(J.c.group_id == G.c.id)
-            .order_by(J.c.created_at.desc(), J.c.id.desc())
-            .limit(1)
-            .correlate(G)
-            .scalar_subquery()
+        """Groups matching `where`, newest first.
+
+        The page is chosen first, walking the groups newest first and testing each against
+        `where` (its newest judgment, an open member, a member of the split: lookups by the group's
+        id), and only its groups' members are counted: counting every group's members for each
+        page took 200 ms beside 100,000 groups, and grew with the store."""
+        newest_judgment = _newest_judgment(J.c.id)
+        page = (
+            sa.select(G.c.id, G.c.scenario_id, G.c.created_at, newest_judgment.label("judgment_id"))
+            .where(_has_member())  # as the join below would
+            .order_by(G.c.created_at.desc(), G.c.id)
+            .limit(where.limit)
+            .offset(where.offset)
         )
+        if where.scenario is not None:
+            page = page.where(G.c.scenario_id == where.scenario)
+        if where.split is not None:
+            page = page.where(_has_member(is_split(where.split)))
+        if where.status in ("scored", "judge_failed", "skipped"):
+            page = page.where(_newest_judgment(J.c.status) == where.status)
+        elif where.status is not None:
+            open_member = _has_member(T.c.status == "open")
+            page = page.where(
+                newest_judgment.is_(None), open_member if where.status == "open" else ~open_member
+            )
+        chosen = page.subquery("page")
         per_group = (
             sa.select(
-                G.c.id,
-                G.c.scenario_id,
-                G.c.created_at,
+                chosen,
                 sa.func.count(T.c.id).label("size"),
                 sa.func.sum(sa.case((T.c.status == "open", 1), else_=0)).label("open_count"),
                 group_split().label("split"),
                 sa.func.avg(T.c.reward).label("programmatic_mean"),
-                newest_judgment.label("judgment_id"),
             )
-            .join(T, T.c.group_id == G.c.id)
-            .group_by(G.c.id, G.c.scenario_id, G.c.created_at)
-        )
-        if where.scenario is not None:
-            per_group = per_group.where(G.c.scenario_id == where.scenario)
-        if where.split is not None:
-            member = T.alias("member")
-            per_group = per_group.where(
-                sa.exists().where(member.c.group_id == G.c.id, member.c.split == where.split)
-            )
-        page = per_group.subquery("page")
+            .join(T, T.c.group_id == chosen.c.id)
+            .group_by(chosen.c.id, chosen.c.scenario_id, chosen.c.created_at, chosen.c.judgment_id)
+        ).subquery("counted")
         query = (
             sa.select(
-                page,
+                per_group,
                 S.c.opening,
                 J.c.status.label("judgment_status"),
                 J.c.reason.label("judge_reason"),
                 J.c.judge_model,
                 J.c.scores,
             )
-            .join(S, S.c.id == page.c.scenario_id)
-            .outerjoin(J, J.c.id == page.c.judgment_id)
-            .order_by(page.c.created_at.desc(), page.c.id)
-            .limit(where.limit)
-            .offset(where.offset)
+            .join(S, S.c.id == per_group.c.scenario_id)
+            .outerjoin(J, J.c.id == per_group.c.judgment_id)
+            .order_by(per_group.c.created_at.desc(), per_group.c.id)
         )
-        if where.status in ("scored", "judge_failed", "skipped"):
-            query = query.where(J.c.status == where.status)
-        elif where.status is not None:
-            open_members = page.c.open_count > 0
-            query = query.where(
-                J.c.id.is_(None), open_members if where.status == "open" else ~open_members
-            )
         return [_group_summary(row) for row in await self._all(query)]
 
     async def runs(self) -> list[str]:
@@ -137,6 +134,24 @@ class DashboardQueries(StoreBase):
             Consumption(run=row["run"], step=row["step"], outcome=row["outcome"])
             for row in await self._all(query)
         ]
+
+
+def _has_member(*conditions: sa.ColumnElement[bool]) -> sa.Exists:
+    """Whether the group (`groups`) the query reads has a trajectory meeting `conditions`, to be
+    found through the group's index: a condition must not be one another index serves."""
+    return sa.exists().where(T.c.group_id == G.c.id, *conditions)
+
+
+def _newest_judgment(column: sa.Column[Any]) -> sa.ScalarSelect[Any]:
+    """`column` of the newest judgment of the group (`groups`) that the query reads."""
+    return (
+        sa.select(column)
+        .where(J.c.group_id == G.c.id)
+        .order_by(J.c.created_at.desc(), J.c.id.desc())
+        .limit(1)
+        .correlate(G)
+        .scalar_subquery()
+    )
 
 
 def _group_summary(row: JsonObject) -> GroupSummary:

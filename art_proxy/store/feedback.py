@@ -26,7 +26,7 @@ from art_proxy.records import (
     TrajectoryScore,
 )
 from art_proxy.store import schema
-from art_proxy.store.base import StoreBase, aware, utcnow
+from art_proxy.store.base import StoreBase, aware, is_split, utcnow
 
 F, T, S, C, J = (
     schema.feedback,
@@ -81,7 +81,7 @@ class FeedbackRecords(StoreBase):
 
     async def bank_scenarios(self, split: str, limit: int = 0) -> list[ScenarioRecord]:
         """Scenarios with at least one trajectory of `split`, newest first (`limit` 0 = all)."""
-        seen = sa.exists(sa.select(T.c.id).where(T.c.scenario_id == S.c.id, T.c.split == split))
+        seen = sa.exists(sa.select(T.c.id).where(T.c.scenario_id == S.c.id, is_split(split)))
         query = sa.select(S).where(seen).order_by(S.c.created_at.desc(), S.c.id)
         if limit > 0:
             query = query.limit(limit)
