@@ -20,7 +20,7 @@ from sqlalchemy.dialects import sqlite as sqlite_dialect
 
 from art_proxy.errors import ConfigError, StoreError
 from art_proxy.proxy.server import running_proxy
-from art_proxy.records import FinishRequest
+from art_proxy.records import FinishRequest, GroupRecord
 from art_proxy.store import schema
 from art_proxy.store.dashboard import GROUP_STATUSES, DashboardQueries, GroupFilter
 from art_proxy.store.engine import async_url, create_engine
@@ -244,6 +244,10 @@ async def test_a_list_reads_its_page_from_an_index_instead_of_sorting_every_row(
     """A list of trajectories, groups or judgments, newest or oldest first, reads its page from
     the end of an index by `created_at`: sorting the whole table took 290-350 ms a page beside
     200,000 trajectories, and grew with the store."""
+    now = utcnow()
+    last = GroupRecord(
+        id="g", scenario_id="s", created_at=now, size=1, open_count=0, newest_started_at=now
+    )
     async with TrajectoryStore.opened(sqlite_url) as store:
         lists: dict[str, tuple[Callable[[], Awaitable[object]], str]] = {
             "trajectories": (lambda: store.trajectories(limit=5), "ix_trajectories_created"),
@@ -257,6 +261,12 @@ async def test_a_list_reads_its_page_from_an_index_instead_of_sorting_every_row(
             ),
             "groups": (lambda: store.groups(limit=5), "ix_groups_created"),
             "judgments": (lambda: store.judgments(limit=5), "ix_judgments_created"),
+            "the judge's next page of unjudged groups": (
+                lambda: store.unjudged_groups(
+                    judge_model="j", mode="json", rubric_hash="r", limit=5, after=last
+                ),
+                "ix_groups_created",
+            ),
         }
         dashboard = DashboardQueries(store.engine)
         for status in (None, *GROUP_STATUSES):
@@ -284,6 +294,36 @@ async def test_a_list_reads_its_page_from_an_index_instead_of_sorting_every_row(
                     for step in steps
                     if re.match(r"SEARCH (trajectories|judgments)", step)
                 ), (name, steps)
+
+
+async def test_the_judges_pages_of_unjudged_groups_cover_each_once_ties_included(
+    store_url: str,
+) -> None:
+    """Each page starts after the last group of the one before, by (created_at, id): groups made
+    in the same microsecond (here four of them) are neither skipped nor read twice."""
+    async with TrajectoryStore.opened(store_url) as store:
+        now = utcnow()
+        later, latest = now + timedelta(seconds=1), now + timedelta(seconds=2)
+        times = [now, now, now, later, latest, now]
+        rows = [scenario_row("s", now)]
+        for index, at in enumerate(times):
+            rows += [
+                group_row(f"g{index}", "s", at),
+                trajectory_row(f"t{index}", "s", f"g{index}", at),
+            ]
+        rows.append(group_row("empty", "s", now))  # no member: not a group to judge
+        await store.write(Batch(rows))
+        seen: list[str] = []
+        last = None
+        while True:
+            page = await store.unjudged_groups(
+                judge_model="j", mode="json", rubric_hash="r", limit=2, after=last
+            )
+            seen += [group.id for group in page]
+            if len(page) < 2:
+                break
+            last = page[-1]
+    assert seen == ["g0", "g1", "g2", "g5", "g3", "g4"]
 
 
 @contextlib.contextmanager

@@ -111,7 +111,7 @@ class GroupJudge:
     async def ready_groups(self) -> list[GroupRecord]:
         now = utcnow()
         ready: list[GroupRecord] = []
-        offset = 0
+        last: GroupRecord | None = None
         while True:  # page by page: groups still filling must not hide the ready ones behind them
             page = await self.ruler.store.unjudged_groups(
                 judge_model=self.ruler.judge_model,
@@ -120,12 +120,12 @@ class GroupJudge:
                 reward_rule=self.ruler.settings.reward.name,
                 retry_failed=self._retry_failed,
                 limit=_PAGE,
-                offset=offset,
+                after=last,
             )
             ready += [g for g in page if g.id not in self._seen and self.readiness.ready(g, now)]
             if len(page) < _PAGE:
                 return ready
-            offset += _PAGE
+            last = page[-1]
 
     async def judge(
         self, groups: Sequence[GroupRecord], on_judgment: Callable[[Judgment], None]

@@ -17,7 +17,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from art_proxy.records import GroupOutcome, JsonObject, Split, TrajectoryScore
 from art_proxy.store import schema
-from art_proxy.store.base import StoreBase, group_split, is_split
+from art_proxy.store.base import StoreBase, group_split, has_member, is_split
 
 T, G, S, J = schema.trajectories, schema.groups, schema.scenarios, schema.judgments
 CG, TS = schema.consumed_groups, schema.training_steps
@@ -78,7 +78,7 @@ class DashboardQueries(StoreBase):
         newest_judgment = _newest_judgment(J.c.id)
         page = (
             sa.select(G.c.id, G.c.scenario_id, G.c.created_at, newest_judgment.label("judgment_id"))
-            .where(_has_member())  # as the join below would
+            .where(has_member())  # as the join below would
             .order_by(G.c.created_at.desc(), G.c.id)
             .limit(where.limit)
             .offset(where.offset)
@@ -86,11 +86,11 @@ class DashboardQueries(StoreBase):
         if where.scenario is not None:
             page = page.where(G.c.scenario_id == where.scenario)
         if where.split is not None:
-            page = page.where(_has_member(is_split(where.split)))
+            page = page.where(has_member(is_split(where.split)))
         if where.status in ("scored", "judge_failed", "skipped"):
             page = page.where(_newest_judgment(J.c.status) == where.status)
         elif where.status is not None:
-            open_member = _has_member(T.c.status == "open")
+            open_member = has_member(T.c.status == "open")
             page = page.where(
                 newest_judgment.is_(None), open_member if where.status == "open" else ~open_member
             )
@@ -134,12 +134,6 @@ class DashboardQueries(StoreBase):
             Consumption(run=row["run"], step=row["step"], outcome=row["outcome"])
             for row in await self._all(query)
         ]
-
-
-def _has_member(*conditions: sa.ColumnElement[bool]) -> sa.Exists:
-    """Whether the group (`groups`) the query reads has a trajectory meeting `conditions`, to be
-    found through the group's index: a condition must not be one another index serves."""
-    return sa.exists().where(T.c.group_id == G.c.id, *conditions)
 
 
 def _newest_judgment(column: sa.Column[Any]) -> sa.ScalarSelect[Any]:

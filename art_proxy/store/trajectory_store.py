@@ -31,9 +31,10 @@ from art_proxy.store import schema
 from art_proxy.store.base import (
     DATABASE_ERRORS,
     aware,
-    group_counts,
+    counted_page,
     group_record,
     group_split,
+    has_member,
     store_unreachable,
     utcnow,
 )
@@ -309,24 +310,17 @@ class TrajectoryStore(TrainingRecords, FeedbackRecords, JudgmentRecords):
     async def groups(
         self, *, scenario: str | None = None, limit: int = 100, offset: int = 0
     ) -> list[GroupRecord]:
-        """Newest first. The page is chosen before its members are counted: counting first
-        aggregated every group in the store for each page."""
+        """Newest first."""
         page = (
             sa.select(G)
-            .where(sa.exists().where(T.c.group_id == G.c.id))  # as the join below would
+            .where(has_member())  # as `counted_page`'s join would
             .order_by(G.c.created_at.desc(), G.c.id)
             .limit(limit)
             .offset(offset)
         )
         if scenario is not None:
             page = page.where(G.c.scenario_id == scenario)
-        chosen = page.subquery("page")
-        query = (
-            sa.select(chosen, *group_counts())
-            .join(T, T.c.group_id == chosen.c.id)
-            .group_by(chosen.c.id, chosen.c.scenario_id, chosen.c.created_at)
-            .order_by(chosen.c.created_at.desc(), chosen.c.id)
-        )
+        query = counted_page(page, newest_first=True)
         return [group_record(row) for row in await self._all(query)]
 
     async def scenarios(self) -> list[ScenarioRecord]:
