@@ -219,6 +219,10 @@ async def test_each_lookup_reads_trajectories_by_its_own_index(sqlite_url: str) 
                 lambda: store.trajectories(status="finished", group="g"),
                 {"ix_trajectories_group"},
             ),
+            "one scenario's trajectories of a split": (
+                lambda: store.trajectories(scenario="s", split="train"),
+                {"ix_trajectories_scenario_status"},
+            ),
             "the scenario bank's scenarios with a trajectory of a split": (
                 lambda: store.bank_scenarios("train"),
                 {"ix_trajectories_scenario_status"},

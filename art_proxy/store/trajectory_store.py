@@ -35,6 +35,7 @@ from art_proxy.store.base import (
     group_record,
     group_split,
     has_member,
+    is_split,
     store_unreachable,
     utcnow,
 )
@@ -270,11 +271,14 @@ class TrajectoryStore(TrainingRecords, FeedbackRecords, JudgmentRecords):
         for column, value in (
             (T.c.scenario_id, scenario),
             (T.c.status, status),
-            (T.c.split, split),
             (T.c.group_id, group),
         ):
             if value is not None:
                 query = query.where(column == value)
+        if split is not None:
+            # By the split's index only when no scenario or group narrows it down more.
+            narrowed = scenario is not None or group is not None
+            query = query.where(is_split(split) if narrowed else T.c.split == split)
         records = (self._readable(_trajectory_record, row, None) for row in await self._all(query))
         return [record for record in records if record is not None]
 
