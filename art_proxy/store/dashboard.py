@@ -17,7 +17,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from art_proxy.records import GroupOutcome, JsonObject, Split, TrajectoryScore
 from art_proxy.store import schema
-from art_proxy.store.base import StoreBase, group_split, has_member, is_split
+from art_proxy.store.base import StoreBase, counted_page, group_split, has_member, is_split
 
 T, G, S, J = schema.trajectories, schema.groups, schema.scenarios, schema.judgments
 CG, TS = schema.consumed_groups, schema.training_steps
@@ -78,7 +78,7 @@ class DashboardQueries(StoreBase):
         newest_judgment = _newest_judgment(J.c.id)
         page = (
             sa.select(G.c.id, G.c.scenario_id, G.c.created_at, newest_judgment.label("judgment_id"))
-            .where(has_member())  # as the join below would
+            .where(has_member())  # as `counted_page`'s join would
             .order_by(G.c.created_at.desc(), G.c.id)
             .limit(where.limit)
             .offset(where.offset)
@@ -94,17 +94,11 @@ class DashboardQueries(StoreBase):
             page = page.where(
                 newest_judgment.is_(None), open_member if where.status == "open" else ~open_member
             )
-        chosen = page.subquery("page")
-        per_group = (
-            sa.select(
-                chosen,
-                sa.func.count(T.c.id).label("size"),
-                sa.func.sum(sa.case((T.c.status == "open", 1), else_=0)).label("open_count"),
-                group_split().label("split"),
-                sa.func.avg(T.c.reward).label("programmatic_mean"),
-            )
-            .join(T, T.c.group_id == chosen.c.id)
-            .group_by(chosen.c.id, chosen.c.scenario_id, chosen.c.created_at, chosen.c.judgment_id)
+        per_group = counted_page(
+            page,
+            group_split().label("split"),
+            sa.func.avg(T.c.reward).label("programmatic_mean"),
+            newest_first=True,
         ).subquery("counted")
         query = (
             sa.select(
