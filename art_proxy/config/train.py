@@ -36,10 +36,23 @@ class TrainerConfig(Settings):
     eps_high: float = Field(
         0.28, ge=0, description="Upper clip (clip-higher): rho <= 1 + eps_high."
     )
+    objective: Literal["tis", "mis", "ppo"] = Field(
+        "tis",
+        description="How tokens sampled by other weights or numerics (an older adapter, vLLM in "
+        "bf16) are corrected: tis, clip against the trainer's own weights and weight each token "
+        "by pi_trainer/pi_sampler truncated at --is-cap; mis, the same weight but tokens beyond "
+        "[1/--is-cap, --is-cap] left out; ppo, clip pi_trainer/pi_sampler itself (exact only on "
+        "fresh data sampled at the trainer's numerics).",
+    )
+    is_cap: float = Field(
+        2.0,
+        gt=1,
+        description="tis/mis: the bound on a token's importance weight pi_trainer/pi_sampler.",
+    )
     ratio_cap: float = Field(
         3.0,
         ge=0,
-        description="Truncate the importance ratio at this value before clipping (bounds the "
+        description="ppo: truncate the importance ratio at this value before clipping (bounds the "
         "term of negative-advantage tokens sampled by an older adapter); 0 = off.",
     )
     kl_coef: float = Field(
@@ -59,10 +72,11 @@ class TrainerConfig(Settings):
         description="Recompute each decoder layer's activations in the backward instead of "
         "keeping them: the same gradients in less memory, for about a third more compute.",
     )
-    bf16: bool = Field(
-        False,
-        description="Autocast the forward passes to bfloat16 (CUDA only; a CPU trains in "
-        "float32): faster on a GPU, but the logprobs differ from the sampler's by bf16 rounding.",
+    base_dtype: Literal["auto", "float32", "bfloat16"] = Field(
+        "auto",
+        description="The frozen base model's dtype: auto, bfloat16 on CUDA and float32 on a CPU. "
+        "The LoRA weights, the optimiser, the output layer and the log-softmax stay float32; "
+        "bfloat16 is for CUDA only.",
     )
 
 
@@ -105,10 +119,17 @@ class TrainSettings(JudgeChoice, UpstreamSettings, StoreSettings, TrainerConfig)
     steps: int = Field(0, ge=0, description="Stop after this many steps (0 = never).")
     groups_per_step: int = Field(2, ge=1, description="Scored groups consumed by one step.")
     max_staleness: int = Field(
-        1,
+        16,
         ge=0,
-        description="Train on groups sampled by adapters at most this many steps old; older "
-        "ones are consumed as stale.",
+        description="Staleness is how many steps behind the trained weights the adapter that "
+        "served a group is (production traffic served by a promoted adapter, groups queued while "
+        "the trainer was busy). Groups up to this many steps behind are trained, corrected by "
+        "--objective; older ones are consumed as stale; 0 = no limit.",
+    )
+    newest_first: bool = Field(
+        False,
+        description="When more groups are ready than a step takes, train the newest first "
+        "(the least stale) instead of the oldest.",
     )
     reward_source: RewardSource = Field(
         RewardSource.judgment,

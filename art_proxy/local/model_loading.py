@@ -91,10 +91,17 @@ def model_files(model: str | None, *, cache_dir: str | Path | None = None) -> Mo
     raise ModelLoadError(f"--model {model}: not a Hugging Face model directory or a .gguf file")
 
 
-def load_model(model: str | None, *, cache_dir: str | Path | None = None) -> LoadedModel:
-    """Load `model` (None = the bundled SmolLM2) in float32 for CPU inference."""
+def load_model(
+    model: str | None,
+    *,
+    cache_dir: str | Path | None = None,
+    dtype: torch.dtype = torch.float32,
+) -> LoadedModel:
+    """Load `model` (None = the bundled SmolLM2), in float32 unless told (CPU inference)."""
     files = model_files(model, cache_dir=cache_dir)
-    loaded = _load_directory(files.directory, source=str(files.source), name=files.name)
+    loaded = _load_directory(
+        files.directory, source=str(files.source), name=files.name, dtype=dtype
+    )
     _check_supported(loaded)
     return loaded
 
@@ -138,12 +145,14 @@ def converted_gguf(gguf: Path, cache_dir: Path) -> Path:
     return target
 
 
-def _load_directory(directory: Path, *, source: str, name: str) -> LoadedModel:
+def _load_directory(
+    directory: Path, *, source: str, name: str, dtype: torch.dtype = torch.float32
+) -> LoadedModel:
     try:
         tokenizer = AutoTokenizer.from_pretrained(directory, local_files_only=True)
         with _quiet_progress():
             model = AutoModelForCausalLM.from_pretrained(
-                directory, dtype=torch.float32, local_files_only=True
+                directory, dtype=dtype, local_files_only=True
             )
     except (OSError, ValueError) as exc:
         raise ModelLoadError(f"cannot load the model in {directory}: {exc}") from exc

@@ -7,11 +7,12 @@ import torch
 from peft import LoraConfig, PeftModel
 
 from art_proxy.config import TrainerConfig
+from art_proxy_trainer import scoring
 from art_proxy_trainer import step as step_module
 from art_proxy_trainer.batch import SequenceStats, TrainingBatch
 from art_proxy_trainer.errors import TrainerError
-from art_proxy_trainer.loss import token_logprobs
 from art_proxy_trainer.policy import training_device
+from art_proxy_trainer.scoring import Scored, token_logprobs
 from art_proxy_trainer.step import lora_model, make_optimizer, train_step
 from tests.trainer.models import tiny_llama
 
@@ -112,16 +113,16 @@ def test_a_nan_loss_abandons_the_step_and_leaves_the_adapter_alone() -> None:
 def _out_of_memory_above(rows: int, monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """Make every forward of more than `rows` sequences run out of memory; returns the row
     counts of the forwards that ran."""
-    real = step_module._logprobs
+    real = scoring.score_sampled
     ran: list[int] = []
 
-    def logprobs(model: PeftModel, tokens_B_T: torch.Tensor, *args: object) -> torch.Tensor:
+    def scored(model: PeftModel, tokens_B_T: torch.Tensor, *args: object) -> Scored:
         if tokens_B_T.shape[0] > rows:
             raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
         ran.append(int(tokens_B_T.shape[0]))
         return real(model, tokens_B_T, *args)  # type: ignore[arg-type]  # the real signature
 
-    monkeypatch.setattr(step_module, "_logprobs", logprobs)
+    monkeypatch.setattr(step_module, "score_sampled", scored)
     return ran
 
 
@@ -165,7 +166,7 @@ def test_recomputed_activations_give_the_same_step() -> None:
         torch.testing.assert_close(_lora_weights(recomputed)[name], weight, msg=name)
 
 
-def test_bf16_is_refused_on_a_cpu() -> None:
-    with pytest.raises(TrainerError, match="--bf16 is for CUDA"):
-        training_device("cpu", CONFIG.model_copy(update={"bf16": True}))
+def test_a_bfloat16_base_is_refused_on_a_cpu() -> None:
+    with pytest.raises(TrainerError, match="--base-dtype bfloat16 is for CUDA"):
+        training_device("cpu", CONFIG.model_copy(update={"base_dtype": "bfloat16"}))
     assert training_device("cpu", CONFIG) == torch.device("cpu")

@@ -17,9 +17,9 @@ from art_proxy.records import CallRecord, GroupOutcome, TrainableGroup
 from art_proxy_trainer.batch import TrajectorySample, build_batch
 from art_proxy_trainer.checkpoint import Checkpoints, TrainerState
 from art_proxy_trainer.errors import CheckpointError
-from art_proxy_trainer.loss import token_logprobs
 from art_proxy_trainer.metrics import MetricsSink
 from art_proxy_trainer.policy import Policy
+from art_proxy_trainer.scoring import token_logprobs
 from art_proxy_trainer.step import make_optimizer, micro_batches, train_step
 from art_proxy_trainer.swap import _same_model, step_of
 from art_proxy_trainer.trainer import Trainer
@@ -53,7 +53,7 @@ def test_micro_batches_give_the_same_update_as_the_whole_batch() -> None:
     whole = _grads(TrainerConfig(learning_rate=1e-3, micro_batch_tokens=0), _samples())
     chunked = _grads(TrainerConfig(learning_rate=1e-3, micro_batch_tokens=20), _samples())
     for name, update in whole.items():
-        torch.testing.assert_close(chunked[name], update, rtol=1e-4, atol=1e-7)
+        torch.testing.assert_close(chunked[name], update, rtol=1e-4, atol=1e-6)
 
 
 def test_micro_batches_cut_rows_by_padded_tokens() -> None:
@@ -185,17 +185,17 @@ def test_staleness_counts_from_the_weights_trained_not_from_the_step_number(
     trainer.state.step = 2
     base, base_calls = _served("base", "policy")
     outcomes: dict[str, GroupOutcome] = {}
-    assert len(trainer._samples([base], base_calls, outcomes)) == 2
+    assert len(trainer._samples([base], base_calls, outcomes, {})) == 2
     assert outcomes == {"base": "trained"}
     # Once step 3 changed the weights, the base model is one step old and adapter 1 two.
     trainer.state.policy_step = 3
     old, old_calls = _served("old", "policy@1")
     outcomes = {}
-    trainer._samples([base, old], base_calls | old_calls, outcomes)
+    trainer._samples([base, old], base_calls | old_calls, outcomes, {})
     assert outcomes == {"base": "stale", "old": "stale"}
     recent, recent_calls = _served("recent", "policy@2")
     outcomes = {}
-    trainer._samples([recent], recent_calls, outcomes)
+    trainer._samples([recent], recent_calls, outcomes, {})
     assert outcomes == {"recent": "trained"}
 
 

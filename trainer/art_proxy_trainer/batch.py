@@ -31,7 +31,7 @@ import torch
 from art_proxy.proxy.attribution import canonical_message, reply_messages
 from art_proxy.records import CallRecord
 from art_proxy_trainer.errors import EmptyBatchError
-from art_proxy_trainer.loss import NO_TRANSFORMS, SamplingTransforms
+from art_proxy_trainer.scoring import NO_TRANSFORMS, SamplingTransforms
 
 # The choice of a trajectory's last call that is trained (see the module docstring).
 LAST_CALL_CHOICE = 0
@@ -125,6 +125,7 @@ class TrainingBatch:
     advantages_B: torch.Tensor  # float32, the row's trajectory advantage
     stats: SequenceStats
     transforms: SamplingTransforms = NO_TRANSFORMS
+    trajectory_ids: tuple[str, ...] = ()  # each row's trajectory (empty: not known)
 
     @property
     def trained_tokens(self) -> int:
@@ -142,6 +143,7 @@ class TrainingBatch:
             self.advantages_B.to(device),
             self.stats,
             self.transforms.to(device),
+            self.trajectory_ids,
         )
 
     def take(self, rows: list[int]) -> TrainingBatch:
@@ -155,6 +157,7 @@ class TrainingBatch:
             self.advantages_B[index],
             self.stats,
             self.transforms.rows(index, self.tokens_B_T.shape[1]),
+            tuple(self.trajectory_ids[row] for row in rows) if self.trajectory_ids else (),
         )
 
 
@@ -268,4 +271,5 @@ def build_batch(samples: Iterable[TrajectorySample], *, pad_token_id: int = 0) -
             top_k_B_T if bool((top_k_B_T != 0).any()) else None,
             top_p_B_T if bool((top_p_B_T != 1.0).any()) else None,
         ),
+        tuple(sequence.trajectory_id for sequence, _ in rows),
     )

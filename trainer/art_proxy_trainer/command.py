@@ -36,7 +36,7 @@ from art_proxy_trainer.checkpoint import Checkpoints
 from art_proxy_trainer.distributed import Leader, Ranks, Replica, follow, join, leave
 from art_proxy_trainer.loop import Events, WholeLoop, run_sidecar
 from art_proxy_trainer.metrics import MetricsSink
-from art_proxy_trainer.policy import Policy, load_policy, training_device
+from art_proxy_trainer.policy import Policy, base_dtype, load_policy, training_device
 from art_proxy_trainer.promoter import Promoter
 from art_proxy_trainer.swap import AdapterSwapper
 from art_proxy_trainer.trainer import Trainer
@@ -107,7 +107,9 @@ def _placed_policy(settings: TrainSettings, ranks: Ranks | None) -> tuple[Policy
     )
     if ranks is not None:
         join(ranks, settings.collective_timeout, device)
-    policy = load_policy(settings.model, settings, seed=settings.seed)
+    policy = load_policy(
+        settings.model, settings, seed=settings.seed, dtype=base_dtype(settings, device)
+    )
     if ranks is None or settings.sharding == "ddp":
         policy.model.to(device)  # a sharded model's shards go to the device as they are made
     if ranks is None:

@@ -80,7 +80,11 @@ async def run_sidecar(trainer: Trainer, settings: TrainSettings, events: Events)
             )
             await asyncio.sleep(settings.poll)
             continue
-        chosen = with_signal[: settings.groups_per_step]
+        chosen = (
+            with_signal[-settings.groups_per_step :]
+            if settings.newest_first
+            else with_signal[: settings.groups_per_step]
+        )
         newest = chosen[-1].created_at
         riders = [g for g in groups if g not in with_signal and g.created_at <= newest]
         events.status(f"training step {trainer.state.step + 1}")

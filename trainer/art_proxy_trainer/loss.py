@@ -1,30 +1,65 @@
-"""The token-level clipped GRPO objective (DAPO's clip-higher, Dr. GRPO's aggregation).
+"""The token-level clipped GRPO objective, corrected for data the trainer's weights did not sample.
 
-Per sampled token: `rho = exp(logp - old_logp)` and `min(rho*A, clip(rho, 1-eps_low, 1+eps_high)*A)`,
-averaged over every masked token of the batch (a token-level mean, so a long trajectory is not
-down-weighted per token). `ratio_cap` truncates rho before the objective: without it a token whose
-advantage is negative and whose ratio has drifted far up (an older adapter sampled it) has an
-unbounded term. The optional KL to the reference uses the k3 estimator
-`exp(ref - logp) - (ref - logp) - 1`, which is >= 0 and unbiased. Everything is computed in fp32.
+Three policies meet here: mu, the behaviour policy that sampled each token (its logprob recorded by
+the proxy: an older adapter for production traffic, other numerics when vLLM serves bf16); pi_prox,
+the proximal policy, the trainer's weights at the step (free: one optimiser step per batch, so they
+are the current weights with the gradient stopped); and pi_theta, the weights being optimised.
+
+- `tis` and `mis` (decoupled PPO, AReaL; the rollout corrections of verl, TRL and slime): the clip
+  acts on `rho = pi_theta / pi_prox`, a trust region around the weights the step starts from, and mu
+  enters only through the importance weight `w = pi_prox / mu`, truncated at `is_cap` (`tis`) or
+  zero beyond `[1/is_cap, is_cap]` (`mis`). Every token keeps a gradient however far the policy has
+  moved since mu sampled it. With one optimiser step per batch rho is 1, so `tis` gives CISPO's
+  gradient too (a clipped, stop-gradient weight on every token's logprob).
+- `ppo`: the original coupled objective, clipping `rho = pi_theta / mu` (truncated at `ratio_cap`):
+  exact on fresh data at equal numerics, but on stale data the clip is centred on mu, and a token the
+  policy has moved past the clip range in its advantage's direction gives no gradient, ever.
+
+`min(rho*A, clip(rho, 1-eps_low, 1+eps_high)*A)` is averaged over every trained token of the batch
+(DAPO's token-level mean, so a long trajectory is not down-weighted per token). The optional KL to
+the reference is the k3 estimator `exp(ref - logp) - (ref - logp) - 1`, weighted by the same
+importance weight (its samples come from mu, not pi_theta). Everything is computed in fp32.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, fields
+from typing import Literal
 
 import torch
 
-from art_proxy.local.sampling import top_k_top_p_filtered
-from art_proxy.wire import MIN_LOGPROB
+Objective = Literal["tis", "mis", "ppo"]
+# e^20 ~ 5e8: far past any cap, short of float32's overflow in the weight's square.
+MAX_LOG_WEIGHT = 20.0
 
 
 @dataclass(frozen=True)
 class LossMetrics:
-    clip_fraction: float  # masked tokens whose clipped term won the min
-    mean_ratio: float
-    kl: float  # mean k3 over masked tokens; 0 without reference logprobs
+    """Token means over the batch's trained tokens (`tokens` of them)."""
+
+    clip_fraction: float  # tokens whose ratio term has no gradient (the clip won, or the cap acted)
+    mean_ratio: float  # trainer over sampler before any cap: pi_prox/mu (ppo: pi_theta/mu)
+    kl: float  # k3 to the reference; 0 without reference logprobs
     tokens: int
+    entropy: float = 0.0  # of the distribution each token was drawn from, at the trainer's weights
+    mismatch: float = 0.0  # |log pi_prox - log mu|: trainer against sampler
+    mismatch_kl: float = 0.0  # k3 estimate of KL(mu || pi_prox) from mu's samples
+    is_weight_sq: float = 0.0  # mean squared importance weight (with mean_ratio: their spread)
+    is_capped: float = 0.0  # tokens whose weight was truncated (tis), masked (mis) or capped (ppo)
+
+    @property
+    def is_weight_std(self) -> float:
+        return math.sqrt(max(self.is_weight_sq - self.mean_ratio**2, 0.0))
+
+    def means(self) -> list[float]:
+        """The token means, in field order (everything but `tokens`)."""
+        return [getattr(self, f.name) for f in fields(self) if f.name != "tokens"]
+
+    @classmethod
+    def from_means(cls, means: list[float], tokens: int) -> LossMetrics:
+        names = [f.name for f in fields(cls) if f.name != "tokens"]
+        return cls(tokens=tokens, **dict(zip(names, means, strict=True)))
 
 
 @dataclass(frozen=True)
@@ -34,76 +69,12 @@ class LossResult:
 
 
 @dataclass(frozen=True)
-class SamplingTransforms:
-    """Per position, what the sampler did to the logits before drawing that position's token
-    (None: nothing, for every position): divide by a temperature, keep the top-k, keep the top-p."""
+class Correction:
+    """How recorded logprobs enter the objective (see the module docstring)."""
 
-    temperatures_B_T: torch.Tensor | None = None
-    top_k_B_T: torch.Tensor | None = None  # 0 = off
-    top_p_B_T: torch.Tensor | None = None  # 1 = off
-
-    def to(self, device: torch.device) -> SamplingTransforms:
-        return self._each(lambda tensor: tensor.to(device))
-
-    def rows(self, rows: slice | torch.Tensor, length: int) -> SamplingTransforms:
-        return self._each(lambda tensor: tensor[rows, :length])
-
-    def _each(self, change: Callable[[torch.Tensor], torch.Tensor]) -> SamplingTransforms:
-        def changed(tensor: torch.Tensor | None) -> torch.Tensor | None:
-            return None if tensor is None else change(tensor)
-
-        return SamplingTransforms(
-            changed(self.temperatures_B_T), changed(self.top_k_B_T), changed(self.top_p_B_T)
-        )
-
-
-NO_TRANSFORMS = SamplingTransforms()
-
-
-def token_logprobs(
-    logits_B_T_V: torch.Tensor,
-    tokens_B_T: torch.Tensor,
-    transforms: SamplingTransforms = NO_TRANSFORMS,
-) -> torch.Tensor:
-    """logprobs_B_T[b, t] = log p(tokens[b, t] | tokens[b, :t]); position 0 has no prediction: 0.
-
-    Token t is scored from the distribution it was sampled from: the logits divided by its
-    temperature, then what its top-k and top-p leave out removed (local-llm's sampler's own
-    filter, which vLLM's matches). The only full-vocabulary tensors beyond the logits are
-    log_softmax's output, the fp32 cast or the division, and a filtered copy where a filter is on;
-    the gather keeps one value per position.
-    """
-    logits_B_Tm1_V = logits_B_T_V[:, :-1].float()
-    if transforms.temperatures_B_T is not None:
-        # The logits at t-1 predict token t: they take token t's temperature.
-        logits_B_Tm1_V = logits_B_Tm1_V / transforms.temperatures_B_T[:, 1:].unsqueeze(-1)
-    filtered = transforms.top_k_B_T is not None or transforms.top_p_B_T is not None
-    if filtered:
-        logits_B_Tm1_V = _filtered(logits_B_Tm1_V, transforms)
-    logprobs_B_Tm1_V = torch.log_softmax(logits_B_Tm1_V, dim=-1)
-    predicted_B_Tm1 = logprobs_B_Tm1_V.gather(-1, tokens_B_T[:, 1:].unsqueeze(-1)).squeeze(-1)
-    if filtered:
-        # vLLM writes the logprob of an id its filters left out (-inf) as MIN_LOGPROB; so does
-        # the trainer for a sampled id the new weights' top-k or top-p leave out (its ratio is
-        # then 0, its gradient none).
-        predicted_B_Tm1 = predicted_B_Tm1.clamp(min=MIN_LOGPROB)
-    return torch.nn.functional.pad(predicted_B_Tm1, (1, 0))
-
-
-def _filtered(logits_B_Tm1_V: torch.Tensor, transforms: SamplingTransforms) -> torch.Tensor:
-    """The logits with each position's top-k and top-p applied (only where one is on)."""
-    shape = logits_B_Tm1_V.shape[:2]
-    top_k_B_Tm1 = (
-        torch.zeros(shape, dtype=torch.int64)
-        if transforms.top_k_B_T is None
-        else transforms.top_k_B_T[:, 1:]
-    )
-    top_p_B_Tm1 = torch.ones(shape) if transforms.top_p_B_T is None else transforms.top_p_B_T[:, 1:]
-    where = ((top_k_B_Tm1 > 0) | (top_p_B_Tm1 < 1.0)).nonzero(as_tuple=True)
-    filtered_N_V = top_k_top_p_filtered(
-        logits_B_Tm1_V[where], top_k_B_Tm1[where], top_p_B_Tm1[where]
-    )
-    return logits_B_Tm1_V.index_put(where, filtered_N_V)
+    objective: Objective = "tis"
+    is_cap: float = 2.0  # tis/mis: the importance weight's bound
+    ratio_cap: float = 3.0  # ppo: truncate pi_theta/mu here before clipping; 0 = off
 
 
 def grpo_loss(
@@ -114,41 +85,81 @@ def grpo_loss(
     *,
     eps_low: float = 0.2,
     eps_high: float = 0.28,
-    ratio_cap: float = 0.0,
+    correction: Correction = Correction(),
     kl_coef: float = 0.0,
     ref_logprobs_B_T: torch.Tensor | None = None,
+    entropy_B_T: torch.Tensor | None = None,
 ) -> LossResult:
-    """The loss to minimise (minus the objective, plus kl_coef * KL); ratio_cap 0 = off."""
+    """The loss to minimise (minus the objective, plus kl_coef * KL). `old_logprobs_B_T` are the
+    sampler's (mu); `entropy_B_T` is measured, never trained."""
     mask_B_T = mask_B_T.float()
     trained_B_T = mask_B_T > 0
     tokens = mask_B_T.sum().clamp(min=1.0)
+    logprobs_B_T = logprobs_B_T.float()
     # Context and padding positions may hold anything: keep them out of exp, where an overflow
     # would turn into inf * 0 = nan.
-    log_ratio_B_T = torch.where(trained_B_T, logprobs_B_T.float() - old_logprobs_B_T.float(), 0.0)
-    ratio_B_T = torch.exp(log_ratio_B_T)
-    if ratio_cap > 0:
-        ratio_B_T = ratio_B_T.clamp(max=ratio_cap)
+    behaviour_log_ratio_B_T = torch.where(
+        trained_B_T, logprobs_B_T.detach() - old_logprobs_B_T.float(), 0.0
+    )
+    # pi_prox / mu; bounded so that a token the sampler nearly never drew cannot overflow.
+    behaviour_ratio_B_T = torch.exp(behaviour_log_ratio_B_T.clamp(max=MAX_LOG_WEIGHT))
     advantages_B_1 = advantages_B.float().unsqueeze(-1)
+
+    if correction.objective == "ppo":
+        ratio_B_T = torch.exp(
+            torch.where(trained_B_T, logprobs_B_T - old_logprobs_B_T.float(), 0.0)
+        )
+        capped_B_T = torch.zeros_like(trained_B_T)
+        if correction.ratio_cap > 0:
+            capped_B_T = ratio_B_T.detach() > correction.ratio_cap
+            ratio_B_T = ratio_B_T.clamp(max=correction.ratio_cap)
+        weight_B_T = torch.ones_like(ratio_B_T)
+    else:
+        ratio_B_T = torch.exp(torch.where(trained_B_T, logprobs_B_T - logprobs_B_T.detach(), 0.0))
+        cap = correction.is_cap
+        if correction.objective == "tis":
+            capped_B_T = behaviour_ratio_B_T > cap
+            weight_B_T = behaviour_ratio_B_T.clamp(max=cap)
+        else:
+            capped_B_T = (behaviour_ratio_B_T > cap) | (behaviour_ratio_B_T < 1.0 / cap)
+            weight_B_T = torch.where(capped_B_T, 0.0, behaviour_ratio_B_T)
     unclipped_B_T = ratio_B_T * advantages_B_1
     clipped_B_T = ratio_B_T.clamp(1.0 - eps_low, 1.0 + eps_high) * advantages_B_1
-    objective_B_T = torch.minimum(unclipped_B_T, clipped_B_T)
+    objective_B_T = torch.minimum(unclipped_B_T, clipped_B_T) * weight_B_T
     loss = -(objective_B_T * mask_B_T).sum() / tokens
 
     kl = torch.zeros((), dtype=torch.float32, device=logprobs_B_T.device)
     if ref_logprobs_B_T is not None:
-        ref_log_ratio_B_T = torch.where(
-            trained_B_T, ref_logprobs_B_T.float() - logprobs_B_T.float(), 0.0
-        )
+        ref_log_ratio_B_T = torch.where(trained_B_T, ref_logprobs_B_T.float() - logprobs_B_T, 0.0)
         k3_B_T = torch.exp(ref_log_ratio_B_T) - ref_log_ratio_B_T - 1.0
-        kl = (k3_B_T * mask_B_T).sum() / tokens
+        kl = (k3_B_T * weight_B_T * mask_B_T).sum() / tokens
         loss = loss + kl_coef * kl
 
     with torch.no_grad():
-        clipped = (clipped_B_T < unclipped_B_T).float() * mask_B_T
+
+        def mean(values_B_T: torch.Tensor) -> float:
+            return float((values_B_T.float() * mask_B_T).sum() / tokens)
+
+        # A truncated weight (tis) still carries its token's gradient; a capped ratio (ppo) or a
+        # masked weight (mis) does not.
+        no_gradient_B_T = clipped_B_T < unclipped_B_T
+        if correction.objective != "tis":
+            no_gradient_B_T = no_gradient_B_T | capped_B_T
+        if correction.objective == "ppo":
+            measured_ratio_B_T = torch.exp(
+                torch.where(trained_B_T, logprobs_B_T - old_logprobs_B_T.float(), 0.0)
+            )
+        else:
+            measured_ratio_B_T = behaviour_ratio_B_T
         metrics = LossMetrics(
-            clip_fraction=float(clipped.sum() / tokens),
-            mean_ratio=float((ratio_B_T * mask_B_T).sum() / tokens),
+            clip_fraction=mean(no_gradient_B_T),
+            mean_ratio=mean(measured_ratio_B_T),
             kl=float(kl),
             tokens=int(mask_B_T.sum()),
+            entropy=0.0 if entropy_B_T is None else mean(entropy_B_T),
+            mismatch=mean(behaviour_log_ratio_B_T.abs()),
+            mismatch_kl=mean(behaviour_ratio_B_T - 1.0 - behaviour_log_ratio_B_T),
+            is_weight_sq=mean(measured_ratio_B_T.square()),
+            is_capped=mean(capped_B_T),
         )
     return LossResult(loss, metrics)

@@ -46,12 +46,19 @@ class Policy:
     served_name: str  # the name the local server would serve it as
     names: set[str]  # every name an upstream may list it under (served name, source path)
     leader: Leader | None = None  # rank 0 of several: the other ranks train in step with it
+    # The micro-batch size the last step fit in (None: none yet, the configured one).
+    micro_batch_tokens: int | None = None
 
     def train(self, batch: TrainingBatch, config: TrainerConfig) -> StepResult:
         """One optimiser step on `batch`, on every rank when there are several."""
         if self.leader is not None:
             return self.leader.train(batch, config)
-        return train_step(self.model, self.optimizer, batch, config)
+        result = train_step(
+            self.model, self.optimizer, batch, config, micro_batch_tokens=self.micro_batch_tokens
+        )
+        if result.applied or result.reason != "out_of_memory":
+            self.micro_batch_tokens = result.micro_batch_tokens
+        return result
 
     def state(self) -> PolicyState:
         """The adapter and optimiser state, whole (gathered from every rank's shard)."""
@@ -77,8 +84,10 @@ class Policy:
 def training_device(setting: str, config: TrainerConfig, local_rank: int = 0) -> torch.device:
     """Where this process trains: `auto` takes its CUDA device when torch sees one."""
     if setting == "cpu" or (setting == "auto" and not torch.cuda.is_available()):
-        if config.bf16:
-            raise TrainerError("--bf16 is for CUDA devices: on a CPU the trainer runs in float32")
+        if config.base_dtype == "bfloat16":
+            raise TrainerError(
+                "--base-dtype bfloat16 is for CUDA devices: on a CPU the trainer runs in float32"
+            )
         return torch.device("cpu")
     if not torch.cuda.is_available():
         raise TrainerError("--device cuda: torch sees no CUDA device (a CPU build of torch?)")
@@ -97,10 +106,25 @@ def load_into(model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: P
     optimizer.load_state_dict(state.optimizer)
 
 
-def load_policy(model: str | None, config: TrainerConfig, *, seed: int) -> Policy:
-    """Raises art_proxy.local.errors.ModelLoadError when the model cannot be loaded."""
+def base_dtype(config: TrainerConfig, device: torch.device) -> torch.dtype:
+    """The frozen base's dtype on `device` (`auto`: bfloat16 on CUDA, float32 elsewhere)."""
+    if config.base_dtype == "bfloat16" or (config.base_dtype == "auto" and device.type == "cuda"):
+        return torch.bfloat16
+    return torch.float32
+
+
+def load_policy(
+    model: str | None,
+    config: TrainerConfig,
+    *,
+    seed: int,
+    dtype: torch.dtype = torch.float32,
+) -> Policy:
+    """The base in `dtype` with a float32 LoRA adapter (peft keeps an adapter's weights in
+    float32 over a bfloat16 base). Raises art_proxy.local.errors.ModelLoadError when the model
+    cannot be loaded."""
     torch.manual_seed(seed)
-    loaded = load_model(model)
+    loaded = load_model(model, dtype=dtype)
     peft_model = lora_model(loaded.model, config)
     tokenizer = loaded.tokenizer
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id

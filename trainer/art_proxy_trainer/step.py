@@ -3,8 +3,13 @@
 The reference policy for the KL is the base model, obtained by switching the adapter off for a
 no-grad forward pass, so no second copy of the weights is held. The forward passes run in eval mode:
 dropout would make pi_theta a different policy from the one that sampled the recorded logprobs. A
-step whose loss or gradient norm is not finite, or that runs out of memory, is abandoned before the
-optimiser moves and is returned as data with its reason; the adapter is left as it was.
+step whose loss or gradient norm is not finite is abandoned before the optimiser moves and is
+returned as data with its reason; the adapter is left as it was.
+
+Memory adapts: a micro-batch that runs out of memory is halved until it fits, the size that fit is
+handed back for the next step to start from (so no step retries sizes that failed before), and a
+row that does not fit even alone is left out of the step, its trajectory named in the result,
+instead of abandoning the step.
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ import math
 import warnings
 from collections.abc import Callable
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 import torch
@@ -24,7 +29,11 @@ from transformers import PreTrainedModel
 
 from art_proxy.config import TrainerConfig
 from art_proxy_trainer.batch import TrainingBatch
-from art_proxy_trainer.loss import LossMetrics, SamplingTransforms, grpo_loss, token_logprobs
+from art_proxy_trainer.loss import Correction, LossMetrics, grpo_loss
+from art_proxy_trainer.scoring import (
+    install_sampled_head,
+    score_sampled,
+)
 
 AbandonReason = Literal["nan_loss", "nan_grad", "out_of_memory"]
 
@@ -36,6 +45,8 @@ class StepResult:
     loss: float  # before the update; nan where it was the reason
     grad_norm: float  # before clipping; nan when not computed
     metrics: LossMetrics | None
+    micro_batch_tokens: int = 0  # the micro-batch size that fit (0: the whole batch at once)
+    too_long: tuple[str, ...] = ()  # trajectories of rows left out: one alone ran out of memory
 
 
 def lora_model(base: PreTrainedModel, config: TrainerConfig) -> PeftModel:
@@ -58,6 +69,7 @@ def lora_model(base: PreTrainedModel, config: TrainerConfig) -> PeftModel:
         model: PeftModel = get_peft_model(base, lora)
     if config.gradient_checkpointing:
         recompute_activations(model)
+    install_sampled_head(model)
     return model
 
 
@@ -83,20 +95,8 @@ def make_optimizer(model: PeftModel, config: TrainerConfig) -> torch.optim.AdamW
     return torch.optim.AdamW(trainable, lr=config.learning_rate, weight_decay=config.weight_decay)
 
 
-def _logprobs(
-    model: torch.nn.Module,
-    tokens_B_T: torch.Tensor,
-    attention_mask_B_T: torch.Tensor,
-    transforms: SamplingTransforms,
-    bf16: bool,
-) -> torch.Tensor:
-    # Autocast covers the model only: the logprobs are computed from float32 logits. No KV
-    # cache: nothing is generated, and a recomputed layer would find its own keys in it.
-    with torch.autocast("cuda", dtype=torch.bfloat16, enabled=bf16):
-        logits_B_T_V: torch.Tensor = model(
-            input_ids=tokens_B_T, attention_mask=attention_mask_B_T, use_cache=False
-        ).logits
-    return token_logprobs(logits_B_T_V, tokens_B_T, transforms)
+def correction(config: TrainerConfig) -> Correction:
+    return Correction(config.objective, config.is_cap, config.ratio_cap)
 
 
 def micro_batches(batch: TrainingBatch, max_tokens: int) -> list[slice]:
@@ -139,6 +139,14 @@ def _abandon(
     return StepResult(False, reason, loss, grad_norm, metrics)
 
 
+class _PassOutOfMemory(Exception):
+    """A micro-batch ran out of memory; `rows` are the batch's rows it held."""
+
+    def __init__(self, rows: slice) -> None:
+        super().__init__(f"rows {rows.start}-{rows.stop - 1} ran out of memory")
+        self.rows = rows
+
+
 @dataclass(frozen=True)
 class Lockstep:
     """How one rank of several (distributed.py) accumulates its share of a batch in step with the
@@ -166,7 +174,9 @@ def _accumulate(
 
     Each micro-batch's loss is a mean over its own masked tokens; weighting it by its share of the
     batch's tokens makes the accumulated gradient that of the token-level mean over the batch.
-    Ranks average their gradients, so each weights its share by the number of ranks too.
+    Ranks average their gradients, so each weights its share by the number of ranks too. A pass
+    that runs out of memory raises _PassOutOfMemory with its rows (not in lockstep: there the
+    error ends the run).
     """
     total_tokens = max(lockstep.total_tokens if lockstep else batch.trained_tokens, 1)
     passes: list[tuple[TrainingBatch, slice]] = [
@@ -176,50 +186,81 @@ def _accumulate(
         passes += [(lockstep.filler, slice(0, 1))] * (lockstep.passes - len(passes))
     forward = lockstep.forward if lockstep else model
     scale = lockstep.world_size if lockstep else 1
-    loss_sum = clip_sum = ratio_sum = kl_sum = 0.0
+    loss_sum = 0.0
+    means_sum = [0.0] * len(LossMetrics(0, 0, 0, 0).means())
     for index, (source, rows) in enumerate(passes):
-        length = int(source.attention_mask_B_T[rows].sum(dim=1).max())
-        tokens_B_T = source.tokens_B_T[rows, :length]
-        attention_B_T = source.attention_mask_B_T[rows, :length]
-        mask_B_T = source.mask_B_T[rows, :length]
-        transforms = source.transforms.rows(rows, length)
-        share = float(mask_B_T.sum()) / total_tokens if source is batch else 0.0
+        share = float(source.mask_B_T[rows].sum()) / total_tokens if source is batch else 0.0
         if share == 0 and lockstep is None:
             continue
-        ref_logprobs_B_T = None
-        if config.kl_coef > 0:
-            with torch.no_grad(), model.disable_adapter():
-                ref_logprobs_B_T = _logprobs(
-                    model, tokens_B_T, attention_B_T, transforms, config.bf16
-                )
-        last = index == len(passes) - 1
-        with lockstep.syncing(last) if lockstep else contextlib.nullcontext():
-            result = grpo_loss(
-                _logprobs(forward, tokens_B_T, attention_B_T, transforms, config.bf16),
-                source.old_logprobs_B_T[rows, :length],
-                source.advantages_B[rows],
-                mask_B_T,
-                eps_low=config.eps_low,
-                eps_high=config.eps_high,
-                ratio_cap=config.ratio_cap,
-                kl_coef=config.kl_coef,
-                ref_logprobs_B_T=ref_logprobs_B_T,
+        try:
+            loss, metrics = _backward_pass(
+                model,
+                forward,
+                source,
+                rows,
+                config,
+                share * scale,
+                lockstep,
+                index == len(passes) - 1,
             )
-            loss = float(result.loss.detach())
-            if not math.isfinite(loss) and lockstep is None:
-                return loss, result.metrics
-            torch.autograd.backward(result.loss * (share * scale))
+        except torch.OutOfMemoryError as exc:
+            if lockstep is not None:
+                raise
+            raise _PassOutOfMemory(rows) from exc
+        if not math.isfinite(loss) and lockstep is None:
+            return loss, metrics
         if share:
             loss_sum += loss * share
-            clip_sum += result.metrics.clip_fraction * share
-            ratio_sum += result.metrics.mean_ratio * share
-            kl_sum += result.metrics.kl * share
+            means_sum = [
+                total + mean * share for total, mean in zip(means_sum, metrics.means(), strict=True)
+            ]
     if lockstep is not None:
-        loss_sum, clip_sum, ratio_sum, kl_sum = lockstep.summed(
-            [loss_sum, clip_sum, ratio_sum, kl_sum]
-        )
+        loss_sum, *means_sum = lockstep.summed([loss_sum, *means_sum])
     tokens = lockstep.total_tokens if lockstep else batch.trained_tokens
-    return loss_sum, LossMetrics(clip_sum, ratio_sum, kl_sum, tokens)
+    return loss_sum, LossMetrics.from_means(means_sum, tokens)
+
+
+def _backward_pass(
+    model: PeftModel,
+    forward: torch.nn.Module,
+    source: TrainingBatch,
+    rows: slice,
+    config: TrainerConfig,
+    weight: float,
+    lockstep: Lockstep | None,
+    last: bool,
+) -> tuple[float, LossMetrics]:
+    """One micro-batch's forward and backward (its loss weighted by `weight`)."""
+    length = int(source.attention_mask_B_T[rows].sum(dim=1).max())
+    tokens_B_T = source.tokens_B_T[rows, :length]
+    attention_B_T = source.attention_mask_B_T[rows, :length]
+    mask_B_T = source.mask_B_T[rows, :length]
+    transforms = source.transforms.rows(rows, length)
+    ref_logprobs_B_T = None
+    if config.kl_coef > 0:
+        with torch.no_grad(), model.disable_adapter():
+            ref_logprobs_B_T = score_sampled(
+                model, tokens_B_T, attention_B_T, mask_B_T, transforms
+            ).logprobs_B_T
+    with lockstep.syncing(last) if lockstep else contextlib.nullcontext():
+        scored = score_sampled(forward, tokens_B_T, attention_B_T, mask_B_T, transforms)
+        result = grpo_loss(
+            scored.logprobs_B_T,
+            source.old_logprobs_B_T[rows, :length],
+            source.advantages_B[rows],
+            mask_B_T,
+            eps_low=config.eps_low,
+            eps_high=config.eps_high,
+            correction=correction(config),
+            kl_coef=config.kl_coef,
+            ref_logprobs_B_T=ref_logprobs_B_T,
+            entropy_B_T=scored.entropy_B_T,
+        )
+        loss = float(result.loss.detach())
+        if not math.isfinite(loss) and lockstep is None:
+            return loss, result.metrics
+        torch.autograd.backward(result.loss * weight)
+    return loss, result.metrics
 
 
 def train_step(
@@ -228,38 +269,49 @@ def train_step(
     batch: TrainingBatch,
     config: TrainerConfig,
     lockstep: Lockstep | None = None,
+    *,
+    micro_batch_tokens: int | None = None,
 ) -> StepResult:
-    """One optimiser step on `batch` (with `lockstep`: this rank's share of the whole batch)."""
+    """One optimiser step on `batch` (with `lockstep`: this rank's share of the whole batch),
+    starting from `micro_batch_tokens` (None: the configured size; give back the result's to
+    start where the last step's fit)."""
     model.eval()
     batch = batch.to(next(model.parameters()).device)
-    max_tokens = config.micro_batch_tokens
+    max_tokens = config.micro_batch_tokens if micro_batch_tokens is None else micro_batch_tokens
+    too_long: list[str] = []
     while True:
         optimizer.zero_grad(set_to_none=True)
         try:
             loss, metrics = _accumulate(model, batch, config, max_tokens, lockstep)
             break
-        except torch.OutOfMemoryError:
+        except _PassOutOfMemory as failed:
             # Smaller micro-batches give the same gradient in less memory: halve them until
-            # every row is its own micro-batch, and only then give the step up. Ranks in
-            # lockstep cannot redo a pass alone: the error ends the run (the launcher stops
-            # every rank) and the next start resumes from the last checkpoint.
-            if lockstep is not None:
-                raise
-            if len(micro_batches(batch, max_tokens)) == batch.tokens_B_T.shape[0]:
-                return _abandon(optimizer, "out_of_memory")
-            max_tokens = _halved(max_tokens, batch)
+            # every row is its own micro-batch; a row that does not fit alone is left out.
+            # Ranks in lockstep cannot redo a pass alone: the error ends the run (the launcher
+            # stops every rank) and the next start resumes from the last checkpoint.
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()
+            rows = failed.rows
+            if rows.stop - rows.start > 1:
+                max_tokens = _halved(max_tokens, batch)
+                continue
+            too_long.append(batch.trajectory_ids[rows.start] if batch.trajectory_ids else "")
+            kept = [row for row in range(batch.tokens_B_T.shape[0]) if row != rows.start]
+            if not kept or batch.take(kept).trained_tokens == 0:
+                return replace(_abandon(optimizer, "out_of_memory"), too_long=tuple(too_long))
+            batch = batch.take(kept)
     if not math.isfinite(loss):
-        return _abandon(optimizer, "nan_loss", loss, metrics=metrics)
+        abandoned = _abandon(optimizer, "nan_loss", loss, metrics=metrics)
+        return replace(abandoned, micro_batch_tokens=max_tokens, too_long=tuple(too_long))
     trainable = [p for group in optimizer.param_groups for p in group["params"]]
     max_norm = config.max_grad_norm if config.max_grad_norm > 0 else math.inf
     grad_norm = _value(torch.nn.utils.clip_grad_norm_(trainable, max_norm))
     if not math.isfinite(grad_norm):
-        return _abandon(optimizer, "nan_grad", loss, grad_norm, metrics)
+        abandoned = _abandon(optimizer, "nan_grad", loss, grad_norm, metrics)
+        return replace(abandoned, micro_batch_tokens=max_tokens, too_long=tuple(too_long))
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-    return StepResult(True, None, loss, grad_norm, metrics)
+    return StepResult(True, None, loss, grad_norm, metrics, max_tokens, tuple(too_long))
 
 
 def _value(norm: torch.Tensor) -> float:

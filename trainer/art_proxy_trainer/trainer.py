@@ -127,7 +127,7 @@ class Trainer:
         promotion = None
         if self.promoter is not None:
             promotion = await self.promoter.consider(validated, self.state)
-        samples = self._samples(train_groups, calls, outcomes)
+        samples = self._samples(train_groups, calls, outcomes, metrics)
         metrics["seconds_prepare"] = time.perf_counter() - started
         rewards = [r for g in train_groups for r in g.rewards.values()]
         metrics |= {
@@ -195,19 +195,28 @@ class Trainer:
         groups: Sequence[TrainableGroup],
         calls: Mapping[str, list[CallRecord]],
         outcomes: dict[str, GroupOutcome],
+        metrics: dict[str, float],
     ) -> list[TrajectorySample]:
         # Age is counted from the weights trained now, not from the step number: after steps
         # abandoned for want of signal, the base model's new samples are still on-policy.
-        oldest_allowed = self.state.policy_step - self.settings.max_staleness
         fresh: dict[str, dict[str, float]] = {}
+        staleness: list[float] = []
         for group in groups:
             served = [c.model for t in group.rewards for c in calls.get(t, [])]
-            if any(step_of(model, self.alias) < oldest_allowed for model in served):
+            behind = max(
+                (self.state.policy_step - step_of(model, self.alias) for model in served),
+                default=0,
+            )
+            if self.settings.max_staleness and behind > self.settings.max_staleness:
                 outcomes[group.group_id] = "stale"
             elif not has_signal(group.rewards.values()):
                 outcomes[group.group_id] = "zero_variance"
             else:
                 fresh[group.group_id] = dict(group.rewards)
+                staleness.append(float(max(behind, 0)))
+        if staleness:
+            metrics["staleness_mean"] = math.fsum(staleness) / len(staleness)
+            metrics["staleness_max"] = max(staleness)
         advantages = group_advantages(
             fresh, scale_by_std=self.settings.scale_advantages_by_std
         ).by_trajectory
@@ -245,13 +254,26 @@ class Trainer:
             "stitch_misses": float(batch.stats.stitch_misses),
             "skipped_calls": float(batch.stats.skipped_calls),
         }
+        if result.too_long:
+            metrics["too_long_rows"] = float(len(result.too_long))
+            self._on_warning(
+                f"step {self.state.step + 1}: left out {len(result.too_long)} sequence(s) too "
+                f"long to fit in memory even alone (trajectories {', '.join(result.too_long)}): "
+                "lower --micro-batch-tokens, turn on --gradient-checkpointing, or shorten them"
+            )
         if result.metrics is not None:
+            loss_metrics = result.metrics
             metrics |= {
-                "clip_fraction": result.metrics.clip_fraction,
-                "mean_ratio": result.metrics.mean_ratio,
+                "clip_fraction": loss_metrics.clip_fraction,
+                "mean_ratio": loss_metrics.mean_ratio,
+                "entropy": loss_metrics.entropy,
+                "mismatch": loss_metrics.mismatch,
+                "mismatch_kl": loss_metrics.mismatch_kl,
+                "is_weight_std": loss_metrics.is_weight_std,
+                "is_capped": loss_metrics.is_capped,
             }
             if self.settings.kl_coef > 0:  # measured only when it is part of the loss
-                metrics["kl"] = result.metrics.kl
+                metrics["kl"] = loss_metrics.kl
         if result.applied:
             return "applied", None
         for group_id, outcome in outcomes.items():
