@@ -79,6 +79,12 @@ def flags(**values: object) -> list[str]:
     return argv
 
 
+# vLLM's share of one GPU the trainer also trains on: 7B in bf16 is 15 GB of weights each side,
+# and the trainer's step with recomputed activations fits in what is left on an 80 GB card (the
+# README's arithmetic).
+ONE_GPU_VLLM_SHARE = 0.5
+
+
 def plan(settings: UpSettings) -> list[Part]:
     """The parts of the stack, in start order (with `--engine vllm`, the bundled model is
     converted first, once per machine)."""
@@ -91,6 +97,9 @@ def plan(settings: UpSettings) -> list[Part]:
             python=settings.vllm_python,
             max_lora_rank=settings.max_lora_rank,
             tool_call_parser=settings.tool_call_parser,
+            dtype=settings.vllm_dtype,
+            gpu_memory_utilization=settings.gpu_memory_utilization
+            or (ONE_GPU_VLLM_SHARE if settings.agent else None),
         )
         llm = Part(
             "vllm",

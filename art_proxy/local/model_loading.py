@@ -12,6 +12,7 @@ import contextlib
 import hashlib
 import importlib.util
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -88,7 +89,29 @@ def model_files(model: str | None, *, cache_dir: str | Path | None = None) -> Mo
         return ModelFiles(converted_gguf(source, cache), source, name)
     if source.is_dir():
         return ModelFiles(source, source, name)
+    if model is not None and _HUB_ID.fullmatch(model):
+        return ModelFiles(cached_snapshot(model), source, name)
     raise ModelLoadError(f"--model {model}: not a Hugging Face model directory or a .gguf file")
+
+
+# `org/name` as the Hugging Face hub spells a model id (a path that does not exist looks alike,
+# so an id is tried only after the file system).
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
+
+
+def cached_snapshot(hub_id: str) -> Path:
+    """The local Hugging Face cache's copy of `hub_id`, as vLLM finds it (HF_HUB_CACHE, HF_HOME);
+    nothing is downloaded."""
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    try:
+        return Path(snapshot_download(hub_id, local_files_only=True))
+    except (LocalEntryNotFoundError, OSError, ValueError) as exc:
+        raise ModelLoadError(
+            f"--model {hub_id}: not a directory, and not in the local Hugging Face cache (nothing "
+            f"is downloaded here: `hf download {hub_id}` first, or pass the model's directory)"
+        ) from exc
 
 
 def load_model(

@@ -10,7 +10,13 @@ import torch
 
 from art_proxy.local.detokenizer import Detokenizer
 from art_proxy.local.errors import ModelLoadError
-from art_proxy.local.model_loading import CACHE_DIR_ENV, LoadedModel, default_cache_dir, load_model
+from art_proxy.local.model_loading import (
+    CACHE_DIR_ENV,
+    LoadedModel,
+    default_cache_dir,
+    load_model,
+    model_files,
+)
 from art_proxy.local.sampling import SamplingParams, processed_logprobs, sample
 
 
@@ -97,3 +103,22 @@ def test_the_bundled_model_was_converted_once_into_the_cache(smollm2: LoadedMode
     assert any((path / "model.safetensors").is_file() for path in cached)
     assert smollm2.source.endswith("SmolLM2-135M-Instruct.Q4_1.gguf")
     assert smollm2.tokenizer.chat_template
+
+
+def test_a_hub_id_loads_from_the_local_hugging_face_cache_and_nothing_is_fetched(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """`--model Qwen/Qwen2.5-7B-Instruct` finds the copy vLLM would serve, offline."""
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path))
+    commit = "0" * 40
+    snapshot = tmp_path / "models--acme--tiny" / "snapshots" / commit
+    snapshot.mkdir(parents=True)
+    (snapshot / "config.json").write_text("{}")
+    (tmp_path / "models--acme--tiny" / "refs").mkdir()
+    (tmp_path / "models--acme--tiny" / "refs" / "main").write_text(commit)
+    files = model_files("acme/tiny")
+    assert (files.directory, files.name) == (snapshot, "acme/tiny")
+    with pytest.raises(ModelLoadError, match="not in the local Hugging Face cache"):
+        model_files("acme/absent")
