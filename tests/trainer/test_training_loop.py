@@ -268,7 +268,7 @@ async def test_a_resumed_run_serves_its_adapter_again_and_a_new_run_starts_from_
 async def test_an_abandoned_step_labels_its_groups_abandoned_not_trained(
     stack: Stack, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    def nan_step(*_args: object) -> StepResult:
+    def nan_step(*_args: object, **_kwargs: object) -> StepResult:
         return StepResult(False, "nan_loss", math.nan, math.nan, None)
 
     monkeypatch.setattr(policy_module, "train_step", nan_step)

@@ -1,0 +1,254 @@
+"""The trainer's own step on a GPU, for models built from a config (random weights, no download).
+
+For each size (a Qwen2-shaped 0.5B and 7B; `--tiny`: a 2-layer model small enough for a CPU) it
+builds the model with random weights in bfloat16 on the device, wraps it with the trainer's
+`lora_model` (r 8, every linear projection) and takes, on one GRPO batch of `--rows` rows of
+`--prompt-tokens` + `--completion-tokens` tokens (the completions trained, advantages spread):
+
+- `raw peft`: the baseline, a forward and backward of the same peft model on the same tokens with
+  the model's own head (full logits, bf16) and a plain policy-gradient loss, then AdamW's step;
+- `train_step`: the trainer's step, activations kept (`--no-gradient-checkpointing`);
+- `train_step, recompute`: the trainer's default, activations recomputed;
+- `top_p only`: the trainer's default step on a batch sampled with top_p 0.9 and no top_k (the
+  OpenAI SDK's case), which must apply and stay finite.
+
+Each arm reports tokens per second (the batch's tokens over the step's median time), peak memory
+(`torch.cuda.max_memory_allocated`; on a CPU, not measured) and, for the trainer's arms, the
+peak that `art_proxy_trainer.memory` predicts (the README's arithmetic). The last line says
+whether every arm applied and every peak stayed within 1.25x of the prediction.
+
+    .venv/bin/python benchmarks/gpu_check.py                # on a CUDA machine: 0.5B and 7B
+    .venv/bin/python benchmarks/gpu_check.py --tiny         # anywhere: the tiny form
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from peft import PeftModel
+from rich.console import Console
+from rich.table import Table
+from transformers import Qwen2Config, Qwen2ForCausalLM
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from art_proxy.config import TrainerConfig
+from art_proxy_trainer.batch import SequenceStats, TrainingBatch
+from art_proxy_trainer.memory import QWEN2_0_5B, QWEN2_7B, ModelShape, step_memory
+from art_proxy_trainer.scoring import SamplingTransforms
+from art_proxy_trainer.step import lora_model, make_optimizer, train_step
+
+TINY = ModelShape("tiny", 64, 128, 2, 4, 2, 1000, True)
+console = Console()
+
+
+@dataclass(frozen=True)
+class Row:
+    model: str
+    arm: str
+    tokens_per_s: float
+    peak_gb: float | None
+    predicted_gb: float | None
+    applied: bool
+
+
+def build(shape: ModelShape, device: torch.device) -> Qwen2ForCausalLM:
+    config = Qwen2Config(
+        hidden_size=shape.hidden,
+        intermediate_size=shape.intermediate,
+        num_hidden_layers=shape.layers,
+        num_attention_heads=shape.heads,
+        num_key_value_heads=shape.kv_heads,
+        vocab_size=shape.vocabulary,
+        tie_word_embeddings=shape.tied,
+        max_position_embeddings=4096,
+    )
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)
+    try:
+        with device:
+            model = Qwen2ForCausalLM(config)
+    finally:
+        torch.set_default_dtype(default)
+    model.train(False)
+    return model
+
+
+def batch_of(
+    shape: ModelShape, rows: int, prompt: int, completion: int, device: torch.device, top_p: bool
+) -> TrainingBatch:
+    length = prompt + completion
+    generator = torch.Generator().manual_seed(0)
+    tokens_B_T = torch.randint(0, shape.vocabulary, (rows, length), generator=generator)
+    mask_B_T = torch.zeros(rows, length)
+    mask_B_T[:, prompt:] = 1.0
+    transforms = SamplingTransforms()
+    if top_p:
+        transforms = SamplingTransforms(top_p_B_T=torch.where(mask_B_T > 0, 0.9, 1.0))
+    return TrainingBatch(
+        tokens_B_T,
+        torch.ones(rows, length, dtype=torch.int64),
+        mask_B_T,
+        # Near the model's own logprobs of random tokens under random weights (~ -log V).
+        torch.full((rows, length), -float(torch.tensor(shape.vocabulary).log())) * mask_B_T,
+        torch.linspace(-1.0, 1.0, rows),
+        SequenceStats(rows),
+        transforms,
+    ).to(device)
+
+
+def raw_step(model: PeftModel, optimizer: torch.optim.Optimizer, batch: TrainingBatch) -> None:
+    logits_B_T_V = model(
+        input_ids=batch.tokens_B_T, attention_mask=batch.attention_mask_B_T, use_cache=False
+    ).logits
+    logprobs_B_T = (
+        torch.log_softmax(logits_B_T_V[:, :-1].float(), dim=-1)
+        .gather(-1, batch.tokens_B_T[:, 1:, None])
+        .squeeze(-1)
+    )
+    mask_B_T = batch.mask_B_T[:, 1:]
+    loss = -(logprobs_B_T * batch.advantages_B[:, None] * mask_B_T).sum() / mask_B_T.sum()
+    torch.autograd.backward(loss)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+
+
+def timed(step: Callable[[], object], device: torch.device, repeats: int) -> tuple[float, float]:
+    """(median seconds of a step after a warm-up, peak GB since the warm-up began)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+    step()
+    seconds = []
+    for _ in range(repeats):
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        started = time.perf_counter()
+        step()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        seconds.append(time.perf_counter() - started)
+    peak = torch.cuda.max_memory_allocated() / 1e9 if device.type == "cuda" else float("nan")
+    return statistics.median(seconds), peak
+
+
+def check(
+    shape: ModelShape, device: torch.device, rows: int, prompt: int, completion: int, repeats: int
+) -> list[Row]:
+    results: list[Row] = []
+    tokens = rows * (prompt + completion)
+    for arm, recompute, top_p, raw in (
+        ("raw peft", False, False, True),
+        ("train_step", False, False, False),
+        ("train_step, recompute", True, False, False),
+        ("top_p only", True, True, False),
+    ):
+        config = TrainerConfig(gradient_checkpointing=recompute)
+        model = lora_model(build(shape, device), config)
+        optimizer = make_optimizer(model, config)
+        batch = batch_of(shape, rows, prompt, completion, device, top_p)
+        applied = [True]
+
+        def step(
+            model: PeftModel = model,
+            optimizer: torch.optim.Optimizer = optimizer,
+            batch: TrainingBatch = batch,
+            config: TrainerConfig = config,
+            raw: bool = raw,
+            applied: list[bool] = applied,
+        ) -> None:
+            if raw:
+                raw_step(model, optimizer, batch)
+                return
+            result = train_step(model, optimizer, batch, config)
+            applied[0] = applied[0] and result.applied
+
+        seconds, peak = timed(step, device, repeats)
+        micro = min(tokens, config.micro_batch_tokens)
+        predicted = (
+            None
+            if raw
+            else step_memory(shape, micro_batch_tokens=micro, recompute=recompute).total / 1e9
+        )
+        results.append(
+            Row(
+                shape.name,
+                arm,
+                tokens / seconds,
+                None if peak != peak else peak,
+                predicted,
+                applied[0],
+            )
+        )
+        console.print(f"{shape.name}: {arm}: {tokens / seconds:,.0f} tokens/s, peak {peak:.1f} GB")
+        del model, optimizer, batch
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    return results
+
+
+def report(rows: list[Row]) -> bool:
+    table = Table(title="the trainer's step on a GPU (bf16 base, LoRA r 8, random weights)")
+    for column in ("model", "arm", "tokens/s", "peak GB", "predicted GB", "applied"):
+        table.add_column(column, justify="right")
+    ok = True
+    for row in rows:
+        within = (
+            row.peak_gb is None
+            or row.predicted_gb is None
+            or row.peak_gb <= 1.25 * row.predicted_gb
+        )
+        ok = ok and row.applied and within
+        table.add_row(
+            row.model,
+            row.arm,
+            f"{row.tokens_per_s:,.0f}",
+            "-" if row.peak_gb is None else f"{row.peak_gb:.1f}",
+            "-" if row.predicted_gb is None else f"{row.predicted_gb:.1f}",
+            "yes" if row.applied else "NO",
+        )
+    console.print(table)
+    return ok
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--tiny", action="store_true", help="the tiny model, on any device")
+    parser.add_argument("--rows", type=int, default=16)
+    parser.add_argument("--prompt-tokens", type=int, default=384)
+    parser.add_argument("--completion-tokens", type=int, default=128)
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args(argv)
+    warnings.filterwarnings("ignore")
+    cuda = torch.cuda.is_available()
+    if not cuda and not args.tiny:
+        console.print("gpu_check: torch sees no CUDA device; --tiny runs the tiny form here")
+        return 2
+    device = torch.device("cuda" if cuda else "cpu")
+    shapes = [TINY] if args.tiny else [QWEN2_0_5B, QWEN2_7B]
+    if args.tiny:
+        args.rows, args.prompt_tokens, args.completion_tokens, args.repeats = 4, 24, 8, 1
+    rows = []
+    for shape in shapes:
+        rows += check(
+            shape, device, args.rows, args.prompt_tokens, args.completion_tokens, args.repeats
+        )
+    ok = report(rows)
+    name = torch.cuda.get_device_name() if cuda else "CPU"
+    console.print(
+        f"gpu_check on {name}: every step applied and within 1.25x of the arithmetic: "
+        f"{'PASS' if ok else 'FAIL'}"
+    )
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,128 @@
+"""What one trainer step holds in memory, counted from a model's shape (no weights needed).
+
+The same accounting gives the README's one-GPU arithmetic and the figure `benchmarks/gpu_check.py`
+measures against. It counts live tensors, largest first:
+
+- the frozen base, `dtype_bytes` a parameter (bfloat16 on CUDA);
+- the LoRA adapter in float32: its weights, their gradients and AdamW's two moments, 16 bytes a
+  parameter;
+- the activations autograd keeps for one micro-batch: with recomputation, each decoder layer's
+  input plus one layer's full set while it is recomputed; without, every layer's full set. A
+  layer's set per token: the norms' outputs, q/k/v/o, the MLP's gate, up, activation and product
+  in the base's dtype, and the float32 copy of its input each LoRA module makes;
+- the output layer's chunks: a float32 copy of the head's weight (when the base is not float32)
+  and a few chunk-sized float32 tensors (logits, filtered, log-softmax, probabilities), twice over
+  in the backward's recomputation.
+
+It leaves out the CUDA context and allocator slack (~1-2 GB), and on a CPU what the C allocator
+keeps after a free (resident memory can be several times the live tensors there).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from art_proxy_trainer.scoring import CHUNK_BYTES
+
+GB = 1e9
+# Chunk-sized float32 tensors alive at once in the output layer (forward and recomputation).
+_CHUNK_COPIES = 8
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """A decoder's dimensions (a Llama/Qwen2-style model)."""
+
+    name: str
+    hidden: int
+    intermediate: int
+    layers: int
+    heads: int
+    kv_heads: int
+    vocabulary: int
+    tied: bool  # the head shares the embedding's weight
+
+    @classmethod
+    def of(cls, config: Any, name: str = "") -> ModelShape:
+        """From a transformers config."""
+        return cls(
+            name or str(getattr(config, "name_or_path", "") or config.model_type),
+            config.hidden_size,
+            config.intermediate_size,
+            config.num_hidden_layers,
+            config.num_attention_heads,
+            getattr(config, "num_key_value_heads", None) or config.num_attention_heads,
+            config.vocab_size,
+            bool(getattr(config, "tie_word_embeddings", False)),
+        )
+
+    @property
+    def kv_width(self) -> int:
+        return self.kv_heads * (self.hidden // self.heads)
+
+    @property
+    def parameters(self) -> int:
+        h, i, kv = self.hidden, self.intermediate, self.kv_width
+        layer = 2 * h * h + 2 * h * kv + (h + 2 * kv) + 3 * h * i + 2 * h
+        embedding = self.vocabulary * h
+        return self.layers * layer + embedding * (1 if self.tied else 2) + h
+
+    def lora_parameters(self, rank: int) -> int:
+        """LoRA on every linear projection of every layer (the trainer's default)."""
+        h, i, kv = self.hidden, self.intermediate, self.kv_width
+        per_layer = 2 * (h + h) + 2 * (h + kv) + 2 * (h + i) + (i + h)
+        return self.layers * rank * per_layer
+
+    def layer_activation_bytes(self, tokens: int, dtype_bytes: int) -> int:
+        """One decoder layer's saved tensors for `tokens` tokens."""
+        h, i, kv = self.hidden, self.intermediate, self.kv_width
+        in_dtype = 4 * h + 2 * kv + 4 * i
+        lora_inputs_fp32 = 6 * h + i
+        return tokens * (in_dtype * dtype_bytes + lora_inputs_fp32 * 4)
+
+
+@dataclass(frozen=True)
+class StepMemory:
+    weights: int
+    adapter: int
+    activations: int
+    output_layer: int
+
+    @property
+    def total(self) -> int:
+        return self.weights + self.adapter + self.activations + self.output_layer
+
+
+def step_memory(
+    shape: ModelShape,
+    *,
+    micro_batch_tokens: int,
+    recompute: bool = True,
+    lora_rank: int = 8,
+    dtype_bytes: int = 2,
+) -> StepMemory:
+    layer = shape.layer_activation_bytes(micro_batch_tokens, dtype_bytes)
+    if recompute:
+        activations = shape.layers * micro_batch_tokens * shape.hidden * dtype_bytes + layer
+    else:
+        activations = shape.layers * layer
+    head_copy = 0 if dtype_bytes == 4 else shape.vocabulary * shape.hidden * 4
+    return StepMemory(
+        weights=shape.parameters * dtype_bytes,
+        adapter=shape.lora_parameters(lora_rank) * 16,
+        activations=activations,
+        output_layer=head_copy + _CHUNK_COPIES * CHUNK_BYTES,
+    )
+
+
+# Public configs of the models the README's arithmetic is for (Qwen2/Qwen2.5 shapes).
+QWEN2_0_5B = ModelShape("Qwen2.5-0.5B", 896, 4864, 24, 14, 2, 151936, True)
+QWEN2_7B = ModelShape("Qwen2.5-7B", 3584, 18944, 28, 28, 4, 152064, False)
+QWEN2_14B = ModelShape("Qwen2.5-14B", 5120, 13824, 48, 40, 8, 152064, False)
+
+
+def vllm_memory(shape: ModelShape, *, kv_cache_gb: float, dtype_bytes: int = 2) -> float:
+    """vLLM's share in bytes: its copy of the weights, the KV cache it is given, and ~2 GB of
+    CUDA graphs, activations and LoRA slots."""
+    return shape.parameters * dtype_bytes + kv_cache_gb * GB + 2 * GB
