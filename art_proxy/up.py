@@ -153,6 +153,7 @@ def trainer_command(settings: UpSettings) -> str | None:
         model=settings.model,
         nproc=settings.nproc if settings.nproc > 1 else None,
         sharding=settings.sharding if settings.sharding != "ddp" else None,
+        lora_rank=settings.lora_rank if "lora_rank" in settings.model_fields_set else None,
     )
     return shlex.join([art_proxy, "train", *train_flags])
 

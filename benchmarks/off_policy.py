@@ -16,6 +16,7 @@ samples each) and its mean reward is the figure; a 95% interval over `--seeds` s
 beside it, and last the gap of each stale arm to the fresh one.
 
     .venv/bin/python benchmarks/off_policy.py [--steps 12] [--seeds 3] [--eval 16] [--quick]
+        [--arms fresh:tis,stale:ppo,stale:tis,stale:mis,stale:tis:8]
 """
 
 from __future__ import annotations
@@ -58,6 +59,17 @@ class Arm:
     name: str
     stale: bool  # sampled by the base model, not the adapter being trained
     objective: Objective
+    is_cap: float = 2.0
+
+    @classmethod
+    def parse(cls, spec: str) -> Arm:
+        """`fresh:tis`, `stale:mis:5`: who samples, the objective, and its --is-cap."""
+        who, objective, *cap = spec.split(":")
+        if who not in ("fresh", "stale") or objective not in ("tis", "mis", "ppo"):
+            raise SystemExit(f"--arms {spec}: expected fresh|stale:tis|mis|ppo[:cap]")
+        is_cap = float(cap[0]) if cap else 2.0
+        suffix = f" cap {is_cap:g}" if cap else ""
+        return cls(f"{who} {objective}{suffix}", who == "stale", objective, is_cap)  # type: ignore[arg-type]  # checked above
 
 
 @dataclass
@@ -124,7 +136,7 @@ def run_arm(
     train, held_out = _split()
     loaded = loaded_base()
     torch.manual_seed(seed)
-    config = TrainerConfig(objective=arm.objective)
+    config = TrainerConfig(objective=arm.objective, is_cap=arm.is_cap)
     model = lora_model(loaded.model, config)
     optimizer = make_optimizer(model, config)
     eos = int(loaded.tokenizer.eos_token_id)
@@ -187,17 +199,17 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--eval", type=int, default=16, help="samples per held-out question")
     parser.add_argument("--quick", action="store_true", help="2 steps, 1 seed: a smoke run")
+    parser.add_argument(
+        "--arms",
+        default="fresh:tis,stale:ppo,stale:tis,stale:mis",
+        help="comma-separated who:objective[:is_cap]; the first is the reference",
+    )
     args = parser.parse_args(argv)
     if args.quick:
         args.steps, args.seeds, args.eval = 2, 1, 2
     warnings.filterwarnings("ignore", category=FutureWarning)
     warnings.filterwarnings("ignore", category=UserWarning)
-    arms = [
-        Arm("fresh (tis)", False, "tis"),
-        Arm("stale ppo", True, "ppo"),
-        Arm("stale tis", True, "tis"),
-        Arm("stale mis", True, "mis"),
-    ]
+    arms = [Arm.parse(spec) for spec in args.arms.split(",")]
     results = []
     for arm in arms:
         started = time.monotonic()

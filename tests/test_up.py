@@ -13,6 +13,7 @@ import importlib.util
 import itertools
 import os
 import shlex
+import subprocess
 import signal
 import socket
 import sys
@@ -382,3 +383,18 @@ async def test_a_part_that_dies_while_the_run_command_runs_stops_up_with_an_erro
     assert status == 1, output
     assert error_lines(output) == ["error: local-llm exited with status -9; its last lines:"]
     up.assert_nothing_left_running()
+
+
+def test_a_lora_rank_above_vllms_max_lora_rank_is_refused_at_start_in_one_line() -> None:
+    done = subprocess.run(
+        [ART_PROXY, "up", "--engine", "vllm", "--lora-rank", "32"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode != 0
+    [error] = [line for line in done.stderr.splitlines() if line.startswith("Error:")]
+    assert "--lora-rank 32 is above vLLM's --max-lora-rank 16" in error
+    looped = UpSettings(agent="agent.py:rollout", scenarios="s.jsonl", lora_rank=16)
+    train = shlex.split(trainer_command(looped) or "")
+    assert train[train.index("--lora-rank") + 1] == "16"

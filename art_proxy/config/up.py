@@ -33,6 +33,12 @@ class UpSettings(JournalSettings, StoreSettings):
         "environment, which `make setup` builds).",
     )
     max_lora_rank: int = Field(16, description="vLLM --max-lora-rank (vLLM engine only).")
+    lora_rank: int = Field(
+        8,
+        ge=1,
+        description="The trainer's LoRA rank with --agent (train's --lora-rank); with the vLLM "
+        "engine at most --max-lora-rank, or vLLM refuses every adapter.",
+    )
     vllm_dtype: Literal["auto", "float32", "bfloat16"] = Field(
         "auto",
         description="vLLM --dtype (vLLM engine only): auto, bfloat16 on a GPU and float32 on "
@@ -74,6 +80,15 @@ class UpSettings(JournalSettings, StoreSettings):
     log_level: LogLevel = Field(
         LogLevel.info, description="The proxy's log level (serve's --log-level)."
     )
+
+    @model_validator(mode="after")
+    def _rank_vllm_accepts(self) -> UpSettings:
+        if self.engine is Engine.vllm and self.lora_rank > self.max_lora_rank:
+            raise ValueError(
+                f"--lora-rank {self.lora_rank} is above vLLM's --max-lora-rank "
+                f"{self.max_lora_rank}: vLLM would refuse every adapter (raise --max-lora-rank)"
+            )
+        return self
 
     @model_validator(mode="after")
     def _one_job(self) -> UpSettings:

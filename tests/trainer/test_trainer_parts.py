@@ -224,3 +224,28 @@ def test_loading_the_model_prints_no_progress_bar_of_transformers(
 
     captured = capfd.readouterr()
     assert "Loading weights" not in captured.out + captured.err
+
+
+def test_an_abandoned_step_checkpoints_no_weights_and_resumes_from_the_last_applied(
+    tmp_path: Path,
+) -> None:
+    config = TrainerConfig(learning_rate=1e-2)
+    model = _model(config)
+    optimizer = make_optimizer(model, config)
+    assert train_step(model, optimizer, build_batch(_samples()), config).applied
+    checkpoints = Checkpoints(tmp_path)
+    policy = Policy(model, optimizer, 0, "m", {"m"})
+    checkpoints.save(model, policy.state(), TrainerState(run="r", step=1, policy_step=1))
+    checkpoints.save(model, None, TrainerState(run="r", step=2, policy_step=1))  # stale
+    assert not (tmp_path / "checkpoints" / "step-000002" / "adapter").exists()
+    checkpoints.prune(set())
+    assert (tmp_path / "checkpoints" / "step-000001" / "adapter").is_dir()
+
+    fresh = _model(config)
+    state = checkpoints.latest()
+    assert state is not None and (state.step, state.policy_step) == (2, 1)
+    checkpoints.restore(state, Policy(fresh, make_optimizer(fresh, config), 0, "m", {"m"}))
+    for (name, trained), (_, restored) in zip(
+        model.named_parameters(), fresh.named_parameters(), strict=True
+    ):
+        torch.testing.assert_close(restored, trained, msg=name)

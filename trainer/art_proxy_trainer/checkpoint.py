@@ -2,7 +2,9 @@
 
 `OUT/checkpoints/step-000007/` holds `adapter/` (PEFT format, the directory upstreams load as
 `alias@7`), `optimizer.pt` and `state.json` (`TrainerState`, including the step's record with the
-groups it consumed). A checkpoint is written in a temporary directory and renamed into place, and
+groups it consumed). A step that did not move the weights (abandoned: stale groups, no signal, a
+NaN) writes `state.json` alone: its weights are those of `policy_step`'s checkpoint, which is kept
+while a later checkpoint points at it. A checkpoint is written in a temporary directory and renamed into place, and
 only then does `OUT/latest.json` (replaced atomically) point at it. A trainer killed at any moment
 thus restarts from the previous step or this one; the step's record travels inside the checkpoint
 so a restart writes it to the store if the kill came before the store had it (exactly once: the
@@ -74,14 +76,16 @@ class Checkpoints:
     def adapter_dir(self, step: int) -> Path:
         return self.path(step) / "adapter"
 
-    def save(self, model: PeftModel, trained: PolicyState, state: TrainerState) -> Path:
+    def save(self, model: PeftModel, trained: PolicyState | None, state: TrainerState) -> Path:
+        """`trained` None: the weights did not change since `state.policy_step`'s checkpoint."""
         final = self.path(state.step)
         partial = final.with_name(final.name + ".partial")
         shutil.rmtree(partial, ignore_errors=True)
         partial.mkdir(parents=True)
-        # `trained` is whole even where `model` holds a shard: peft writes it, with the config.
-        model.save_pretrained(str(partial / "adapter"), state_dict=trained.adapter)
-        torch.save(trained.optimizer, partial / "optimizer.pt")
+        if trained is not None:
+            # `trained` is whole even where `model` holds a shard: peft writes it, with the config.
+            model.save_pretrained(str(partial / "adapter"), state_dict=trained.adapter)
+            torch.save(trained.optimizer, partial / "optimizer.pt")
         (partial / "state.json").write_text(state.model_dump_json(indent=1))
         shutil.rmtree(final, ignore_errors=True)  # a step redone after a kill before latest.json
         os.replace(partial, final)
@@ -101,7 +105,9 @@ class Checkpoints:
             raise CheckpointError(f"checkpoint {self.path(step)} is unreadable: {exc}") from exc
 
     def restore(self, state: TrainerState, policy: Policy) -> None:
-        path = self.path(state.step)
+        path = self.path(state.policy_step)
+        if state.policy_step == 0 and not (path / "adapter").is_dir():
+            return  # no step has moved the weights: the fresh adapter is the run's
         try:
             saved = load_file(str(path / "adapter" / _ADAPTER_WEIGHTS))
             # peft's file names the weights without the adapter's name ("default").
@@ -117,7 +123,9 @@ class Checkpoints:
             ) from exc
 
     def prune(self, keep_steps: set[int]) -> None:
-        keep = keep_steps | {s for s in (self._pointed("latest"), self._pointed("best")) if s}
+        pointed = {s for s in (self._pointed("latest"), self._pointed("best")) if s}
+        # A checkpoint without weights resumes from its policy step's.
+        keep = keep_steps | pointed | {self._policy_step(step) for step in pointed}
         if not self.directory.is_dir():
             return
         for path in self.directory.iterdir():
@@ -126,6 +134,13 @@ class Checkpoints:
                 name.startswith("step-") and int(name[5:]) not in keep
             ):
                 shutil.rmtree(path, ignore_errors=True)
+
+    def _policy_step(self, step: int) -> int:
+        try:
+            state = TrainerState.model_validate_json((self.path(step) / "state.json").read_text())
+        except (OSError, ValueError):
+            return step
+        return state.policy_step
 
     def _point(self, name: str, step: int) -> None:
         pointer = self.out / f"{name}.json"

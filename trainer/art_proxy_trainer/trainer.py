@@ -158,7 +158,9 @@ class Trainer:
             self.state.reward_history.append((number, metrics["reward_mean"]))
         best = "val_reward" in metrics and self._validated(number, metrics["val_reward"])
         saving = time.perf_counter()
-        self.checkpoints.save(self.policy.model, self.policy.state(), self.state)
+        # An abandoned step leaves the weights as they were: no second copy of them.
+        trained = self.policy.state() if status == "applied" else None
+        self.checkpoints.save(self.policy.model, trained, self.state)
         if best:
             self.checkpoints.mark_best(number)
         await self.store.record_step(record)
@@ -351,7 +353,7 @@ class Trainer:
     def _prune(self) -> None:
         loaded = self.swapper.loaded if self.swapper is not None else []
         keep = {step_of(name, self.alias) for name in loaded}
-        self.checkpoints.prune(keep | {self.state.step})
+        self.checkpoints.prune(keep | {self.state.step, self.state.policy_step})
 
 
 def _validation_by_model(
