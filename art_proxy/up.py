@@ -100,6 +100,7 @@ def plan(settings: UpSettings) -> list[Part]:
             dtype=settings.vllm_dtype,
             gpu_memory_utilization=settings.gpu_memory_utilization
             or (ONE_GPU_VLLM_SHARE if settings.agent else None),
+            sleep_mode=settings.sleep_mode,
         )
         llm = Part(
             "vllm",
@@ -154,6 +155,7 @@ def trainer_command(settings: UpSettings) -> str | None:
         nproc=settings.nproc if settings.nproc > 1 else None,
         sharding=settings.sharding if settings.sharding != "ddp" else None,
         lora_rank=settings.lora_rank if "lora_rank" in settings.model_fields_set else None,
+        sleep_upstreams=settings.sleep_mode,
     )
     return shlex.join([art_proxy, "train", *train_flags])
 

@@ -61,6 +61,7 @@ class VllmLaunch:
     max_model_len: int | None = None  # None: the model's own
     dtype: Literal["float32", "bfloat16"] = "float32"
     gpu_memory_utilization: float | None = None  # None: vLLM's own (0.9 of the GPU)
+    sleep_mode: bool = False  # /sleep and /wake_up for the whole loop's trainer
 
     def argv(self) -> list[str]:
         flags = [
@@ -86,12 +87,16 @@ class VllmLaunch:
             flags += ["--kv-cache-memory-bytes", CPU_KV_CACHE, "--enforce-eager"]
         elif self.gpu_memory_utilization:
             flags += ["--gpu-memory-utilization", f"{self.gpu_memory_utilization:g}"]
+        if self.sleep_mode:
+            flags.append("--enable-sleep-mode")
         return [str(self.python), "-m", VLLM_MODULE, *flags]
 
-    @staticmethod
-    def env() -> dict[str, str]:
+    def env(self) -> dict[str, str]:
         # `/v1/load_lora_adapter` exists only with this set; the trainer swaps through it.
-        return {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}
+        env = {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}
+        if self.sleep_mode:
+            env["VLLM_SERVER_DEV_MODE"] = "1"  # vLLM's /sleep and /wake_up routes need it
+        return env
 
     @property
     def base_url(self) -> str:
@@ -109,6 +114,7 @@ class VllmLaunch:
         max_model_len: int | None = None,
         dtype: Literal["auto", "float32", "bfloat16"] = "auto",
         gpu_memory_utilization: float | None = None,
+        sleep_mode: bool = False,
     ) -> VllmLaunch:
         """The launch of `model` (None: the bundled SmolLM2) by the vLLM `find_vllm_python`
         finds; converts a .gguf file once, as local-llm does. dtype auto: bfloat16 on a GPU,
@@ -127,6 +133,7 @@ class VllmLaunch:
             max_model_len=max_model_len,
             dtype=("float32" if cpu else "bfloat16") if dtype == "auto" else dtype,
             gpu_memory_utilization=gpu_memory_utilization,
+            sleep_mode=sleep_mode,
         )
 
 

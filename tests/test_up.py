@@ -13,9 +13,9 @@ import importlib.util
 import itertools
 import os
 import shlex
-import subprocess
 import signal
 import socket
+import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator

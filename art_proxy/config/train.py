@@ -197,6 +197,12 @@ class TrainSettings(JudgeChoice, UpstreamSettings, StoreSettings, TrainerConfig)
         "--wait).",
     )
     concurrency: int = Field(8, ge=1, description="Rollouts run at once (--agent).")
+    sleep_upstreams: bool = Field(
+        False,
+        description="Whole loop on one GPU (--agent): put vLLM to sleep (level 1) during each "
+        "training step and wake it before the next rollouts, freeing its memory for the step; "
+        "vLLM needs --enable-sleep-mode and VLLM_SERVER_DEV_MODE=1 (up --sleep-mode).",
+    )
     rollout_timeout: float = Field(
         300.0, ge=0, description="Seconds one rollout may take (0 = no limit)."
     )
@@ -233,6 +239,15 @@ class TrainSettings(JudgeChoice, UpstreamSettings, StoreSettings, TrainerConfig)
         "(with --nproc or under torchrun); it also bounds the start: every rank must join and "
         "load the model within it of the first.",
     )
+
+    @model_validator(mode="after")
+    def _sleep_only_in_the_whole_loop(self) -> TrainSettings:
+        if self.sleep_upstreams and self.agent is None:
+            raise ValueError(
+                "--sleep-upstreams is for the whole loop (--agent): a sidecar trains beside "
+                "production traffic, which a sleeping vLLM would not answer"
+            )
+        return self
 
     @model_validator(mode="after")
     def _scenarios_with_agent(self) -> TrainSettings:

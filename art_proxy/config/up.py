@@ -33,6 +33,12 @@ class UpSettings(JournalSettings, StoreSettings):
         "environment, which `make setup` builds).",
     )
     max_lora_rank: int = Field(16, description="vLLM --max-lora-rank (vLLM engine only).")
+    sleep_mode: bool = Field(
+        False,
+        description="With --engine vllm and --agent on one GPU: vLLM sleeps during each training "
+        "step (--enable-sleep-mode; the trainer's --sleep-upstreams), so the step may use its "
+        "memory.",
+    )
     lora_rank: int = Field(
         8,
         ge=1,
@@ -80,6 +86,12 @@ class UpSettings(JournalSettings, StoreSettings):
     log_level: LogLevel = Field(
         LogLevel.info, description="The proxy's log level (serve's --log-level)."
     )
+
+    @model_validator(mode="after")
+    def _sleep_needs_vllm_and_the_whole_loop(self) -> UpSettings:
+        if self.sleep_mode and (self.engine is not Engine.vllm or not self.agent):
+            raise ValueError("--sleep-mode is for --engine vllm with --agent (the whole loop)")
+        return self
 
     @model_validator(mode="after")
     def _rank_vllm_accepts(self) -> UpSettings:

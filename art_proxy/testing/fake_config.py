@@ -32,6 +32,11 @@ class FakeVllmConfig(BaseModel):
     allow_runtime_lora: bool = Field(
         True, description="Serve /v1/load_lora_adapter and /v1/unload_lora_adapter (else 404)."
     )
+    sleep_mode: bool = Field(
+        False,
+        description="Serve POST /sleep?level=N, POST /wake_up and GET /is_sleeping (vLLM with "
+        "--enable-sleep-mode and VLLM_SERVER_DEV_MODE=1); else 404, as vLLM without them.",
+    )
     reply: str = Field("Hello from the fake.", description="Assistant text of choice 0.")
     answer_after_tool: str | None = Field(
         None,

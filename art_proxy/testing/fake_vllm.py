@@ -48,6 +48,25 @@ class FakeVllm:
     requests: list[dict[str, Any]]  # bodies received on the generation endpoints, in order
     adapters: dict[str, str]  # runtime LoRA adapters, name -> path, in load order
     tokenizer: FakeTokenizer
+    sleeps: list[str]  # "sleep 1", "wake_up": sleep-mode calls, in order
+
+
+SLEEPS = web.AppKey("fake_vllm_sleeps", list)
+
+
+async def _sleep(request: web.Request) -> web.Response:
+    request.app[SLEEPS].append(f"sleep {request.query.get('level', '1')}")
+    return web.Response(status=200)
+
+
+async def _wake_up(request: web.Request) -> web.Response:
+    request.app[SLEEPS].append("wake_up")
+    return web.Response(status=200)
+
+
+async def _is_sleeping(request: web.Request) -> web.Response:
+    sleeps = request.app[SLEEPS]
+    return web.json_response({"is_sleeping": bool(sleeps) and sleeps[-1].startswith("sleep")})
 
 
 def create_fake_vllm_app(config: FakeVllmConfig | None = None) -> web.Application:
@@ -55,6 +74,12 @@ def create_fake_vllm_app(config: FakeVllmConfig | None = None) -> web.Applicatio
     # Without runtime LoRA the routes do not exist, as in vLLM without the environment variable.
     app = vllm_app(engine, lora_routes=engine.config.allow_runtime_lora)
     app[ENGINE] = engine
+    app[SLEEPS] = []
+    if engine.config.sleep_mode:
+        # Server-level routes beside /v1, as vLLM's dev-mode sleep router adds them.
+        app.router.add_post("/sleep", _sleep)
+        app.router.add_post("/wake_up", _wake_up)
+        app.router.add_get("/is_sleeping", _is_sleeping)
     return app
 
 
@@ -70,6 +95,7 @@ async def running_fake_vllm(config: FakeVllmConfig | None = None) -> AsyncIterat
             requests=engine.requests,
             adapters=engine.adapters,
             tokenizer=engine.tokenizer,
+            sleeps=app[SLEEPS],
         )
 
 

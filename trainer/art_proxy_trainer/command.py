@@ -38,6 +38,7 @@ from art_proxy_trainer.loop import Events, WholeLoop, run_sidecar
 from art_proxy_trainer.metrics import MetricsSink
 from art_proxy_trainer.policy import Policy, base_dtype, load_policy, training_device
 from art_proxy_trainer.promoter import Promoter
+from art_proxy_trainer.sleep import UpstreamSleep
 from art_proxy_trainer.swap import AdapterSwapper
 from art_proxy_trainer.trainer import Trainer
 
@@ -159,6 +160,12 @@ async def _train(
                         min_trajectories=settings.rollback_min_trajectories,
                         margin=settings.rollback_margin,
                     )
+            sleeper = None
+            if settings.sleep_upstreams:
+                sleeper = await stack.enter_async_context(
+                    UpstreamSleep(settings.upstream, settings.upstream_api_key)
+                )
+                await sleeper.check()
             sink = stack.enter_context(MetricsSink(out, settings.tensorboard))
             trainer = Trainer(
                 settings,
@@ -168,6 +175,7 @@ async def _train(
                 sink,
                 swapper,
                 promoter=promoter,
+                sleeper=sleeper,
                 on_warning=lambda text: console.print(f"[bold red]warning:[/] {escape(text)}"),
             )
             resumed = await trainer.resume()

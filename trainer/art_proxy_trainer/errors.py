@@ -21,3 +21,7 @@ class BaseModelMismatch(TrainerError):
 
 class CheckpointError(TrainerError):
     """A checkpoint could not be read back (wrong run, wrong shapes, damaged files)."""
+
+
+class SleepError(TrainerError):
+    """An upstream could not be put to sleep or woken (vLLM's sleep mode)."""

@@ -14,6 +14,7 @@ validation measured for promotion (before the swap, which may unload older adapt
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 import time
@@ -31,6 +32,7 @@ from art_proxy_trainer.errors import CheckpointError, EmptyBatchError
 from art_proxy_trainer.metrics import MetricsSink
 from art_proxy_trainer.policy import Policy
 from art_proxy_trainer.promoter import Promoter
+from art_proxy_trainer.sleep import UpstreamSleep
 from art_proxy_trainer.swap import AdapterSwapper, adapter_name, step_of
 
 log = logging.getLogger(__name__)
@@ -60,6 +62,7 @@ class Trainer:
         swapper: AdapterSwapper | None,
         *,
         promoter: Promoter | None = None,
+        sleeper: UpstreamSleep | None = None,
         on_warning: Callable[[str], None] = log.warning,
     ) -> None:
         self.settings = settings
@@ -69,6 +72,7 @@ class Trainer:
         self.sink = sink
         self.swapper = swapper
         self.promoter = promoter
+        self.sleeper = sleeper  # vLLM asleep during each step (the whole loop on one GPU)
         self.state = TrainerState(run=settings.run_name)
         self.stopping = Stopping(settings.patience, settings.min_delta)
         self._on_warning = on_warning
@@ -245,8 +249,9 @@ class Trainer:
                     outcomes[group_id] = "no_tokens"
             return "abandoned", "no_tokens"
         training = time.perf_counter()
-        # A thread: the event loop keeps serving progress and HTTP while torch computes.
-        result = await asyncio.to_thread(self.policy.train, batch, self.settings)
+        async with self.sleeper.asleep() if self.sleeper else contextlib.nullcontext():
+            # A thread: the event loop keeps serving progress and HTTP while torch computes.
+            result = await asyncio.to_thread(self.policy.train, batch, self.settings)
         metrics["seconds_train"] = time.perf_counter() - training
         metrics |= {
             "loss": result.loss,
