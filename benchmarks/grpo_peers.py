@@ -173,9 +173,12 @@ def _policy_gradient(
     torch.autograd.backward(loss)
 
 
-def _sample(model: Any, prompt: list[int], n: int, eos: int) -> list[tuple[list[int], str]]:
+def sample_with_logprobs(
+    model: Any, prompt: list[int], n: int, eos: int
+) -> list[tuple[list[int], list[float], str]]:
     """`n` completions of `prompt` at temperature 1, 8 new tokens, each cut after its EOS, with
-    its finish reason ("stop" or "length", as vLLM would say)."""
+    each token's logprob under the model that sampled it and the finish reason ("stop" or
+    "length", as vLLM would say)."""
     with torch.inference_mode():
         out = model.generate(
             input_ids=torch.tensor([prompt] * n),
@@ -186,14 +189,22 @@ def _sample(model: Any, prompt: list[int], n: int, eos: int) -> list[tuple[list[
             top_p=1.0,
             max_new_tokens=8,
             pad_token_id=eos,
+            output_scores=True,
+            return_dict_in_generate=True,
         )
+    logprobs_N_T = torch.stack(
+        [torch.log_softmax(scores.float(), dim=-1) for scores in out.scores], dim=1
+    )
     completions = []
-    for row in out[:, len(prompt) :].tolist():
-        if eos in row:
-            completions.append((row[: row.index(eos) + 1], "stop"))
-        else:
-            completions.append((row, "length"))
+    for row, ids in enumerate(out.sequences[:, len(prompt) :].tolist()):
+        end = ids.index(eos) + 1 if eos in ids else len(ids)
+        picked = [float(logprobs_N_T[row, t, ids[t]]) for t in range(end)]
+        completions.append((ids[:end], picked, "stop" if eos in ids else "length"))
     return completions
+
+
+def _sample(model: Any, prompt: list[int], n: int, eos: int) -> list[tuple[list[int], str]]:
+    return [(ids, finish) for ids, _, finish in sample_with_logprobs(model, prompt, n, eos)]
 
 
 # ---------------------------------------------------------------- TRL

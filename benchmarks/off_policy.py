@@ -47,10 +47,9 @@ from art_proxy_trainer.advantages import group_advantages
 from art_proxy_trainer.batch import TrajectorySample, build_batch
 from art_proxy_trainer.loss import Objective
 from art_proxy_trainer.step import lora_model, make_optimizer, train_step
-from benchmarks.grpo_peers import EXAMPLE, _task
+from benchmarks.grpo_peers import EXAMPLE, _task, sample_with_logprobs
 from benchmarks.trainer_step import recorded_call
 
-NEW_TOKENS = 8  # the example's max_tokens
 console = Console()
 
 
@@ -105,28 +104,8 @@ def _sample(
     model: PeftModel, prompt: list[int], n: int, eos: int, base: bool
 ) -> list[tuple[list[int], list[float], str]]:
     """`n` completions at temperature 1 with each token's logprob under the sampler (mu)."""
-    with torch.inference_mode(), model.disable_adapter() if base else contextlib.nullcontext():
-        out = model.generate(  # type: ignore[no-untyped-call]  # peft leaves generate unannotated
-            input_ids=torch.tensor([prompt] * n),
-            attention_mask=torch.ones(n, len(prompt), dtype=torch.long),
-            do_sample=True,
-            temperature=1.0,
-            top_k=0,
-            top_p=1.0,
-            max_new_tokens=NEW_TOKENS,
-            pad_token_id=eos,
-            output_scores=True,
-            return_dict_in_generate=True,
-        )
-    logprobs_N_T = torch.stack(
-        [torch.log_softmax(scores.float(), dim=-1) for scores in out.scores], dim=1
-    )
-    completions = []
-    for row, ids in enumerate(out.sequences[:, len(prompt) :].tolist()):
-        end = ids.index(eos) + 1 if eos in ids else len(ids)
-        picked = [float(logprobs_N_T[row, t, ids[t]]) for t in range(end)]
-        completions.append((ids[:end], picked, "stop" if eos in ids else "length"))
-    return completions
+    with model.disable_adapter() if base else contextlib.nullcontext():
+        return sample_with_logprobs(model, prompt, n, eos)
 
 
 def run_arm(

@@ -19,13 +19,13 @@ from art_proxy_trainer.batch import TrainingBatch, TrajectorySample, build_batch
 from art_proxy_trainer.policy import Policy, base_dtype
 from art_proxy_trainer.scoring import (
     SamplingTransforms,
-    Scored,
     has_sampled_head,
     sampled_logprobs,
     score_sampled,
     token_logprobs,
 )
 from art_proxy_trainer.step import lora_model, make_optimizer, train_step
+from tests.trainer.memory_faults import out_of_memory_past
 from tests.trainer.models import tiny_llama
 from tests.trainer.records import call
 
@@ -168,30 +168,12 @@ def _trajectories_batch() -> TrainingBatch:
     return build_batch(samples)
 
 
-def _out_of_memory(
-    monkeypatch: pytest.MonkeyPatch, *, rows_above: int = 99, longer_than: int = 999
-) -> list[int]:
-    """Every forward of more rows, or of a longer sequence, than given runs out of memory;
-    returns the row counts of the forwards that ran."""
-    real = scoring.score_sampled
-    ran: list[int] = []
-
-    def scored(model: PeftModel, tokens_B_T: torch.Tensor, *args: object) -> Scored:
-        if tokens_B_T.shape[0] > rows_above or tokens_B_T.shape[1] > longer_than:
-            raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
-        ran.append(int(tokens_B_T.shape[0]))
-        return real(model, tokens_B_T, *args)  # type: ignore[arg-type]  # the real signature
-
-    monkeypatch.setattr(step_module, "score_sampled", scored)
-    return ran
-
-
 def test_the_micro_batch_that_fit_is_where_the_next_step_starts(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     model = _model()
     policy = Policy(model, make_optimizer(model, CONFIG), 0, "m", {"m"})
-    ran = _out_of_memory(monkeypatch, rows_above=2)
+    ran = out_of_memory_past(monkeypatch, rows=2)
     first = policy.train(_trajectories_batch(), CONFIG)
     assert first.applied and max(ran) <= 2 and policy.micro_batch_tokens
     ran.clear()
@@ -212,7 +194,7 @@ def test_a_row_too_long_to_fit_alone_is_left_out_not_the_step(
 ) -> None:
     model = _model()
     before = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
-    _out_of_memory(monkeypatch, longer_than=20)
+    out_of_memory_past(monkeypatch, length=20)
     result = train_step(model, make_optimizer(model, CONFIG), _trajectories_batch(), CONFIG)
     assert result.applied and result.too_long == ("t3",)
     assert result.metrics is not None and result.metrics.tokens == 12

@@ -7,13 +7,12 @@ import torch
 from peft import LoraConfig, PeftModel
 
 from art_proxy.config import TrainerConfig
-from art_proxy_trainer import scoring
-from art_proxy_trainer import step as step_module
 from art_proxy_trainer.batch import SequenceStats, TrainingBatch
 from art_proxy_trainer.errors import TrainerError
 from art_proxy_trainer.policy import training_device
-from art_proxy_trainer.scoring import Scored, token_logprobs
+from art_proxy_trainer.scoring import token_logprobs
 from art_proxy_trainer.step import lora_model, make_optimizer, train_step
+from tests.trainer.memory_faults import out_of_memory_past
 from tests.trainer.models import tiny_llama
 
 # A fast learning rate so that a few steps on a random model move the loss visibly.
@@ -110,29 +109,13 @@ def test_a_nan_loss_abandons_the_step_and_leaves_the_adapter_alone() -> None:
     assert not optimizer.state  # AdamW never stepped
 
 
-def _out_of_memory_above(rows: int, monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """Make every forward of more than `rows` sequences run out of memory; returns the row
-    counts of the forwards that ran."""
-    real = scoring.score_sampled
-    ran: list[int] = []
-
-    def scored(model: PeftModel, tokens_B_T: torch.Tensor, *args: object) -> Scored:
-        if tokens_B_T.shape[0] > rows:
-            raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
-        ran.append(int(tokens_B_T.shape[0]))
-        return real(model, tokens_B_T, *args)  # type: ignore[arg-type]  # the real signature
-
-    monkeypatch.setattr(step_module, "score_sampled", scored)
-    return ran
-
-
 def test_out_of_memory_retries_with_smaller_micro_batches_and_gives_the_same_update(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     whole = _model()
     train_step(whole, make_optimizer(whole, CONFIG), _batch(whole), CONFIG)
     model = _model()
-    ran = _out_of_memory_above(1, monkeypatch)
+    ran = out_of_memory_past(monkeypatch, rows=1)
     result = train_step(model, make_optimizer(model, CONFIG), _batch(model), CONFIG)
     assert result.applied and ran == [1, 1]  # the batch of two, one sequence at a time
     expected, got = _lora_weights(whole), _lora_weights(model)
@@ -145,7 +128,7 @@ def test_out_of_memory_even_one_sequence_at_a_time_abandons_the_step(
     model = _model()
     optimizer = make_optimizer(model, CONFIG)
     before = _lora_weights(model)
-    _out_of_memory_above(0, monkeypatch)
+    out_of_memory_past(monkeypatch, rows=0)
     result = train_step(model, optimizer, _batch(model), CONFIG)
     assert (result.applied, result.reason) == (False, "out_of_memory")
     after = _lora_weights(model)

@@ -113,13 +113,19 @@ def _group(rewards: list[float], split: str = "train") -> TrainableGroup:
     )
 
 
-def test_a_checkpoint_restores_the_adapter_and_optimizer(tmp_path: Path) -> None:
-    config = TrainerConfig(learning_rate=1e-2)
+def _trained_policy(config: TrainerConfig) -> Policy:
+    """A policy one step away from its fresh adapter (and with AdamW state)."""
     model = _model(config)
     optimizer = make_optimizer(model, config)
     assert train_step(model, optimizer, build_batch(_samples()), config).applied
+    return Policy(model, optimizer, 0, "m", {"m"})
+
+
+def test_a_checkpoint_restores_the_adapter_and_optimizer(tmp_path: Path) -> None:
+    config = TrainerConfig(learning_rate=1e-2)
+    policy = _trained_policy(config)
+    model, optimizer = policy.model, policy.optimizer
     checkpoints = Checkpoints(tmp_path)
-    policy = Policy(model, optimizer, 0, "m", {"m"})
     checkpoints.save(model, policy.state(), TrainerState(run="r", step=1))
 
     fresh = _model(config)
@@ -230,11 +236,9 @@ def test_an_abandoned_step_checkpoints_no_weights_and_resumes_from_the_last_appl
     tmp_path: Path,
 ) -> None:
     config = TrainerConfig(learning_rate=1e-2)
-    model = _model(config)
-    optimizer = make_optimizer(model, config)
-    assert train_step(model, optimizer, build_batch(_samples()), config).applied
+    policy = _trained_policy(config)
+    model = policy.model
     checkpoints = Checkpoints(tmp_path)
-    policy = Policy(model, optimizer, 0, "m", {"m"})
     checkpoints.save(model, policy.state(), TrainerState(run="r", step=1, policy_step=1))
     checkpoints.save(model, None, TrainerState(run="r", step=2, policy_step=1))  # stale
     assert not (tmp_path / "checkpoints" / "step-000002" / "adapter").exists()
