@@ -79,7 +79,9 @@ class TrainingStep(Record):
     metrics: dict[str, float] = Field(
         default_factory=dict,
         description="reward_mean, reward_std, val_reward, loss, grad_norm, kl, clip_fraction, "
-        "tokens, skipped_groups, stitch_misses, judge_cost_usd, seconds_<phase>...",
+        "mean_ratio, is_weight_std, is_capped, mismatch, mismatch_kl, entropy, staleness_mean, "
+        "staleness_max, tokens, too_long_rows, skipped_groups, stitch_misses, judge_cost_usd, "
+        "seconds_<phase>...",
     )
     created_at: datetime
 

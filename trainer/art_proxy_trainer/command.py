@@ -1,7 +1,7 @@
 """`art-proxy train`: wire the store, the policy, the swapper and a loop; show progress.
 
-Each step prints one line (reward, validation, loss, KL, clip fraction, tokens, swap, seconds) and
-the run ends with a one-screen summary. Ctrl-C stops at once: the checkpoints make that safe, and
+Each step prints one line (reward, validation, loss, KL, clip fraction, trainer/sampler mismatch,
+tokens, swap, seconds) and the run ends with a one-screen summary. Ctrl-C stops at once: the checkpoints make that safe, and
 the next start resumes where the last complete step left off.
 """
 
@@ -50,6 +50,7 @@ _COLUMNS = (
     ("loss", "loss", "{:+.3f}"),
     ("kl", "kl", "{:.4f}"),
     ("clip", "clip_fraction", "{:.3f}"),
+    ("|dlogp|", "mismatch", "{:.3f}"),
     ("tokens", "tokens", "{:.0f}"),
     ("s", "seconds_step", "{:.1f}"),
 )
