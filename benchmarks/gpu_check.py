@@ -245,7 +245,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     name = torch.cuda.get_device_name() if cuda else "CPU"
     console.print(
         f"gpu_check on {name}: every step applied and within 1.25x of the arithmetic: "
-        f"{'PASS' if ok else 'FAIL'}"
+        f"{'PASS' if ok else 'FAIL'}",
+        soft_wrap=True,  # the verdict is one line, whatever the terminal's width
     )
     return 0 if ok else 1
 
