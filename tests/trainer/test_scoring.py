@@ -109,7 +109,7 @@ def test_top_p_alone_is_filtered_on_the_logits_device() -> None:
     tokens_N = torch.randint(0, 50, (6,))
     top_p = SamplingTransforms(top_p_B_T=torch.full((1, 7), 0.8))
     where = torch.ones(1, 6, dtype=torch.bool).nonzero(as_tuple=True)
-    filters = scoring._shifted(top_p).at(where)
+    filters = top_p.shifted().at(where)
     expected_N, _ = sampled_logprobs(logits_N_V, tokens_N, filters)
     with torch.device("meta"):
         got_N, _ = sampled_logprobs(logits_N_V, tokens_N, filters)

@@ -109,12 +109,14 @@ def grpo_loss(
         ratio_B_T = torch.exp(
             torch.where(trained_B_T, logprobs_B_T - old_logprobs_B_T.float(), 0.0)
         )
+        measured_ratio_B_T = ratio_B_T.detach()  # before the cap
         capped_B_T = torch.zeros_like(trained_B_T)
         if correction.ratio_cap > 0:
             capped_B_T = ratio_B_T.detach() > correction.ratio_cap
             ratio_B_T = ratio_B_T.clamp(max=correction.ratio_cap)
         weight_B_T = torch.ones_like(ratio_B_T)
     else:
+        measured_ratio_B_T = behaviour_ratio_B_T
         ratio_B_T = torch.exp(torch.where(trained_B_T, logprobs_B_T - logprobs_B_T.detach(), 0.0))
         cap = correction.is_cap
         if correction.objective == "tis":
@@ -145,12 +147,6 @@ def grpo_loss(
         no_gradient_B_T = clipped_B_T < unclipped_B_T
         if correction.objective != "tis":
             no_gradient_B_T = no_gradient_B_T | capped_B_T
-        if correction.objective == "ppo":
-            measured_ratio_B_T = torch.exp(
-                torch.where(trained_B_T, logprobs_B_T - old_logprobs_B_T.float(), 0.0)
-            )
-        else:
-            measured_ratio_B_T = behaviour_ratio_B_T
         metrics = LossMetrics(
             clip_fraction=mean(no_gradient_B_T),
             mean_ratio=mean(measured_ratio_B_T),

@@ -61,6 +61,10 @@ class SamplingTransforms:
             None if self.top_p_B_T is None else self.top_p_B_T[where],
         )
 
+    def shifted(self) -> SamplingTransforms:
+        """The transforms of the token each position's logits predict (logits at t-1 predict t)."""
+        return self._each(lambda tensor: tensor[:, 1:])
+
     def _each(self, change: Callable[[torch.Tensor], torch.Tensor]) -> SamplingTransforms:
         def changed(tensor: torch.Tensor | None) -> torch.Tensor | None:
             return None if tensor is None else change(tensor)
@@ -132,14 +136,9 @@ def token_logprobs(
         as_tuple=True
     )
     picked_N, _ = sampled_logprobs(
-        logits_B_T_V[:, :-1][where], tokens_B_T[:, 1:][where], _shifted(transforms).at(where)
+        logits_B_T_V[:, :-1][where], tokens_B_T[:, 1:][where], transforms.shifted().at(where)
     )
     return torch.nn.functional.pad(picked_N.view(rows, length - 1), (1, 0))
-
-
-def _shifted(transforms: SamplingTransforms) -> SamplingTransforms:
-    """The transforms of the token each position's logits predict (the logits at t-1 predict t)."""
-    return transforms._each(lambda tensor: tensor[:, 1:])
 
 
 @dataclass(frozen=True)
@@ -243,7 +242,7 @@ def _head_forward(
     where = (request.mask_B_T[:, 1:] > 0).nonzero(as_tuple=True)
     hidden_N_H = hidden_B_T_H[:, :-1][where]
     tokens_N = request.tokens_B_T[:, 1:][where]
-    filters = _shifted(request.transforms).at(where)
+    filters = request.transforms.shifted().at(where)
     per_chunk = max(1, CHUNK_BYTES // (4 * head.out_features))
     picked: list[torch.Tensor] = []
     entropies: list[torch.Tensor] = []
