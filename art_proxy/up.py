@@ -13,6 +13,7 @@ import contextlib
 import os
 import shlex
 import signal
+import socket
 import sys
 import time
 from collections import deque
@@ -29,6 +30,7 @@ from rich.table import Table
 from art_proxy.config import Engine, LogLevel, UpSettings
 from art_proxy.errors import ConfigError
 from art_proxy.ids import short_id
+from art_proxy.local import missing_local_packages
 from art_proxy.local.errors import ModelLoadError
 from art_proxy.vllm_server import VllmLaunch
 
@@ -85,9 +87,23 @@ def flags(**values: object) -> list[str]:
 ONE_GPU_VLLM_SHARE = 0.5
 
 
+def refuse_taken_port(host: str, port: int, flag: str) -> None:
+    """ConfigError when something already listens on `host:port`: the stack would start beside
+    it, and its health checks would be answered by the other server."""
+    with socket.socket() as probe:
+        probe.settimeout(1.0)
+        if probe.connect_ex((host, port)) == 0:
+            raise ConfigError(
+                f"port {port} on {host} is taken (another art-proxy, vLLM or local-llm still "
+                f"running?): stop it, or pass {flag} with a free port"
+            )
+
+
 def plan(settings: UpSettings) -> list[Part]:
     """The parts of the stack, in start order (with `--engine vllm`, the bundled model is
     converted first, once per machine)."""
+    for flag, port in (("--llm-port", settings.llm_port), ("--port", settings.port)):
+        refuse_taken_port(settings.host if flag == "--port" else "127.0.0.1", port, flag)
     art_proxy = str(Path(sys.executable).parent / "art-proxy")
     llm_url = f"http://127.0.0.1:{settings.llm_port}"
     if settings.engine is Engine.vllm:
@@ -111,6 +127,9 @@ def plan(settings: UpSettings) -> list[Part]:
             env=launch.env(),
         )
     else:
+        missing = missing_local_packages("up")
+        if missing is not None:
+            raise ConfigError(missing)
         llm = Part(
             "local-llm",
             [art_proxy, "local-llm", *flags(port=settings.llm_port, model=settings.model)],

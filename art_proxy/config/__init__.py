@@ -7,6 +7,7 @@ shares a name (`--group-size`, `--out`, `--poll`...) means something else in eac
 declared by each.
 """
 
+from art_proxy.config.alias import AliasListSettings, AliasResetSettings, AliasSetSettings
 from art_proxy.config.export import ExportSettings, ScenarioBankSettings
 from art_proxy.config.judge import JudgeChoice, JudgeSettings, ProgrammaticFor
 from art_proxy.config.proxy import (
@@ -19,14 +20,18 @@ from art_proxy.config.proxy import (
     is_loopback,
 )
 from art_proxy.config.rollout import RolloutSettings
-from art_proxy.config.shared import DEFAULT_STORE, StoreSettings, UpstreamSettings
+from art_proxy.config.shared import ARGUMENT, DEFAULT_STORE, StoreSettings, UpstreamSettings
 from art_proxy.config.train import RewardSource, TrainerConfig, TrainSettings
 from art_proxy.config.up import Engine, UpSettings
 
 __all__ = [
+    "ARGUMENT",
     "DEFAULT_STORE",
     "JOURNAL_AUTO",
     "JOURNAL_OFF",
+    "AliasListSettings",
+    "AliasResetSettings",
+    "AliasSetSettings",
     "Durability",
     "Engine",
     "ExportSettings",

@@ -7,10 +7,13 @@ base to the first, then the model's own, and the CLI offers the flags in that or
 from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic.config import JsonDict
 
 from art_proxy.redaction import redact_url
 
 DEFAULT_STORE = "sqlite:///art.db"
+# `json_schema_extra` of a field that is a positional argument of its command, not a --flag.
+ARGUMENT: JsonDict = {"argument": True}
 
 
 class Settings(BaseModel):

@@ -41,8 +41,15 @@ class ChatRenderer:
         template = tokenizer.chat_template
         self._template_knows_tools = isinstance(template, str) and "tools" in template
 
-    def render(self, messages: Sequence[Any], tools: list[dict[str, Any]] | None) -> list[int]:
-        """The prompt ids, generation prompt included."""
+    def render(
+        self,
+        messages: Sequence[Any],
+        tools: list[dict[str, Any]] | None,
+        *,
+        continue_final: bool = False,
+    ) -> list[int]:
+        """The prompt ids, generation prompt included (with `continue_final`: the last message
+        left open instead)."""
         if self._template_knows_tools:
             prepared = [_normalized(message, keep_tool_calls=True) for message in messages]
         else:
@@ -56,7 +63,8 @@ class ChatRenderer:
             result = self._tokenizer.apply_chat_template(
                 prepared,
                 tools=template_tools,
-                add_generation_prompt=True,
+                add_generation_prompt=not continue_final,
+                continue_final_message=continue_final,
                 tokenize=True,
                 return_dict=False,
             )

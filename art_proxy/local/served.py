@@ -79,8 +79,14 @@ class ServedModel:
     def screen(self, body: dict[str, Any]) -> None:
         check_supported(body)
 
-    def render(self, messages: list[Any], tools: list[dict[str, Any]] | None) -> list[int]:
-        return self.renderer.render(messages, tools)
+    def render(
+        self,
+        messages: list[Any],
+        tools: list[dict[str, Any]] | None,
+        *,
+        continue_final: bool = False,
+    ) -> list[int]:
+        return self.renderer.render(messages, tools, continue_final=continue_final)
 
     def encode(self, text: str) -> list[int]:
         ids: list[int] = self.tokenizer(text)["input_ids"]

@@ -5,12 +5,34 @@ The trainer loads a new adapter (`<alias>@<step>`) into every upstream, then mov
 resolving a request's `model` on the hot path is one dict lookup. A move is written to the store
 first and then to this proxy's copy at once; the 1-second housekeeping reloads the copy, which is
 how every proxy over one PostgreSQL store follows a move within a second.
+
+An alias outlives what it points at: the upstream restarts without the adapter, or another run
+unloads it. Such an alias falls back to the base model, with a warning, until the adapter is served
+again or the alias moves (`check_served`, fed by upstream_models.py): a call to it is answered by
+the base model rather than failing with "model does not exist".
 """
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import TYPE_CHECKING
+
 from art_proxy.records import AliasMove, AliasRecord, AliasRequest
 from art_proxy.store.trajectory_store import TrajectoryStore
+
+if TYPE_CHECKING:
+    from .upstream_models import ServedModels
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Fallback:
+    target: str  # what the alias points at, which some upstream does not serve
+    served: str  # what its calls go to meanwhile
 
 
 class Aliases:
@@ -19,6 +41,7 @@ class Aliases:
         self._targets: dict[str, str] = {}  # alias -> the model name the upstream serves
         self._records: list[AliasRecord] = []
         self._moves = 0  # moves made here: a reload that started before one is stale
+        self._fallbacks: dict[str, Fallback] = {}
 
     def resolve(self, model: str) -> str:
         """The name to send upstream for a request's `model` (itself when it is no alias)."""
@@ -27,6 +50,55 @@ class Aliases:
     @property
     def records(self) -> list[AliasRecord]:
         return self._records
+
+    @property
+    def fallbacks(self) -> dict[str, Fallback]:
+        """The aliases whose target is not served, and what serves their calls instead."""
+        return {
+            alias: fallback
+            for alias, fallback in self._fallbacks.items()
+            if self._targets.get(alias) == fallback.served
+        }
+
+    def check_served(self, served: Sequence[ServedModels], asked_at: datetime) -> None:
+        """Fall back to the base model for each alias whose target some upstream does not serve
+        (`served`: every upstream's answer, asked at `asked_at`); end the fallback of one that is
+        served again. An alias moved since `asked_at` waits for the next check: its adapter may
+        have been loaded after the upstream answered."""
+        if not served:
+            return
+        for record in self._records:
+            if record.updated_at > asked_at:
+                continue
+            fallback = self._fallbacks.get(record.alias)
+            if all(record.model in models.names for models in served):
+                if fallback is not None:
+                    del self._fallbacks[record.alias]
+                    log.info("alias %r serves %s again", record.alias, record.model)
+            elif fallback is None or fallback.target != record.model:
+                base = _base_model(record.alias, served)
+                if base is None:
+                    log.error(
+                        "alias %r points at %s, which an upstream does not serve, and the "
+                        "upstreams share no base model to fall back to: its calls fail until "
+                        "the adapter is loaded again or the alias moves (art-proxy alias set)",
+                        record.alias,
+                        record.model,
+                    )
+                    continue
+                self._fallbacks[record.alias] = Fallback(record.model, base)
+                log.warning(
+                    "alias %r points at %s, which an upstream does not serve (it restarted, or "
+                    "another run unloaded it): its calls go to the base model %s until the "
+                    "adapter is loaded again (POST /v1/load_lora_adapter with lora_name %s) or "
+                    "the alias moves (art-proxy alias reset %s)",
+                    record.alias,
+                    record.model,
+                    base,
+                    record.model,
+                    record.alias,
+                )
+        self._set(self._records)
 
     async def reload(self) -> None:
         """Replace the copy with the store's table (at start-up, then every second)."""
@@ -47,4 +119,17 @@ class Aliases:
 
     def _set(self, records: list[AliasRecord]) -> None:
         self._records = sorted(records, key=lambda record: record.alias)
-        self._targets = {record.alias: record.model for record in self._records}
+        self._targets = {record.alias: self._served(record) for record in self._records}
+
+    def _served(self, record: AliasRecord) -> str:
+        fallback = self._fallbacks.get(record.alias)
+        return fallback.served if fallback and fallback.target == record.model else record.model
+
+
+def _base_model(alias: str, served: Sequence[ServedModels]) -> str | None:
+    """What an alias whose adapter is gone serves: its own name where every upstream serves a base
+    model by it (an alias named after the base), else the one base model they all serve."""
+    if all(alias in models.bases for models in served):
+        return alias
+    shared = set(served[0].bases).intersection(*(models.bases for models in served[1:]))
+    return shared.pop() if len(shared) == 1 else None

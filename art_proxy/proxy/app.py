@@ -23,6 +23,7 @@ from art_proxy import dashboard
 from art_proxy.config import ProxySettings
 from art_proxy.errors import (
     ArtProxyError,
+    ConfigError,
     MethodNotAllowed,
     NotFound,
     StoreError,
@@ -44,6 +45,7 @@ from .request_body import body_too_large
 from .shadow import ShadowSampler
 from .tracker import TrajectoryTracker
 from .upstream import Upstreams
+from .upstream_models import check_upstreams, watch_aliases
 
 log = logging.getLogger(__name__)
 
@@ -121,6 +123,13 @@ def _lifecycle(settings: ProxySettings) -> Callable[[web.Application], AsyncIter
             timeout_s=settings.upstream_timeout,
             pass_client_key=not settings.api_key,
         ) as upstreams:
+            try:
+                served = await check_upstreams(upstreams)
+            except ConfigError:
+                await _stop_recording(store, journal, ingester)
+                raise
+            if len(served) == len(upstreams.urls):
+                aliases.check_served(list(served.values()), utcnow())
             recorder = Recorder(store, tracker, settings.on_store_error, counters, journal)
             shadow = ShadowSampler(
                 upstreams,
@@ -145,16 +154,20 @@ def _lifecycle(settings: ProxySettings) -> Callable[[web.Application], AsyncIter
                 settings, store, tracker, counters, relay, admin, aliases, journal, ingester
             )
             app[PARTS] = parts
-            sweeper = asyncio.create_task(
-                _housekeeping(settings.idle_timeout, store, tracker, aliases, journal)
-            )
+            background = [
+                asyncio.create_task(
+                    _housekeeping(settings.idle_timeout, store, tracker, aliases, journal)
+                ),
+                asyncio.create_task(watch_aliases(upstreams, aliases)),
+            ]
             try:
                 yield
             finally:
                 await shadow.aclose()  # while the store and the upstream session still serve
-                sweeper.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await sweeper
+                for task in background:
+                    task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await task
                 await _stop_recording(store, journal, ingester)
 
     return lifecycle

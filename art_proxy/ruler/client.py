@@ -21,6 +21,9 @@ class JudgeRequest:
     mode: JudgeMode
     labels: int  # trajectories in the prompt: bounds a logprob answer's length
     answer_schema: type[BaseModel] | None = None  # structured output, where the judge has it
+    # The last message is the judge's answer begun for it: a token or two more are wanted, read
+    # by their logprobs (vLLM's `continue_final_message`).
+    continue_final: bool = False
 
 
 @dataclass(frozen=True)

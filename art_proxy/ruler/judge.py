@@ -35,6 +35,8 @@ _RETRYABLE_STATUS = frozenset({408, 409, 429})
 _CLASS_PREFIX = re.compile(r"^(?:litellm\.)?\w+(?:Error|Exception): ")
 # A digit answer is a handful of tokens per trajectory ("t12: 7\n" is about 5).
 _LOGPROB_TOKENS_PER_LABEL = 8
+# After a prefilled `t1:`, the digit, or a space and then the digit.
+_PREFILLED_TOKENS = 2
 
 
 class LitellmJudge:
@@ -86,6 +88,11 @@ class LitellmJudge:
                 logprobs=True,
                 top_logprobs=TOP_LOGPROBS,
                 max_tokens=_LOGPROB_TOKENS_PER_LABEL * request.labels + 8,
+            )
+        if request.continue_final:
+            options.update(
+                max_tokens=_PREFILLED_TOKENS,
+                extra_body={"continue_final_message": True, "add_generation_prompt": False},
             )
         try:
             response = await litellm.acompletion(

@@ -3,8 +3,14 @@
 A small judge asked for one digit 0-9 per trajectory answers noisily, but the probabilities it puts
 on the ten digits carry more than the one it samples: `E[d] / 9` over the digit tokens among the
 `top_logprobs` at the digit's position is a smooth score in [0, 1] that separates trajectories the
-sampled digits would tie. Digits written with a leading space (" 7") count as the digit. The answer
-must read `t1: 7` per line (the id, then the digit); anything else is an `InvalidAnswer`.
+sampled digits would tie. Digits written with a leading space (" 7") count as the digit.
+
+The scorer reads each digit at a position it fixes: the judge's answer is begun for it, up to
+`t2:` (the earlier lines filled in with their likeliest digits), and the judge is asked to go on
+(vLLM's `continue_final_message`); the distribution is read at the first token it writes, so a
+judge that would have written prose still gives every trajectory a score (`digit_after_label`).
+A judge that cannot be prefilled (a hosted API) writes the whole answer, which must read `t1: 7`
+per line (`parse_logprob_answer`); anything else is an `InvalidAnswer`.
 """
 
 from __future__ import annotations
@@ -48,6 +54,22 @@ def expected_score(distribution: dict[int, float]) -> float:
     return sum(digit * p for digit, p in distribution.items()) / 9.0
 
 
+def digit_after_label(tokens: Sequence[TokenChoice]) -> dict[int, float]:
+    """The digit distribution at the first token a prefilled judge wrote that is not whitespace
+    (empty when no digit is among its likeliest tokens there)."""
+    for choice in tokens:
+        if choice.token.strip():
+            return digit_distribution(choice.top) or digit_distribution([(choice.token, 0.0)])
+        if any(token.strip() in _DIGITS for token, _ in choice.top):
+            # The judge wrote a space, but a digit (" 7") was among its choices right here.
+            return digit_distribution(choice.top)
+    return {}
+
+
+def score_of(distribution: dict[int, float]) -> ParsedScore:
+    return ParsedScore(expected_score(distribution), _explain(distribution))
+
+
 def parse_logprob_answer(
     tokens: Sequence[TokenChoice], labels: Sequence[str]
 ) -> dict[str, ParsedScore]:
@@ -72,7 +94,7 @@ def parse_logprob_answer(
             continue
         # The sampled digit alone when no runner-up is a digit (top_logprobs not returned).
         distribution = digit_distribution(choice.top) or digit_distribution([(choice.token, 0.0)])
-        scores[label] = ParsedScore(expected_score(distribution), _explain(distribution))
+        scores[label] = score_of(distribution)
     if missing:
         raise InvalidAnswer(f"no digit score for {', '.join(missing)}; answer `t1: <digit>` lines")
     return scores

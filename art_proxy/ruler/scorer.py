@@ -38,7 +38,7 @@ from art_proxy.ruler.errors import (
     PromptTooLong,
     RubricError,
 )
-from art_proxy.ruler.logprob import parse_logprob_answer
+from art_proxy.ruler.logprob import digit_after_label, parse_logprob_answer, score_of
 from art_proxy.ruler.parse import JudgeAnswer, ParsedScore, parse_answer
 from art_proxy.ruler.prompt import JudgePrompt, Member, TokenCounter, approx_tokens, build_prompt
 from art_proxy.ruler.reward import RewardRule
@@ -66,6 +66,10 @@ class RulerSettings:
                 "a checklist rubric needs --judge-mode json (logprob mode reads one digit per "
                 "trajectory)"
             )
+
+
+class _PrefillRefused(Exception):
+    """The judge refused `continue_final_message`: it writes the whole answer instead."""
 
 
 @dataclass
@@ -126,6 +130,7 @@ class Ruler:
         self.judge_model = ensemble_name([judge.model for judge in self.judges], settings.samples)
         self.rubric_hash = rubric_hash(settings.rubric)
         self._count_tokens = count_tokens
+        self._not_prefillable: set[str] = set()  # judges that refused continue_final_message
 
     async def score_group(self, group_id: str, members: Sequence[Member]) -> Judgment:
         """Judge `members` (the finished trajectories of `group_id`) and store the judgment."""
@@ -176,6 +181,11 @@ class Ruler:
         return _Verdict(judge.model, sample, outcome, tally)
 
     async def _ask(self, judge: JudgeClient, prompt: JudgePrompt, tally: _Tally) -> _Outcome:
+        if self.settings.mode == "logprob" and judge.model not in self._not_prefillable:
+            try:
+                return await self._read_digits(judge, prompt, tally)
+            except _PrefillRefused:
+                self._not_prefillable.add(judge.model)
         labels = list(prompt.labels)
         messages = prompt.messages
         problem = ""
@@ -205,6 +215,48 @@ class Ruler:
             ]
         attempts = self.settings.attempts
         return _Outcome("judge_failed", f"no valid answer in {attempts} attempts: {problem}")
+
+    async def _read_digits(
+        self, judge: JudgeClient, prompt: JudgePrompt, tally: _Tally
+    ) -> _Outcome:
+        """Logprob mode, one call per trajectory: the answer is begun up to `tK:` (the earlier
+        lines with their likeliest digits) and the digit's distribution is read where the judge
+        goes on. Raises _PrefillRefused when the judge cannot continue a begun answer."""
+        scores: dict[str, ParsedScore] = {}
+        written = ""
+        for label in prompt.labels:
+            begun = f"{written}{label}:"
+            request = JudgeRequest(
+                [*prompt.messages, {"role": "assistant", "content": begun}],
+                "logprob",
+                1,
+                continue_final=True,
+            )
+            try:
+                reply = await self._call(judge, request, tally)
+            except JudgeUnavailable as exc:
+                return _Outcome(
+                    "judge_failed", f"judge unavailable after {tally.calls} tries: {exc}"
+                )
+            except JudgeRejected as exc:
+                if exc.status == 400 and "continue_final_message" in str(exc):
+                    raise _PrefillRefused from exc
+                return _Outcome("judge_failed", f"judge rejected the request: {exc}")
+            if not reply.tokens:
+                return _Outcome(
+                    "judge_failed", "the answer came without logprobs; logprob mode needs them"
+                )
+            distribution = digit_after_label(reply.tokens)
+            if not distribution:
+                written_text = "".join(choice.token for choice in reply.tokens)
+                return _Outcome(
+                    "judge_failed",
+                    f"no digit among the judge's likeliest tokens after {label}: "
+                    f"(it wrote {written_text!r})",
+                )
+            scores[label] = score_of(distribution)
+            written = f"{begun} {max(distribution, key=lambda d: distribution[d])}\n"
+        return _Outcome("scored", scores=scores)
 
     async def _call(self, judge: JudgeClient, request: JudgeRequest, tally: _Tally) -> JudgeReply:
         delay = self.settings.backoff

@@ -83,8 +83,14 @@ class FakeEngine:
         if self.config.record_requests:
             self.requests.append(body)
 
-    def render(self, messages: list[Any], tools: list[dict[str, Any]] | None) -> list[int]:
-        return self.tokenizer.render_prompt(messages, tools)
+    def render(
+        self,
+        messages: list[Any],
+        tools: list[dict[str, Any]] | None,
+        *,
+        continue_final: bool = False,
+    ) -> list[int]:
+        return self.tokenizer.render_prompt(messages, tools, continue_final=continue_final)
 
     def encode(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text))

@@ -135,9 +135,14 @@ class FakeTokenizer:
     # -- chat template ---------------------------------------------------------------------
 
     def render_prompt(
-        self, messages: Sequence[Any], tools: Sequence[dict[str, Any]] | None
+        self,
+        messages: Sequence[Any],
+        tools: Sequence[dict[str, Any]] | None,
+        *,
+        continue_final: bool = False,
     ) -> list[int]:
-        """The prompt ids of a chat request, generation prompt included."""
+        """The prompt ids of a chat request, generation prompt included (with `continue_final`:
+        the last message left open, without its end of turn)."""
         ids: list[int] = []
         if tools:
             block = "\n".join(
@@ -156,7 +161,10 @@ class FakeTokenizer:
             else:
                 body = list(self.encode(content))
             self._append_turn(ids, role, body)
-        ids.extend(self.generation_prompt)
+        if continue_final:
+            del ids[len(ids) - 1 - len(self._newline) :]  # the last turn's end and newline
+        else:
+            ids.extend(self.generation_prompt)
         return ids
 
     def assistant_body(self, content: str, tool_calls: Any) -> list[int]:

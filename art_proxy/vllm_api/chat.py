@@ -31,7 +31,7 @@ from art_proxy.wire import ApiError, completion_limit, send_event
 async def chat_completions(engine: InferenceEngine, request: web.Request) -> web.StreamResponse:
     chat = await read_chat(engine, request)
     try:
-        prompt_ids = engine.render(chat.messages, chat.tools)
+        prompt_ids = engine.render(chat.messages, chat.tools, continue_final=chat.continue_final)
     except PromptError as exc:
         raise ApiError(400, str(exc), param="messages") from exc
     limit = completion_limit(

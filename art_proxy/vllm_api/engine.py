@@ -94,6 +94,7 @@ class ChatRequest:
     return_token_ids: bool
     stream: bool
     include_usage: bool
+    continue_final: bool = False  # `continue_final_message`: the answer goes on with the last one
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,8 +144,16 @@ class InferenceEngine(Protocol):
         refuses sampling fields it cannot honour with an `ApiError`)."""
         ...
 
-    def render(self, messages: list[Any], tools: list[dict[str, Any]] | None) -> list[int]:
-        """A chat prompt's ids, generation prompt included; raises `PromptError`."""
+    def render(
+        self,
+        messages: list[Any],
+        tools: list[dict[str, Any]] | None,
+        *,
+        continue_final: bool = False,
+    ) -> list[int]:
+        """A chat prompt's ids, generation prompt included (or, with `continue_final`, the last
+        message left open, for the answer to go on writing it: vLLM's `continue_final_message`);
+        raises `PromptError`."""
         ...
 
     def encode(self, text: str) -> list[int]: ...

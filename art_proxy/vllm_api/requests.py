@@ -52,6 +52,22 @@ def _parse_chat(engine: InferenceEngine, body: dict[str, Any]) -> ChatRequest:
         )
     max_tokens, max_tokens_param = chat_max_tokens(body)
     stream = bool_field(body, "stream")
+    continue_final = bool_field(body, "continue_final_message")
+    if continue_final and body.get("add_generation_prompt", True):
+        # vLLM's rule: the prompt either opens an answer or leaves the last message open.
+        raise ApiError(
+            400,
+            "Cannot set both `continue_final_message` and `add_generation_prompt` to True.",
+            param="continue_final_message",
+        )
+    if continue_final and not (
+        isinstance(messages[-1], dict) and messages[-1].get("role") == "assistant"
+    ):
+        raise ApiError(
+            400,
+            "`continue_final_message` needs the last message to be the assistant's.",
+            param="continue_final_message",
+        )
     return ChatRequest(
         body=body,
         model=model,
@@ -67,6 +83,7 @@ def _parse_chat(engine: InferenceEngine, body: dict[str, Any]) -> ChatRequest:
         return_token_ids=bool_field(body, "return_token_ids"),
         stream=stream,
         include_usage=include_usage(body, stream),
+        continue_final=continue_final,
     )
 
 

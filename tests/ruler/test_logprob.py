@@ -6,13 +6,19 @@ import math
 
 import pytest
 
-from art_proxy.ruler.errors import InvalidAnswer
+from art_proxy.ruler.client import JudgeReply, JudgeRequest
+from art_proxy.ruler.errors import InvalidAnswer, JudgeRejected
 from art_proxy.ruler.logprob import (
     TokenChoice,
     digit_distribution,
     expected_score,
     parse_logprob_answer,
 )
+from art_proxy.ruler.rubric import DEFAULT_RUBRIC
+from art_proxy.ruler.run import finished_members
+from art_proxy.ruler.scorer import Ruler, RulerSettings
+from art_proxy.store.trajectory_store import TrajectoryStore
+from tests.ruler.recorded import answered, record_group
 from tests.ruler.scripted_judge import logprob_tokens
 
 
@@ -69,3 +75,38 @@ def test_labels_are_found_in_any_order_and_t1_is_not_t10() -> None:
 def test_a_missing_label_is_an_invalid_answer() -> None:
     with pytest.raises(InvalidAnswer, match="no digit score for t2"):
         parse_logprob_answer(choices({"t1": {3: 1.0}}), ["t1", "t2"])
+
+
+class _HostedJudge:
+    """A judge that returns logprobs but cannot continue a begun answer (a hosted API)."""
+
+    model = "hosted/judge"
+
+    def __init__(self, answer: list[TokenChoice]) -> None:
+        self.answer = answer
+        self.requests: list[JudgeRequest] = []
+
+    async def complete(self, request: JudgeRequest) -> JudgeReply:
+        self.requests.append(request)
+        if request.continue_final:
+            raise JudgeRejected(
+                "HTTP 400: Unrecognized request argument supplied: continue_final_message",
+                status=400,
+            )
+        return JudgeReply("", self.answer, 10, 10, 0.0)
+
+    async def aclose(self) -> None:
+        pass
+
+
+async def test_a_judge_that_cannot_be_prefilled_writes_the_whole_answer(
+    store: TrajectoryStore,
+) -> None:
+    group, _ = await record_group(store, [answered("Paris."), answered("Turtles.")])
+    judge = _HostedJudge(choices({"t1": {9: 1.0}, "t2": {2: 1.0}}))
+    ruler = Ruler(judge, store, RulerSettings(rubric=DEFAULT_RUBRIC, mode="logprob"))
+    judgment = await ruler.score_group(group, await finished_members(store, group))
+    assert judgment.status == "scored", judgment.reason
+    assert [s.score for s in judgment.scores] == pytest.approx([1.0, 2 / 9])
+    # Refused once, then asked for the whole answer (and not prefilled again).
+    assert [r.continue_final for r in judge.requests] == [True, False]

@@ -14,6 +14,7 @@ import pytest
 from art_proxy.local.model_loading import LoadedModel, load_model
 from art_proxy.local.served import ServedModel
 from art_proxy.local.server import RunningLocalLlm, running_local_llm
+from art_proxy.records import JsonObject
 from art_proxy.ruler.judge import LitellmJudge
 from art_proxy.ruler.rubric import DEFAULT_RUBRIC
 from art_proxy.ruler.run import finished_members
@@ -29,7 +30,7 @@ def smollm2() -> LoadedModel:
 
 @pytest.fixture
 async def local_judge(smollm2: LoadedModel) -> AsyncIterator[RunningLocalLlm]:
-    served = ServedModel.create(smollm2, max_model_len=1024, max_batch_size=2)
+    served = ServedModel.create(smollm2, max_model_len=1200, max_batch_size=2)
     async with running_local_llm(served) as running:
         yield running
 
@@ -56,3 +57,47 @@ async def test_smollm2_scores_a_group_by_its_digit_probabilities(
     assert judgment.prompt_tokens > 0 and judgment.completion_tokens > 0
     assert judgment.cost_usd == 0.0
     assert await store.judgments(group=group) == [judgment]
+
+
+def tool_agent_run(answer: str, found: str) -> list[JsonObject]:
+    """A LangGraph ReAct agent's conversation as the proxy records it: a tool call, the tool's
+    answer, then prose."""
+    call = {
+        "id": "call-1",
+        "type": "function",
+        "function": {"name": "search_inbox", "arguments": '{"query": "invoice"}'},
+    }
+    return [
+        {"role": "system", "content": "You help the user with their email."},
+        {"role": "user", "content": "When is the invoice from Acme due?"},
+        {"role": "assistant", "content": "", "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "call-1", "content": found},
+        {"role": "assistant", "content": answer},
+    ]
+
+
+async def test_the_bundled_judge_scores_every_trajectory_of_a_tool_agents_group(
+    local_judge: RunningLocalLlm, store: TrajectoryStore
+) -> None:
+    """A 135M judge writes prose when asked for `t1: <digit>` lines, so a whole-answer read
+    scored none of a LangGraph agent's groups. The digit is read where the judge goes on from a
+    begun `tK:`, so each trajectory gets a score, in two tokens a trajectory at most."""
+    runs = [
+        tool_agent_run("The Acme invoice is due on March 3.", "Acme invoice, due 2025-03-03"),
+        tool_agent_run("I could not find it, sorry!", "Acme invoice, due 2025-03-03"),
+        tool_agent_run("Sure! Here is a poem about invoices.", "no results"),
+        tool_agent_run("It is due March 3 (Acme, $120).", "Acme invoice $120, due 2025-03-03"),
+    ]
+    group, ids = await record_group(store, runs)
+    client = LitellmJudge(f"openai/{local_judge.served.name}", base_url=local_judge.base_url)
+    settings = RulerSettings(rubric=DEFAULT_RUBRIC, mode="logprob", max_prompt_tokens=900)
+    try:
+        judgment = await Ruler(client, store, settings).score_group(
+            group, await finished_members(store, group)
+        )
+    finally:
+        await client.aclose()
+    assert judgment.status == "scored", judgment.reason
+    assert [score.trajectory_id for score in judgment.scores] == ids
+    assert all(0.0 <= score.score <= 1.0 for score in judgment.scores)
+    assert judgment.completion_tokens <= 2 * len(runs)
