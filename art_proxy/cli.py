@@ -224,11 +224,12 @@ def alias_list(settings: AliasListSettings) -> None:
     if not records:
         stderr.print("no aliases: agents' model names go to the upstream as they are")
         return
-    table = Table("alias", "serves", "step", "since")
+    # Plain lines, not a table: names are what a user copies, and a table would cut or fold them.
     for record in records:
-        step = "-" if record.step is None else str(record.step)
-        table.add_row(record.alias, record.model, step, f"{record.updated_at:%Y-%m-%d %H:%M:%S}")
-    Console().print(table)
+        step = "" if record.step is None else f", step {record.step}"
+        print(
+            f"{record.alias} -> {record.model}{step} (since {record.updated_at:%Y-%m-%d %H:%M} UTC)"
+        )
 
 
 @settings_command(

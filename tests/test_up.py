@@ -199,6 +199,22 @@ async def test_up_run_exits_with_the_commands_status_after_summarizing_the_recor
 async def test_a_part_that_dies_stops_up_with_one_error_line_and_its_last_lines(
     tmp_path: Path,
 ) -> None:
+    missing = tmp_path / "no-such-model"
+    async with art_proxy_up(tmp_path, "--model", str(missing)) as up:
+        status = await up.wait(READY_TIMEOUT_S)
+
+    output = up.output()
+    assert status == 1, output
+    [error] = error_lines(output)
+    assert error == "error: local-llm exited with status 1; its last lines:"
+    tail = output.split(error, 1)[1]
+    assert "no-such-model" in tail
+    up.assert_nothing_left_running()
+
+
+async def test_up_refuses_a_port_another_server_holds_before_starting_anything(
+    tmp_path: Path,
+) -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
@@ -208,10 +224,10 @@ async def test_a_part_that_dies_stops_up_with_one_error_line_and_its_last_lines(
 
     output = up.output()
     assert status == 1, output
-    [error] = error_lines(output)
-    assert error == "error: local-llm exited with status 1; its last lines:"
-    tail = output.split(error, 1)[1]
-    assert "address already in use" in tail
+    assert error_lines(output) == [
+        f"error: port {llm_port} on 127.0.0.1 is taken (another art-proxy, vLLM or local-llm "
+        "still running?): stop it, or pass --llm-port with a free port"
+    ]
     up.assert_nothing_left_running()
     assert "starting proxy" not in output
 

@@ -1,0 +1,189 @@
+"""The walls a new user met after `make demo`, each as the user met it.
+
+An alias the demo moved to an adapter the fresh upstream lacks answered every call with "model does
+not exist"; aliases could be reset only with a raw PUT; a base URL without /v1 started silently;
+`up` started beside servers that already held its ports; a missing torch was a traceback; there was
+no `--version`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import sys
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from art_proxy.config import UpSettings
+from art_proxy.errors import ConfigError
+from art_proxy.proxy import upstream_models
+from art_proxy.proxy.server import running_proxy
+from art_proxy.records import AliasRequest
+from art_proxy.store.trajectory_store import TrajectoryStore
+from art_proxy.testing.fake_vllm import FakeVllm
+from art_proxy.up import plan
+from tests.conftest import proxy_settings
+from tests.wire_client import post
+
+BASE = "Qwen/Qwen2.5-0.5B-Instruct"  # what the fake vLLM serves
+ART_PROXY = str(Path(sys.executable).parent / "art-proxy")
+
+
+def chat(model: str) -> dict[str, object]:
+    return {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+
+
+async def set_alias(store_url: str, alias: str, model: str, step: int | None = None) -> None:
+    async with TrajectoryStore.opened(store_url, writer=False) as store:
+        await store.set_alias(alias, AliasRequest(model=model, step=step, reason="swap"))
+
+
+async def test_an_alias_whose_adapter_is_gone_at_start_falls_back_to_the_base_model(
+    sqlite_url: str, vllm: FakeVllm, http: aiohttp.ClientSession, caplog: pytest.LogCaptureFixture
+) -> None:
+    # What `make demo` leaves: the alias on the demo's last adapter, which a fresh server lacks.
+    await set_alias(sqlite_url, BASE, f"{BASE}@20", step=20)
+    async with running_proxy(proxy_settings(sqlite_url, vllm.base_url)) as proxy:
+        status, body = await post(http, f"{proxy.base_url}/chat/completions", chat(BASE))
+        assert status == 200, body
+        assert vllm.requests[-1]["model"] == BASE
+        assert proxy.parts.aliases.fallbacks[BASE].target == f"{BASE}@20"
+    assert f"points at {BASE}@20, which an upstream does not serve" in caplog.text
+    assert "art-proxy alias reset" in caplog.text
+
+
+async def test_an_alias_on_another_name_falls_back_to_the_one_base_and_returns_when_loaded(
+    sqlite_url: str,
+    vllm: FakeVllm,
+    http: aiohttp.ClientSession,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(upstream_models, "WATCH_PERIOD_S", 0.05)
+    await set_alias(sqlite_url, "email-agent", "email-agent@3", step=3)
+    async with running_proxy(proxy_settings(sqlite_url, vllm.base_url)) as proxy:
+        await post(http, f"{proxy.base_url}/chat/completions", chat("email-agent"))
+        assert vllm.requests[-1]["model"] == BASE
+        # Loaded again (a trainer's swap, or by hand): the watch sends calls to it again.
+        status, _ = await post(
+            http,
+            f"{vllm.base_url}/load_lora_adapter",
+            {"lora_name": "email-agent@3", "lora_path": str(tmp_path)},
+        )
+        assert status == 200
+        for _ in range(100):
+            if not proxy.parts.aliases.fallbacks:
+                break
+            await asyncio.sleep(0.05)
+        await post(http, f"{proxy.base_url}/chat/completions", chat("email-agent"))
+        assert vllm.requests[-1]["model"] == "email-agent@3"
+        # Unloaded under it (another run sharing the upstream): back to the base, no 404s.
+        await post(http, f"{vllm.base_url}/unload_lora_adapter", {"lora_name": "email-agent@3"})
+        for _ in range(100):
+            if proxy.parts.aliases.fallbacks:
+                break
+            await asyncio.sleep(0.05)
+        status, _ = await post(http, f"{proxy.base_url}/chat/completions", chat("email-agent"))
+        assert status == 200 and vllm.requests[-1]["model"] == BASE
+
+
+async def test_an_upstream_url_without_v1_stops_the_proxy_with_the_fix(
+    sqlite_url: str, vllm: FakeVllm
+) -> None:
+    root = vllm.base_url.removesuffix("/v1")
+    with pytest.raises(ConfigError, match=r"ends in /v1 \(--upstream .*/v1\)"):
+        async with running_proxy(proxy_settings(sqlite_url, root)):
+            pass
+
+
+async def test_an_upstream_not_answering_yet_is_a_warning_not_a_stop(
+    sqlite_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    with socket.socket() as unused:
+        unused.bind(("127.0.0.1", 0))
+        port = unused.getsockname()[1]
+    async with running_proxy(proxy_settings(sqlite_url, f"http://127.0.0.1:{port}/v1")):
+        pass
+    assert "does not answer yet" in caplog.text
+
+
+async def run_cli(*args: str) -> tuple[int, str, str]:
+    process = await asyncio.create_subprocess_exec(
+        ART_PROXY, *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+    )
+    out, err = await process.communicate()
+    assert process.returncode is not None
+    return process.returncode, out.decode(), err.decode()
+
+
+async def test_alias_list_set_and_reset_from_the_command_line(
+    sqlite_url: str, vllm: FakeVllm
+) -> None:
+    await set_alias(sqlite_url, BASE, f"{BASE}@20", step=20)
+    status, out, _ = await run_cli("alias", "list", "--store", sqlite_url)
+    assert status == 0 and f"{BASE}@20" in out
+
+    status, _, err = await run_cli(
+        "alias", "reset", BASE, "--store", sqlite_url, "--upstream", vllm.base_url
+    )
+    assert status == 0, err
+    assert f"now serves {BASE} (was {BASE}@20)" in " ".join(err.split())
+
+    status, _, err = await run_cli(
+        "alias", "set", "email-agent", "email-agent@2", "--step", "2", "--store", sqlite_url
+    )
+    assert status == 0, err
+    async with TrajectoryStore.opened(sqlite_url, writer=False) as store:
+        assert {r.alias: r.model for r in await store.aliases()} == {
+            BASE: BASE,
+            "email-agent": "email-agent@2",
+        }
+        assert [m.reason for m in await store.alias_moves()] == ["manual", "manual", "swap"]
+
+    # No upstream to ask for the base: one line that says what to do instead.
+    status, _, err = await run_cli(
+        "alias",
+        "reset",
+        "email-agent",
+        "--store",
+        sqlite_url,
+        "--upstream",
+        "http://127.0.0.1:9/v1",
+    )
+    assert status == 1
+    assert "art-proxy alias set email-agent MODEL" in " ".join(err.split())
+    assert "Traceback" not in err
+
+
+async def test_version() -> None:
+    status, out, _ = await run_cli("--version")
+    assert status == 0 and out.startswith("art-proxy ")
+
+
+def test_up_refuses_ports_another_server_holds() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(ConfigError, match=f"port {port} on 127.0.0.1 is taken.*--llm-port"):
+            plan(UpSettings(llm_port=port, port=0))
+        with pytest.raises(ConfigError, match=f"port {port} on 127.0.0.1 is taken.*--port"):
+            plan(UpSettings(llm_port=0, port=port))
+
+
+def test_local_llm_without_torch_says_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    from typer.testing import CliRunner
+
+    from art_proxy import local
+    from art_proxy.cli import app
+
+    monkeypatch.setattr(local, "LOCAL_PACKAGES", ("no_such_package_xyz",))
+    result = CliRunner().invoke(app, ["local-llm"])
+    assert result.exit_code == 1
+    text = " ".join(result.output.split())
+    assert "needs no_such_package_xyz" in text
+    assert "--index-url https://download.pytorch.org/whl/cpu" in text
+    with pytest.raises(ConfigError, match="art-proxy up needs no_such_package_xyz"):
+        plan(UpSettings(llm_port=0, port=0))
