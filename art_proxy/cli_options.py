@@ -33,7 +33,9 @@ def settings_command(
             except ValidationError as exc:
                 first = exc.errors()[0]
                 flag = "--" + str(first["loc"][0]).replace("_", "-") if first["loc"] else name
-                raise typer.BadParameter(first["msg"], param_hint=flag) from None
+                # pydantic words a validator's ValueError "Value error, <ours>": ours is the message.
+                message = str(first["msg"]).removeprefix("Value error, ")
+                raise typer.BadParameter(message, param_hint=flag) from None
             run(settings)
 
         parameters = [_parameter(field_name, model) for field_name in model.model_fields]

@@ -312,7 +312,7 @@ async def run_stack(settings: UpSettings) -> int:
             command = settings.run or trainer_command(settings)
             if command:
                 status = await _run_command(command, f"{proxy_root}/v1", stack)
-                await summarize(proxy_root)
+                await summarize(proxy_root, table=settings.show_trajectories)
                 return status
             console.print("Ctrl-C stops everything.")
             await stack.serve()
@@ -346,38 +346,38 @@ async def _run_command(command: str, base_url: str, stack: Supervisor) -> int:
     return status
 
 
-async def summarize(proxy_root: str) -> None:
-    """One screen on what the proxy recorded: trajectories, calls, tokens, stitching."""
+async def summarize(proxy_root: str, *, table: bool) -> None:
+    """What the proxy recorded, in a line of counts (`table`: the newest trajectories above it);
+    short, so that a trainer's summary above stays on the screen."""
     async with aiohttp.ClientSession() as http:
-        async with http.get(f"{proxy_root}/art/v1/trajectories?limit=50") as response:
-            trajectories = (await response.json())["data"]
         async with http.get(f"{proxy_root}/health") as response:
             health = await response.json()
-        table = Table(title="recorded trajectories (newest first)")
-        for column in (
-            "trajectory",
-            "scenario",
-            "group",
-            "calls",
-            "completion tokens",
-            "trainable",
-        ):
-            table.add_column(column)
-        for summary in trajectories[:20]:
-            async with http.get(f"{proxy_root}/art/v1/trajectories/{summary['id']}") as response:
-                whole = await response.json()
-            calls = whole["calls"]
-            tokens = sum(len(ids) for c in calls for ids in c["completion_token_ids"] or [])
-            table.add_row(
-                short_id(summary["id"], 10),
-                escape(summary["scenario_id"][:16]),
-                short_id(summary["group_id"]),
-                str(len(calls)),
-                str(tokens),
-                "yes" if calls and all(c["trainable"] for c in calls) else "no",
-            )
-    console.print(table)
+        if table:
+            console.print(await _trajectory_table(http, proxy_root))
     console.print(
         f"{health['calls']} calls recorded, {health['failed_calls']} failed, "
-        f"{health['stitch_misses']} stitch misses, {health['lost_records']} lost records"
+        f"{health['stitch_misses']} stitch misses, {health['lost_records']} lost records "
+        f"(trajectories: art-proxy export, or {proxy_root}/dashboard)"
     )
+
+
+async def _trajectory_table(http: aiohttp.ClientSession, proxy_root: str) -> Table:
+    async with http.get(f"{proxy_root}/art/v1/trajectories?limit=20") as response:
+        trajectories = (await response.json())["data"]
+    table = Table(title="recorded trajectories (newest first)")
+    for column in ("trajectory", "scenario", "group", "calls", "completion tokens", "trainable"):
+        table.add_column(column)
+    for summary in trajectories:
+        async with http.get(f"{proxy_root}/art/v1/trajectories/{summary['id']}") as response:
+            whole = await response.json()
+        calls = whole["calls"]
+        tokens = sum(len(ids) for c in calls for ids in c["completion_token_ids"] or [])
+        table.add_row(
+            short_id(summary["id"], 10),
+            escape(summary["scenario_id"][:16]),
+            short_id(summary["group_id"]),
+            str(len(calls)),
+            str(tokens),
+            "yes" if calls and all(c["trainable"] for c in calls) else "no",
+        )
+    return table

@@ -49,7 +49,9 @@ async def test_an_alias_whose_adapter_is_gone_at_start_falls_back_to_the_base_mo
         status, body = await post(http, f"{proxy.base_url}/chat/completions", chat(BASE))
         assert status == 200, body
         assert vllm.requests[-1]["model"] == BASE
-        assert proxy.parts.aliases.fallbacks[BASE].target == f"{BASE}@20"
+        async with http.get(f"{proxy.root_url}/health") as response:
+            health = await response.json()
+        assert health["alias_fallbacks"] == {BASE: {"target": f"{BASE}@20", "served": BASE}}
     assert f"points at {BASE}@20, which an upstream does not serve" in caplog.text
     assert "art-proxy alias reset" in caplog.text
 
@@ -187,3 +189,29 @@ def test_local_llm_without_torch_says_what_to_install(monkeypatch: pytest.Monkey
     assert "--index-url https://download.pytorch.org/whl/cpu" in text
     with pytest.raises(ConfigError, match="art-proxy up needs no_such_package_xyz"):
         plan(UpSettings(llm_port=0, port=0))
+
+
+def test_a_sidecar_with_nothing_to_train_on_says_how_to_feed_it() -> None:
+    from art_proxy.config import TrainSettings
+    from art_proxy_trainer.loop import waiting_line
+
+    judged = waiting_line(TrainSettings(scenario=["inbox"]), 0, 0)
+    assert "no group of scenario inbox to train on yet" in judged
+    assert "art-proxy judge scores its groups" in judged
+    finished = waiting_line(TrainSettings(reward_source="finish"), 0, 0)
+    assert "POST .../finish" in finished
+    assert "to train on yet" not in waiting_line(TrainSettings(), 1, 3)
+
+
+def test_local_llm_keeps_library_notes_out_of_its_output() -> None:
+    import warnings
+
+    from art_proxy.local.cli import quiet_library_warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        quiet_library_warnings()
+        warnings.warn("`past_key_values` is deprecated", FutureWarning, stacklevel=1)
+        warnings.warn("Adapter lora3 was active which is now deleted. Setting ...", stacklevel=1)
+        warnings.warn("a warning of art-proxy's own", UserWarning, stacklevel=1)
+    assert [str(w.message) for w in caught] == ["a warning of art-proxy's own"]

@@ -101,9 +101,17 @@ def test_bank_of_a_store_without_prod_traffic_is_empty(tmp_path: Path) -> None:
 
 
 def test_unreachable_or_bad_store_is_a_one_line_error(tmp_path: Path) -> None:
-    for store in ("postgresql://postgres@127.0.0.1:1/nowhere", "mysql://x/y"):
-        result = scenario_bank("--store", store, "--out", str(tmp_path / "bank.jsonl"))
-        assert result.returncode == 1, result.stderr
-        assert result.stderr.startswith("error:") and len(result.stderr.splitlines()) == 1
+    result = scenario_bank(
+        "--store", "postgresql://postgres@127.0.0.1:1/nowhere", "--out", str(tmp_path / "b.jsonl")
+    )
+    assert result.returncode == 1, result.stderr
+    assert result.stderr.startswith("error:") and len(result.stderr.splitlines()) == 1
+    assert "Traceback" not in result.stderr
+    # Not a database URL at all: a usage error, before anything starts.
+    for store in ("mysql://x/y", "art.db"):
+        result = scenario_bank("--store", store, "--out", str(tmp_path / "b.jsonl"))
+        assert result.returncode == 2, result.stderr
+        [error] = [line for line in result.stderr.splitlines() if line.startswith("Error:")]
+        assert "is not a SQLite or PostgreSQL URL" in error
         assert "Traceback" not in result.stderr
-        assert not (tmp_path / "bank.jsonl").exists()
+    assert not (tmp_path / "b.jsonl").exists()

@@ -326,7 +326,8 @@ async def test_upstream_gets_the_upstream_key_not_the_client_key(
                 assert status == 200
             status, _ = await request(http, "GET", proxy.base_url + "/models", client)
             assert status == 200
-    assert seen == [f"Bearer {UPSTREAM_KEY}"] * 3
+    # The proxy's own start-up look at /models, then the agent's three calls.
+    assert seen == [f"Bearer {UPSTREAM_KEY}"] * 4
 
 
 async def test_without_an_upstream_key_the_client_authorization_is_passed_on(
@@ -341,7 +342,8 @@ async def test_without_an_upstream_key_the_client_authorization_is_passed_on(
             assert status == 200
             status, _ = await request(http, "POST", chat_url, {}, CHAT)
             assert status == 200
-    assert seen == ["Bearer sk-agent-own", None]
+    # The start-up look at /models carries no client's key (there is none to carry).
+    assert seen == [None, "Bearer sk-agent-own", None]
 
 
 async def test_the_proxy_api_key_is_not_passed_on_to_the_upstream(
@@ -358,7 +360,7 @@ async def test_the_proxy_api_key_is_not_passed_on_to_the_upstream(
             assert status == 200
             status, _ = await request(http, "GET", proxy.base_url + "/models", client)
             assert status == 200
-    assert seen == [None, None]
+    assert seen == [None, None, None]  # the start-up look at /models, then the calls
 
 
 async def test_cookies_an_upstream_sets_are_not_sent_with_other_agents_calls(
@@ -375,7 +377,7 @@ async def test_cookies_an_upstream_sets_are_not_sent_with_other_agents_calls(
                 http, "POST", proxy.base_url + "/chat/completions", bearer(agent_key), CHAT
             )
             assert status == 200
-    assert seen == [None, None]
+    assert seen == [None, None, None]  # the start-up look at /models, then the calls
 
 
 # --- the command line ------------------------------------------------------------------------

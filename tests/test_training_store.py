@@ -35,13 +35,14 @@ async def add_group(
     rewards: list[float | None] | None = None,
     age: int = 0,
     split: str = "train",
+    scenario: str = "inbox",
 ) -> list[str]:
-    """A group of `members` trajectories created `age` minutes after START; with `rewards`, the
+    """A group of `members` trajectories of `scenario` created `age` minutes after START; with `rewards`, the
     members finish with them (None: still open)."""
     created = START + timedelta(minutes=age)
     ids = [f"{group_id}-t{index}" for index in range(members)]
-    rows = [scenario_row("inbox", created), group_row(group_id, "inbox", created)]
-    rows += [trajectory_row(t, "inbox", group_id, created, split=split) for t in ids]
+    rows = [scenario_row(scenario, created), group_row(group_id, scenario, created)]
+    rows += [trajectory_row(t, scenario, group_id, created, split=split) for t in ids]
     await store.write(Batch(rows))
     for trajectory_id, reward in zip(ids, rewards or [], strict=False):
         if reward is not None:
@@ -187,6 +188,16 @@ async def test_trainable_groups_from_finish_rewards_skip_open_unrewarded_and_con
         "older"
     ]
     assert len(await store.trainable_groups("other-run", source="finish")) == 3
+
+
+async def test_trainable_groups_of_the_scenarios_asked_for_only(store: TrajectoryStore) -> None:
+    """A store the demo trained on also holds its groups: a run of another agent names its own."""
+    await add_group(store, "demo", 2, rewards=[0.0, 1.0], age=0, scenario="fruit")
+    await add_group(store, "mine", 2, rewards=[1.0, 0.0], age=1, scenario="inbox")
+    await add_group(store, "also-mine", 2, rewards=[1.0, 0.0], age=2, scenario="calendar")
+    found = await store.trainable_groups("run", source="finish", scenarios=["inbox", "calendar"])
+    assert [g.group_id for g in found] == ["mine", "also-mine"]
+    assert len(await store.trainable_groups("run", source="finish")) == 3
 
 
 async def test_trainable_groups_from_judgments_take_the_newest_scored_and_sum_costs(

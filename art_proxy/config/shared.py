@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic.config import JsonDict
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError
 
 from art_proxy.redaction import redact_url
 
@@ -27,6 +29,21 @@ class StoreSettings(Settings):
         DEFAULT_STORE,
         description="Store URL: sqlite:///FILE (default) or postgresql+asyncpg://USER@HOST/DB.",
     )
+
+    @field_validator("store")
+    @classmethod
+    def _store_is_a_database_url(cls, url: str) -> str:
+        try:
+            backend = make_url(url).get_backend_name()
+        except ArgumentError:
+            backend = None
+        if backend not in ("sqlite", "postgresql"):
+            hint = f"sqlite:///{url}" if "://" not in url else "sqlite:///FILE"
+            raise ValueError(
+                f"store {redact_url(url)!r} is not a SQLite or PostgreSQL URL: {hint} for a "
+                "SQLite file, postgresql+asyncpg://USER@HOST/DB for PostgreSQL"
+            )
+        return url
 
 
 class UpstreamSettings(Settings):

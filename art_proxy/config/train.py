@@ -118,6 +118,11 @@ class TrainSettings(JudgeChoice, UpstreamSettings, StoreSettings, TrainerConfig)
         None, description="Name of the run in the store (default: the --out directory's name)."
     )
     steps: int = Field(0, ge=0, description="Stop after this many steps (0 = never).")
+    resume: bool = Field(
+        False,
+        description="Go on with the run in --out although its store, agent, scenarios or base "
+        "model differ from this command's (refused otherwise: it would be someone else's run).",
+    )
     groups_per_step: int = Field(2, ge=1, description="Scored groups consumed by one step.")
     max_staleness: int = Field(
         16,
@@ -183,6 +188,11 @@ class TrainSettings(JudgeChoice, UpstreamSettings, StoreSettings, TrainerConfig)
         "run on the scenarios through the proxy each step.",
     )
     scenarios: str | None = Field(None, description="Scenarios JSONL for --agent.")
+    scenario: list[str] = Field(
+        default_factory=list,
+        description="The sidecar trains only on groups of this scenario id (repeat for several; "
+        "default: every group in the store).",
+    )
     group_size: int = Field(
         8,
         ge=2,

@@ -69,6 +69,11 @@ class UpSettings(JournalSettings, StoreSettings):
         description="Once up, run this shell command with OPENAI_BASE_URL set, print what was "
         "recorded, and stop the stack when it ends.",
     )
+    show_trajectories: bool = Field(
+        False,
+        description="After --run or --agent, list the newest recorded trajectories too (else a "
+        "line of counts, under the trainer's summary).",
+    )
     agent: str | None = Field(
         None,
         description="Train this agent (module:function or file.py:function) on --scenarios: "

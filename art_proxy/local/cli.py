@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import os
 import sys
+import warnings
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -48,7 +49,16 @@ class LocalLlmSettings(BaseModel):
 
 def run_local_llm(settings: LocalLlmSettings) -> None:
     """Load the model, then serve until interrupted; prints a ready line once listening."""
+    quiet_library_warnings()
     serving.run(_serve_until_stopped(settings))
+
+
+def quiet_library_warnings() -> None:
+    """Keep the libraries' notes to their own developers out of a server's output (`up` relays
+    it line by line): transformers' and torch's deprecations (FutureWarning), and peft's note each
+    time an adapter that was last active is unloaded, which the server does by design."""
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    warnings.filterwarnings("ignore", message=r"Adapter .* was active which is now deleted")
 
 
 async def _serve_until_stopped(settings: LocalLlmSettings) -> None:

@@ -108,6 +108,12 @@ class Admin:
         found = await self._store.alias_moves(request.query.get("alias"), limit=limit)
         return json_response(found)
 
+    async def judgments(self, request: web.Request) -> web.Response:
+        """RULER's judgments, newest first: each trajectory's score and the judge's explanation."""
+        limit, _ = _paging(request)
+        found = await self._store.judgments(group=request.query.get("group"), limit=limit)
+        return json_response(found)
+
     async def training_steps(self, request: web.Request) -> web.Response:
         limit, _ = _paging(request, default_limit=_MAX_PAGE)
         return json_response(await self._store.training_steps(request.query.get("run"), limit))

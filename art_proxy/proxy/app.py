@@ -255,6 +255,7 @@ def _add_routes(router: web.UrlDispatcher) -> None:
     router.add_get("/art/v1/aliases", via("admin", "aliases"))
     router.add_put("/art/v1/aliases/{alias}", via("admin", "set_alias"))
     router.add_get("/art/v1/alias_moves", via("admin", "alias_moves"))
+    router.add_get("/art/v1/judgments", via("admin", "judgments"))
     router.add_get("/art/v1/training_steps", via("admin", "training_steps"))
     dashboard.add_routes(router, lambda request: request.app[PARTS].store)
 

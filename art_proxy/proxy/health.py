@@ -68,6 +68,10 @@ async def health(request: web.Request) -> web.Response:
             "commits": writer.commits,
             "records_committed": writer.batches,
             "unreadable_rows": parts.store.unreadable_rows,
+            "alias_fallbacks": {
+                alias: {"target": fallback.target, "served": fallback.served}
+                for alias, fallback in parts.aliases.fallbacks.items()
+            },
             "journal": _journal_health(parts),
         },
         status=200 if recording else 503,

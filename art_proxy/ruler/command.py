@@ -10,11 +10,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    SpinnerColumn,
+    TaskID,
+    TextColumn,
+)
 from rich.table import Table
 
 from art_proxy.config import JudgeSettings
@@ -72,6 +79,8 @@ async def run_judge(settings: JudgeSettings, rubric: Rubric, out: Console, err: 
     clients: list[LitellmJudge] = []
     try:
         ruler, clients = build_ruler(settings, rubric, store)
+        for client in clients:
+            await client.check()
         judge = GroupJudge(
             ruler,
             Readiness(settings.group_size, settings.wait),
@@ -105,12 +114,11 @@ async def _passes(judge: GroupJudge, settings: JudgeSettings, err: Console) -> N
         while not stop.is_set():
             groups = await judge.ready_groups()
             progress.update(task, description="judging", total=len(groups), completed=0)
-
-            def judged(judgment: Judgment) -> None:
-                progress.update(task, advance=1, description=_progress_line(judge.totals))
-
+            judged = _reporter(progress, task, judge.totals, err, len(groups))
             await _until_stopped(judge.judge(groups, judged), stop)
             if not settings.watch:
+                if not groups:
+                    err.print(nothing_ready(judge.waiting), highlight=False, soft_wrap=True)
                 return
             progress.update(task, description=f"watching: {_progress_line(judge.totals)}")
             with contextlib.suppress(TimeoutError):
@@ -127,6 +135,48 @@ async def _until_stopped(work: Coroutine[Any, Any, None], stop: asyncio.Event) -
         task.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await task
+
+
+def _reporter(
+    progress: Progress, task: TaskID, totals: Totals, err: Console, total: int
+) -> Callable[[Judgment], None]:
+    """What each judged group updates: the bar, and on no terminal (a log, a CI job) a line."""
+    done = 0
+
+    def judged(_judgment: Judgment) -> None:
+        nonlocal done
+        done += 1
+        progress.update(task, advance=1, description=_progress_line(totals))
+        if not err.is_terminal:
+            err.print(f"judged {done}/{total}: {_progress_line(totals)}")
+
+    return judged
+
+
+# Groups whose reason for waiting is listed when nothing is ready; the rest are counted.
+_WAITING_SHOWN = 5
+
+
+def nothing_ready(waiting: dict[str, str]) -> str:
+    """Why a pass found nothing to judge, and what would change that."""
+    if not waiting:
+        return (
+            "nothing to judge: the store has no group without a judgment by this judge, mode and "
+            "rubric (--retry-failed judges judge_failed groups again)"
+        )
+    lines = [f"nothing to judge yet: {len(waiting)} groups are not ready"]
+    lines += [
+        f"  {short_id(group, 12)}: {reason}"
+        for group, reason in list(waiting.items())[:_WAITING_SHOWN]
+    ]
+    if len(waiting) > _WAITING_SHOWN:
+        lines.append(f"  ... and {len(waiting) - _WAITING_SHOWN} more")
+    if any("still open" in reason for reason in waiting.values()):
+        lines.append(
+            "a run finishes when the proxy has had no call of it for --idle-timeout seconds (300 "
+            "by default), or at once with POST /art/v1/trajectories/{id}/finish"
+        )
+    return "\n".join(lines)
 
 
 def _progress_line(totals: Totals) -> str:

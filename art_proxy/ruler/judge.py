@@ -16,6 +16,7 @@ from typing import Any
 
 import aiohttp
 
+from art_proxy.errors import ConfigError
 from art_proxy.ruler.client import JudgeReply, JudgeRequest
 from art_proxy.ruler.errors import JudgeRejected, JudgeUnavailable
 from art_proxy.ruler.logprob import TOP_LOGPROBS, TokenChoice
@@ -35,6 +36,7 @@ _RETRYABLE_STATUS = frozenset({408, 409, 429})
 _CLASS_PREFIX = re.compile(r"^(?:litellm\.)?\w+(?:Error|Exception): ")
 # A digit answer is a handful of tokens per trajectory ("t12: 7\n" is about 5).
 _LOGPROB_TOKENS_PER_LABEL = 8
+_CHECK_TIMEOUT_S = 10.0
 # After a prefilled `t1:`, the digit, or a space and then the digit.
 _PREFILLED_TOKENS = 2
 
@@ -59,6 +61,33 @@ class LitellmJudge:
         self._timeout = timeout
         self._structured = True
         self._session: aiohttp.ClientSession | None = None
+
+    async def check(self) -> None:
+        """Before any group is judged: ConfigError for a model litellm cannot route (no
+        provider prefix) or a base URL nothing answers at, which would otherwise fail every
+        group as `judge_failed` one by one."""
+        try:
+            litellm.get_llm_provider(self.model, api_base=self._base_url)
+        except Exception as exc:  # litellm raises its BadRequestError, or a plain ValueError
+            raise ConfigError(
+                f"judge {self.model!r}: litellm cannot tell its provider: name it with a "
+                f"prefix, e.g. openai/{self.model} for an OpenAI-compatible server "
+                "(--judge-base-url), anthropic/..., hosted_vllm/..."
+            ) from exc
+        if self._base_url is None:
+            return
+        if self._session is None:
+            self._session = aiohttp.ClientSession()
+        try:
+            async with self._session.get(
+                self._base_url + "/models", timeout=aiohttp.ClientTimeout(total=_CHECK_TIMEOUT_S)
+            ):
+                pass  # any answer: a server is there (a hosted one may want a key for /models)
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise ConfigError(
+                f"judge base URL {self._base_url} does not answer ({type(exc).__name__}: {exc}): "
+                "is the judge's server running there? (--judge-base-url, ending in /v1)"
+            ) from exc
 
     async def complete(self, request: JudgeRequest) -> JudgeReply:
         structured = request.answer_schema is not None and self._structured

@@ -30,13 +30,25 @@ class Readiness:
     wait: float = 600.0  # seconds after the newest member started
 
     def ready(self, group: GroupRecord, now: datetime) -> bool:
+        return self.waiting_for(group, now) is None
+
+    def waiting_for(self, group: GroupRecord, now: datetime) -> str | None:
+        """What the group waits for before it is judged (None: ready), as a reason a user can act
+        on."""
         finished = group.size - group.open_count
         if self.group_size and finished >= self.group_size:
-            return True
+            return None
         newest = group.newest_started_at
-        if newest is not None and (now - newest).total_seconds() < self.wait:
-            return False
-        return finished >= 2 or group.open_count == 0
+        if newest is not None and (age := (now - newest).total_seconds()) < self.wait:
+            if self.group_size:
+                return f"{finished} of --group-size {self.group_size} runs finished"
+            return (
+                f"its newest run started {age:.0f}s ago (--wait {self.wait:.0f}s; "
+                "--group-size judges a full group at once)"
+            )
+        if finished >= 2 or group.open_count == 0:
+            return None
+        return f"{group.open_count} of its runs still open, {finished} finished"
 
 
 @dataclass
@@ -77,17 +89,24 @@ class Totals:
 
 async def finished_members(store: TrajectoryStore, group_id: str) -> list[Member]:
     """The group's finished trajectories, oldest first, each with its conversation as it ended,
-    the reward the agent reported and users' feedback; rollouts whose agent failed
-    (`rollout_error`) are left out."""
+    the reward the agent reported and users' feedback. Rollouts whose agent failed
+    (`rollout_error`) are left out, and so are runs none of whose calls was answered (every call
+    a 404 or an upstream error): there is nothing of the agent's to compare."""
     found = await store.trajectories(group=group_id, status="finished", limit=_MAX_MEMBERS)
     found = [trajectory for trajectory in found if ROLLOUT_ERROR not in trajectory.metadata]
     found.sort(key=lambda trajectory: (trajectory.created_at, trajectory.id))
     ids = [trajectory.id for trajectory in found]
     calls, feedback = await store.calls(ids), await store.feedback(ids)
-    return [
+    members = [
         Member(t.id, final_messages(calls.get(t.id, [])), t.reward, feedback.get(t.id, ()))
         for t in found
     ]
+    return [member for member in members if answered(member)]
+
+
+def answered(member: Member) -> bool:
+    """The run has a reply of the model's: its conversation ends with the assistant."""
+    return bool(member.messages) and member.messages[-1].get("role") == "assistant"
 
 
 class GroupJudge:
@@ -107,10 +126,13 @@ class GroupJudge:
         self._semaphore = asyncio.Semaphore(concurrency)
         self._retry_failed = retry_failed
         self._seen: set[str] = set()
+        # Why each unjudged group the last pass found is not ready yet, by group id.
+        self.waiting: dict[str, str] = {}
 
     async def ready_groups(self) -> list[GroupRecord]:
         now = utcnow()
         ready: list[GroupRecord] = []
+        self.waiting = {}
         last: GroupRecord | None = None
         while True:  # page by page: groups still filling must not hide the ready ones behind them
             page = await self.ruler.store.unjudged_groups(
@@ -122,7 +144,14 @@ class GroupJudge:
                 limit=_PAGE,
                 after=last,
             )
-            ready += [g for g in page if g.id not in self._seen and self.readiness.ready(g, now)]
+            for group in page:
+                if group.id in self._seen:
+                    continue
+                reason = self.readiness.waiting_for(group, now)
+                if reason is None:
+                    ready.append(group)
+                else:
+                    self.waiting[group.id] = reason
             if len(page) < _PAGE:
                 return ready
             last = page[-1]

@@ -191,14 +191,9 @@ class Ruler:
         problem = ""
         for _ in range(self.settings.attempts):
             request = JudgeRequest(messages, self.settings.mode, len(labels), self._answer_schema())
-            try:
-                reply = await self._call(judge, request, tally)
-            except JudgeUnavailable as exc:
-                return _Outcome(
-                    "judge_failed", f"judge unavailable after {tally.calls} tries: {exc}"
-                )
-            except JudgeRejected as exc:
-                return _Outcome("judge_failed", f"judge rejected the request: {exc}")
+            reply = await self._answer(judge, request, tally)
+            if isinstance(reply, _Outcome):
+                return reply
             try:
                 return _Outcome("scored", scores=self._parse(reply, labels))
             except InvalidAnswer as exc:
@@ -232,16 +227,9 @@ class Ruler:
                 1,
                 continue_final=True,
             )
-            try:
-                reply = await self._call(judge, request, tally)
-            except JudgeUnavailable as exc:
-                return _Outcome(
-                    "judge_failed", f"judge unavailable after {tally.calls} tries: {exc}"
-                )
-            except JudgeRejected as exc:
-                if exc.status == 400 and "continue_final_message" in str(exc):
-                    raise _PrefillRefused from exc
-                return _Outcome("judge_failed", f"judge rejected the request: {exc}")
+            reply = await self._answer(judge, request, tally)
+            if isinstance(reply, _Outcome):
+                return reply
             if not reply.tokens:
                 return _Outcome(
                     "judge_failed", "the answer came without logprobs; logprob mode needs them"
@@ -257,6 +245,21 @@ class Ruler:
             scores[label] = score_of(distribution)
             written = f"{begun} {max(distribution, key=lambda d: distribution[d])}\n"
         return _Outcome("scored", scores=scores)
+
+    async def _answer(
+        self, judge: JudgeClient, request: JudgeRequest, tally: _Tally
+    ) -> JudgeReply | _Outcome:
+        """The judge's reply, or the `judge_failed` outcome its failure is. Raises
+        _PrefillRefused when the judge refuses to continue a begun answer."""
+        try:
+            return await self._call(judge, request, tally)
+        except JudgeUnavailable as exc:
+            return _Outcome("judge_failed", f"judge unavailable after {tally.calls} tries: {exc}")
+        except JudgeRejected as exc:
+            refused = exc.status == 400 and "continue_final_message" in str(exc)
+            if request.continue_final and refused:
+                raise _PrefillRefused from exc
+            return _Outcome("judge_failed", f"judge rejected the request: {exc}")
 
     async def _call(self, judge: JudgeClient, request: JudgeRequest, tally: _Tally) -> JudgeReply:
         delay = self.settings.backoff

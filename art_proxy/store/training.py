@@ -10,6 +10,7 @@ as it is.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Literal
 
@@ -152,8 +153,10 @@ class TrainingRecords(StoreBase):
         limit: int = 100,
         full_size: int = 0,
         settled_before: datetime | None = None,
+        scenarios: Sequence[str] = (),
     ) -> list[TrainableGroup]:
-        """Groups `run` has not consumed, oldest first, with their members' rewards.
+        """Groups `run` has not consumed, oldest first, with their members' rewards; only those
+        of `scenarios` when some are given.
 
         judgment: groups with a scored judgment; rewards from the newest one, cost summed over all
         of the group's judgments. finish: groups with no open member and at least two finished
@@ -165,6 +168,8 @@ class TrainingRecords(StoreBase):
         not_consumed = ~sa.exists(
             sa.select(CG.c.group_id).where(CG.c.run == run, CG.c.group_id == G.c.id)
         )
+        if scenarios:
+            not_consumed = sa.and_(not_consumed, G.c.scenario_id.in_(list(scenarios)))
         if source == "judgment":
             return await self._judged_groups(not_consumed, limit)
         return await self._finished_groups(not_consumed, limit, full_size, settled_before)

@@ -14,8 +14,11 @@ import pytest
 from playwright.async_api import Browser, Page, async_playwright, expect
 
 from art_proxy.proxy.server import RunningProxy
+from art_proxy.store.trajectory_store import TrajectoryStore, utcnow
+from art_proxy.store.writer import Batch
 from tests.dashboard.conftest import ADMIN_KEY
 from tests.dashboard.recorded import IMG, SCRIPT, Recorded, record_everything
+from tests.store_rows import call_row, group_row, scenario_row, trajectory_row
 
 CHROMIUM = Path("/usr/bin/chromium")
 # Without the background-networking flags Chromium keeps dialling out, which a closed network
@@ -185,3 +188,27 @@ async def test_admin_key_is_enforced_and_leaves_the_address_for_an_httponly_cook
     await page.context.clear_cookies()
     gone = await page.goto(f"{root}/dashboard/training")
     assert gone is not None and gone.status == 401
+
+
+async def test_a_long_unbroken_error_wraps_inside_the_page(
+    sqlite_proxy: RunningProxy, sqlite_url: str, tab: Tab
+) -> None:
+    """A 404's text quotes a long model name or URL with no space to break at: it wraps in its
+    cell instead of widening the page past the window."""
+    error = "The model `" + "SmolLM2-135M-Instruct@20/" * 30 + "` does not exist."
+    at = utcnow()
+    rows = [scenario_row("long", at), group_row("g-long", "long", at)]
+    rows += [trajectory_row("t-long", "long", "g-long", at, call_count=1)]
+    rows += [call_row("t-long", at, status="upstream_error", http_status=404, error=error)]
+    async with TrajectoryStore.opened(sqlite_url) as store:
+        await store.write(Batch(rows))
+    page = tab.page
+    for path in ("/dashboard/trajectories/t-long", "/dashboard/groups/g-long"):
+        response = await page.goto(f"{sqlite_proxy.root_url}{path}")
+        assert response is not None and response.status == 200
+        await expect(page.get_by_text("does not exist").first).to_be_visible()
+        widths = await page.evaluate(
+            "() => [document.documentElement.scrollWidth, document.documentElement.clientWidth]"
+        )
+        assert widths[0] <= widths[1], f"{path}: the page is {widths[0]}px wide in {widths[1]}px"
+    assert tab.errors == []

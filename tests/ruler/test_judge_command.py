@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import io
 import re
 import signal
@@ -110,15 +111,21 @@ async def test_judge_waits_for_a_full_group_or_the_wait(proxy: RunningProxy) -> 
         assert done.judged == 0 and len(judge.requests) == 1
 
 
+async def start_run(proxy: RunningProxy, scenario: str, trajectory: str) -> None:
+    """One call of a run that is not finished."""
+    async with openai.AsyncOpenAI(
+        base_url=f"{proxy.root_url}/scenario/{scenario}/trajectory/{trajectory}/v1",
+        api_key="unused",
+    ) as client:
+        await client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": f"Task of {scenario}: plan a trip."}]
+        )
+
+
 async def test_an_open_member_is_left_out_once_the_wait_is_over(proxy: RunningProxy) -> None:
     await run_agent(proxy, "trip", "done-1", 1)
     await run_agent(proxy, "trip", "done-2", 2)
-    async with openai.AsyncOpenAI(
-        base_url=f"{proxy.root_url}/scenario/trip/trajectory/still-open/v1", api_key="unused"
-    ) as client:
-        await client.chat.completions.create(
-            model=MODEL, messages=[{"role": "user", "content": "Task of trip: plan a trip."}]
-        )
+    await start_run(proxy, "trip", "still-open")
     store_url = proxy.parts.settings.store
     async with running_scripted_judge(answer_by_content(fewer_turns_is_better)) as judge:
         waiting = await judge_in_process(settings(store_url, judge.base_url, group_size=3))
@@ -216,3 +223,69 @@ async def until_judged(store: TrajectoryStore, count: int) -> None:
             return
         await asyncio.sleep(0.1)
     raise AssertionError(f"no {count} judgments within a minute")
+
+
+async def test_nothing_ready_says_why_and_what_finishes_a_run(proxy: RunningProxy) -> None:
+    await run_agent(proxy, "trip", "done", 1)
+    await start_run(proxy, "trip", "open")
+    store_url = proxy.parts.settings.store
+    async with running_scripted_judge(answer_by_content(fewer_turns_is_better)) as judge:
+        base = ["--store", store_url, "--judge", "openai/scripted", "--judge-base-url"]
+        full = await asyncio.to_thread(judge_command, *base, judge.base_url, "--group-size", "3")
+        waited = await asyncio.to_thread(judge_command, *base, judge.base_url, "--wait", "0")
+    assert full.returncode == 0 and waited.returncode == 0, full.stderr + waited.stderr
+    assert "nothing to judge yet: 1 groups are not ready" in full.stderr
+    assert "1 of --group-size 3 runs finished" in full.stderr
+    said = " ".join(waited.stderr.split())
+    assert "1 of its runs still open, 1 finished" in said
+    assert "--idle-timeout seconds (300 by default)" in said
+    assert "/art/v1/trajectories/{id}/finish" in said
+    assert judge.requests == []
+
+
+async def test_runs_with_no_answered_call_are_left_out_and_judgments_are_served(
+    proxy: RunningProxy, http: aiohttp.ClientSession
+) -> None:
+    for trajectory, turns in (("quick", 1), ("slow", 3)):
+        await run_agent(proxy, "trip", trajectory, turns)
+    # A run whose every call failed (a model name the upstream does not serve), then finished.
+    failed_url = f"{proxy.root_url}/scenario/trip/trajectory/failed/v1"
+    async with openai.AsyncOpenAI(base_url=failed_url, api_key="unused", max_retries=0) as client:
+        with contextlib.suppress(openai.NotFoundError):
+            await client.chat.completions.create(
+                model="no-such-model",
+                messages=[{"role": "user", "content": "Task of trip: plan a trip."}],
+            )
+    async with http.post(f"{proxy.root_url}/art/v1/trajectories/failed/finish", json={}) as r:
+        assert r.status == 200
+    store_url = proxy.parts.settings.store
+    async with running_scripted_judge(answer_by_content(fewer_turns_is_better)) as judge:
+        done = await asyncio.to_thread(
+            judge_command,
+            *("--store", store_url, "--judge", "openai/scripted", "--wait", "0"),
+            *("--judge-base-url", judge.base_url),
+        )
+    assert done.returncode == 0, done.stderr
+    assert "judged 1/1: 1 scored, 0 failed, 0 skipped" in done.stderr  # no terminal: a line
+    async with http.get(f"{proxy.root_url}/art/v1/judgments") as response:
+        assert response.status == 200
+        [judgment] = (await response.json())["data"]
+    assert judgment["status"] == "scored"
+    assert sorted(judgment["trajectory_ids"]) == ["quick", "slow"]
+
+
+def test_a_judge_that_cannot_work_stops_the_command_at_start(tmp_path: Path) -> None:
+    store = f"sqlite:///{tmp_path / 'art.db'}"
+    unprefixed = judge_command("--store", store, "--judge", "SmolLM2-135M-Instruct")
+    assert unprefixed.returncode == 1
+    assert unprefixed.stderr.startswith("error: judge 'SmolLM2-135M-Instruct': litellm cannot")
+    assert "openai/SmolLM2-135M-Instruct" in unprefixed.stderr
+    nowhere = judge_command(
+        "--store", store, "--judge", "openai/x", "--judge-base-url", "http://127.0.0.1:9/v1"
+    )
+    assert nowhere.returncode == 1
+    assert "judge base URL http://127.0.0.1:9/v1 does not answer" in " ".join(
+        nowhere.stderr.split()
+    )
+    for result in (unprefixed, nowhere):
+        assert "Traceback" not in result.stderr and "Provider List" not in result.stdout

@@ -14,7 +14,7 @@ import pytest
 from art_proxy.local.model_loading import LoadedModel, load_model
 from art_proxy.local.served import ServedModel
 from art_proxy.local.server import RunningLocalLlm, running_local_llm
-from art_proxy.records import JsonObject
+from art_proxy.records import JsonObject, Judgment
 from art_proxy.ruler.judge import LitellmJudge
 from art_proxy.ruler.rubric import DEFAULT_RUBRIC
 from art_proxy.ruler.run import finished_members
@@ -35,18 +35,27 @@ async def local_judge(smollm2: LoadedModel) -> AsyncIterator[RunningLocalLlm]:
         yield running
 
 
-async def test_smollm2_scores_a_group_by_its_digit_probabilities(
-    local_judge: RunningLocalLlm, store: TrajectoryStore
-) -> None:
-    group, ids = await record_group(store, [answered("Paris."), answered("I like turtles.")])
+async def judged_by_smollm2(
+    local_judge: RunningLocalLlm, store: TrajectoryStore, group: str, *, max_prompt_tokens: int
+) -> Judgment:
+    """The group, judged in logprob mode by the bundled model through litellm."""
     client = LitellmJudge(f"openai/{local_judge.served.name}", base_url=local_judge.base_url)
-    settings = RulerSettings(rubric=DEFAULT_RUBRIC, mode="logprob", max_prompt_tokens=800)
+    settings = RulerSettings(
+        rubric=DEFAULT_RUBRIC, mode="logprob", max_prompt_tokens=max_prompt_tokens
+    )
     try:
-        judgment = await Ruler(client, store, settings).score_group(
+        return await Ruler(client, store, settings).score_group(
             group, await finished_members(store, group)
         )
     finally:
         await client.aclose()
+
+
+async def test_smollm2_scores_a_group_by_its_digit_probabilities(
+    local_judge: RunningLocalLlm, store: TrajectoryStore
+) -> None:
+    group, ids = await record_group(store, [answered("Paris."), answered("I like turtles.")])
+    judgment = await judged_by_smollm2(local_judge, store, group, max_prompt_tokens=800)
     assert judgment.status == "scored", judgment.reason
     assert [score.trajectory_id for score in judgment.scores] == ids
     for score in judgment.scores:
@@ -89,14 +98,7 @@ async def test_the_bundled_judge_scores_every_trajectory_of_a_tool_agents_group(
         tool_agent_run("It is due March 3 (Acme, $120).", "Acme invoice $120, due 2025-03-03"),
     ]
     group, ids = await record_group(store, runs)
-    client = LitellmJudge(f"openai/{local_judge.served.name}", base_url=local_judge.base_url)
-    settings = RulerSettings(rubric=DEFAULT_RUBRIC, mode="logprob", max_prompt_tokens=900)
-    try:
-        judgment = await Ruler(client, store, settings).score_group(
-            group, await finished_members(store, group)
-        )
-    finally:
-        await client.aclose()
+    judgment = await judged_by_smollm2(local_judge, store, group, max_prompt_tokens=900)
     assert judgment.status == "scored", judgment.reason
     assert [score.trajectory_id for score in judgment.scores] == ids
     assert all(0.0 <= score.score <= 1.0 for score in judgment.scores)

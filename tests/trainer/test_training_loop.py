@@ -22,7 +22,7 @@ from art_proxy.store.trajectory_store import TrajectoryStore
 from art_proxy.testing.fake_vllm import FakeVllmConfig, running_fake_vllm
 from art_proxy_trainer import policy as policy_module
 from art_proxy_trainer.command import run_train
-from art_proxy_trainer.errors import BaseModelMismatch
+from art_proxy_trainer.errors import BaseModelMismatch, CheckpointError
 from art_proxy_trainer.step import StepResult
 from tests.trainer.conftest import TINY_NAME, Stack
 from tests.trainer.under_load import train_under_load
@@ -278,3 +278,22 @@ async def test_an_abandoned_step_labels_its_groups_abandoned_not_trained(
         [step] = await store.training_steps(run="run")
     assert (step.status, step.reason) == ("abandoned", "nan_loss")
     assert "abandoned" in step.groups.values() and "trained" not in step.groups.values()
+
+
+async def test_a_trainer_refuses_to_resume_another_agents_run_without_resume(
+    stack: Stack, tmp_path: Path
+) -> None:
+    """`make demo` leaves its run in art-train; `train` there for another agent's groups once
+    went on with the demo's run (0 steps, the alias moved back to the demo's adapter)."""
+    out = tmp_path / "art-train"
+    await run_train(_settings(stack, out, steps=1, val_every=0), Console(quiet=True))
+    sidecar = _settings(stack, out, steps=2, val_every=0, agent=None, scenarios=None)
+    with pytest.raises(CheckpointError) as refused:
+        await run_train(sidecar, Console(quiet=True))
+    message = str(refused.value)
+    assert "holds step 1 of another run" in message and "(now None)" in message
+    assert "--out NEW_DIR" in message and "--resume" in message
+    # Told to: it goes on with that run (which has its one step already).
+    told = _settings(stack, out, steps=1, val_every=0, agent=None, scenarios=None, resume=True)
+    resumed = await asyncio.wait_for(run_train(told, Console(quiet=True)), 120)
+    assert resumed.stopped == "reached --steps 1"

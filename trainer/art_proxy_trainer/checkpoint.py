@@ -32,12 +32,32 @@ from art_proxy_trainer.policy import Policy, PolicyState, trained_parameters
 _ADAPTER_WEIGHTS = "adapter_model.safetensors"
 
 
+class RunIdentity(BaseModel):
+    """What makes a run the user's own: what it trains, on what, from which agent's groups. A
+    trainer pointed at a directory whose run differs in any of these resumes it only when told."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    base_model: str
+    store: str  # redacted: the checkpoint is a file anyone with the directory reads
+    agent: str | None = None
+    scenarios: str | None = None
+
+    def differences(self, other: RunIdentity) -> list[str]:
+        return [
+            f"{name} {getattr(self, name)!r} (now {getattr(other, name)!r})"
+            for name in type(self).model_fields
+            if getattr(self, name) != getattr(other, name)
+        ]
+
+
 class TrainerState(BaseModel):
     """What a resumed trainer needs besides the weights."""
 
     model_config = ConfigDict(extra="forbid")
 
     run: str
+    identity: RunIdentity | None = None  # None: a checkpoint from before identities
     step: int = 0
     # The newest step that changed the weights (0: none, the base model): what the policy is now.
     # Abandoned steps count in `step` but not here, so they do not age the groups the same

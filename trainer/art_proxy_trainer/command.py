@@ -244,6 +244,7 @@ class _Display:
             transient=True,
         )
         self._task = self._progress.add_task("starting", total=settings.steps or None)
+        self._said = ""  # the last status, printed once where there is no live line
 
     def __enter__(self) -> _Display:
         self._progress.start()
@@ -256,6 +257,9 @@ class _Display:
 
     def status(self, text: str) -> None:
         self._progress.update(self._task, description=text, total=None, completed=0)
+        if text.startswith("waiting") and text != self._said and not self._console.is_terminal:
+            self._console.print(text, highlight=False, soft_wrap=True)  # no live line to read
+        self._said = text
 
     def rollouts(self, done: int, total: int) -> None:
         self._progress.update(self._task, total=total, completed=done)

@@ -61,6 +61,22 @@ def stop_reason(trainer: Trainer, settings: TrainSettings) -> str | None:
     return None
 
 
+def waiting_line(settings: TrainSettings, with_signal: int, unconsumed: int) -> str:
+    """What the sidecar waits for, and, with nothing to train on, how to feed it."""
+    line = (
+        f"waiting for scored groups: {with_signal} of {settings.groups_per_step} with a reward "
+        f"spread ({unconsumed} unconsumed in the store)"
+    )
+    if unconsumed:
+        return line
+    if settings.reward_source.value == "judgment":
+        feed = "run your agent through the proxy, then art-proxy judge scores its groups"
+    else:
+        feed = "run your agent through the proxy; it reports rewards at POST .../finish"
+    scope = f" of scenario {', '.join(settings.scenario)}" if settings.scenario else ""
+    return f"{line}: no group{scope} to train on yet ({feed})"
+
+
 async def run_sidecar(trainer: Trainer, settings: TrainSettings, events: Events) -> str:
     """Train on the store's scored groups until a stop condition; returns why it stopped."""
     while (reason := stop_reason(trainer, settings)) is None:
@@ -70,14 +86,12 @@ async def run_sidecar(trainer: Trainer, settings: TrainSettings, events: Events)
             limit=1000,
             full_size=settings.group_size,
             settled_before=utcnow() - timedelta(seconds=settings.group_wait),
+            scenarios=settings.scenario,
         )
         with_signal = [g for g in groups if g.split != "val" and has_signal(g.rewards.values())]
         if len(with_signal) < settings.groups_per_step:
             await trainer.watch_production()  # production traffic goes on while we wait
-            events.status(
-                f"waiting for scored groups: {len(with_signal)} of {settings.groups_per_step} "
-                f"with a reward spread ({len(groups)} unconsumed in the store)"
-            )
+            events.status(waiting_line(settings, len(with_signal), len(groups)))
             await asyncio.sleep(settings.poll)
             continue
         chosen = (

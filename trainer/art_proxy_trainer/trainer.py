@@ -23,11 +23,12 @@ from dataclasses import dataclass, field
 
 from art_proxy.config import TrainSettings
 from art_proxy.records import CallRecord, GroupOutcome, TrainableGroup, TrainingStep
+from art_proxy.redaction import redact_url
 from art_proxy.rewards import has_signal, mean_or_nan, population_std
 from art_proxy.store.trajectory_store import TrajectoryStore, utcnow
 from art_proxy_trainer.advantages import group_advantages
 from art_proxy_trainer.batch import TrajectorySample, build_batch
-from art_proxy_trainer.checkpoint import Checkpoints, TrainerState
+from art_proxy_trainer.checkpoint import Checkpoints, RunIdentity, TrainerState
 from art_proxy_trainer.errors import CheckpointError, EmptyBatchError
 from art_proxy_trainer.metrics import MetricsSink
 from art_proxy_trainer.policy import Policy
@@ -73,7 +74,13 @@ class Trainer:
         self.swapper = swapper
         self.promoter = promoter
         self.sleeper = sleeper  # vLLM asleep during each step (the whole loop on one GPU)
-        self.state = TrainerState(run=settings.run_name)
+        self.identity = RunIdentity(
+            base_model=policy.served_name,
+            store=redact_url(settings.store),
+            agent=settings.agent,
+            scenarios=settings.scenarios,
+        )
+        self.state = TrainerState(run=settings.run_name, identity=self.identity)
         self.stopping = Stopping(settings.patience, settings.min_delta)
         self._on_warning = on_warning
 
@@ -99,6 +106,14 @@ class Trainer:
             raise CheckpointError(
                 f"{self.checkpoints.out} holds run {state.run!r}, not {self.settings.run_name!r}"
             )
+        differences = state.identity.differences(self.identity) if state.identity else []
+        if differences and not self.settings.resume:
+            raise CheckpointError(
+                f"{self.checkpoints.out} holds step {state.step} of another run "
+                f"({'; '.join(differences)}): pass --out NEW_DIR to start a run of your own, "
+                "or --resume to go on with that one"
+            )
+        state.identity = self.identity
         self.checkpoints.restore(state, self.policy)
         self.state = state
         record = state.record
