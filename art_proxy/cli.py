@@ -264,6 +264,7 @@ def alias_reset(settings: AliasResetSettings) -> None:
 
 async def _base_model(settings: AliasResetSettings) -> str:
     """The base model the first upstream serves; ConfigError when it cannot say which."""
+    from art_proxy.proxy.aliases import base_model_of
     from art_proxy.proxy.upstream import Upstreams
     from art_proxy.proxy.upstream_models import served_models
 
@@ -277,8 +278,9 @@ async def _base_model(settings: AliasResetSettings) -> str:
             f"cannot ask the upstream for its base model ({served}): pass --upstream, or name "
             f"the model with: art-proxy alias set {settings.alias} MODEL"
         )
-    if settings.alias in served.bases or len(served.bases) == 1:
-        return settings.alias if settings.alias in served.bases else served.bases[0]
+    base = base_model_of(settings.alias, [served])
+    if base is not None:
+        return base
     raise ConfigError(
         f"upstream {upstream} serves {len(served.bases)} base models "
         f"({', '.join(served.bases) or 'none'}): name one with: "

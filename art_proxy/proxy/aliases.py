@@ -76,7 +76,7 @@ class Aliases:
                     del self._fallbacks[record.alias]
                     log.info("alias %r serves %s again", record.alias, record.model)
             elif fallback is None or fallback.target != record.model:
-                base = _base_model(record.alias, served)
+                base = base_model_of(record.alias, served)
                 if base is None:
                     log.error(
                         "alias %r points at %s, which an upstream does not serve, and the "
@@ -126,7 +126,7 @@ class Aliases:
         return fallback.served if fallback and fallback.target == record.model else record.model
 
 
-def _base_model(alias: str, served: Sequence[ServedModels]) -> str | None:
+def base_model_of(alias: str, served: Sequence[ServedModels]) -> str | None:
     """What an alias whose adapter is gone serves: its own name where every upstream serves a base
     model by it (an alias named after the base), else the one base model they all serve."""
     if all(alias in models.bases for models in served):
