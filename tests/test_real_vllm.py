@@ -32,6 +32,7 @@ from art_proxy_trainer.step import lora_model
 from tests.conformance.upstream import WEATHER_TOOL
 from tests.conftest import proxy_settings, trajectories
 from tests.real_vllm import RealVllm
+from tests.trainer.agents import untagged
 from tests.trainer.test_training_loop import AGENT, SCENARIOS
 from tests.trainer.under_load import train_under_load
 
@@ -404,7 +405,7 @@ async def test_the_trainer_swaps_adapters_into_vllm_under_load_with_no_failed_ca
     assert served[0] == real_vllm.model and f"{real_vllm.model}@2" in served
     assert served.index(f"{real_vllm.model}@1") < served.index(f"{real_vllm.model}@2")
     # The older adapter was unloaded from vLLM; the newest serves the alias.
-    assert upstream_models == [real_vllm.model, f"{real_vllm.model}@2"]
+    assert [untagged(m) for m in upstream_models] == [real_vllm.model, f"{real_vllm.model}@2"]
     store = await TrajectoryStore.open(store_url, writer=False)
     try:
         steps = await store.training_steps(run="run")

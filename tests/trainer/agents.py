@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from openai.types.chat import ChatCompletion
 
 from art_proxy.rollout import Rollout
@@ -13,6 +15,12 @@ SCRIPTED_VAL_REWARDS = {
     "tiny-llama@2": 0.6,
     "tiny-llama@3": 0.7,
 }
+
+
+def untagged(text: str) -> str:
+    """`tiny-llama@3-3f9a1c` -> `tiny-llama@3`: adapters' names (in a name or a sentence) without
+    their run's tag, which is random."""
+    return re.sub(r"@(\d+)-[0-9a-f]{6}\b", r"@\1", text)
 
 
 async def _ask(run: Rollout) -> ChatCompletion:
@@ -40,5 +48,5 @@ async def scripted_validation_agent(run: Rollout) -> float:
     model that served the call (the proxy answers with the served adapter's name)."""
     reply = await _ask(run)
     if run.scenario.split == "val":
-        return SCRIPTED_VAL_REWARDS.get(reply.model, 0.0)
+        return SCRIPTED_VAL_REWARDS.get(untagged(reply.model), 0.0)
     return _length_reward(reply)

@@ -21,9 +21,9 @@ from transformers import AutoModelForCausalLM
 from art_proxy.store.trajectory_store import TrajectoryStore
 from art_proxy_trainer.checkpoint import TrainerState
 from art_proxy_trainer.command import run_train
-from art_proxy_trainer.errors import SwapError
 from art_proxy_trainer.promoter import Promoter
 from art_proxy_trainer.swap import AdapterSwapper
+from tests.trainer.agents import untagged
 from tests.trainer.conftest import TINY_NAME, Stack
 from tests.trainer.test_training_loop import HERE, _models, _settings
 
@@ -55,13 +55,16 @@ async def test_the_production_alias_takes_only_adapters_that_validate_at_least_a
     assert summary.stopped == "reached --steps 4"
 
     moves = await store.alias_moves(PROD)
-    assert [(m.model, m.previous, m.reason, m.note) for m in reversed(moves)] == [
+    assert [
+        (untagged(m.model), m.previous and untagged(m.previous), m.reason, untagged(m.note or ""))
+        for m in reversed(moves)
+    ] == [
         (TINY_NAME, None, "promote", "the base model, before any adapter"),
         (AT[1], TINY_NAME, "promote", f"val 0.70 >= 0.50 ({TINY_NAME})"),
         (AT[3], AT[1], "promote", f"val 0.70 >= 0.70 ({AT[1]})"),
     ]
     steps = await store.training_steps(run="run")
-    assert [s.promotion for s in steps] == [
+    assert [s.promotion and untagged(s.promotion) for s in steps] == [
         None,  # validated the base, which production serves already
         f"promoted {AT[1]} to {PROD}: val 0.70 >= 0.50 ({TINY_NAME})",
         f"kept {AT[1]} over {AT[2]}: val 0.60 < 0.70 ({AT[1]})",
@@ -69,12 +72,16 @@ async def test_the_production_alias_takes_only_adapters_that_validate_at_least_a
     ]
     # --keep-adapters 1, yet what production serves (@3) and its rollback target (@1) stay.
     async with aiohttp.ClientSession() as http:
-        assert await _models(http, stack.llm.base_url) == [TINY_NAME, AT[1], AT[3], AT[4]]
-    aliases = {a.alias: a.model for a in await store.aliases()}
+        loaded = await _models(http, stack.llm.base_url)
+    assert [untagged(m) for m in loaded] == [TINY_NAME, AT[1], AT[3], AT[4]]
+    aliases = {a.alias: untagged(a.model) for a in await store.aliases()}
     assert aliases == {PROD: AT[3], TINY_NAME: AT[4]}
-    # A new run under the same training alias would reuse the name @3 for other weights.
-    with pytest.raises(SwapError, match=f"alias '{PROD}' serves {AT[3]}"):
-        await run_train(_settings(stack, tmp_path / "new", steps=1), Console(quiet=True))
+    # A new run under the same training alias names its adapters apart: production's @3 stays.
+    await run_train(_settings(stack, tmp_path / "new", steps=1), Console(quiet=True))
+    async with aiohttp.ClientSession() as http:
+        now = await _models(http, stack.llm.base_url)
+    assert set(loaded) < set(now) and [untagged(m) for m in now if m not in loaded] == [AT[1]]
+    assert {a.alias: a.model for a in await store.aliases()}[PROD] == loaded[2]
 
 
 def _adapter(model_dir: Path, out: Path) -> Path:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -81,9 +82,21 @@ def test_tokens_are_scored_at_the_temperature_they_were_sampled_at() -> None:
 
 def test_the_step_of_an_adapter_is_read_off_its_name() -> None:
     assert step_of("policy@12", "policy") == 12
+    assert step_of("policy@12-3f9a1c", "policy") == 12  # named with its run's tag
     assert step_of("policy", "policy") == 0
     assert step_of("other@3", "policy") == 0
     assert step_of(None, "policy") == 0
+
+
+def test_a_new_run_draws_a_tag_for_its_adapters_and_an_older_checkpoint_keeps_its_names(
+    tmp_path: Path,
+) -> None:
+    first, second = TrainerState(run="r"), TrainerState(run="r")
+    assert re.fullmatch("[0-9a-f]{6}", first.run_tag) and first.run_tag != second.run_tag
+    (tmp_path / "state.json").write_text(first.model_dump_json())
+    assert TrainerState.read(tmp_path / "state.json").run_tag == first.run_tag
+    (tmp_path / "state.json").write_text('{"run": "r", "step": 3}')  # from before tags
+    assert TrainerState.read(tmp_path / "state.json").run_tag == ""
 
 
 @pytest.mark.parametrize(

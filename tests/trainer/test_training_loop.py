@@ -16,6 +16,7 @@ import pytest
 from rich.console import Console
 
 from art_proxy.config import TrainSettings
+from art_proxy.errors import ConfigError
 from art_proxy.rollout import load_agent, run_rollouts
 from art_proxy.scenarios import Scenario
 from art_proxy.store.trajectory_store import TrajectoryStore
@@ -24,6 +25,7 @@ from art_proxy_trainer import policy as policy_module
 from art_proxy_trainer.command import run_train
 from art_proxy_trainer.errors import BaseModelMismatch, CheckpointError
 from art_proxy_trainer.step import StepResult
+from tests.trainer.agents import untagged
 from tests.trainer.conftest import TINY_NAME, Stack
 from tests.trainer.under_load import train_under_load
 
@@ -77,7 +79,7 @@ async def test_the_whole_loop_swaps_each_step_in_with_no_failed_call_under_load(
     assert served[0] == TINY_NAME and f"{TINY_NAME}@3" in served
     assert served.index(f"{TINY_NAME}@1") < served.index(f"{TINY_NAME}@3")
     # Only the last --keep-adapters adapters stay loaded upstream.
-    assert upstream_models == [TINY_NAME, f"{TINY_NAME}@2", f"{TINY_NAME}@3"]
+    assert [untagged(m) for m in upstream_models] == [TINY_NAME, f"{TINY_NAME}@2", f"{TINY_NAME}@3"]
 
     store = await TrajectoryStore.open(stack.store_url, writer=False)
     try:
@@ -91,8 +93,10 @@ async def test_the_whole_loop_swaps_each_step_in_with_no_failed_call_under_load(
         (2, "applied", "swapped"),
         (3, "applied", "swapped"),
     ]
-    assert [(a.alias, a.model, a.step) for a in aliases] == [(TINY_NAME, f"{TINY_NAME}@3", 3)]
-    assert [m.model for m in reversed(moves)] == [f"{TINY_NAME}@{n}" for n in (1, 2, 3)]
+    assert [(a.alias, untagged(a.model), a.step) for a in aliases] == [
+        (TINY_NAME, f"{TINY_NAME}@3", 3)
+    ]
+    assert [untagged(m.model) for m in reversed(moves)] == [f"{TINY_NAME}@{n}" for n in (1, 2, 3)]
     # Each step trained on two fresh groups of this run's rollouts; step 2 validated.
     for step in steps:
         assert sum(o == "trained" for o in step.groups.values()) >= 1
@@ -222,9 +226,19 @@ async def test_a_trainer_killed_at_any_moment_resumes_without_losing_or_repeatin
     assert all(s.status == "applied" and s.swap == "swapped" for s in steps)
     consumed = [group for step in steps for group in step.groups]
     assert sorted(consumed) == sorted(groups)  # every group once: none lost, none repeated
-    assert [(a.model, a.step) for a in aliases] == [(f"{TINY_NAME}@6", 6)]
+    assert [(untagged(a.model), a.step) for a in aliases] == [(f"{TINY_NAME}@6", 6)]
     lines = [json.loads(line)["step"] for line in metrics.read_text().splitlines()]
     assert sorted(set(lines)) == [1, 2, 3, 4, 5, 6]
+
+
+async def test_a_judge_that_cannot_answer_stops_training_before_anything_moves(
+    stack: Stack, tmp_path: Path
+) -> None:
+    nowhere = "http://127.0.0.1:9/v1"
+    settings = _settings(stack, tmp_path / "run", judge=["openai/j"], judge_base_url=nowhere)
+    with pytest.raises(ConfigError, match=f"judge base URL {nowhere} does not answer"):
+        await run_train(settings, Console(quiet=True))
+    assert not (tmp_path / "run" / "checkpoints").exists()
 
 
 async def test_a_resumed_run_serves_its_adapter_again_and_a_new_run_starts_from_the_base(
@@ -232,37 +246,43 @@ async def test_a_resumed_run_serves_its_adapter_again_and_a_new_run_starts_from_
 ) -> None:
     await run_train(_settings(stack, tmp_path / "first", steps=1, val_every=0), Console(quiet=True))
     async with aiohttp.ClientSession() as http:
+        (first_1,) = [m for m in await _models(http, stack.llm.base_url) if m != TINY_NAME]
+        assert untagged(first_1) == f"{TINY_NAME}@1" != first_1  # named with the run's tag
         # The upstream restarts and forgets its adapters; the alias still names @1.
         async with http.post(
-            f"{stack.llm.base_url}/unload_lora_adapter", json={"lora_name": f"{TINY_NAME}@1"}
+            f"{stack.llm.base_url}/unload_lora_adapter", json={"lora_name": first_1}
         ) as response:
             assert response.status == 200
         resumed = await run_train(
             _settings(stack, tmp_path / "first", steps=2, val_every=0), Console(quiet=True)
         )
         assert resumed.stopped == "reached --steps 2"
-        assert await _models(http, stack.llm.base_url) == [
-            TINY_NAME,
+        first = [m for m in await _models(http, stack.llm.base_url) if m != TINY_NAME]
+        assert first[0] == first_1 and [untagged(m) for m in first] == [
             f"{TINY_NAME}@1",
             f"{TINY_NAME}@2",
         ]
-        # A new run (another --out) owns the alias from the base model up.
+        # A new run (another --out) owns the alias from the base model up, under names of its
+        # own: the first run's adapters stay (another proxy sharing the upstream may serve them).
         fresh = await run_train(
             _settings(stack, tmp_path / "second", steps=1, val_every=0), Console(quiet=True)
         )
         assert fresh.stopped == "reached --steps 1"
-        assert await _models(http, stack.llm.base_url) == [TINY_NAME, f"{TINY_NAME}@1"]
+        (second_1,) = [
+            m for m in await _models(http, stack.llm.base_url) if m not in [TINY_NAME, *first]
+        ]
+        assert untagged(second_1) == f"{TINY_NAME}@1" != first_1
 
     store = await TrajectoryStore.open(stack.store_url, writer=False)
     try:
-        first = await store.training_steps(run="first")
-        second = await store.training_steps(run="second")
+        first_steps = await store.training_steps(run="first")
+        second_steps = await store.training_steps(run="second")
         moves = [m.model for m in reversed(await store.alias_moves(TINY_NAME))]
     finally:
         await store.aclose()
-    assert [(s.step, s.swap) for s in first] == [(1, "swapped"), (2, "swapped")]
-    assert [(s.step, s.swap) for s in second] == [(1, "swapped")]
-    assert moves[-2:] == [TINY_NAME, f"{TINY_NAME}@1"]
+    assert [(s.step, s.swap) for s in first_steps] == [(1, "swapped"), (2, "swapped")]
+    assert [(s.step, s.swap, s.adapter) for s in second_steps] == [(1, "swapped", second_1)]
+    assert moves[-2:] == [TINY_NAME, second_1]
 
 
 async def test_an_abandoned_step_labels_its_groups_abandoned_not_trained(

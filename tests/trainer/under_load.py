@@ -11,13 +11,15 @@ from rich.console import Console
 
 from art_proxy.config import TrainSettings
 from art_proxy_trainer.command import TrainSummary, run_train
+from tests.trainer.agents import untagged
 from tests.wire_client import steady_load
 
 
 @dataclass
 class UnderLoad:
     summary: TrainSummary
-    served: list[str] = field(default_factory=list)  # the model that answered each call, in order
+    # The model that answered each call, in order (adapters without their run's tag).
+    served: list[str] = field(default_factory=list)
     failures: list[str] = field(default_factory=list)  # every answer that was not a 200
 
 
@@ -35,11 +37,11 @@ async def train_under_load(
         try:
             summary = await run_train(settings, Console(quiet=True))
             for _ in range(100):
-                if last in served:
+                if last in map(untagged, served):
                     break
                 await asyncio.sleep(0.05)
         finally:
             load.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await load
-    return UnderLoad(summary, served, failures)
+    return UnderLoad(summary, [untagged(model) for model in served], failures)

@@ -1,7 +1,7 @@
 """Checkpoints: the trainer's whole state after a step, complete or absent, never half written.
 
 `OUT/checkpoints/step-000007/` holds `adapter/` (PEFT format, the directory upstreams load as
-`alias@7`), `optimizer.pt` and `state.json` (`TrainerState`, including the step's record with the
+`alias@7-<run tag>`), `optimizer.pt` and `state.json` (`TrainerState`, including the step's record with the
 groups it consumed). A step that did not move the weights (abandoned: stale groups, no signal, a
 NaN) writes `state.json` alone: its weights are those of `policy_step`'s checkpoint, which is kept
 while a later checkpoint points at it. A checkpoint is written in a temporary directory and renamed into place, and
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import shutil
 from pathlib import Path
 from typing import Any
@@ -58,6 +59,8 @@ class TrainerState(BaseModel):
 
     run: str
     identity: RunIdentity | None = None  # None: a checkpoint from before identities
+    # Names this run's adapters (`alias@step-tag`) apart from any other run's on a shared upstream.
+    run_tag: str = Field(default_factory=lambda: secrets.token_hex(3))
     step: int = 0
     # The newest step that changed the weights (0: none, the base model): what the policy is now.
     # Abandoned steps count in `step` but not here, so they do not age the groups the same
@@ -83,6 +86,15 @@ class TrainerState(BaseModel):
         if isinstance(data, dict) and "policy_step" not in data:
             return {**data, "policy_step": data.get("step", 0)}
         return data
+
+    @classmethod
+    def read(cls, path: Path) -> TrainerState:
+        """A checkpoint's state.json; raises OSError or ValueError."""
+        data = json.loads(path.read_text())
+        # Checkpoints from before tags named their adapters `alias@step`: they keep those names.
+        if isinstance(data, dict) and "run_tag" not in data:
+            data["run_tag"] = ""
+        return cls.model_validate(data)
 
 
 class Checkpoints:
@@ -120,7 +132,7 @@ class Checkpoints:
         if step is None:
             return None
         try:
-            return TrainerState.model_validate_json((self.path(step) / "state.json").read_text())
+            return TrainerState.read(self.path(step) / "state.json")
         except (OSError, ValueError) as exc:
             raise CheckpointError(f"checkpoint {self.path(step)} is unreadable: {exc}") from exc
 
@@ -157,7 +169,7 @@ class Checkpoints:
 
     def _policy_step(self, step: int) -> int:
         try:
-            state = TrainerState.model_validate_json((self.path(step) / "state.json").read_text())
+            state = TrainerState.read(self.path(step) / "state.json")
         except (OSError, ValueError):
             return step
         return state.policy_step

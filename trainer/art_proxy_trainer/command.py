@@ -132,6 +132,11 @@ async def _train(
     judges: list[LitellmJudge] = []
     summary = TrainSummary(settings, settings.alias or policy.served_name)
     try:
+        ruler: Ruler | None = None
+        if settings.judge:
+            ruler, judges = build_ruler(_judge_settings(settings), rubric, store)
+            for judge in judges:
+                await judge.check()  # a judge that cannot answer stops the run before it swaps
         async with contextlib.AsyncExitStack() as stack:
             swapper = None
             promoter = None
@@ -184,9 +189,6 @@ async def _train(
                 console.print(f"resumed {settings.run_name!r} after step {resumed} from {out}")
             if promoter is not None:
                 await promoter.start()
-            ruler: Ruler | None = None
-            if settings.judge:
-                ruler, judges = build_ruler(_judge_settings(settings), rubric, store)
             summary.trainer = trainer
             with _Display(console, settings) as display:
                 events = Events(display.status, display.step, display.rollouts)

@@ -1,13 +1,16 @@
 """Hot-swap: a new adapter reaches every upstream before any agent is sent to it.
 
-The order is what makes a swap invisible to clients: load `alias@step` into every upstream (vLLM's
+The order is what makes a swap invisible to clients: load `alias@step-run` into every upstream (vLLM's
 `/v1/load_lora_adapter`; each replica must be told itself), and only when all have it move the
 proxy's alias, so no request can name an adapter some replica lacks. Adapters older than the last
 `keep` are unloaded afterwards; a request still running on one finishes (the local server and vLLM
 both keep an adapter alive for the rows that use it), and a proxy that has not yet seen the move
 (they refresh every second) still names one of the kept ones. An adapter some alias on the proxy
 points at (a production alias serving an older step), or one in `pinned` (a rollback target), is
-never unloaded: it stays until it is neither and older than the last `keep`. An upstream that
+never unloaded: it stays until it is neither and older than the last `keep`. A trainer unloads only
+adapters of its own run (named with the run's tag): an upstream shared by several proxies and stores
+serves aliases this trainer cannot see, and an adapter of another run may be what one of them
+serves. The tag also keeps this run's `alias@1` from meeting another run's. An upstream that
 refuses the adapter leaves the alias where it was: the new adapter is unloaded from the upstreams
 that took it, and the refusal is returned as data for the step's record.
 """
@@ -37,16 +40,19 @@ class SwapOutcome:
     error: str | None = None
 
 
-def adapter_name(alias: str, step: int) -> str:
-    return f"{alias}@{step}"
+def adapter_name(alias: str, step: int, run_tag: str) -> str:
+    """`policy@12-3f9a1c`: the step first, for people reading it; `run_tag` empty gives the
+    names of runs from before tags (`policy@12`)."""
+    return f"{alias}@{step}-{run_tag}" if run_tag else f"{alias}@{step}"
 
 
 def step_of(model: str | None, alias: str) -> int:
     """The training step of the adapter a call was served by (0: the base model)."""
     prefix = alias + "@"
-    if model and model.startswith(prefix) and model[len(prefix) :].isdigit():
-        return int(model[len(prefix) :])
-    return 0
+    if not model or not model.startswith(prefix):
+        return 0
+    step = model[len(prefix) :].split("-", 1)[0]
+    return int(step) if step.isdigit() else 0
 
 
 class AdapterSwapper:
@@ -68,6 +74,7 @@ class AdapterSwapper:
         self._upstream_headers = _bearer(upstream_api_key)
         self._admin_headers = _bearer(admin_key)
         self._keep = keep
+        self.run_tag = ""  # the run's, set by the trainer once it knows which run it is
         self._loaded: deque[str] = deque()
         self._session: aiohttp.ClientSession | None = None
         self.pinned: set[str] = set()  # kept loaded though no alias points at them
@@ -126,10 +133,9 @@ class AdapterSwapper:
         return model == self.base_name or model in self._loaded
 
     async def serve_base(self) -> None:
-        """Point the alias at the base model and unload the alias's adapters a previous run left
-        upstream: a new run starts from the base, and its `alias@1` must not meet an old one.
-        Raises SwapError when another alias still serves one of them: unloading it would fail
-        that alias's calls, and keeping it would hand this run's `alias@N` the old weights."""
+        """Point the alias at the base model and unload this run's adapters an earlier start left
+        upstream (a restart from scratch in the same directory): a new run starts from the base.
+        Adapters of other runs stay: another proxy's alias may serve one."""
         current = await self.alias_target()
         if current is not None and current.model != self.base_name:
             error = await self.move_alias(
@@ -137,21 +143,13 @@ class AdapterSwapper:
             )
             if error is not None:
                 raise SwapError(error)
-        prefix = self.alias + "@"
-        for record in await self.aliases():
-            if record.model.startswith(prefix):
-                raise SwapError(
-                    f"alias {record.alias!r} serves {record.model}, an adapter of an earlier run "
-                    f"under --alias {self.alias}: move {record.alias!r} off it, or train this "
-                    "run under another --alias"
-                )
         for upstream in self._upstreams:
             status, body = await self._request("GET", upstream + "/models", None, upstream=True)
             if status != 200:
                 continue
             for entry in orjson.loads(body).get("data", []):
                 name = str(entry.get("id"))
-                if name.startswith(prefix):
+                if self.run_tag and self._is_ours(name):
                     await self._request(
                         "POST",
                         upstream + "/unload_lora_adapter",
@@ -159,8 +157,14 @@ class AdapterSwapper:
                         upstream=True,
                     )
 
+    def adapter_name(self, step: int) -> str:
+        return adapter_name(self.alias, step, self.run_tag)
+
+    def _is_ours(self, name: str) -> bool:
+        return name.startswith(self.alias + "@") and name.endswith("-" + self.run_tag)
+
     async def swap(self, step: int, adapter_dir: Path) -> SwapOutcome:
-        name = adapter_name(self.alias, step)
+        name = self.adapter_name(step)
         results = await asyncio.gather(
             *(self._load(upstream, name, adapter_dir) for upstream in self._upstreams)
         )

@@ -81,6 +81,8 @@ class Trainer:
             scenarios=settings.scenarios,
         )
         self.state = TrainerState(run=settings.run_name, identity=self.identity)
+        if swapper is not None:
+            swapper.run_tag = self.state.run_tag
         self.stopping = Stopping(settings.patience, settings.min_delta)
         self._on_warning = on_warning
 
@@ -116,6 +118,8 @@ class Trainer:
         state.identity = self.identity
         self.checkpoints.restore(state, self.policy)
         self.state = state
+        if self.swapper is not None:
+            self.swapper.run_tag = state.run_tag
         record = state.record
         if record is not None:
             # A kill between the checkpoint and the store: the store learns the step now.
@@ -162,7 +166,9 @@ class Trainer:
             step=number,
             status=status,
             reason=reason,
-            adapter=adapter_name(self.alias, number) if status == "applied" else None,
+            adapter=adapter_name(self.alias, number, self.state.run_tag)
+            if status == "applied"
+            else None,
             swap="skipped" if status != "applied" or self.swapper is None else None,
             promotion=promotion,
             groups=outcomes,
@@ -319,7 +325,9 @@ class Trainer:
         adapters = list(self.state.loaded_adapters)
         pending = record is not None and record.status == "applied" and record.swap is None
         if pending and record is not None and record.adapter not in adapters:
-            adapters.append(record.adapter or adapter_name(self.alias, record.step))
+            adapters.append(
+                record.adapter or adapter_name(self.alias, record.step, self.state.run_tag)
+            )
         if not adapters:
             await self.swapper.serve_base()
             return record
