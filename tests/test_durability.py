@@ -16,22 +16,24 @@ import shutil
 import signal
 import sqlite3
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import aiohttp
+import asyncpg
 import pytest
 
-from art_proxy.config import Durability
+from art_proxy.config import Durability, ProxySettings
 from art_proxy.errors import ConfigError, StoreError
 from art_proxy.journal import ingester, segments
-from art_proxy.journal.frames import scan
+from art_proxy.journal.frames import header, scan
 from art_proxy.journal.ingester import REJECTED_FILE, Ingester
 from art_proxy.proxy.server import running_proxy
+from art_proxy.store import engine
 from art_proxy.testing.fake_vllm import FakeVllm
 from art_proxy.testing.fault_tcp import FaultyTcp, faulty_tcp
 from art_proxy.testing.loopback import free_port
-from tests.conftest import proxy_settings
+from tests.conftest import POSTGRES_ADMIN_DSN, proxy_settings
 from tests.proxy_load import (
     MODEL,
     art_proxy_command,
@@ -410,6 +412,95 @@ async def test_a_record_the_store_refuses_is_set_aside_and_the_next_ones_land(
     kept = scan((journal / REJECTED_FILE).read_bytes())
     assert len(kept.frames) == 1 and not kept.torn
     assert b"durable 1" in kept.frames[0].payload
+
+
+async def assert_every_record_kept_through(
+    store_url: str, settings: ProxySettings, hold: Callable[[], AsyncIterator[None]]
+) -> None:
+    """Five calls answered while `hold` keeps the store from writing: none is set aside, each is
+    in the store once it writes again."""
+    async with running_proxy(settings) as proxy, aiohttp.ClientSession() as http:
+        answered = [await one_call(http, proxy.base_url, 0)]
+        await proxy.parts.settled()
+        ingester = proxy.parts.ingester
+        assert ingester is not None
+        async with contextlib.asynccontextmanager(hold)():
+            answered += [await one_call(http, proxy.base_url, index) for index in range(1, 6)]
+            await until(lambda: ingester.state.unavailable_since is not None, 20, "the outage")
+            await asyncio.sleep(0.5)  # retries go on: none of them sets a record aside
+            during = await get_health(http, proxy.root_url)
+        await asyncio.wait_for(proxy.parts.settled(), timeout=30)
+        after = await get_health(http, proxy.root_url)
+    journal = during["journal"]
+    assert isinstance(journal, dict)
+    assert journal["store"] == "unavailable" and journal["rejected_records"] == 0
+    assert journal["backlog_frames"] == 5
+    assert after["status"] == "ok" and after["lost_records"] == 0
+    assert isinstance(after["journal"], dict) and after["journal"]["rejected_records"] == 0
+    assert_each_once(answered, await recorded_response_ids(store_url))
+
+
+async def test_a_sqlite_store_locked_by_another_writer_keeps_every_record_until_it_writes(
+    sqlite_url: str, vllm: FakeVllm, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another connection holds the write lock past the busy timeout: the store answers reads
+    all the while, but it cannot write, which is an outage, not a refusal of these records."""
+    monkeypatch.setattr(engine, "_SQLITE_BUSY_TIMEOUT_MS", 100)
+    settings = proxy_settings(sqlite_url, vllm.base_url, journal=str(tmp_path / "journal"))
+
+    async def write_lock_held() -> AsyncIterator[None]:
+        locker = sqlite3.connect(sqlite_url.removeprefix("sqlite:///"), isolation_level=None)
+        try:
+            locker.execute("BEGIN IMMEDIATE")
+            yield
+            locker.execute("ROLLBACK")
+        finally:
+            locker.close()
+
+    await assert_every_record_kept_through(sqlite_url, settings, write_lock_held)
+
+
+@pytest.mark.postgres
+async def test_a_postgres_store_switched_read_only_keeps_every_record_until_it_writes(
+    postgres_url: str, vllm: FakeVllm, tmp_path: Path
+) -> None:
+    """The database goes read-only (as a hot standby or a full-disk guard makes it): every
+    INSERT fails with SQLSTATE 25006 while every SELECT succeeds."""
+    database = postgres_url.rsplit("/", 1)[1]
+    settings = proxy_settings(postgres_url, vllm.base_url, journal=str(tmp_path / "journal"))
+
+    async def read_only(on: bool) -> None:
+        admin = await asyncpg.connect(POSTGRES_ADMIN_DSN, timeout=3)
+        try:
+            await admin.execute(
+                f'ALTER DATABASE "{database}" SET default_transaction_read_only = {on}'
+            )
+            await admin.execute(  # sessions take the setting when they start
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = $1",
+                database,
+            )
+        finally:
+            await admin.close()
+
+    async def read_only_meanwhile() -> AsyncIterator[None]:
+        await read_only(True)
+        yield
+        await read_only(False)
+
+    await assert_every_record_kept_through(postgres_url, settings, read_only_meanwhile)
+
+
+async def test_records_set_aside_are_counted_again_after_a_restart(
+    sqlite_url: str, vllm: FakeVllm, tmp_path: Path
+) -> None:
+    journal = tmp_path / "journal"
+    journal.mkdir()
+    payloads = [b"one", b"two"]
+    (journal / REJECTED_FILE).write_bytes(b"".join(header(p) + p for p in payloads))
+    settings = proxy_settings(sqlite_url, vllm.base_url, journal=str(journal))
+    async with running_proxy(settings) as proxy, aiohttp.ClientSession() as http:
+        health = await get_health(http, proxy.root_url)
+    assert isinstance(health["journal"], dict) and health["journal"]["rejected_records"] == 2
 
 
 async def test_the_ingester_gathers_calls_into_one_transaction_until_a_reader_waits(

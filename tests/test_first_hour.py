@@ -203,15 +203,27 @@ def test_a_sidecar_with_nothing_to_train_on_says_how_to_feed_it() -> None:
     assert "to train on yet" not in waiting_line(TrainSettings(), 1, 3)
 
 
-def test_local_llm_keeps_library_notes_out_of_its_output() -> None:
+def test_local_llm_keeps_library_notes_out_of_its_output(capfd: pytest.CaptureFixture[str]) -> None:
     import warnings
+
+    from transformers.utils import logging as transformers_logging
 
     from art_proxy.local.cli import quiet_library_warnings
 
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        quiet_library_warnings()
-        warnings.warn("`past_key_values` is deprecated", FutureWarning, stacklevel=1)
-        warnings.warn("Adapter lora3 was active which is now deleted. Setting ...", stacklevel=1)
-        warnings.warn("a warning of art-proxy's own", UserWarning, stacklevel=1)
+    verbosity = transformers_logging.get_verbosity()
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            quiet_library_warnings()
+            warnings.warn("`past_key_values` is deprecated", FutureWarning, stacklevel=1)
+            warnings.warn(
+                "Adapter lora3 was active which is now deleted. Setting ...", stacklevel=1
+            )
+            warnings.warn("a warning of art-proxy's own", UserWarning, stacklevel=1)
+            transformers_logging.get_logger("transformers.utils.generic").warning(
+                "`past_key_values`/`cache_params` are deprecated. Use `cache` instead."
+            )
+    finally:
+        transformers_logging.set_verbosity(verbosity)
     assert [str(w.message) for w in caught] == ["a warning of art-proxy's own"]
+    assert "cache_params" not in capfd.readouterr().err

@@ -3,10 +3,12 @@
 One transaction takes up to `_MAX_FRAMES` frames (the group-commit writer's statements). Frames
 that may be in the store already (an earlier run's, or those of a transaction whose outcome was
 lost with its connection) are filtered by call id inside the transaction, so a record lands exactly
-once. While the store is unavailable the ingester waits, retries with backoff and says so in the
-log; the proxy keeps answering and journaling. A record the store itself refuses (the store answers,
-but not for that record) is set aside in `rejected-records` beside the journal and counted, so it
-cannot hold up every record behind it.
+once. While the store cannot write (unreachable, locked, a full disk, read-only: any failure that
+is not about the record, see `refuses_record`) the ingester waits, retries the same transaction
+with backoff and says so in the log; the proxy keeps answering and journaling. A record the store
+itself refuses (a constraint, data it cannot take) is set aside in `rejected-records` beside the
+journal and counted, so it cannot hold up every record behind it. A fault of the journal's own
+disk (setting a record aside, say) is retried the same way: ingestion never stops for good.
 """
 
 from __future__ import annotations
@@ -16,15 +18,16 @@ import contextlib
 import logging
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import cast
 
 from art_proxy.errors import StoreError
 from art_proxy.store.rows import Row, RowKind, TrajectoryRow
 from art_proxy.store.trajectory_store import TrajectoryStore
-from art_proxy.store.writer import Batch
+from art_proxy.store.writer import Batch, refuses_record
 
 from .entries import Entry, decode
-from .frames import header
+from .frames import header, scan
 from .segments import Journal, PendingFrame
 
 log = logging.getLogger(__name__)
@@ -40,7 +43,6 @@ _MAX_FRAMES = 512  # the writer's bound on one transaction
 _LINGER_S = 0.01
 _MAX_BYTES = 4 * 1024 * 1024  # decoded on the event loop: a bound on one pause
 _BACKOFF_S = (0.05, 2.0)  # first and longest wait between tries while the store is unavailable
-_PING_TIMEOUT_S = 5.0
 _REPORT_EVERY_S = 10.0
 REJECTED_FILE = "rejected-records"
 
@@ -60,7 +62,8 @@ class Ingester:
     def __init__(self, journal: Journal, store: TrajectoryStore) -> None:
         self._journal = journal
         self._store = store
-        self.state = IngestState()
+        # Counted across restarts: what is set aside stays until someone looks at it.
+        self.state = IngestState(rejected=_frames_in(journal.directory / REJECTED_FILE))
         self._task: asyncio.Task[None] | None = None
         self._doubtful = False  # the last transaction failed: it may have committed anyway
         self._reported = 0.0  # when the outage was last logged
@@ -101,7 +104,17 @@ class Ingester:
             journal.wanted.clear()
             pending = journal.pending(_MAX_FRAMES, _MAX_BYTES)
             if pending:
-                await self._ingest(pending)
+                await self._ingest_or_wait(pending)
+
+    async def _ingest_or_wait(self, pending: list[PendingFrame]) -> None:
+        """`_ingest`, or a pause after an OSError of the journal's own files: the frames stay
+        pending and the next pass takes them again."""
+        try:
+            await self._ingest(pending)
+        except OSError as exc:
+            self.state.last_error = f"journal: {type(exc).__name__}: {exc}"[:300]
+            log.error("ingesting the journal failed (%s); retrying", self.state.last_error)
+            await asyncio.sleep(_BACKOFF_S[1])
 
     async def _linger(self) -> None:
         """Let more calls finish, so that one transaction takes them all and its commit keeps
@@ -147,7 +160,7 @@ class Ingester:
                     await self._store.writer.commit(batches, skip_recorded=verify)
             except Exception as exc:  # the driver's, a value's conversion: see writer.py
                 self._doubtful = True
-                if not await self._store_answers():
+                if not refuses_record(exc):
                     self._unavailable(exc)
                     await asyncio.sleep(backoff)
                     backoff = min(backoff * 2, _BACKOFF_S[1])
@@ -166,13 +179,6 @@ class Ingester:
             self._journal.consume(pending[stop - 1].end, stop - start)
             start = stop
             self.state.oldest_pending_at = _oldest(entries[start:])
-
-    async def _store_answers(self) -> bool:
-        try:
-            await asyncio.wait_for(self._store.writer.ping(), _PING_TIMEOUT_S)
-        except (StoreError, TimeoutError):
-            return False
-        return True
 
     def _unavailable(self, exc: Exception) -> None:
         now = time.time()
@@ -235,6 +241,13 @@ class Ingester:
             path,
             self.state.rejected,
         )
+
+
+def _frames_in(path: Path) -> int:
+    try:
+        return len(scan(path.read_bytes()).frames)
+    except FileNotFoundError:
+        return 0
 
 
 def _oldest(entries: list[Entry | None]) -> float | None:

@@ -55,10 +55,14 @@ def run_local_llm(settings: LocalLlmSettings) -> None:
 
 def quiet_library_warnings() -> None:
     """Keep the libraries' notes to their own developers out of a server's output (`up` relays
-    it line by line): transformers' and torch's deprecations (FutureWarning), and peft's note each
-    time an adapter that was last active is unloaded, which the server does by design."""
+    it line by line): transformers' and torch's deprecations (FutureWarning, and transformers'
+    own logger's, such as `past_key_values` on every first generation), and peft's note each time
+    an adapter that was last active is unloaded, which the server does by design."""
+    from transformers.utils import logging as transformers_logging
+
     warnings.filterwarnings("ignore", category=FutureWarning)
     warnings.filterwarnings("ignore", message=r"Adapter .* was active which is now deleted")
+    transformers_logging.set_verbosity_error()  # type: ignore[no-untyped-call]  # transformers leaves it untyped
 
 
 async def _serve_until_stopped(settings: LocalLlmSettings) -> None:

@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import logging
 import operator
+import sqlite3
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -200,17 +201,6 @@ class GroupCommitWriter:
         self._queue.put_nowait(pending)
         await pending.done
 
-    async def ping(self) -> None:
-        """`StoreError` unless the store answers a trivial query on the writer's own path."""
-
-        def probe(connection: sa.Connection) -> None:
-            connection.execute(sa.text("SELECT 1"))
-
-        try:
-            await self._runner.run(probe)
-        except Exception as exc:
-            raise StoreError(f"{type(exc).__name__}: {exc}") from exc
-
     async def aclose(self) -> None:
         """Commit what is queued, then stop."""
         if self._task is None:
@@ -279,6 +269,31 @@ class GroupCommitWriter:
         await self._runner.run(transaction)
         self.commits += 1
         self.batches += len(batches)
+
+
+# SQLSTATE classes of an error in the record itself: 22 data exception, 23 integrity violation.
+_REFUSAL_CLASSES = ("22", "23")
+
+
+def refuses_record(exc: BaseException) -> bool:
+    """Whether a failed commit says the store refused the record itself, rather than that it
+    could not write at all (locked, disk full, read-only, unreachable, timed out). Only a refusal
+    sets a record aside: anything else is an outage, retried until the store writes again, as
+    Kafka's producers and PostgreSQL's own clients treat it. Refusals are what the databases
+    classify so (SQLSTATE classes 22 and 23; SQLite's constraint, too-big and binding errors) and
+    a value no driver can convert (orjson's TypeError for a value nested too deeply, an int past
+    64 bits)."""
+    cause = exc.orig if isinstance(exc, sa.exc.StatementError) and exc.orig is not None else exc
+    sqlstate = getattr(cause, "sqlstate", None)
+    if isinstance(sqlstate, str):
+        return sqlstate[:2] in _REFUSAL_CLASSES
+    if isinstance(cause, sqlite3.Error):
+        return isinstance(
+            cause, sqlite3.IntegrityError | sqlite3.DataError | sqlite3.InterfaceError
+        )
+    if isinstance(exc, sa.exc.DBAPIError):
+        return False  # a driver's error without a state: the connection's, not the record's
+    return isinstance(cause, TypeError | ValueError | OverflowError)
 
 
 def _call_id(batch: Batch) -> str | None:
