@@ -15,8 +15,9 @@ import os
 import shutil
 import signal
 import sqlite3
+import subprocess
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 import aiohttp
@@ -363,6 +364,76 @@ async def test_a_full_journal_disk_falls_back_to_committing_in_the_store(
         health = await get_health(http, proxy.root_url)
     assert health["lost_records"] == 0
     assert_each_once([first, second, third], await recorded_response_ids(sqlite_url))
+
+
+@contextlib.contextmanager
+def small_disk(path: Path, options: str) -> Iterator[Path]:
+    """A tmpfs of its own at `path` (a disk that really fills); skips where mounting is not
+    allowed (not root)."""
+    path.mkdir()
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(path)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if mounted.returncode != 0:
+        pytest.skip(f"a small disk needs a tmpfs mount: {mounted.stderr.strip()}")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=False)
+
+
+def fill(disk: Path) -> list[Path]:
+    """Take every inode and every byte `disk` has left; the files that hold them."""
+    taken: list[Path] = []
+    with contextlib.suppress(OSError):
+        while True:
+            taken.append(disk / f"inode-{len(taken)}")
+            taken[-1].touch()
+    taken.pop()
+    fd = os.open(taken[0], os.O_WRONLY)
+    try:
+        with contextlib.suppress(OSError):
+            while True:
+                os.write(fd, bytes(65536))
+    finally:
+        os.close(fd)
+    return taken
+
+
+@pytest.mark.parametrize("durability", ["process", "power"])
+async def test_a_journal_whose_disk_fills_at_a_rotation_journals_again_once_there_is_room(
+    sqlite_url: str,
+    vllm: FakeVllm,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    durability: str,
+) -> None:
+    """The next segment cannot even be created (no inode, no byte): calls go to the store
+    directly meanwhile, and once room is made the journal takes them again."""
+    monkeypatch.setattr(segments, "SEGMENT_BYTES", 4096)  # a rotation every call or two
+    with small_disk(tmp_path / "disk", "size=256k,nr_inodes=64") as disk:
+        settings = proxy_settings(
+            sqlite_url, vllm.base_url, journal=str(disk / "journal"), durability=durability
+        )
+        async with running_proxy(settings) as proxy, aiohttp.ClientSession() as http:
+            answered = [await one_call(http, proxy.base_url, 0)]
+            taken = fill(disk)
+            answered += [await one_call(http, proxy.base_url, index) for index in range(1, 9)]
+            await asyncio.wait_for(proxy.parts.settled(), timeout=30)
+            full = await get_health(http, proxy.root_url)
+            for path in taken:
+                path.unlink()
+            answered += [await one_call(http, proxy.base_url, index) for index in range(9, 13)]
+            await asyncio.wait_for(proxy.parts.settled(), timeout=30)
+            after = await get_health(http, proxy.root_url)
+    assert isinstance(full["journal"], dict) and isinstance(after["journal"], dict)
+    assert full["journal"]["ingested"] == 1  # the calls on a full disk went to the store
+    assert after["journal"]["ingested"] == 1 + 4  # journaled again
+    assert after["lost_records"] == 0
+    assert_each_once(answered, await recorded_response_ids(sqlite_url))
 
 
 async def test_the_default_journal_sits_beside_a_sqlite_store_and_goes_when_empty(

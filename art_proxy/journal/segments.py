@@ -81,6 +81,7 @@ class Journal:
     _adopted: list[Slot]
     _segments: list[_Segment]  # unconsumed, in reading order; the last one is live
     _write_fd: int = -1
+    _torn: bool = False  # the live segment ends in a partial frame it could not cut back
     _next_number: int = 0  # the next live segment's file number in the own slot
     _cursor: Position = (0, 0)  # everything before it is in the store
     _frames_total: int = 0
@@ -180,10 +181,13 @@ class Journal:
                 f"journal {self.directory} is full: {self._backlog_bytes / 2**20:.1f} MiB wait "
                 f"for the store (--journal-max-mb {self.max_backlog_bytes / 2**20:g})"
             )
-        try:
-            if live.end > 0 and live.end + size > SEGMENT_BYTES:
+        if self._torn or (live.end > 0 and live.end + size > SEGMENT_BYTES):
+            try:
                 self._rotate()
-                live = self._segments[-1]
+            except OSError as exc:  # the live segment stays: the next append tries again
+                raise JournalError(f"journal {self.directory}: {exc.strerror or exc}") from exc
+            live = self._segments[-1]
+        try:
             parts = [header(payload), payload]
             done = os.writev(self._write_fd, parts)
             if done < size:  # a short write (a signal, a nearly full disk): finish it
@@ -238,14 +242,19 @@ class Journal:
             self._sync_waiters = still
 
     def _rotate(self) -> None:
-        old = self._segments[-1]
-        if self.durability is Durability.power:
-            os.fdatasync(self._write_fd)  # once a segment: frames of the old file are covered
-            self._synced = max(self._synced, (old.order, old.end))
-        os.close(self._write_fd)
-        self._write_fd = -1
-        old.live = False
+        """Move appends to a new segment. The new one opens before the old one is let go: a
+        disk that refuses the new file (full, out of inodes) leaves the old one live, and a
+        later append tries again once there is room."""
+        old, old_fd = self._segments[-1], self._write_fd
         self._open_live_segment()
+        self._torn = False
+        old.live = False
+        try:
+            if self.durability is Durability.power:
+                os.fdatasync(old_fd)  # once a segment: frames of the old file are covered
+                self._synced = max(self._synced, (old.order, old.end))
+        finally:
+            os.close(old_fd)
 
     def _open_live_segment(self) -> None:
         order = self._segments[-1].order + 1 if self._segments else 0
@@ -260,11 +269,12 @@ class Journal:
 
     def _cut_back(self, live: _Segment) -> None:
         """After a failed append: drop its partial bytes, or start a new segment if even that
-        fails, so no later frame follows a torn one."""
+        fails, so no later frame follows a torn one (until one opens, appends are refused)."""
         try:
             os.ftruncate(self._write_fd, live.end)
             os.lseek(self._write_fd, live.end, os.SEEK_SET)
         except OSError:
+            self._torn = True
             with contextlib.suppress(OSError):
                 self._rotate()
 
