@@ -164,7 +164,8 @@ def nothing_ready(waiting: dict[str, str]) -> str:
             "nothing to judge: the store has no group without a judgment by this judge, mode and "
             "rubric (--retry-failed judges judge_failed groups again)"
         )
-    lines = [f"nothing to judge yet: {len(waiting)} groups are not ready"]
+    groups = "1 group is" if len(waiting) == 1 else f"{len(waiting)} groups are"
+    lines = [f"nothing to judge yet: {groups} not ready"]
     lines += [
         f"  {short_id(group, 12)}: {reason}"
         for group, reason in list(waiting.items())[:_WAITING_SHOWN]
@@ -174,7 +175,8 @@ def nothing_ready(waiting: dict[str, str]) -> str:
     if any("still open" in reason for reason in waiting.values()):
         lines.append(
             "a run finishes when the proxy has had no call of it for --idle-timeout seconds (300 "
-            "by default), or at once with POST /art/v1/trajectories/{id}/finish"
+            "by default), or at once with POST /art/v1/trajectories/{id}/finish; --watch judges "
+            "each group as it gets ready"
         )
     return "\n".join(lines)
 

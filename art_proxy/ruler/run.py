@@ -41,7 +41,8 @@ class Readiness:
         newest = group.newest_started_at
         if newest is not None and (age := (now - newest).total_seconds()) < self.wait:
             if self.group_size:
-                return f"{finished} of --group-size {self.group_size} runs finished"
+                still = f", {group.open_count} still open" if group.open_count else ""
+                return f"{finished} of --group-size {self.group_size} runs finished{still}"
             return (
                 f"its newest run started {age:.0f}s ago (--wait {self.wait:.0f}s; "
                 "--group-size judges a full group at once)"

@@ -234,12 +234,13 @@ async def test_nothing_ready_says_why_and_what_finishes_a_run(proxy: RunningProx
         full = await asyncio.to_thread(judge_command, *base, judge.base_url, "--group-size", "3")
         waited = await asyncio.to_thread(judge_command, *base, judge.base_url, "--wait", "0")
     assert full.returncode == 0 and waited.returncode == 0, full.stderr + waited.stderr
-    assert "nothing to judge yet: 1 groups are not ready" in full.stderr
-    assert "1 of --group-size 3 runs finished" in full.stderr
+    assert "nothing to judge yet: 1 group is not ready" in full.stderr
+    assert "1 of --group-size 3 runs finished, 1 still open" in full.stderr
+    assert "--idle-timeout seconds" in " ".join(full.stderr.split())  # the open run's way out
     said = " ".join(waited.stderr.split())
     assert "1 of its runs still open, 1 finished" in said
     assert "--idle-timeout seconds (300 by default)" in said
-    assert "/art/v1/trajectories/{id}/finish" in said
+    assert "/art/v1/trajectories/{id}/finish" in said and "--watch judges each group" in said
     assert judge.requests == []
 
 
