@@ -183,6 +183,37 @@ async def test_a_store_outage_of_30_s_under_load_loses_no_record(
 
 
 @pytest.mark.postgres
+async def test_a_postgres_connection_gone_silent_is_noticed_and_loses_no_record(
+    postgres_url: str,
+    relay: FaultyTcp,
+    vllm: FakeVllm,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A partition: the connection stays open and nothing answers. Each statement is timed by
+    the client, so the store is marked unavailable and the records wait in the journal."""
+    monkeypatch.setattr(engine, "_POSTGRES_COMMAND_TIMEOUT_S", 1.0)
+    settings = proxy_settings(
+        through(relay, postgres_url), vllm.base_url, journal=str(tmp_path / "journal")
+    )
+    async with running_proxy(settings) as proxy, aiohttp.ClientSession() as http:
+        answered = [await one_call(http, proxy.base_url, 0)]
+        await proxy.parts.settled()
+        ingester = proxy.parts.ingester
+        assert ingester is not None
+        await relay.stall()
+        answered += [await one_call(http, proxy.base_url, index) for index in range(1, 6)]
+        await until(lambda: ingester.state.unavailable_since is not None, 15, "the silence noticed")
+        during = await get_health(http, proxy.root_url)
+        await relay.restore()
+        await asyncio.wait_for(proxy.parts.settled(), timeout=60)
+        after = await get_health(http, proxy.root_url)
+    assert during["status"] == "store unavailable: journaling"
+    assert after["status"] == "ok" and after["lost_records"] == 0
+    assert_each_once(answered, await recorded_response_ids(postgres_url))
+
+
+@pytest.mark.postgres
 async def test_sigkill_during_a_store_outage_loses_no_record(
     postgres_url: str, relay: FaultyTcp, vllm: FakeVllm, tmp_path: Path
 ) -> None:

@@ -39,6 +39,13 @@ _SQLITE_BUSY_TIMEOUT_MS = 10_000
 # 35 ms instead of 15 (which only `--journal off` makes a call wait for).
 _SQLITE_WAL_CHECKPOINT_PAGES = 10_000
 _POSTGRES_CONNECT_TIMEOUT_S = 10
+# Seconds any one statement may take on PostgreSQL, timed by the client (asyncpg's
+# command_timeout): a connection that goes silent (a partition, a server that stopped answering
+# without closing) fails its statement instead of hanging it, so the ingester marks the store
+# unavailable and retries on a new connection. A server-side statement_timeout would not see a
+# silent network. The proxy's statements take milliseconds; the slowest the project runs, a
+# migration building an index, took 0.2 s over a million trajectories.
+_POSTGRES_COMMAND_TIMEOUT_S = 60.0
 
 
 def async_url(url: str) -> str:
@@ -98,7 +105,10 @@ def create_engine(url: str) -> AsyncEngine:
         max_overflow=10,
         pool_pre_ping=True,
         # A server that went away mid-connect fails a connect in seconds, not asyncpg's minute.
-        connect_args={"timeout": _POSTGRES_CONNECT_TIMEOUT_S},
+        connect_args={
+            "timeout": _POSTGRES_CONNECT_TIMEOUT_S,
+            "command_timeout": _POSTGRES_COMMAND_TIMEOUT_S,
+        },
         **{**_ENGINE_OPTIONS, "json_serializer": _jsonb_dumps},
     )
 

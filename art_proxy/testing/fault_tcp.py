@@ -2,8 +2,9 @@
 
 Put in front of PostgreSQL it makes the outages a production store has (a restart, a failover, a
 network cut) without touching the server: `drop()` cuts every connection and closes each new one
-as soon as it is accepted; `refuse()` stops listening, so connecting fails; `restore()` relays
-again on the same port.
+as soon as it is accepted; `refuse()` stops listening, so connecting fails; `stall()` keeps every
+connection open but moves no byte either way (a partition: nothing fails, nothing answers);
+`restore()` relays again on the same port, stalled bytes included.
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ class FaultyTcp:
         self._connections: set[asyncio.Task[None]] = set()
         self.mode = Mode.relay
         self.accepted = 0
+        self._flowing = asyncio.Event()
+        self._flowing.set()
 
     @property
     def port(self) -> int:
@@ -45,6 +48,10 @@ class FaultyTcp:
         self.mode = Mode.drop
         await self._cut_all()
 
+    async def stall(self) -> None:
+        """Hold every byte, on open connections and new ones, until `restore()`."""
+        self._flowing.clear()
+
     async def refuse(self) -> None:
         """Cut every open connection and stop listening: connecting is refused."""
         self.mode = Mode.refuse
@@ -58,6 +65,7 @@ class FaultyTcp:
         if self._server is None:
             await self.start()
         self.mode = Mode.relay
+        self._flowing.set()
 
     async def aclose(self) -> None:
         await self.refuse()
@@ -82,7 +90,10 @@ class FaultyTcp:
             self._connections.discard(task)
             return
         try:
-            await asyncio.gather(_pipe(reader, upstream_writer), _pipe(upstream_reader, writer))
+            await asyncio.gather(
+                _pipe(reader, upstream_writer, self._flowing),
+                _pipe(upstream_reader, writer, self._flowing),
+            )
         except asyncio.CancelledError:
             pass
         finally:
@@ -91,9 +102,12 @@ class FaultyTcp:
             self._connections.discard(task)
 
 
-async def _pipe(source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
+async def _pipe(
+    source: asyncio.StreamReader, sink: asyncio.StreamWriter, flowing: asyncio.Event
+) -> None:
     with contextlib.suppress(ConnectionError):
         while data := await source.read(65536):
+            await flowing.wait()
             sink.write(data)
             await sink.drain()
     with contextlib.suppress(OSError, RuntimeError):
