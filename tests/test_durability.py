@@ -23,6 +23,7 @@ from pathlib import Path
 import aiohttp
 import asyncpg
 import pytest
+import sqlalchemy as sa
 
 from art_proxy.config import Durability, ProxySettings
 from art_proxy.errors import ConfigError, StoreError
@@ -351,6 +352,25 @@ async def test_a_journal_replayed_after_its_records_landed_records_them_once(
     health = await ingest_what_is_left(sqlite_url, vllm.base_url, journal)
     assert isinstance(health["journal"], dict) and health["journal"]["rejected_records"] == 0
     assert_each_once(completed, await recorded_response_ids(sqlite_url))
+
+
+async def test_durability_power_makes_each_sqlite_commit_sync_its_wal(
+    sqlite_url: str, vllm: FakeVllm, tmp_path: Path
+) -> None:
+    """Under `power` the journal lets go of a record once the store committed it: the commit
+    must be on disk then, which SQLite's WAL is only with synchronous=FULL (2), not NORMAL (1)."""
+    seen: dict[str, object] = {}
+    for durability in ("process", "power"):
+        journal = str(tmp_path / durability)
+        settings = proxy_settings(sqlite_url, vllm.base_url, journal=journal, durability=durability)
+        async with running_proxy(settings) as proxy:
+
+            def synchronous(connection: sa.Connection, durability: str = durability) -> None:
+                seen[durability] = connection.exec_driver_sql("PRAGMA synchronous").scalar()
+
+            # The writer's own connection, the one that commits what the journal lets go of.
+            await proxy.parts.store.writer._runner.run(synchronous)
+    assert seen == {"process": 1, "power": 2}
 
 
 async def test_durability_power_syncs_the_journal_before_answering(

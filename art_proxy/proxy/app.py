@@ -20,7 +20,7 @@ from aiohttp import web
 from aiohttp.typedefs import Middleware
 
 from art_proxy import dashboard
-from art_proxy.config import ProxySettings
+from art_proxy.config import Durability, ProxySettings
 from art_proxy.errors import (
     ArtProxyError,
     ConfigError,
@@ -77,7 +77,12 @@ def _lifecycle(settings: ProxySettings) -> Callable[[web.Application], AsyncIter
         directory = journal_directory(settings.journal, settings.store)
         # With a journal, calls need no store to be answered and recorded: one that cannot be
         # reached now is caught up with (schema first) once it answers.
-        store = await TrajectoryStore.open(settings.store, unreachable_ok=directory is not None)
+        store = await TrajectoryStore.open(
+            settings.store,
+            unreachable_ok=directory is not None,
+            # The journal lets go of a record once the store has committed it.
+            power_safe=settings.durability is Durability.power,
+        )
         if not store.migrated:
             log.error(
                 "STORE UNAVAILABLE at start (%s): calls are answered and journaled in %s, and "

@@ -4,7 +4,9 @@ Users write `sqlite:///art.db` or `postgresql://...`; the async drivers (aiosqli
 filled in here so the same code serves both. Engines hide statement parameters from errors and
 logs: they are conversation content, which belongs in the store and nowhere else. SQLite runs in WAL mode with `synchronous=NORMAL`: a
 commit is durable against the process being killed (the WAL is in the OS page cache), which is the
-durability the proxy promises, without an fsync per commit.
+durability the proxy promises by default, without an fsync per commit. A proxy promising power
+loss (`--durability power`) writes with `synchronous=FULL`: each commit fsyncs the WAL before the
+journal lets go of its records.
 """
 
 from __future__ import annotations
@@ -146,7 +148,7 @@ class SqliteThreadRunner:
     of what a recorded call costs. One thread is also SQLite's single writer.
     """
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, *, power_safe: bool = False) -> None:
         database = make_url(async_url(url)).database
         self._engine = sa.create_engine(
             f"sqlite:///{database}",
@@ -155,7 +157,9 @@ class SqliteThreadRunner:
             connect_args={"check_same_thread": False},
             **_ENGINE_OPTIONS,
         )
-        event.listen(self._engine, "connect", _sqlite_pragmas)
+        event.listen(
+            self._engine, "connect", _sqlite_full_sync_pragmas if power_safe else _sqlite_pragmas
+        )
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="art-proxy-sqlite")
         # Held by the thread for its life: a pool checkout and reset cost about 25 us a
         # transaction (measured on the proxy's rows: 158 -> 133 us).
@@ -181,20 +185,27 @@ class SqliteThreadRunner:
         self._thread.shutdown(wait=True)
 
 
-def transaction_runner(url: str, engine: AsyncEngine) -> TransactionRunner:
+def transaction_runner(
+    url: str, engine: AsyncEngine, *, power_safe: bool = False
+) -> TransactionRunner:
+    """`power_safe`: a commit survives power loss once it returns (PostgreSQL's always does)."""
     if engine.dialect.name == "sqlite":
-        return SqliteThreadRunner(url)
+        return SqliteThreadRunner(url, power_safe=power_safe)
     return AsyncEngineRunner(engine)
 
 
-def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
+def _sqlite_pragmas(dbapi_connection: Any, _record: Any, synchronous: str = "NORMAL") -> None:
     cursor = dbapi_connection.cursor()
     cursor.execute("PRAGMA journal_mode=WAL")
-    cursor.execute("PRAGMA synchronous=NORMAL")
+    cursor.execute(f"PRAGMA synchronous={synchronous}")
     cursor.execute(f"PRAGMA busy_timeout={_SQLITE_BUSY_TIMEOUT_MS}")
     cursor.execute("PRAGMA foreign_keys=ON")
     cursor.execute(f"PRAGMA wal_autocheckpoint={_SQLITE_WAL_CHECKPOINT_PAGES}")
     cursor.close()
+
+
+def _sqlite_full_sync_pragmas(dbapi_connection: Any, record: Any) -> None:
+    _sqlite_pragmas(dbapi_connection, record, synchronous="FULL")
 
 
 def _alembic_config() -> Config:

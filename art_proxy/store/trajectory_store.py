@@ -85,14 +85,19 @@ class TrajectoryStore(TrainingRecords, FeedbackRecords, JudgmentRecords):
 
     @classmethod
     async def open(
-        cls, url: str, *, writer: bool = True, unreachable_ok: bool = False
+        cls,
+        url: str,
+        *,
+        writer: bool = True,
+        unreachable_ok: bool = False,
+        power_safe: bool = False,
     ) -> TrajectoryStore:
         """Connect, migrate to the newest schema and (for a proxy) start the group-commit writer.
         With `unreachable_ok` a store that cannot be reached now is opened all the same,
         unmigrated: `migrate()` once it answers (a proxy with a journal, which needs no store to
-        take calls)."""
+        take calls). `power_safe`: the writer's commits survive power loss once they return."""
         engine = create_engine(url)
-        store = cls(engine, transaction_runner(url, engine))
+        store = cls(engine, transaction_runner(url, engine, power_safe=power_safe))
         try:
             await store.migrate()
         except StoreError as exc:
