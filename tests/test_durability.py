@@ -32,6 +32,7 @@ from art_proxy.journal.frames import header, scan
 from art_proxy.journal.ingester import REJECTED_FILE, Ingester
 from art_proxy.proxy.server import running_proxy
 from art_proxy.store import engine
+from art_proxy.store.trajectory_store import TrajectoryStore
 from art_proxy.testing.fake_vllm import FakeVllm
 from art_proxy.testing.fault_tcp import FaultyTcp, faulty_tcp
 from art_proxy.testing.loopback import free_port
@@ -307,6 +308,36 @@ async def test_a_journal_at_its_bound_sends_records_to_the_store_and_keeps_the_r
     recorded = await recorded_response_ids(postgres_url)
     assert_each_once(completed[:kept], recorded)
     assert sum(recorded.values()) == kept
+
+
+async def test_a_record_past_the_journal_bound_goes_in_behind_the_backlog_not_ahead_of_it(
+    sqlite_url: str, vllm: FakeVllm, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The store is up, the ingester not yet through what the journal holds (it gathers calls a
+    while): a record the full journal refuses is written to the store after those, so a call of
+    a trajectory whose first call is still journaled is neither refused nor out of order."""
+    monkeypatch.setattr(ingester, "_LINGER_S", 5.0)
+    settings = proxy_settings(
+        sqlite_url, vllm.base_url, journal=str(tmp_path / "journal"), journal_max_mb=0.01
+    )
+    answered: list[str] = []
+    async with running_proxy(settings) as proxy, aiohttp.ClientSession() as http:
+        for index in range(8):  # about four fit in the journal
+            body = {"model": MODEL, "messages": [{"role": "user", "content": f"turn {index}"}]}
+            async with http.post(
+                f"{proxy.base_url}/chat/completions",
+                json=body,
+                headers={"X-Art-Trajectory": "bounded"},
+            ) as response:
+                assert response.status == 200
+                answered.append(str((await response.json())["id"]))
+        await asyncio.wait_for(proxy.parts.settled(), timeout=30)
+        health = await get_health(http, proxy.root_url)
+    assert health["lost_records"] == 0
+    async with TrajectoryStore.opened(sqlite_url, writer=False) as store:
+        calls = (await store.calls(["bounded"]))["bounded"]
+    in_order = sorted(calls, key=lambda call: call.seq)
+    assert [call.response["id"] for call in in_order if call.response] == answered
 
 
 def segment_files(journal: Path) -> list[Path]:

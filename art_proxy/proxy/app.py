@@ -58,6 +58,10 @@ GROUP_WINDOW_S = 60.0
 SETTLE_TIMEOUT_S = 10.0
 # The same for the tracker's look-up of a conversation that memory does not hold: on the hot path.
 LOOKUP_SETTLE_TIMEOUT_S = 1.0
+# How long a record the full journal refused waits for the records journaled before it to reach
+# the store, before it is counted lost (or answered 503): written ahead of them it would name a
+# trajectory the store lacks yet and land out of order.
+BEHIND_BACKLOG_TIMEOUT_S = 10.0
 # How long a stopping proxy goes on ingesting; what is left waits in the journal for the next start.
 DRAIN_TIMEOUT_S = 10.0
 
@@ -113,7 +117,9 @@ def _lifecycle(settings: ProxySettings) -> Callable[[web.Application], AsyncIter
             settings.upstream,
             group_size=settings.group_size,
             group_window=GROUP_WINDOW_S,
-            own_records_stored=functools.partial(_settle_lookups, journal, ingester),
+            own_records_stored=functools.partial(
+                _journaled_records_stored, journal, ingester, LOOKUP_SETTLE_TIMEOUT_S
+            ),
         )
         aliases = Aliases(store)
         try:
@@ -135,7 +141,16 @@ def _lifecycle(settings: ProxySettings) -> Callable[[web.Application], AsyncIter
                 raise
             if len(served) == len(upstreams.urls):
                 aliases.check_served(list(served.values()), utcnow())
-            recorder = Recorder(store, tracker, settings.on_store_error, counters, journal)
+            recorder = Recorder(
+                store,
+                tracker,
+                settings.on_store_error,
+                counters,
+                journal,
+                journaled_before_stored=functools.partial(
+                    _journaled_records_stored, journal, ingester, BEHIND_BACKLOG_TIMEOUT_S
+                ),
+            )
             shadow = ShadowSampler(
                 upstreams,
                 tracker,
@@ -187,15 +202,22 @@ async def _settle_reads(journal: Journal | None) -> None:
             await asyncio.wait_for(journal.settled(), SETTLE_TIMEOUT_S)
 
 
-async def _settle_lookups(journal: Journal | None, ingester: Ingester | None) -> None:
-    """Before the tracker asks the store about a conversation memory has no more (its bound):
-    this proxy's records, ingested, when any are pending and the store takes them (not during
-    an outage: the call is answered without waiting, from memory only)."""
+async def _journaled_records_stored(
+    journal: Journal | None, ingester: Ingester | None, timeout_s: float
+) -> bool:
+    """Wait until this proxy's records journaled so far are in the store, when any are pending
+    and the store takes them (for at most `timeout_s`; not at all during an outage); whether they
+    are. Before the tracker asks the store about a conversation memory has no more (its bound),
+    and before a record the full journal refused is written to the store directly."""
     if journal is None or ingester is None or journal.backlog_frames == 0:
-        return
-    if ingester.state.unavailable_since is None:
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(journal.settled(), LOOKUP_SETTLE_TIMEOUT_S)
+        return True
+    if ingester.state.unavailable_since is not None:
+        return False
+    try:
+        await asyncio.wait_for(journal.settled(), timeout_s)
+    except TimeoutError:
+        return False
+    return True
 
 
 async def _stop_recording(

@@ -40,7 +40,7 @@ async def find_continuation(
     messages: list[JsonObject],
     found: list[Candidate],
     explicit: Explicit,
-    own_records_stored: Callable[[], Awaitable[None]],
+    own_records_stored: Callable[[], Awaitable[bool]],
 ) -> Continuation | None:
     """The open trajectory these messages continue, None when they continue none. `found`: the
     messages' candidates (`attribution.candidates`). Memory knows this proxy's open trajectories

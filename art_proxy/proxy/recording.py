@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import cast
@@ -123,8 +124,12 @@ class Recorder:
         policy: OnStoreError,
         counters: Counters,
         journal: Journal | None = None,
+        *,
+        journaled_before_stored: Callable[[], Awaitable[bool]] | None = None,
     ) -> None:
         self._store = store
+        # Waits for the journal's records to reach the store; whether they did (app.py).
+        self._journaled_before_stored = journaled_before_stored
         self._tracker = tracker
         self._policy = policy
         self.counters = counters
@@ -250,6 +255,13 @@ class Recorder:
             position = self._journal.append(payload)
         except JournalError as exc:  # a full disk: the store itself is the last resort
             self._journal_refused(exc)
+            # Behind the records journaled before it, never ahead: its trajectory may be among
+            # them, and the store would refuse it or the trajectory's calls land out of order.
+            waiting = self._journaled_before_stored
+            if waiting is not None and not await waiting():
+                raise StoreError(
+                    f"{exc}, and the records journaled before it are not in the store yet"
+                ) from exc
             await self._store.write(batch)
             return
         await self._journal.synced(position)

@@ -64,7 +64,7 @@ class TrajectoryTracker:
         *,
         group_size: int = 0,
         group_window: float = 60.0,
-        own_records_stored: Callable[[], Awaitable[None]],
+        own_records_stored: Callable[[], Awaitable[bool]],
     ) -> None:
         self._store = store
         # Awaited before the store is asked about a conversation memory does not know: this
