@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import errno
 import os
+import re
 import shutil
 import signal
 import sqlite3
@@ -532,10 +533,38 @@ async def test_the_default_journal_sits_beside_a_sqlite_store_and_goes_when_empt
 def test_a_journal_of_another_store_is_refused(tmp_path: Path) -> None:
     journal = segments.Journal.open(tmp_path, "sqlite:///a.db", Durability.process)
     try:
-        with pytest.raises(ConfigError, match=r"holds records of store sqlite:///a\.db"):
+        with pytest.raises(ConfigError, match=r"holds records of store sqlite:///\S*/a\.db, not"):
             segments.Journal.open(tmp_path, "sqlite:///b.db", Durability.process)
     finally:
         journal.close()
+
+
+def test_one_sqlite_url_from_two_working_directories_names_two_stores(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`sqlite:///art.db` is a file of the working directory: a journal shared by proxies
+    started in two directories would otherwise ingest one's records into the other's store."""
+    shared = tmp_path / "journal"
+    for name in ("first", "second"):
+        (tmp_path / name).mkdir()
+    monkeypatch.chdir(tmp_path / "first")
+    journal = segments.Journal.open(shared, "sqlite:///art.db", Durability.process)
+    try:
+        monkeypatch.chdir(tmp_path / "second")
+        owner = re.escape(f"sqlite:///{tmp_path}/first/art.db")
+        with pytest.raises(ConfigError, match=f"holds records of store {owner}, not"):
+            segments.Journal.open(shared, "sqlite:///art.db", Durability.process)
+        again = segments.Journal.open(
+            shared, f"sqlite:///{tmp_path}/first/art.db", Durability.process
+        )
+        again.close()
+    finally:
+        journal.close()
+    # A journal named its SQLite store by the URL's text before: read from where it was written.
+    legacy = tmp_path / "legacy"
+    legacy.mkdir()
+    (legacy / "store").write_text("sqlite:///art.db\n")
+    segments.Journal.open(legacy, "sqlite:///art.db", Durability.process).close()
 
 
 async def test_a_record_the_store_refuses_is_set_aside_and_the_next_ones_land(

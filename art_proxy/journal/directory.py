@@ -46,8 +46,13 @@ def journal_directory(setting: str, store: str) -> Path | None:
 
 
 def store_name(store: str) -> str:
-    """A store URL without its password: what the journal's directory records as its owner."""
-    return make_url(store).render_as_string(hide_password=True)
+    """A store URL without its password, a SQLite file by its absolute path (`sqlite:///art.db`
+    names another file in each working directory): what the journal's directory records as its
+    owner."""
+    url = make_url(store)
+    if url.get_backend_name() == "sqlite" and url.database:
+        url = url.set(database=str(Path(url.database).expanduser().resolve()))
+    return url.render_as_string(hide_password=True)
 
 
 def claim_for_store(directory: Path, store_url: str) -> None:
@@ -61,6 +66,10 @@ def claim_for_store(directory: Path, store_url: str) -> None:
     except FileExistsError:
         pass
     owner = marker.read_text(encoding="utf-8").strip()
+    if owner != store and store_name(owner) == store:
+        # Written before SQLite files were named by their absolute path, from this directory.
+        marker.write_text(store + "\n", encoding="utf-8")
+        return
     if owner != store:
         raise ConfigError(
             f"journal {directory} holds records of store {owner}, not {store}: give this proxy "
