@@ -31,6 +31,7 @@ from art_proxy.errors import ConfigError, StoreError
 from art_proxy.journal import ingester, segments
 from art_proxy.journal.frames import header, scan
 from art_proxy.journal.ingester import REJECTED_FILE, Ingester
+from art_proxy.proxy import app
 from art_proxy.proxy.server import running_proxy
 from art_proxy.store import engine
 from art_proxy.store.trajectory_store import TrajectoryStore
@@ -321,24 +322,55 @@ async def test_a_record_past_the_journal_bound_goes_in_behind_the_backlog_not_ah
     settings = proxy_settings(
         sqlite_url, vllm.base_url, journal=str(tmp_path / "journal"), journal_max_mb=0.01
     )
-    answered: list[str] = []
     async with running_proxy(settings) as proxy, aiohttp.ClientSession() as http:
-        for index in range(8):  # about four fit in the journal
-            body = {"model": MODEL, "messages": [{"role": "user", "content": f"turn {index}"}]}
-            async with http.post(
-                f"{proxy.base_url}/chat/completions",
-                json=body,
-                headers={"X-Art-Trajectory": "bounded"},
-            ) as response:
-                assert response.status == 200
-                answered.append(str((await response.json())["id"]))
+        # About four fit in the journal.
+        answered = [await turn_of(http, proxy.base_url, "bounded", index) for index in range(8)]
         await asyncio.wait_for(proxy.parts.settled(), timeout=30)
         health = await get_health(http, proxy.root_url)
     assert health["lost_records"] == 0
-    async with TrajectoryStore.opened(sqlite_url, writer=False) as store:
-        calls = (await store.calls(["bounded"]))["bounded"]
-    in_order = sorted(calls, key=lambda call: call.seq)
-    assert [call.response["id"] for call in in_order if call.response] == answered
+    assert await stored_turns(sqlite_url, "bounded") == answered
+
+
+async def turn_of(http: aiohttp.ClientSession, base: str, trajectory: str, index: int) -> str:
+    """A call of an explicit trajectory (as the LangGraph callback makes them); its response id."""
+    body = {"model": MODEL, "messages": [{"role": "user", "content": f"turn {index}"}]}
+    async with http.post(
+        f"{base}/chat/completions", json=body, headers={"X-Art-Trajectory": trajectory}
+    ) as response:
+        assert response.status == 200
+        return str((await response.json())["id"])
+
+
+async def stored_turns(store_url: str, trajectory: str) -> list[str]:
+    """The response ids of a trajectory's calls in the store, in seq order."""
+    async with TrajectoryStore.opened(store_url, writer=False) as store:
+        calls = (await store.calls([trajectory])).get(trajectory, [])
+    return [
+        call.response["id"] for call in sorted(calls, key=lambda call: call.seq) if call.response
+    ]
+
+
+async def test_a_restarted_proxy_ingests_what_it_adopted_before_it_answers(
+    sqlite_url: str, vllm: FakeVllm, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first proxy stops with two calls of a trajectory still journaled (its store locked);
+    the next one's first call of that trajectory is its third, not a second seq 0."""
+    monkeypatch.setattr(engine, "_SQLITE_BUSY_TIMEOUT_MS", 100)
+    monkeypatch.setattr(app, "DRAIN_TIMEOUT_S", 0.5)
+    monkeypatch.setattr(ingester, "_LINGER_S", 2.0)  # an ingester slow to start on its own
+    settings = proxy_settings(sqlite_url, vllm.base_url, journal=str(tmp_path / "journal"))
+    locker = sqlite3.connect(sqlite_url.removeprefix("sqlite:///"), isolation_level=None)
+    try:
+        async with running_proxy(settings) as first, aiohttp.ClientSession() as http:
+            locker.execute("BEGIN IMMEDIATE")
+            answered = [await turn_of(http, first.base_url, "resumed", index) for index in (0, 1)]
+        locker.execute("ROLLBACK")
+    finally:
+        locker.close()
+    async with running_proxy(settings) as second, aiohttp.ClientSession() as http:
+        answered.append(await turn_of(http, second.base_url, "resumed", 2))
+        await asyncio.wait_for(second.parts.settled(), timeout=30)
+    assert await stored_turns(sqlite_url, "resumed") == answered
 
 
 def segment_files(journal: Path) -> list[Path]:

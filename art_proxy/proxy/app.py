@@ -111,6 +111,14 @@ def _lifecycle(settings: ProxySettings) -> Callable[[web.Application], AsyncIter
         ingester = Ingester(journal, store) if journal is not None else None
         if ingester is not None:
             ingester.start()
+            # What an earlier proxy left goes in before the first call is answered: a call of
+            # one of its trajectories is looked up in the store, and would start again at seq 0.
+            if not await _journaled_records_stored(journal, ingester, DRAIN_TIMEOUT_S):
+                log.warning(
+                    "serving before the %d records an earlier proxy left are in the store: "
+                    "calls of their trajectories may start new ones meanwhile",
+                    journal.backlog_frames if journal is not None else 0,
+                )
         counters = Counters()
         tracker = TrajectoryTracker(
             store,
