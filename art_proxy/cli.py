@@ -114,9 +114,9 @@ def export(settings: ExportSettings) -> None:
 
 
 async def _export(settings: ExportSettings, out: IO[str]) -> int:
-    from art_proxy.store.trajectory_store import TrajectoryStore
+    from art_proxy.journal.left_behind import open_for_reading
 
-    store = await TrajectoryStore.open(settings.store, writer=False)
+    store = await open_for_reading(settings.store)
     count = 0
     try:
         with stderr.status("exporting...") as status:
@@ -154,9 +154,9 @@ def scenario_bank(settings: ScenarioBankSettings) -> None:
 
 async def _scenario_bank(settings: ScenarioBankSettings) -> tuple[list[str], int]:
     """The bank's JSONL lines, and how many scenarios could not become one."""
-    from art_proxy.store.trajectory_store import TrajectoryStore
+    from art_proxy.journal.left_behind import open_for_reading
 
-    store = await TrajectoryStore.open(settings.store, writer=False)
+    store = await open_for_reading(settings.store)
     try:
         records = await store.bank_scenarios(settings.split, settings.limit)
     finally:

@@ -26,6 +26,7 @@ from rich.table import Table
 
 from art_proxy.config import JudgeSettings
 from art_proxy.ids import short_id
+from art_proxy.journal.left_behind import open_for_reading
 from art_proxy.records import Judgment
 from art_proxy.ruler.ensemble import ensemble_name
 from art_proxy.ruler.judge import LitellmJudge, litellm_token_counter
@@ -75,7 +76,7 @@ def build_ruler(
 
 async def run_judge(settings: JudgeSettings, rubric: Rubric, out: Console, err: Console) -> Totals:
     """Raises `RubricError`, `ConfigError` or `StoreError` before judging anything."""
-    store = await TrajectoryStore.open(settings.store, writer=False)
+    store = await open_for_reading(settings.store)
     clients: list[LitellmJudge] = []
     try:
         ruler, clients = build_ruler(settings, rubric, store)

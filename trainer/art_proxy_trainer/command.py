@@ -23,6 +23,7 @@ from rich.table import Table
 
 from art_proxy.config import JudgeSettings, TrainSettings
 from art_proxy.errors import ConfigError
+from art_proxy.journal.left_behind import open_for_reading
 from art_proxy.local.cli import set_torch_threads, usable_cores
 from art_proxy.records import TrainingStep
 from art_proxy.rollout import Agent, load_agent
@@ -31,7 +32,6 @@ from art_proxy.ruler.judge import LitellmJudge
 from art_proxy.ruler.rubric import Rubric, load_rubric
 from art_proxy.ruler.scorer import Ruler
 from art_proxy.scenarios import Scenario, load_scenarios
-from art_proxy.store.trajectory_store import TrajectoryStore
 from art_proxy_trainer.checkpoint import Checkpoints
 from art_proxy_trainer.distributed import Leader, Ranks, Replica, follow, join, leave
 from art_proxy_trainer.loop import Events, WholeLoop, run_sidecar
@@ -128,7 +128,7 @@ async def _train(
     rubric: Rubric,
     out: Path,
 ) -> TrainSummary:
-    store = await TrajectoryStore.open(settings.store, writer=False)
+    store = await open_for_reading(settings.store)
     judges: list[LitellmJudge] = []
     summary = TrainSummary(settings, settings.alias or policy.served_name)
     try:

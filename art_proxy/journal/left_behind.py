@@ -1,0 +1,71 @@
+"""What a stopped proxy left in its journal, taken in by the store's readers before they read.
+
+A proxy answers a call once its record is journaled; the store has it only once the ingester moved
+it. A proxy killed (or stopped while the store was down) leaves the rest in its journal slot, which
+the next proxy of the store adopts. Until one starts, `art-proxy export`, the judge and the trainer
+would read a store without those calls. So each of them, before it reads, ingests the slots no
+live proxy holds in the store's default journal directory (`--journal auto`: `FILE.journal` beside
+a SQLite store): the same adoption a proxy does at start, with the same exactly-once ingestion by
+call id. A journal under another `--journal` directory is found only by a proxy given it.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from art_proxy.config import JOURNAL_AUTO, Durability
+from art_proxy.errors import ConfigError, StoreError
+from art_proxy.store.trajectory_store import TrajectoryStore
+
+from .directory import SEGMENT_SUFFIX, journal_directory
+from .ingester import Ingester
+from .segments import Journal
+
+log = logging.getLogger(__name__)
+
+_INGEST_TIMEOUT_S = 60.0
+
+
+async def open_for_reading(url: str) -> TrajectoryStore:
+    """The store at `url`, with what stopped proxies left in its journal ingested first (see the
+    module); raises as `TrajectoryStore.open`."""
+    store = await TrajectoryStore.open(url, writer=False)
+    try:
+        await ingest_left_behind(store, url)
+    except BaseException:
+        await store.aclose()
+        raise
+    return store
+
+
+async def ingest_left_behind(store: TrajectoryStore, url: str) -> int:
+    """Ingest the journal slots of `url`'s default journal directory that no live proxy holds;
+    how many records went in. A directory that cannot be taken is left as it is, with a warning:
+    reading goes on without those records."""
+    directory = journal_directory(JOURNAL_AUTO, url)
+    if directory is None or not any(directory.glob("*/*" + SEGMENT_SUFFIX)):
+        return 0
+    try:
+        journal = Journal.open(directory, url, Durability.process)
+    except ConfigError as exc:
+        log.warning("records a stopped proxy journaled are not read: %s", exc)
+        return 0
+    ingester = Ingester(journal, store)
+    try:
+        ingester.start()
+        left = await ingester.aclose(_INGEST_TIMEOUT_S)
+    finally:
+        journal.close()
+    if left:
+        raise StoreError(
+            f"{left} answered calls wait in the journal {directory} and the store did not take "
+            f"them within {_INGEST_TIMEOUT_S:.0f} s ({ingester.state.last_error}): they are not "
+            "read"
+        )
+    if ingester.state.ingested:
+        log.warning(
+            "took in %d records a stopped proxy left in its journal %s",
+            ingester.state.ingested,
+            directory,
+        )
+    return ingester.state.ingested
