@@ -502,6 +502,37 @@ async def test_durability_power_syncs_the_journal_before_answering(
     assert len(await recorded_response_ids(sqlite_url)) == 17
 
 
+async def test_after_a_failed_fdatasync_the_call_waits_for_the_store_and_the_segment_is_left(
+    sqlite_url: str, vllm: FakeVllm, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An fdatasync that fails (an I/O error: no disk here fails on cue, so the call is made to)
+    leaves the frame's durability unknown: the call is answered once the store (synchronous=FULL)
+    holds it, and no later frame goes to that file, whose dropped pages a later sync would not
+    cover (PostgreSQL's fsync lesson)."""
+    journal = tmp_path / "journal"
+    settings = proxy_settings(sqlite_url, vllm.base_url, journal=str(journal), durability="power")
+    real_fdatasync = os.fdatasync
+    failures = [OSError(errno.EIO, os.strerror(errno.EIO))]
+
+    def failing_once(fd: int) -> None:
+        if failures:
+            raise failures.pop()
+        real_fdatasync(fd)
+
+    async with running_proxy(settings) as proxy, aiohttp.ClientSession() as http:
+        answered = [await one_call(http, proxy.base_url, 0)]
+        before = segment_files(journal)
+        monkeypatch.setattr(os, "fdatasync", failing_once)
+        answered.append(await one_call(http, proxy.base_url, 1))
+        answered.append(await one_call(http, proxy.base_url, 2))
+        after = segment_files(journal)
+        await asyncio.wait_for(proxy.parts.settled(), timeout=30)
+        health = await get_health(http, proxy.root_url)
+    assert failures == [] and health["lost_records"] == 0
+    assert after and after[-1] not in before  # call 2 went to a new segment
+    assert_each_once(answered, await recorded_response_ids(sqlite_url))
+
+
 async def test_a_full_journal_disk_falls_back_to_committing_in_the_store(
     sqlite_url: str, vllm: FakeVllm, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

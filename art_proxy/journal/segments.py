@@ -81,7 +81,9 @@ class Journal:
     _adopted: list[Slot]
     _segments: list[_Segment]  # unconsumed, in reading order; the last one is live
     _write_fd: int = -1
-    _torn: bool = False  # the live segment ends in a partial frame it could not cut back
+    # The live segment takes no more frames: it ends in a partial frame it could not cut back, or
+    # an fdatasync of it failed (the kernel may have dropped pages a later sync would not cover).
+    _abandoned: bool = False
     _next_number: int = 0  # the next live segment's file number in the own slot
     _cursor: Position = (0, 0)  # everything before it is in the store
     _frames_total: int = 0
@@ -181,7 +183,7 @@ class Journal:
                 f"journal {self.directory} is full: {self._backlog_bytes / 2**20:.1f} MiB wait "
                 f"for the store (--journal-max-mb {self.max_backlog_bytes / 2**20:g})"
             )
-        if self._torn or (live.end > 0 and live.end + size > SEGMENT_BYTES):
+        if self._abandoned or (live.end > 0 and live.end + size > SEGMENT_BYTES):
             try:
                 self._rotate()
             except OSError as exc:  # the live segment stays: the next append tries again
@@ -225,6 +227,7 @@ class Journal:
             try:
                 await loop.run_in_executor(None, _fdatasync_and_close, fd)
             except OSError as exc:
+                self._abandoned = True
                 error = JournalError(f"journal {self.directory}: fdatasync: {exc}")
                 for _, waiter in self._sync_waiters:
                     if not waiter.done():
@@ -247,7 +250,7 @@ class Journal:
         later append tries again once there is room."""
         old, old_fd = self._segments[-1], self._write_fd
         self._open_live_segment()
-        self._torn = False
+        self._abandoned = False
         old.live = False
         try:
             if self.durability is Durability.power:
@@ -274,7 +277,7 @@ class Journal:
             os.ftruncate(self._write_fd, live.end)
             os.lseek(self._write_fd, live.end, os.SEEK_SET)
         except OSError:
-            self._torn = True
+            self._abandoned = True
             with contextlib.suppress(OSError):
                 self._rotate()
 

@@ -264,7 +264,15 @@ class Recorder:
                 ) from exc
             await self._store.write(batch)
             return
-        await self._journal.synced(position)
+        try:
+            await self._journal.synced(position)
+        except JournalError as exc:
+            # Journaled but not known to be on disk: answered once the ingester has committed it
+            # (a second copy written directly would meet it there), else as the policy says.
+            self._journal_refused(exc)
+            waiting = self._journaled_before_stored
+            if waiting is None or not await waiting():
+                raise
 
     def _journal_refused(self, exc: JournalError) -> None:
         """Say so, at most every `_REPORT_EVERY_S` (a full disk refuses every call)."""
