@@ -21,9 +21,12 @@ from art_proxy.config import (
     AliasListSettings,
     AliasResetSettings,
     AliasSetSettings,
+    DropSettings,
     ExportSettings,
     JudgeSettings,
     ProxySettings,
+    RejectedSettings,
+    ReplaySettings,
     RolloutSettings,
     ScenarioBankSettings,
     TrainSettings,
@@ -34,6 +37,8 @@ from art_proxy.errors import ConfigError, StoreError
 from art_proxy.local.cli import LocalLlmSettings
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from art_proxy.records import AliasMove, AliasRecord, AliasRequest, ScenarioRecord
     from art_proxy.rollout import Agent, RolloutReport
     from art_proxy.scenarios import Scenario
@@ -199,6 +204,98 @@ def judge(settings: JudgeSettings) -> None:
         asyncio.run(run_judge(settings, rubric, Console(), stderr))
     except (RubricError, ConfigError, StoreError, OSError) as exc:
         _fail(str(exc))
+
+
+journal_app = typer.Typer(
+    help="Records the store refused, set aside beside a proxy's journal: list, put in again, drop.",
+    no_args_is_help=True,
+    rich_markup_mode=None,
+)
+app.add_typer(journal_app, name="journal")
+
+
+def _rejected_directory(settings: RejectedSettings) -> Path:
+    from art_proxy.journal.directory import journal_directory
+
+    directory = journal_directory(settings.journal, settings.store)
+    if directory is None:
+        _fail("--journal off keeps no journal: nothing is set aside")
+    assert directory is not None
+    return directory
+
+
+@settings_command(journal_app, "rejected", RejectedSettings, "List the records the store refused.")
+def journal_rejected(settings: RejectedSettings) -> None:
+    from art_proxy.journal import rejected
+
+    directory = _rejected_directory(settings)
+    try:
+        records = rejected.read(directory) if directory.is_dir() else []
+    except OSError as exc:
+        _fail(str(exc))
+    if not records:
+        stderr.print(f"no records set aside in {escape(str(directory))}")
+        return
+    table = Table("call", "trajectory", "seq", "recorded", "bytes")
+    for record in records:
+        call = record.call
+        if call is None:
+            table.add_row("(unreadable)", "", "", "", str(len(record.payload)))
+            continue
+        when = call["created_at"].isoformat(" ", "seconds")
+        table.add_row(
+            call["id"], call["trajectory_id"], str(call["seq"]), when, str(len(record.payload))
+        )
+    Console().print(table)
+    stderr.print(
+        f"{len(records)} set aside in {escape(str(directory / rejected.REJECTED_FILE))}: "
+        "art-proxy journal replay puts them in again once the cause is fixed; drop --yes "
+        "deletes them"
+    )
+
+
+@settings_command(
+    journal_app,
+    "replay",
+    ReplaySettings,
+    "Commit the refused records again; those the store still refuses stay, with its reason.",
+)
+def journal_replay(settings: ReplaySettings) -> None:
+    from art_proxy.journal import rejected
+    from art_proxy.store.trajectory_store import TrajectoryStore
+
+    directory = _rejected_directory(settings)
+
+    async def run() -> rejected.Replayed:
+        async with TrajectoryStore.opened(settings.store, writer=False) as store:
+            return await rejected.replay(directory, store)
+
+    try:
+        replayed = asyncio.run(run())
+    except (ConfigError, StoreError, OSError) as exc:
+        _fail(str(exc))
+    stderr.print(
+        f"{replayed.landed} records put in the store, {len(replayed.refused)} still refused"
+    )
+    for record, reason in replayed.refused:
+        call = record.call
+        stderr.print(f"  {escape(call['id'] if call else '(unreadable)')}: {escape(reason)}")
+
+
+@settings_command(journal_app, "drop", DropSettings, "Delete the refused records (with --yes).")
+def journal_drop(settings: DropSettings) -> None:
+    from art_proxy.journal import rejected
+
+    directory = _rejected_directory(settings)
+    try:
+        if not settings.yes:
+            count = len(rejected.read(directory)) if directory.is_dir() else 0
+            stderr.print(f"{count} records would be dropped for good: pass --yes to drop them")
+            return
+        dropped = rejected.drop(directory) if directory.is_dir() else 0
+    except OSError as exc:
+        _fail(str(exc))
+    stderr.print(f"dropped {dropped} records")
 
 
 alias_app = typer.Typer(

@@ -22,6 +22,16 @@ def art_proxy_command() -> list[str]:
     return [str(Path(sys.executable).parent / "art-proxy")]
 
 
+async def run_cli(*args: str, timeout_s: float = 120) -> tuple[int, str, str]:
+    """`art-proxy ARGS` as a user runs it: its exit status, standard output and error."""
+    process = await asyncio.create_subprocess_exec(
+        *art_proxy_command(), *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+    )
+    out, err = await asyncio.wait_for(process.communicate(), timeout_s)
+    assert process.returncode is not None
+    return process.returncode, out.decode(), err.decode()
+
+
 async def wait_healthy(
     url: str, process: asyncio.subprocess.Process, timeout_s: float = 30
 ) -> None:

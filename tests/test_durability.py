@@ -31,7 +31,8 @@ from art_proxy.config import Durability, ProxySettings
 from art_proxy.errors import ConfigError, StoreError
 from art_proxy.journal import ingester, segments
 from art_proxy.journal.frames import header, scan
-from art_proxy.journal.ingester import REJECTED_FILE, Ingester
+from art_proxy.journal.ingester import Ingester
+from art_proxy.journal.rejected import REJECTED_FILE
 from art_proxy.proxy import app
 from art_proxy.proxy.server import running_proxy
 from art_proxy.store import engine
@@ -47,6 +48,7 @@ from tests.proxy_load import (
     load,
     one_call,
     recorded_response_ids,
+    run_cli,
     until,
     wait_healthy,
 )
@@ -149,24 +151,16 @@ async def test_export_takes_in_what_a_killed_proxy_left_in_its_journal(
         locker.execute("ROLLBACK")
     finally:
         locker.close()
-    exported = await asyncio.create_subprocess_exec(
-        *art_proxy_command(),
-        "export",
-        "--store",
-        sqlite_url,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    out, err = await asyncio.wait_for(exported.communicate(), timeout=120)
-    assert exported.returncode == 0, err.decode()
+    status, out, err = await run_cli("export", "--store", sqlite_url)
+    assert status == 0, err
     responses = [
         call["response"]["id"]
-        for line in out.decode().splitlines()
+        for line in out.splitlines()
         for call in json.loads(line)["trajectory"]["calls"]
     ]
     assert sorted(responses) == sorted(answered)
     # (A record already in the store may be counted again: it is filtered by its call id.)
-    assert re.search(r"took in \d+ records a stopped proxy left", " ".join(err.decode().split()))
+    assert re.search(r"took in \d+ records a stopped proxy left", " ".join(err.split()))
 
 
 async def get_health(http: aiohttp.ClientSession, root: str) -> dict[str, object]:
@@ -789,6 +783,45 @@ async def test_records_set_aside_are_counted_again_after_a_restart(
     assert isinstance(health["journal"], dict) and health["journal"]["rejected_records"] == 2
 
 
+def refuse_calls_saying_refuse_me(database: str) -> None:
+    """The store refuses (a constraint: SQLite's RAISE(ABORT)) every call that says "refuse me"."""
+    with contextlib.closing(sqlite3.connect(database)) as connection, connection:
+        connection.execute(
+            "CREATE TRIGGER refuse BEFORE INSERT ON calls WHEN NEW.request LIKE '%refuse me%' "
+            "BEGIN SELECT RAISE(ABORT, 'refused'); END"
+        )
+
+
+async def test_records_set_aside_are_listed_replayed_once_the_cause_is_fixed_and_dropped(
+    sqlite_url: str, vllm: FakeVllm, tmp_path: Path
+) -> None:
+    journal = tmp_path / "journal"
+    settings = proxy_settings(sqlite_url, vllm.base_url, journal=str(journal))
+    database = sqlite_url.removeprefix("sqlite:///")
+    async with running_proxy(settings) as proxy, aiohttp.ClientSession() as http:
+        refuse_calls_saying_refuse_me(database)
+        refused = []
+        for index in range(3):
+            body = {"model": MODEL, "messages": [{"role": "user", "content": f"refuse me {index}"}]}
+            async with http.post(f"{proxy.base_url}/chat/completions", json=body) as response:
+                refused.append(str((await response.json())["id"]))
+        await proxy.parts.settled()
+    where = ("--store", sqlite_url, "--journal", str(journal))
+    status, out, err = await run_cli("journal", "rejected", *where)
+    assert status == 0 and "3 set aside in" in " ".join(err.split()) and out.count("\n") > 3
+    status, _, err = await run_cli("journal", "replay", *where)  # the trigger still refuses
+    assert status == 0 and "0 records put in the store, 3 still refused" in err
+    assert "IntegrityError: refused" in err
+    with contextlib.closing(sqlite3.connect(database)) as connection, connection:
+        connection.execute("DROP TRIGGER refuse")
+    status, _, err = await run_cli("journal", "replay", *where)
+    assert status == 0 and "3 records put in the store, 0 still refused" in err
+    assert_each_once(refused, await recorded_response_ids(sqlite_url))
+    assert not (journal / REJECTED_FILE).exists()
+    status, _, err = await run_cli("journal", "drop", *where)
+    assert status == 0 and "0 records would be dropped" in err
+
+
 async def test_the_ingester_gathers_calls_into_one_transaction_until_a_reader_waits(
     sqlite_url: str, vllm: FakeVllm, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -850,11 +883,7 @@ async def test_a_refused_first_call_still_creates_its_trajectory_for_the_calls_a
     settings = proxy_settings(sqlite_url, vllm.base_url, journal=str(tmp_path / "journal"))
     database = sqlite_url.removeprefix("sqlite:///")
     async with running_proxy(settings) as proxy, aiohttp.ClientSession() as http:
-        with contextlib.closing(sqlite3.connect(database)) as connection, connection:
-            connection.execute(
-                "CREATE TRIGGER refuse BEFORE INSERT ON calls WHEN NEW.request LIKE "
-                "'%refuse me%' BEGIN SELECT RAISE(ABORT, 'refused'); END"
-            )
+        refuse_calls_saying_refuse_me(database)
         headers = {"X-Art-Trajectory": "t-refused"}
         for content in ("refuse me", "take me"):
             body = {"model": MODEL, "messages": [{"role": "user", "content": content}]}

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import socket
-import sys
 from pathlib import Path
 
 import aiohttp
@@ -25,10 +24,10 @@ from art_proxy.store.trajectory_store import TrajectoryStore
 from art_proxy.testing.fake_vllm import FakeVllm
 from art_proxy.up import plan
 from tests.conftest import proxy_settings
+from tests.proxy_load import run_cli
 from tests.wire_client import post
 
 BASE = "Qwen/Qwen2.5-0.5B-Instruct"  # what the fake vLLM serves
-ART_PROXY = str(Path(sys.executable).parent / "art-proxy")
 
 
 def chat(model: str) -> dict[str, object]:
@@ -109,15 +108,6 @@ async def test_an_upstream_not_answering_yet_is_a_warning_not_a_stop(
     async with running_proxy(proxy_settings(sqlite_url, f"http://127.0.0.1:{port}/v1")):
         pass
     assert "does not answer yet" in caplog.text
-
-
-async def run_cli(*args: str) -> tuple[int, str, str]:
-    process = await asyncio.create_subprocess_exec(
-        ART_PROXY, *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
-    )
-    out, err = await process.communicate()
-    assert process.returncode is not None
-    return process.returncode, out.decode(), err.decode()
 
 
 async def test_alias_list_set_and_reset_from_the_command_line(

@@ -9,6 +9,7 @@ declared by each.
 
 from art_proxy.config.alias import AliasListSettings, AliasResetSettings, AliasSetSettings
 from art_proxy.config.export import ExportSettings, ScenarioBankSettings
+from art_proxy.config.journal import DropSettings, RejectedSettings, ReplaySettings
 from art_proxy.config.judge import JudgeChoice, JudgeSettings, ProgrammaticFor
 from art_proxy.config.proxy import (
     JOURNAL_AUTO,
@@ -32,6 +33,7 @@ __all__ = [
     "AliasListSettings",
     "AliasResetSettings",
     "AliasSetSettings",
+    "DropSettings",
     "Durability",
     "Engine",
     "ExportSettings",
@@ -41,6 +43,8 @@ __all__ = [
     "OnStoreError",
     "ProgrammaticFor",
     "ProxySettings",
+    "RejectedSettings",
+    "ReplaySettings",
     "RewardSource",
     "RolloutSettings",
     "ScenarioBankSettings",

@@ -18,7 +18,6 @@ import contextlib
 import logging
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import cast
 
 from art_proxy.errors import StoreError
@@ -26,8 +25,8 @@ from art_proxy.store.rows import Row, RowKind, TrajectoryRow
 from art_proxy.store.trajectory_store import TrajectoryStore
 from art_proxy.store.writer import Batch, refuses_record
 
+from . import rejected
 from .entries import Entry, decode
-from .frames import header, scan
 from .segments import Journal, PendingFrame
 
 log = logging.getLogger(__name__)
@@ -44,7 +43,6 @@ _LINGER_S = 0.01
 _MAX_BYTES = 4 * 1024 * 1024  # decoded on the event loop: a bound on one pause
 _BACKOFF_S = (0.05, 2.0)  # first and longest wait between tries while the store is unavailable
 _REPORT_EVERY_S = 10.0
-REJECTED_FILE = "rejected-records"
 
 
 @dataclass
@@ -63,7 +61,7 @@ class Ingester:
         self._journal = journal
         self._store = store
         # Counted across restarts: what is set aside stays until someone looks at it.
-        self.state = IngestState(rejected=_frames_in(journal.directory / REJECTED_FILE))
+        self.state = IngestState(rejected=rejected.count(journal.directory))
         self._task: asyncio.Task[None] | None = None
         self._doubtful = False  # the last transaction failed: it may have committed anyway
         self._reported = 0.0  # when the outage was last logged
@@ -230,24 +228,16 @@ class Ingester:
                 await self._store.writer.commit([Batch(creation)])
 
     def _reject(self, item: PendingFrame, exc: Exception) -> None:
+        rejected.set_aside(self._journal.directory, item.frame.payload)
         self.state.rejected += 1
-        path = self._journal.directory / REJECTED_FILE
-        with open(path, "ab") as file:  # frames again: the same reader can look at them
-            file.write(header(item.frame.payload) + item.frame.payload)
         log.error(
-            "the store refused a journaled record (%s: %s); it is kept in %s (%d so far)",
+            "the store refused a journaled record (%s: %s); it is kept in %s (%d so far: "
+            "art-proxy journal rejected lists them, replay puts them in again)",
             type(exc).__name__,
             str(exc).splitlines()[0][:300] if str(exc) else "",
-            path,
+            self._journal.directory / rejected.REJECTED_FILE,
             self.state.rejected,
         )
-
-
-def _frames_in(path: Path) -> int:
-    try:
-        return len(scan(path.read_bytes()).frames)
-    except FileNotFoundError:
-        return 0
 
 
 def _oldest(entries: list[Entry | None]) -> float | None:

@@ -1,0 +1,137 @@
+"""Records the store refused, set aside beside the journal: listed, put in again, or dropped.
+
+The ingester appends a record the store refuses (a constraint, data it cannot take) to
+`rejected-records` in the journal's directory, as frames, so that it cannot hold up the records
+behind it. Once the cause is fixed (a trigger dropped, a column widened), `art-proxy journal
+replay` commits them again; those the store still refuses stay, with its reason. Every change of
+the file happens under an `flock` of its lock file, held only for the file's own reads and writes
+(never across a commit): the ingester of a running proxy takes it too before it appends.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import cast
+
+from art_proxy.errors import StoreError
+from art_proxy.store.rows import CallRow, RowKind
+from art_proxy.store.trajectory_store import TrajectoryStore
+from art_proxy.store.writer import refuses_record
+
+from .entries import Entry, decode
+from .frames import header, scan
+
+REJECTED_FILE = "rejected-records"
+_LOCK_SUFFIX = ".lock"
+
+
+@dataclass(frozen=True)
+class SetAside:
+    """One refused record: what it was, for a person deciding what to do with it."""
+
+    payload: bytes
+    entry: Entry | None  # None: not a readable entry (written so by a bug)
+
+    @property
+    def call(self) -> CallRow | None:
+        if self.entry is None:
+            return None
+        rows = (row for kind, row in self.entry.batch.rows if kind is RowKind.call)
+        return cast(CallRow | None, next(rows, None))
+
+
+@contextlib.contextmanager
+def _locked(directory: Path) -> Iterator[Path]:
+    """The rejected-records file of `directory`, under its lock."""
+    fd = os.open(directory / (REJECTED_FILE + _LOCK_SUFFIX), os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield directory / REJECTED_FILE
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def set_aside(directory: Path, payload: bytes) -> None:
+    """Append one refused record (the ingester); OSError if the disk refuses."""
+    with _locked(directory) as path, open(path, "ab") as file:
+        file.write(header(payload) + payload)
+
+
+def read(directory: Path) -> list[SetAside]:
+    with _locked(directory) as path:
+        return _read(path)
+
+
+def count(directory: Path) -> int:
+    return len(read(directory)) if (directory / REJECTED_FILE).exists() else 0
+
+
+def _read(path: Path) -> list[SetAside]:
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return []
+    return [SetAside(frame.payload, _entry(frame.payload)) for frame in scan(data).frames]
+
+
+def _entry(payload: bytes) -> Entry | None:
+    try:
+        return decode(payload)
+    except ValueError:
+        return None
+
+
+@dataclass(frozen=True)
+class Replayed:
+    landed: int
+    refused: list[tuple[SetAside, str]]  # with the store's reason
+
+
+async def replay(directory: Path, store: TrajectoryStore) -> Replayed:
+    """Commit each set-aside record again (by call id: one in the store already is not written
+    twice); those that land leave the file. Raises the store's error when it cannot write at
+    all (an outage is no verdict on the records: they all stay)."""
+    landed: set[bytes] = set()
+    refused: list[tuple[SetAside, str]] = []
+    for record in read(directory):
+        if record.entry is None:
+            refused.append((record, "not a readable journal entry"))
+            continue
+        try:
+            await store.writer.commit([record.entry.batch], skip_recorded=True)
+        except Exception as exc:
+            if not refuses_record(exc):
+                raise StoreError(f"the store cannot write: {type(exc).__name__}: {exc}") from exc
+            refused.append((record, f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"))
+        else:
+            landed.add(record.payload)
+    _keep(directory, lambda record: record.payload not in landed)
+    return Replayed(len(landed), refused)
+
+
+def drop(directory: Path) -> int:
+    """Delete every set-aside record; how many there were."""
+    dropped = len(read(directory))
+    _keep(directory, lambda _record: False)
+    return dropped
+
+
+def _keep(directory: Path, kept: Callable[[SetAside], bool]) -> None:
+    """Rewrite the file with the records `kept` says stay (read again under the lock: the
+    ingester may have appended since), atomically; remove it when none do."""
+    with _locked(directory) as path:
+        staying = [record for record in _read(path) if kept(record)]
+        if not staying:
+            path.unlink(missing_ok=True)
+            return
+        partial = path.with_name(path.name + ".partial")
+        with open(partial, "wb") as file:
+            file.writelines(header(r.payload) + r.payload for r in staying)
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(partial, path)
