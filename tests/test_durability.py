@@ -472,6 +472,27 @@ async def test_durability_power_makes_each_sqlite_commit_sync_its_wal(
     assert seen == {"process": 1, "power": 2}
 
 
+def test_durability_power_syncs_the_directories_a_journal_creates(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A file's name is on disk once its directory is synced: the journal's directory (in its
+    parent), its store file and slot (in it), the slot's lock and first segment (in the slot)."""
+    synced: list[Path] = []
+    real_fsync = os.fsync
+
+    def recording_fsync(fd: int) -> None:
+        synced.append(Path(os.readlink(f"/proc/self/fd/{fd}")))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", recording_fsync)
+    directory = tmp_path / "state" / "journal"
+    journal = segments.Journal.open(directory, "sqlite:///a.db", Durability.power)
+    try:
+        assert {directory.parent, directory, journal.slot} <= set(synced)
+    finally:
+        journal.close()
+
+
 async def test_durability_power_syncs_the_journal_before_answering(
     sqlite_url: str, vllm: FakeVllm, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -25,6 +25,7 @@ from art_proxy.store.writer import refuses_record
 
 from .entries import Entry, decode
 from .frames import header, scan
+from .segments import fsync_directory
 
 REJECTED_FILE = "rejected-records"
 _LOCK_SUFFIX = ".lock"
@@ -57,9 +58,16 @@ def _locked(directory: Path) -> Iterator[Path]:
 
 
 def set_aside(directory: Path, payload: bytes) -> None:
-    """Append one refused record (the ingester); OSError if the disk refuses."""
-    with _locked(directory) as path, open(path, "ab") as file:
-        file.write(header(payload) + payload)
+    """Append one refused record (the ingester), on disk before it returns: the journal lets go
+    of the record next. OSError if the disk refuses."""
+    with _locked(directory) as path:
+        created = not path.exists()
+        with open(path, "ab") as file:
+            file.write(header(payload) + payload)
+            file.flush()
+            os.fsync(file.fileno())
+        if created:
+            fsync_directory(directory)
 
 
 def read(directory: Path) -> list[SetAside]:
@@ -135,3 +143,4 @@ def _keep(directory: Path, kept: Callable[[SetAside], bool]) -> None:
             file.flush()
             os.fsync(file.fileno())
         os.replace(partial, path)
+        fsync_directory(directory)

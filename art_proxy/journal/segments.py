@@ -112,6 +112,11 @@ class Journal:
             directory.mkdir(parents=True, exist_ok=True)
             claim_for_store(directory, store)
             own, adopted = take_slots(directory)
+            if durability is Durability.power:
+                # The names just created (the directory, its store file, the slot and its lock)
+                # survive a power loss only once their directories are synced.
+                for created in (directory.parent, directory, own.path):
+                    fsync_directory(created)
         except OSError as exc:
             raise ConfigError(f"journal {directory}: {exc.strerror or exc}") from exc
         stats = JournalStats()
@@ -265,7 +270,7 @@ class Journal:
         self._write_fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         self._next_number += 1
         if self.durability is Durability.power:
-            _fsync_directory(self._own.path)  # the new file's name survives a power loss
+            fsync_directory(self._own.path)  # the new file's name survives a power loss
         self._segments.append(_Segment(order, path, 0, 0, recovered=False, live=True))
         if len(self._segments) == 1:
             self._cursor = (order, 0)
@@ -358,7 +363,7 @@ def _fdatasync_and_close(fd: int) -> None:
         os.close(fd)
 
 
-def _fsync_directory(path: Path) -> None:
+def fsync_directory(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
