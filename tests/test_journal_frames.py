@@ -6,7 +6,7 @@ import struct
 
 from art_proxy.journal.frames import HEADER, header, scan
 
-PAYLOADS = [b'{"a":1}', b"", b"x" * 70_000]
+PAYLOADS = [b'{"a":1}', b"y", b"x" * 70_000]
 
 
 def journal_bytes() -> bytes:
@@ -39,4 +39,11 @@ def test_max_frames_stops_early_without_calling_the_rest_torn() -> None:
     found = scan(journal_bytes(), 100, max_frames=2)
     assert [frame.payload for frame in found.frames] == PAYLOADS[:2]
     assert not found.torn
-    assert found.end == 100 + 2 * HEADER.size + len(PAYLOADS[0])
+    assert found.end == 100 + 2 * HEADER.size + len(PAYLOADS[0]) + len(PAYLOADS[1])
+
+
+def test_zeros_after_the_frames_are_torn_not_empty_frames() -> None:
+    """A machine that crashed may leave a file extended with zeros its data never reached."""
+    found = scan(journal_bytes() + bytes(4096))
+    assert [frame.payload for frame in found.frames] == PAYLOADS
+    assert found.torn and found.end == len(journal_bytes())

@@ -1,7 +1,8 @@
 """Self-checking frames: a record on disk is its length, its CRC-32 and its bytes.
 
 A process killed mid-append leaves a torn last frame (a short header, a short payload, or bytes
-whose checksum does not match); a scan stops there, counts it, and never hands half a record on.
+whose checksum does not match), a crash of the machine possibly zeros; a scan stops there, counts
+it, and never hands half a record on. Payloads are never empty.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 HEADER = struct.Struct("<II")  # payload length, CRC-32 of the payload
+MAX_PAYLOAD = 2**32 - 1  # what the length field holds
 
 
 def header(payload: bytes) -> bytes:
@@ -64,7 +66,9 @@ def _frames(view: memoryview) -> Iterator[bytes | None]:
             return
         length, checksum = HEADER.unpack_from(view, position)
         start = position + HEADER.size
-        if start + length > len(view):
+        # No record is empty: zeros (a file a crash extended before its data reached the disk)
+        # would otherwise read as frames, eight bytes each, every one a valid empty payload.
+        if length == 0 or start + length > len(view):
             yield None
             return
         payload = bytes(view[start : start + length])

@@ -30,7 +30,7 @@ from .directory import (
     remove_if_unused,
     take_slots,
 )
-from .frames import HEADER, Frame, header, scan
+from .frames import HEADER, MAX_PAYLOAD, Frame, header, scan
 
 log = logging.getLogger(__name__)
 
@@ -183,6 +183,8 @@ class Journal:
         latency; the CPU a call at 16 in flight did not change beyond the noise)."""
         live = self._segments[-1]
         size = HEADER.size + len(payload)
+        if not 0 < len(payload) <= MAX_PAYLOAD:
+            raise JournalError(f"a record of {len(payload)} bytes cannot be journaled")
         if self.max_backlog_bytes and self._backlog_bytes + size > self.max_backlog_bytes:
             raise JournalError(
                 f"journal {self.directory} is full: {self._backlog_bytes / 2**20:.1f} MiB wait "
