@@ -17,6 +17,7 @@ from art_proxy.store.trajectory_store import TrajectoryStore
 from art_proxy_trainer.batch import TrainingBatch
 from art_proxy_trainer.distributed import shares
 from art_proxy_trainer.step import train_step
+from tests.trainer.agents import untagged
 from tests.trainer.conftest import TINY_NAME, Stack
 from tests.trainer.ranks_step import CONFIG, fixed_batch, lora_weights, policy
 from tests.trainer.test_training_loop import finished_groups, train_command
@@ -93,7 +94,7 @@ async def _consumed_once(stack: Stack, groups: set[str], steps: int) -> None:
     assert all(s.status == "applied" and s.swap == "swapped" for s in recorded)
     consumed = [group for step in recorded for group in step.groups]
     assert sorted(consumed) == sorted(groups)  # every group once: none lost, none repeated
-    assert [(a.model, a.step) for a in aliases] == [(f"{TINY_NAME}@{steps}", steps)]
+    assert [(untagged(a.model), a.step) for a in aliases] == [(f"{TINY_NAME}@{steps}", steps)]
 
 
 def _nproc_command(stack: Stack, out: Path, steps: int, sharding: str = "ddp") -> list[str]:
