@@ -65,7 +65,9 @@ class TrainingStep(Record):
     step: int = Field(ge=1)
     status: StepStatus
     reason: str | None = Field(default=None, description="Why the step was abandoned.")
-    adapter: str | None = Field(default=None, description="The saved adapter, `alias@step`.")
+    adapter: str | None = Field(
+        default=None, description="The saved adapter, `alias@step-run` (its run's tag)."
+    )
     swap: SwapStatus | None = None
     swap_error: str | None = Field(default=None, description="What the upstream answered.")
     promotion: str | None = Field(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import os
 import re
 from datetime import UTC, datetime
@@ -10,13 +11,15 @@ from typing import Any
 
 import pytest
 import torch
+from rich.console import Console
 
 from art_proxy.config import TrainerConfig, TrainSettings
 from art_proxy.local.cli import set_torch_threads
 from art_proxy.local.model_loading import load_model
-from art_proxy.records import CallRecord, GroupOutcome, TrainableGroup
+from art_proxy.records import CallRecord, GroupOutcome, TrainableGroup, TrainingStep
 from art_proxy_trainer.batch import TrajectorySample, build_batch
 from art_proxy_trainer.checkpoint import Checkpoints, TrainerState
+from art_proxy_trainer.command import _Display
 from art_proxy_trainer.errors import CheckpointError
 from art_proxy_trainer.metrics import MetricsSink
 from art_proxy_trainer.policy import Policy
@@ -266,3 +269,22 @@ def test_an_abandoned_step_checkpoints_no_weights_and_resumes_from_the_last_appl
         model.named_parameters(), fresh.named_parameters(), strict=True
     ):
         torch.testing.assert_close(restored, trained, msg=name)
+
+
+def test_a_step_line_is_one_line_where_output_is_not_a_terminal() -> None:
+    """`up` relays the trainer's lines through a pipe, where a console is 80 columns wide."""
+    out = io.StringIO()
+    console = Console(file=out, width=80)
+    record = TrainingStep(
+        run="r",
+        step=7,
+        status="applied",
+        swap="swapped",
+        metrics={"reward_mean": 0.5, "reward_std": 0.2, "loss": 0.1, "tokens": 123.0},
+        created_at=datetime.now(UTC),
+    )
+    with _Display(console, TrainSettings()) as display:
+        display.step(record)
+    header, line = out.getvalue().splitlines()[:2]
+    assert header.split()[0] == "step" and header.split()[-1] == "swap"
+    assert line.split()[0] == "7" and line.split()[-1] == "swapped"

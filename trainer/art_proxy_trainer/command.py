@@ -251,7 +251,8 @@ class _Display:
     def __enter__(self) -> _Display:
         self._progress.start()
         header = " ".join(f"{title:>7}" for title, _, _ in _COLUMNS) + "  swap"
-        self._console.print(f"[bold]{header}[/]")
+        # Lines as they are, never wrapped at a pipe's 80 columns (where `up` relays them).
+        self._console.print(f"[bold]{header}[/]", soft_wrap=True)
         return self
 
     def __exit__(self, *_exc: object) -> None:
@@ -267,7 +268,7 @@ class _Display:
         self._progress.update(self._task, total=total, completed=done)
 
     def step(self, record: TrainingStep) -> None:
-        self._console.print(step_line(record), highlight=False)
+        self._console.print(step_line(record), highlight=False, soft_wrap=True)
 
 
 def step_line(record: TrainingStep) -> str:
