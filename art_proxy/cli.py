@@ -289,7 +289,7 @@ def journal_drop(settings: DropSettings) -> None:
     directory = _rejected_directory(settings)
     try:
         if not settings.yes:
-            count = len(rejected.read(directory)) if directory.is_dir() else 0
+            count = rejected.count(directory)
             stderr.print(f"{count} records would be dropped for good: pass --yes to drop them")
             return
         dropped = rejected.drop(directory) if directory.is_dir() else 0

@@ -76,7 +76,11 @@ def read(directory: Path) -> list[SetAside]:
 
 
 def count(directory: Path) -> int:
-    return len(read(directory)) if (directory / REJECTED_FILE).exists() else 0
+    """How many records are set aside (their frames, not decoded)."""
+    if not (directory / REJECTED_FILE).exists():
+        return 0
+    with _locked(directory) as path:
+        return len(scan(path.read_bytes()).frames)
 
 
 def _read(path: Path) -> list[SetAside]:
@@ -124,19 +128,18 @@ async def replay(directory: Path, store: TrajectoryStore) -> Replayed:
 
 def drop(directory: Path) -> int:
     """Delete every set-aside record; how many there were."""
-    dropped = len(read(directory))
-    _keep(directory, lambda _record: False)
-    return dropped
+    return _keep(directory, lambda _record: False)
 
 
-def _keep(directory: Path, kept: Callable[[SetAside], bool]) -> None:
+def _keep(directory: Path, kept: Callable[[SetAside], bool]) -> int:
     """Rewrite the file with the records `kept` says stay (read again under the lock: the
-    ingester may have appended since), atomically; remove it when none do."""
+    ingester may have appended since), atomically; remove it when none do. How many went."""
     with _locked(directory) as path:
-        staying = [record for record in _read(path) if kept(record)]
+        records = _read(path)
+        staying = [record for record in records if kept(record)]
         if not staying:
             path.unlink(missing_ok=True)
-            return
+            return len(records)
         partial = path.with_name(path.name + ".partial")
         with open(partial, "wb") as file:
             file.writelines(header(r.payload) + r.payload for r in staying)
@@ -144,3 +147,4 @@ def _keep(directory: Path, kept: Callable[[SetAside], bool]) -> None:
             os.fsync(file.fileno())
         os.replace(partial, path)
         fsync_directory(directory)
+        return len(records) - len(staying)

@@ -108,8 +108,9 @@ def _lifecycle(settings: ProxySettings) -> Callable[[web.Application], AsyncIter
         except BaseException:
             await store.aclose()
             raise
-        ingester = Ingester(journal, store) if journal is not None else None
-        if ingester is not None:
+        ingester = None
+        if journal is not None:
+            ingester = Ingester(journal, store)
             ingester.start()
             # What an earlier proxy left goes in before the first call is answered: a call of
             # one of its trajectories is looked up in the store, and would start again at seq 0.
@@ -117,7 +118,7 @@ def _lifecycle(settings: ProxySettings) -> Callable[[web.Application], AsyncIter
                 log.warning(
                     "serving before the %d records an earlier proxy left are in the store: "
                     "calls of their trajectories may start new ones meanwhile",
-                    journal.backlog_frames if journal is not None else 0,
+                    journal.backlog_frames,
                 )
         counters = Counters()
         tracker = TrajectoryTracker(
