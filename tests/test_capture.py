@@ -329,11 +329,11 @@ WEATHER_TOOL = {
         ({"tools": [WEATHER_TOOL], "tool_choice": "required"}, "guided decoding (tool_choice)"),
         ({"response_format": {"type": "json_object"}}, "guided decoding (response_format)"),
         ({"guided_regex": "[a-z]+"}, "guided decoding (guided_regex)"),
-        ({"min_p": 0.1}, "sampling min_p"),
-        ({"repetition_penalty": 1.1}, "sampling repetition_penalty"),
-        ({"presence_penalty": 0.5}, "sampling presence_penalty"),
-        ({"logit_bias": {"5": 10}}, "sampling logit_bias"),
+        # The trainer applies these as vLLM does (tests/test_real_vllm.py scores them).
+        ({"min_p": 0.1, "repetition_penalty": 1.1, "presence_penalty": 0.5}, None),
+        ({"frequency_penalty": 0.5, "logit_bias": {"5": 10}}, None),
         ({"min_tokens": 4}, "sampling min_tokens"),
+        ({"bad_words": ["rain"]}, "sampling bad_words"),
     ],
     ids=[
         "reproduced",
@@ -343,11 +343,10 @@ WEATHER_TOOL = {
         "required-tool",
         "json",
         "regex",
-        "min-p",
-        "repetition",
-        "presence",
-        "logit-bias",
+        "min-p-and-penalties",
+        "frequency-and-logit-bias",
         "min-tokens",
+        "bad-words",
     ],
 )
 async def test_sampling_the_trainer_cannot_reproduce_is_recorded_not_trainable_with_its_reason(

@@ -9,6 +9,7 @@ import contextlib
 import json
 import os
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +28,7 @@ from art_proxy.proxy.server import RunningProxy, running_proxy
 from art_proxy.records import CallRecord
 from art_proxy.store.trajectory_store import TrajectoryStore
 from art_proxy_trainer.batch import TrajectorySample, build_batch
-from art_proxy_trainer.scoring import token_logprobs
+from art_proxy_trainer.scoring import score_sampled, token_logprobs
 from art_proxy_trainer.step import lora_model
 from tests.conformance.upstream import WEATHER_TOOL
 from tests.conftest import proxy_settings, trajectories
@@ -40,13 +41,38 @@ from tests.trainer.under_load import train_under_load
 os.environ.setdefault("OPENAI_AGENTS_DISABLE_TRACING", "1")
 
 QUESTIONS = ("Name a fruit.", "Name a colour.", "Name a city.", "Name a tree.")
-# What the trainer reproduces: temperature, top-k, top-p, alone and together (min_p, penalties,
-# logit_bias and guided decoding are recorded as not trainable instead).
+# What the trainer reproduces: temperature, top-k, top-p, alone and together (the other logit
+# changes: LOGIT_CHANGES; guided decoding is recorded as not trainable instead).
 SAMPLINGS: list[dict[str, float]] = [
     {"temperature": 0.7, "top_p": 0.9},
     {"top_k": 20},
     {"temperature": 0.7, "top_k": 20, "top_p": 0.9},
     {"temperature": 1.3, "top_p": 0.5},
+]
+
+
+# The logit changes vLLM makes before temperature and after it, each alone and all together, on a
+# prompt the model answers by repeating itself (so every penalty has tokens to act on). LOGIT_BIAS
+# stands for biases on ids of the prompt, found with the tokenizer.
+REPEAT = "Repeat these words ten times: apple pear apple pear apple pear."
+LOGIT_BIAS = "logit_bias"
+LOGIT_CHANGES: list[dict[str, Any]] = [
+    {"repetition_penalty": 1.3},
+    {"frequency_penalty": 0.8, "temperature": 0.8},
+    {"presence_penalty": 1.0, "top_p": 0.9},
+    {"min_p": 0.1, "temperature": 1.2},
+    {LOGIT_BIAS: True},
+    {
+        "repetition_penalty": 1.2,
+        "frequency_penalty": 0.5,
+        "presence_penalty": 0.5,
+        "min_p": 0.05,
+        "temperature": 0.9,
+        "top_k": 40,
+        "top_p": 0.95,
+        LOGIT_BIAS: True,
+    },
+    {"temperature": 0, "repetition_penalty": 1.3},  # greedy: the penalties still apply
 ]
 
 
@@ -364,6 +390,62 @@ async def test_an_adapter_vllm_serves_scores_in_the_trainer_as_vllm_sampled_it(
     assert (scored[True][sampled] - recorded).abs().max().item() < 1e-3
     # ... and not because the adapter does nothing: without it the tokens score otherwise.
     assert (scored[False][sampled] - recorded).abs().mean().item() > 0.05
+
+
+async def test_penalties_min_p_and_logit_bias_are_scored_as_vllm_sampled_with_them(
+    real_vllm: RealVllm, vllm_proxy: RunningProxy
+) -> None:
+    loaded = load_model(str(real_vllm.model_dir))
+    apple, pear = (loaded.tokenizer.encode(word)[0] for word in (" apple", " pear"))
+    bias = {str(apple): -4.0, str(pear): 3.0, "0": -150.0}  # vLLM clamps -150 to -100
+    client = _client(vllm_proxy)
+    asked = [{k: bias if k == LOGIT_BIAS else v for k, v in c.items()} for c in LOGIT_CHANGES]
+    for sampling in asked:
+        await client.chat.completions.create(
+            model=real_vllm.model,
+            messages=[{"role": "user", "content": REPEAT}],
+            max_tokens=24,
+            extra_body=sampling,
+        )
+    await client.close()
+
+    recorded_calls = [c for t in await trajectories(vllm_proxy) for c in t.calls or []]
+    # In the order asked: each call is known by the sampling it recorded.
+    calls = [
+        next(c for c in recorded_calls if c.sampling == {**sampling, "max_tokens": 24})
+        for sampling in asked
+    ]
+    assert len(recorded_calls) == len(calls)
+    assert [c.untrainable_reason for c in calls] == [None] * len(calls)
+    batch = build_batch([TrajectorySample(c.trajectory_id, [c], 1.0) for c in calls])
+    sampled = batch.mask_B_T.bool()
+    recorded = batch.old_logprobs_B_T
+    policy = lora_model(loaded.model, TrainerConfig()).eval()  # LoRA starts at zero: the base
+    untouched = replace(  # the breach: what the trainer scored before it applied these changes
+        batch.transforms,
+        min_p_B_T=None,
+        repetition_B_T=None,
+        frequency_B_T=None,
+        presence_B_T=None,
+        bias_ids_B_T_M=None,
+        bias_B_T_M=None,
+    )
+    with torch.no_grad():
+        logits = loaded.model(
+            input_ids=batch.tokens_B_T, attention_mask=batch.attention_mask_B_T
+        ).logits
+        full = token_logprobs(logits, batch.tokens_B_T, batch.transforms)
+        head = score_sampled(
+            policy, batch.tokens_B_T, batch.attention_mask_B_T, batch.mask_B_T, batch.transforms
+        ).logprobs_B_T
+        without = token_logprobs(logits, batch.tokens_B_T, untouched)
+    for row, changes in enumerate(LOGIT_CHANGES):
+        tokens = sampled[row]
+        # Both of the trainer's scorings, float32 on both sides: the distribution vLLM drew from.
+        for scored in (full, head):
+            assert (scored[row][tokens] - recorded[row][tokens]).abs().max().item() < 1e-3, changes
+        # ... which the same tokens scored without the changes are not.
+        assert (without[row][tokens] - recorded[row][tokens]).abs().max().item() > 1e-3, changes
 
 
 async def test_the_trainer_swaps_adapters_into_vllm_under_load_with_no_failed_call(

@@ -114,3 +114,43 @@ def _outside_top_p(logits_R_V: torch.Tensor, top_p_R: torch.Tensor) -> torch.Ten
     before_R_V = probs_R_V.cumsum(dim=-1) - probs_R_V  # mass of the ids ranked above each one
     outside_sorted_R_V = before_R_V >= top_p_R[:, None]
     return torch.empty_like(outside_sorted_R_V).scatter_(-1, order_R_V, outside_sorted_R_V)
+
+
+def biased(logits_N_V: torch.Tensor, ids_N_M: torch.Tensor, bias_N_M: torch.Tensor) -> torch.Tensor:
+    """vLLM's `logit_bias`: each row's biases added to its ids' logits (`ids_N_M` padded with -1,
+    whose bias is 0); vLLM has clamped each bias to [-100, 100] already."""
+    bias_N_M = torch.where(ids_N_M >= 0, bias_N_M, 0.0)
+    return logits_N_V.scatter_add(-1, ids_N_M.clamp(min=0).long(), bias_N_M.to(logits_N_V.dtype))
+
+
+def penalized(
+    logits_N_V: torch.Tensor,
+    prompt_seen_N_V: torch.Tensor,
+    output_counts_N_V: torch.Tensor,
+    repetition_N: torch.Tensor,
+    frequency_N: torch.Tensor,
+    presence_N: torch.Tensor,
+) -> torch.Tensor:
+    """vLLM 0.32's penalties in its order (`apply_penalties`): the repetition penalty divides a
+    positive logit of an id seen in the prompt or the output so far and multiplies a negative one;
+    then the frequency penalty is subtracted once per time the id was output, the presence penalty
+    once if it was. `prompt_seen_N_V` is boolean, `output_counts_N_V` counts per id."""
+    output_seen_N_V = output_counts_N_V > 0
+    with torch.no_grad():
+        penalty_N_V = torch.where(
+            prompt_seen_N_V | output_seen_N_V, repetition_N.float()[:, None], 1.0
+        )
+        scaling_N_V = torch.where(logits_N_V > 0, 1.0 / penalty_N_V, penalty_N_V)
+    logits_N_V = logits_N_V * scaling_N_V
+    logits_N_V = logits_N_V - frequency_N.float()[:, None] * output_counts_N_V.float()
+    return logits_N_V - presence_N.float()[:, None] * output_seen_N_V.float()
+
+
+def min_p_filtered(scaled_N_V: torch.Tensor, min_p_N: torch.Tensor) -> torch.Tensor:
+    """vLLM's `min_p` (after temperature, before top-k and top-p): an id whose probability is
+    under min_p times the row's most likely id's is left out (-inf); min_p 0 leaves every id."""
+    with torch.no_grad():
+        probs_N_V = scaled_N_V.softmax(dim=-1)
+        threshold_N = probs_N_V.amax(dim=-1) * min_p_N.float()
+        left_out_N_V = probs_N_V < threshold_N[:, None]
+    return scaled_N_V.masked_fill(left_out_N_V, float("-inf"))

@@ -28,6 +28,7 @@ SAMPLING_FIELDS = (
     "presence_penalty",
     "frequency_penalty",
     "repetition_penalty",
+    "logit_bias",
 )
 
 
@@ -64,15 +65,11 @@ def upstream_body(
 
 
 # Request fields that change the distribution tokens are drawn from in ways the trainer does not
-# reproduce (it applies temperature, top-k and top-p), each with the value that means "off". A
-# call that sets one is recorded with its tokens but not trained on: scored with another
-# distribution, its importance ratio would be wrong.
+# reproduce (it applies what `SAMPLING_FIELDS` records: temperature, top-k, top-p, min_p, the
+# penalties and the logit bias), each with the value that means "off". A call that sets one is
+# recorded with its tokens but not trained on: scored with another distribution, its importance
+# ratio would be wrong.
 _UNREPRODUCED_SAMPLING: dict[str, Any] = {
-    "min_p": 0,
-    "repetition_penalty": 1,
-    "presence_penalty": 0,
-    "frequency_penalty": 0,
-    "logit_bias": {},
     "min_tokens": 0,
     "bad_words": [],
     "allowed_token_ids": [],

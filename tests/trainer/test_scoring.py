@@ -7,6 +7,8 @@ never holds a full-vocabulary tensor for every position (8,192 positions of a 15
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 from peft import PeftModel
@@ -60,6 +62,27 @@ def _batch() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, SamplingTransfor
     return tokens_B_T, attention_B_T, mask_B_T, transforms
 
 
+def _every_change(transforms: SamplingTransforms) -> SamplingTransforms:
+    """`transforms` with min_p, the three penalties and a logit bias besides, each call's
+    completion starting where its row's loss mask does (5 and 7)."""
+    position_B_T = torch.arange(16).expand(2, 16).clone()
+    call_start_B_T = position_B_T.clone()
+    call_start_B_T[0, 5:] = 5
+    call_start_B_T[1, 7:] = 7
+    bias_ids_B_T_M = torch.tensor([3, 40, -1]).expand(2, 16, 3).clone()
+    return replace(
+        transforms,
+        min_p_B_T=torch.full((2, 16), 0.02),
+        repetition_B_T=torch.full((2, 16), 1.3),
+        frequency_B_T=torch.full((2, 16), 0.4),
+        presence_B_T=torch.full((2, 16), 0.6),
+        call_start_B_T=call_start_B_T,
+        position_B_T=position_B_T,
+        bias_ids_B_T_M=bias_ids_B_T_M,
+        bias_B_T_M=torch.tensor([2.0, -3.0, 0.0]).expand(2, 16, 3).clone(),
+    )
+
+
 def _lora_grads(model: PeftModel) -> dict[str, torch.Tensor]:
     return {
         name: p.grad.clone()
@@ -68,12 +91,15 @@ def _lora_grads(model: PeftModel) -> dict[str, torch.Tensor]:
     }
 
 
+@pytest.mark.parametrize("changes", ["sampling", "every change"])
 def test_the_sampled_head_scores_trained_tokens_as_the_full_logits_do(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, changes: str
 ) -> None:
     model = _model()
     assert has_sampled_head(model)
     tokens_B_T, attention_B_T, mask_B_T, transforms = _batch()
+    if changes == "every change":  # penalties read each chunk's own positions' history
+        transforms = _every_change(transforms)
     # No KV cache: a recomputed layer would find its own keys in it.
     logits = model(input_ids=tokens_B_T, attention_mask=attention_B_T, use_cache=False).logits
     expected_B_T = token_logprobs(logits, tokens_B_T, transforms) * mask_B_T
@@ -100,16 +126,25 @@ def test_outside_scoring_the_head_is_the_model_s_own() -> None:
     assert logits.shape == (2, 16, 128)
 
 
-def test_top_p_alone_is_filtered_on_the_logits_device() -> None:
+@pytest.mark.parametrize("alone", ["top_p", "repetition_penalty"])
+def test_a_change_set_alone_is_applied_on_the_logits_device(alone: str) -> None:
     """The breach: a call that sets only top_p (the OpenAI SDK has no top_k) built the missing
-    top-k tensor on the default device, not the logits' (a CPU tensor beside CUDA logits). Here
-    the default device is meta, so a tensor made without the logits' device cannot mix in."""
+    top-k tensor on the default device, not the logits' (a CPU tensor beside CUDA logits); a
+    penalty set alone needs the others' neutral values likewise. Here the default device is
+    meta, so a tensor made without the logits' device cannot mix in."""
     torch.manual_seed(0)
     logits_N_V = torch.randn(6, 50)
-    tokens_N = torch.randint(0, 50, (6,))
+    tokens_B_T = torch.randint(0, 50, (1, 7))
+    tokens_N = tokens_B_T[0, 1:]
     top_p = SamplingTransforms(top_p_B_T=torch.full((1, 7), 0.8))
+    if alone == "repetition_penalty":
+        top_p = SamplingTransforms(
+            repetition_B_T=torch.full((1, 7), 1.5),
+            call_start_B_T=torch.full((1, 7), 2),
+            position_B_T=torch.arange(7)[None],
+        )
     where = torch.ones(1, 6, dtype=torch.bool).nonzero(as_tuple=True)
-    filters = top_p.shifted().at(where)
+    filters = top_p.shifted().at(where, tokens_B_T)
     expected_N, _ = sampled_logprobs(logits_N_V, tokens_N, filters)
     with torch.device("meta"):
         got_N, _ = sampled_logprobs(logits_N_V, tokens_N, filters)

@@ -15,16 +15,16 @@ Position `t` of `mask_B_T`, `old_logprobs_B_T` and the sampling transforms descr
 `tokens_B_T` (predicting it from the tokens before), so the loss sees the tensors aligned. Recorded
 logprobs are those of the distribution sampled from (vLLM's processed logprobs), so a token sampled
 at temperature 0.7 with top_p 0.9 is scored from logits divided by 0.7 with what top-p leaves out
-removed: `transforms` carries, per position, the temperature, top-k and top-p the call asked for (1,
-0 and 1 where it set none or asked for greedy decoding, and on context; a tensor is None when no row
-uses it). Rows are padded on the right; padding has attention 0, mask 0, old logprob 0 and no
+removed: `transforms` carries, per position, the logit changes the call asked for (`SampledFrom`:
+temperature, top-k, top-p, min_p, penalties, logit bias; none on context; a tensor is None when no
+row uses it). Rows are padded on the right; padding has attention 0, mask 0, old logprob 0 and no
 sampling transform.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -39,24 +39,64 @@ LAST_CALL_CHOICE = 0
 
 @dataclass(frozen=True)
 class SampledFrom:
-    """The transforms of the logits a call's tokens were drawn from (none: 1, 0, 1)."""
+    """The changes of the logits a call's tokens were drawn from (each field's default: none)."""
 
     temperature: float = 1.0
     top_k: int = 0  # 0 = off (vLLM's -1 too)
     top_p: float = 1.0  # 1 = off
+    min_p: float = 0.0  # 0 = off
+    repetition_penalty: float = 1.0  # 1 = off
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (id, bias) pairs
+
+    @property
+    def penalized(self) -> bool:
+        return (self.repetition_penalty, self.frequency_penalty, self.presence_penalty) != (
+            1.0,
+            0.0,
+            0.0,
+        )
 
 
 NOT_FILTERED = SampledFrom()
+# vLLM's bounds on a logit bias (SamplingParams.from_optional clamps each one to them).
+_LOGIT_BIAS_BOUND = 100.0
+# vLLM reads a temperature under this as greedy decoding (vllm/sampling_params.py).
+_GREEDY_BELOW = 1e-5
 
 
 def sampled_from(call: CallRecord) -> SampledFrom:
-    """What the call asked for; greedy decoding (temperature 0) reports the raw distribution."""
-    temperature = _number(call.sampling.get("temperature"), 1.0)
-    if temperature <= 0:
-        return NOT_FILTERED
-    top_k = _number(call.sampling.get("top_k"), 0)
-    top_p = _number(call.sampling.get("top_p"), 1.0)
-    return SampledFrom(temperature, max(int(top_k), 0), min(top_p, 1.0) if top_p > 0 else 1.0)
+    """What the call asked for, as vLLM reads it. Greedy decoding (temperature 0) reports the
+    distribution before temperature, min_p, top-k and top-p (vLLM turns those off for it); a logit
+    bias and the penalties change it still."""
+    sampling = call.sampling
+    bias = sampling.get("logit_bias")
+    changes = SampledFrom(
+        repetition_penalty=_number(sampling.get("repetition_penalty"), 1.0),
+        frequency_penalty=_number(sampling.get("frequency_penalty"), 0.0),
+        presence_penalty=_number(sampling.get("presence_penalty"), 0.0),
+        logit_bias=tuple(
+            sorted(
+                (int(token), max(-_LOGIT_BIAS_BOUND, min(_LOGIT_BIAS_BOUND, float(value))))
+                for token, value in bias.items()
+            )
+        )
+        if isinstance(bias, dict)
+        else (),
+    )
+    temperature = _number(sampling.get("temperature"), 1.0)
+    if temperature < _GREEDY_BELOW:
+        return changes
+    top_k = _number(sampling.get("top_k"), 0)
+    top_p = _number(sampling.get("top_p"), 1.0)
+    return replace(
+        changes,
+        temperature=temperature,
+        top_k=max(int(top_k), 0),
+        top_p=min(top_p, 1.0) if top_p > 0 else 1.0,
+        min_p=max(_number(sampling.get("min_p"), 0.0), 0.0),
+    )
 
 
 def _number(value: object, default: float) -> float:
@@ -81,12 +121,16 @@ class TrainingSequence:
     mask: list[int] = field(default_factory=list)
     old_logprobs: list[float] = field(default_factory=list)
     sampled_from: list[SampledFrom] = field(default_factory=list)
+    # Per token, where the completion of the call that sampled it starts (context: itself).
+    call_starts: list[int] = field(default_factory=list)
 
     def add_context(self, token_ids: Sequence[int]) -> None:
+        start = len(self.tokens)
         self.tokens.extend(token_ids)
         self.mask.extend([0] * len(token_ids))
         self.old_logprobs.extend([0.0] * len(token_ids))
         self.sampled_from.extend([NOT_FILTERED] * len(token_ids))
+        self.call_starts.extend(range(start, start + len(token_ids)))
 
     def add_sampled(
         self,
@@ -96,6 +140,7 @@ class TrainingSequence:
     ) -> None:
         if len(token_ids) != len(logprobs):
             raise ValueError(f"{len(token_ids)} completion ids but {len(logprobs)} logprobs")
+        self.call_starts.extend([len(self.tokens)] * len(token_ids))
         self.tokens.extend(token_ids)
         self.mask.extend([1] * len(token_ids))
         self.old_logprobs.extend(logprobs)
@@ -246,18 +291,12 @@ def build_batch(samples: Iterable[TrajectorySample], *, pad_token_id: int = 0) -
     attention_mask_B_T = torch.zeros((len(rows), length), dtype=torch.int64)
     mask_B_T = torch.zeros((len(rows), length), dtype=torch.float32)
     old_logprobs_B_T = torch.zeros((len(rows), length), dtype=torch.float32)
-    temperatures_B_T = torch.ones((len(rows), length), dtype=torch.float32)
-    top_k_B_T = torch.zeros((len(rows), length), dtype=torch.int64)
-    top_p_B_T = torch.ones((len(rows), length), dtype=torch.float32)
     for row, (sequence, _) in enumerate(rows):
         n = len(sequence.tokens)
         tokens_B_T[row, :n] = torch.tensor(sequence.tokens, dtype=torch.int64)
         attention_mask_B_T[row, :n] = 1
         mask_B_T[row, :n] = torch.tensor(sequence.mask, dtype=torch.float32)
         old_logprobs_B_T[row, :n] = torch.tensor(sequence.old_logprobs, dtype=torch.float32)
-        temperatures_B_T[row, :n] = torch.tensor([s.temperature for s in sequence.sampled_from])
-        top_k_B_T[row, :n] = torch.tensor([s.top_k for s in sequence.sampled_from])
-        top_p_B_T[row, :n] = torch.tensor([s.top_p for s in sequence.sampled_from])
     advantages_B = torch.tensor([advantage for _, advantage in rows], dtype=torch.float32)
     return TrainingBatch(
         tokens_B_T,
@@ -266,10 +305,53 @@ def build_batch(samples: Iterable[TrajectorySample], *, pad_token_id: int = 0) -
         old_logprobs_B_T,
         advantages_B,
         stats,
-        SamplingTransforms(
-            temperatures_B_T if bool((temperatures_B_T != 1.0).any()) else None,
-            top_k_B_T if bool((top_k_B_T != 0).any()) else None,
-            top_p_B_T if bool((top_p_B_T != 1.0).any()) else None,
-        ),
+        _transforms([sequence for sequence, _ in rows], length),
         tuple(sequence.trajectory_id for sequence, _ in rows),
+    )
+
+
+def _transforms(sequences: Sequence[TrainingSequence], length: int) -> SamplingTransforms:
+    """Each position's logit changes as tensors; a change no position uses is None."""
+    shape = (len(sequences), length)
+
+    def per_position(read: Callable[[SampledFrom], float], off: float) -> torch.Tensor | None:
+        values = [[read(s) for s in sequence.sampled_from] for sequence in sequences]
+        if all(value == off for row in values for value in row):
+            return None
+        tensor = torch.full(shape, off, dtype=torch.float32)
+        for row, row_values in enumerate(values):
+            tensor[row, : len(row_values)] = torch.tensor(row_values, dtype=torch.float32)
+        return tensor
+
+    top_k_B_T = per_position(lambda s: s.top_k, 0)
+    penalized = any(s.penalized for sequence in sequences for s in sequence.sampled_from)
+    call_start_B_T = position_B_T = None
+    if penalized:
+        position_B_T = torch.arange(length).expand(shape).contiguous()
+        call_start_B_T = position_B_T.clone()
+        for row, sequence in enumerate(sequences):
+            call_start_B_T[row, : len(sequence.call_starts)] = torch.tensor(sequence.call_starts)
+    bias_ids_B_T_M = bias_B_T_M = None
+    widest = max((len(s.logit_bias) for q in sequences for s in q.sampled_from), default=0)
+    if widest:
+        bias_ids_B_T_M = torch.full((*shape, widest), -1, dtype=torch.int64)
+        bias_B_T_M = torch.zeros((*shape, widest), dtype=torch.float32)
+        for row, sequence in enumerate(sequences):
+            for position, sampled in enumerate(sequence.sampled_from):
+                if sampled.logit_bias:
+                    ids, biases = zip(*sampled.logit_bias, strict=True)
+                    bias_ids_B_T_M[row, position, : len(ids)] = torch.tensor(ids)
+                    bias_B_T_M[row, position, : len(ids)] = torch.tensor(biases)
+    return SamplingTransforms(
+        per_position(lambda s: s.temperature, 1.0),
+        None if top_k_B_T is None else top_k_B_T.long(),
+        per_position(lambda s: s.top_p, 1.0),
+        per_position(lambda s: s.min_p, 0.0),
+        per_position(lambda s: s.repetition_penalty, 1.0),
+        per_position(lambda s: s.frequency_penalty, 0.0),
+        per_position(lambda s: s.presence_penalty, 0.0),
+        call_start_B_T,
+        position_B_T,
+        bias_ids_B_T_M,
+        bias_B_T_M,
     )

@@ -1,7 +1,10 @@
 """Scoring sampled tokens: each token's logprob under the distribution it was drawn from.
 
-Token t is scored from the logits at t-1 divided by its temperature, with what its top-k and top-p
-leave out removed (local-llm's sampler's own filter, which vLLM's matches), then log-softmaxed.
+Token t is scored from the logits at t-1 changed as vLLM 0.32's sampler changed them before drawing
+it, in its order: its `logit_bias` added; the repetition, frequency and presence penalties from the
+call's prompt and the tokens the call sampled before t; divided by its temperature; what its min_p,
+top-k and top-p leave out removed (local-llm's sampler's own filters, which vLLM's match); then
+log-softmaxed.
 
 The trainer needs those logprobs only where the loss reads them (sampled tokens, never the prompt or
 a tool result), and a full-vocabulary tensor for every position is what runs a GPU out of memory:
@@ -19,6 +22,7 @@ A model whose head is not a plain linear layer, or whose forward changes the log
 from __future__ import annotations
 
 import contextvars
+import dataclasses
 import functools
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -27,7 +31,7 @@ from dataclasses import dataclass
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from art_proxy.local.sampling import top_k_top_p_filtered
+from art_proxy.local.sampling import biased, min_p_filtered, penalized, top_k_top_p_filtered
 from art_proxy.wire import MIN_LOGPROB
 
 # Bytes of float32 logits one chunk of positions may hold (a few copies live at once: the logits,
@@ -41,11 +45,22 @@ _LOGIT_CHANGES = ("final_logit_softcapping", "logit_scale", "output_multiplier_s
 @dataclass(frozen=True)
 class SamplingTransforms:
     """Per position, what the sampler did to the logits before drawing that position's token
-    (None: nothing, for every position): divide by a temperature, keep the top-k, keep the top-p."""
+    (None: nothing, for every position). Penalties need each position's history: `call_start_B_T`
+    is where the completion of the call that sampled it starts in its row (its prompt is the row
+    before that, its output so far the tokens from there to the position) and `position_B_T` the
+    position's own index, which stays right when the tensors are cut or shifted."""
 
     temperatures_B_T: torch.Tensor | None = None
     top_k_B_T: torch.Tensor | None = None  # 0 = off
     top_p_B_T: torch.Tensor | None = None  # 1 = off
+    min_p_B_T: torch.Tensor | None = None  # 0 = off
+    repetition_B_T: torch.Tensor | None = None  # 1 = off
+    frequency_B_T: torch.Tensor | None = None  # 0 = off
+    presence_B_T: torch.Tensor | None = None  # 0 = off
+    call_start_B_T: torch.Tensor | None = None  # int64; set with any penalty
+    position_B_T: torch.Tensor | None = None  # int64; set with any penalty
+    bias_ids_B_T_M: torch.Tensor | None = None  # int64 ids a logit_bias changes, -1 padding
+    bias_B_T_M: torch.Tensor | None = None  # float32, each id's bias
 
     def to(self, device: torch.device) -> SamplingTransforms:
         return self._each(lambda tensor: tensor.to(device))
@@ -53,12 +68,29 @@ class SamplingTransforms:
     def rows(self, rows: slice | torch.Tensor, length: int) -> SamplingTransforms:
         return self._each(lambda tensor: tensor[rows, :length])
 
-    def at(self, where: tuple[torch.Tensor, ...]) -> _Filters:
-        """The transforms of the positions `where` indexes (a `nonzero(as_tuple=True)`)."""
+    def at(self, where: tuple[torch.Tensor, ...], tokens_B_T: torch.Tensor) -> _Filters:
+        """The transforms of the positions `where` indexes (a `nonzero(as_tuple=True)`) in rows
+        of `tokens_B_T`."""
+
+        def of(tensor: torch.Tensor | None) -> torch.Tensor | None:
+            return None if tensor is None else tensor[where]
+
+        history = None
+        if self.call_start_B_T is not None and self.position_B_T is not None:
+            history = _History(
+                tokens_B_T, where[0], self.call_start_B_T[where], self.position_B_T[where]
+            )
         return _Filters(
-            None if self.temperatures_B_T is None else self.temperatures_B_T[where],
-            None if self.top_k_B_T is None else self.top_k_B_T[where],
-            None if self.top_p_B_T is None else self.top_p_B_T[where],
+            of(self.temperatures_B_T),
+            of(self.top_k_B_T),
+            of(self.top_p_B_T),
+            of(self.min_p_B_T),
+            of(self.repetition_B_T),
+            of(self.frequency_B_T),
+            of(self.presence_B_T),
+            history,
+            of(self.bias_ids_B_T_M),
+            of(self.bias_B_T_M),
         )
 
     def shifted(self) -> SamplingTransforms:
@@ -70,11 +102,46 @@ class SamplingTransforms:
             return None if tensor is None else change(tensor)
 
         return SamplingTransforms(
-            changed(self.temperatures_B_T), changed(self.top_k_B_T), changed(self.top_p_B_T)
+            *(changed(getattr(self, item.name)) for item in dataclasses.fields(self))
         )
 
 
 NO_TRANSFORMS = SamplingTransforms()
+
+
+@dataclass(frozen=True)
+class _History:
+    """What the penalties of N scored positions read: each one's row of `tokens_B_T`, where its
+    call's completion starts in that row, and its own index (its output so far ends before it)."""
+
+    tokens_B_T: torch.Tensor
+    rows_N: torch.Tensor
+    starts_N: torch.Tensor
+    positions_N: torch.Tensor
+
+    def chunk(self, part: slice) -> _History:
+        return _History(
+            self.tokens_B_T, self.rows_N[part], self.starts_N[part], self.positions_N[part]
+        )
+
+    def seen(self, vocabulary: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(ids in each position's prompt, bool; times each id was output before it, float32)."""
+        with torch.no_grad():
+            tokens_N_T = self.tokens_B_T[self.rows_N]
+            index_T = torch.arange(tokens_N_T.shape[1], device=tokens_N_T.device)
+            in_prompt_N_T = index_T < self.starts_N[:, None]
+            in_output_N_T = ~in_prompt_N_T & (index_T < self.positions_N[:, None])
+            # Ids outside the span go to one column past the vocabulary, then dropped.
+            rows = len(self.rows_N)
+            prompt_N_V = torch.zeros(
+                rows, vocabulary + 1, dtype=torch.bool, device=tokens_N_T.device
+            )
+            prompt_N_V.scatter_(1, tokens_N_T.where(in_prompt_N_T, vocabulary), True)
+            counts_N_V = torch.zeros(rows, vocabulary + 1, device=tokens_N_T.device)
+            counts_N_V.scatter_add_(
+                1, tokens_N_T.where(in_output_N_T, vocabulary), in_output_N_T.float()
+            )
+        return prompt_N_V[:, :vocabulary], counts_N_V[:, :vocabulary]
 
 
 @dataclass(frozen=True)
@@ -84,24 +151,63 @@ class _Filters:
     temperatures_N: torch.Tensor | None
     top_k_N: torch.Tensor | None
     top_p_N: torch.Tensor | None
+    min_p_N: torch.Tensor | None = None
+    repetition_N: torch.Tensor | None = None
+    frequency_N: torch.Tensor | None = None
+    presence_N: torch.Tensor | None = None
+    history: _History | None = None
+    bias_ids_N_M: torch.Tensor | None = None
+    bias_N_M: torch.Tensor | None = None
 
     def chunk(self, part: slice) -> _Filters:
-        def of(tensor: torch.Tensor | None) -> torch.Tensor | None:
-            return None if tensor is None else tensor[part]
+        def of(value: torch.Tensor | _History | None) -> torch.Tensor | _History | None:
+            return (
+                None
+                if value is None
+                else value.chunk(part)
+                if isinstance(value, _History)
+                else value[part]
+            )
 
-        return _Filters(of(self.temperatures_N), of(self.top_k_N), of(self.top_p_N))
+        return _Filters(*(of(getattr(self, item.name)) for item in dataclasses.fields(self)))  # type: ignore[arg-type]  # each field keeps its own type
+
+    @property
+    def penalized(self) -> bool:
+        return self.history is not None and any(
+            penalty is not None
+            for penalty in (self.repetition_N, self.frequency_N, self.presence_N)
+        )
 
 
 def sampled_logprobs(
     logits_N_V: torch.Tensor, tokens_N: torch.Tensor, filters: _Filters
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(logprob of each token, entropy of its distribution) from the logits that predict it, in
-    float32. The entropy carries no gradient: it is a measurement."""
+    float32, changed in vLLM's order (the module docstring). The entropy carries no gradient: it
+    is a measurement."""
     logits_N_V = logits_N_V.float()
+    if filters.bias_ids_N_M is not None and filters.bias_N_M is not None:
+        logits_N_V = biased(logits_N_V, filters.bias_ids_N_M, filters.bias_N_M)
+    if filters.penalized:
+        assert filters.history is not None  # penalized says so
+        prompt_seen_N_V, output_counts_N_V = filters.history.seen(logits_N_V.shape[-1])
+        off_N = logits_N_V.new_zeros(len(tokens_N))
+        logits_N_V = penalized(
+            logits_N_V,
+            prompt_seen_N_V,
+            output_counts_N_V,
+            off_N + 1 if filters.repetition_N is None else filters.repetition_N,
+            off_N if filters.frequency_N is None else filters.frequency_N,
+            off_N if filters.presence_N is None else filters.presence_N,
+        )
     if filters.temperatures_N is not None:
         logits_N_V = logits_N_V / filters.temperatures_N.unsqueeze(-1)
-    filtered = filters.top_k_N is not None or filters.top_p_N is not None
-    if filtered:
+    if filters.min_p_N is not None:
+        logits_N_V = min_p_filtered(logits_N_V, filters.min_p_N)
+    filtered = (
+        filters.top_k_N is not None or filters.top_p_N is not None or filters.min_p_N is not None
+    )
+    if filters.top_k_N is not None or filters.top_p_N is not None:
         shape = logits_N_V.shape[:1]
         device = logits_N_V.device
         top_k_N = (
@@ -115,8 +221,8 @@ def sampled_logprobs(
     picked_N = logprobs_N_V.gather(-1, tokens_N.unsqueeze(-1)).squeeze(-1)
     if filtered:
         # vLLM writes the logprob of an id its filters left out (-inf) as MIN_LOGPROB; so does
-        # the trainer for a sampled id the new weights' top-k or top-p leave out (its ratio is
-        # then 0, its gradient none).
+        # the trainer for a sampled id the new weights' min_p, top-k or top-p leave out (its
+        # ratio is then 0, its gradient none).
         picked_N = picked_N.clamp(min=MIN_LOGPROB)
     with torch.no_grad():
         kept_N_V = logprobs_N_V.isfinite()
@@ -136,7 +242,9 @@ def token_logprobs(
         as_tuple=True
     )
     picked_N, _ = sampled_logprobs(
-        logits_B_T_V[:, :-1][where], tokens_B_T[:, 1:][where], transforms.shifted().at(where)
+        logits_B_T_V[:, :-1][where],
+        tokens_B_T[:, 1:][where],
+        transforms.shifted().at(where, tokens_B_T),
     )
     return torch.nn.functional.pad(picked_N.view(rows, length - 1), (1, 0))
 
@@ -242,7 +350,7 @@ def _head_forward(
     where = (request.mask_B_T[:, 1:] > 0).nonzero(as_tuple=True)
     hidden_N_H = hidden_B_T_H[:, :-1][where]
     tokens_N = request.tokens_B_T[:, 1:][where]
-    filters = request.transforms.shifted().at(where)
+    filters = request.transforms.shifted().at(where, request.tokens_B_T)
     per_chunk = max(1, CHUNK_BYTES // (4 * head.out_features))
     picked: list[torch.Tensor] = []
     entropies: list[torch.Tensor] = []
