@@ -327,7 +327,12 @@ WEATHER_TOOL = {
             "guided decoding (tool_choice)",
         ),
         ({"tools": [WEATHER_TOOL], "tool_choice": "required"}, "guided decoding (tool_choice)"),
-        ({"response_format": {"type": "json_object"}}, "guided decoding (response_format)"),
+        # Replayed by the trainer (art_proxy.guided_decoding; tests/test_real_vllm.py scores it).
+        ({"response_format": {"type": "json_object"}}, None),
+        (
+            {"tools": [{"type": "function", "function": {"name": "get_weather", "strict": True}}]},
+            "guided decoding (strict tools)",
+        ),
         ({"guided_regex": "[a-z]+"}, "guided decoding (guided_regex)"),
         # The trainer applies these as vLLM does (tests/test_real_vllm.py scores them).
         ({"min_p": 0.1, "repetition_penalty": 1.1, "presence_penalty": 0.5}, None),
@@ -342,6 +347,7 @@ WEATHER_TOOL = {
         "named-tool",
         "required-tool",
         "json",
+        "strict-tools",
         "regex",
         "min-p-and-penalties",
         "frequency-and-logit-bias",

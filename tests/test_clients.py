@@ -282,11 +282,11 @@ async def test_langchain_chat_openai_invoke_stream_and_tools(
     assert_fully_recorded(trajectory, calls=3)
 
 
-async def test_langchain_structured_output_is_recorded_but_not_trained_on(
+async def test_langchain_json_mode_is_recorded_as_trainable(
     proxy: RunningProxy, chat_model: ChatOpenAI
 ) -> None:
-    """JSON mode is guided decoding upstream: the trainer cannot score its tokens with the
-    distribution they were drawn from, so the call is kept as data, not as training tokens."""
+    """JSON mode is guided decoding upstream; the trainer replays its grammar (vLLM's JSON object
+    schema) to score the tokens as they were drawn (tests/test_real_vllm.py)."""
     model = chat_model
     await model.ainvoke("Hi", response_format={"type": "json_object"})
     trajectory = await only_trajectory(proxy)
@@ -294,10 +294,7 @@ async def test_langchain_structured_output_is_recorded_but_not_trained_on(
     [call] = trajectory.calls
     assert call.request["response_format"] == {"type": "json_object"}
     assert call.completion_token_ids is not None
-    assert (call.trainable, call.untrainable_reason) == (
-        False,
-        "guided decoding (response_format)",
-    )
+    assert (call.trainable, call.untrainable_reason) == (True, None)
 
 
 @pytest.mark.parametrize("stream", [False, True])

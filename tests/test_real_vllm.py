@@ -28,6 +28,7 @@ from art_proxy.proxy.server import RunningProxy, running_proxy
 from art_proxy.records import CallRecord
 from art_proxy.store.trajectory_store import TrajectoryStore
 from art_proxy_trainer.batch import TrajectorySample, build_batch
+from art_proxy_trainer.policy import load_policy
 from art_proxy_trainer.scoring import score_sampled, token_logprobs
 from art_proxy_trainer.step import lora_model
 from tests.conformance.upstream import WEATHER_TOOL
@@ -42,7 +43,7 @@ os.environ.setdefault("OPENAI_AGENTS_DISABLE_TRACING", "1")
 
 QUESTIONS = ("Name a fruit.", "Name a colour.", "Name a city.", "Name a tree.")
 # What the trainer reproduces: temperature, top-k, top-p, alone and together (the other logit
-# changes: LOGIT_CHANGES; guided decoding is recorded as not trainable instead).
+# changes: LOGIT_CHANGES; guided decoding: GUIDED).
 SAMPLINGS: list[dict[str, float]] = [
     {"temperature": 0.7, "top_p": 0.9},
     {"top_k": 20},
@@ -170,6 +171,8 @@ async def test_a_required_tool_call_is_captured_on_vllms_own_parser(
         "tools": [WEATHER_TOOL],
         "tool_choice": "required",  # SmolLM2 answers text unless vLLM requires the call
         "max_tokens": 64,
+        # Sampled, SmolLM2 now and then writes arguments that run past max_tokens; greedy, a call.
+        "temperature": 0,
         "stream": stream,
     }
     url = f"{vllm_proxy.base_url}/chat/completions"
@@ -186,8 +189,13 @@ async def test_a_required_tool_call_is_captured_on_vllms_own_parser(
     [tool_call] = choice["message"]["tool_calls"]
     assert tool_call["function"]["name"] == "get_weather" and tool_call["id"]
     assert choice["finish_reason"] == "tool_calls"
-    # Recorded, but the trainer cannot reproduce a grammar-constrained distribution.
-    assert not call.trainable and call.untrainable_reason == "guided decoding (tool_choice)"
+    # Recorded, but vLLM constrained it with its hermes parser's structural tag, which the
+    # trainer does not rebuild (the sampled text is the parser's markup, not a JSON schema's).
+    assert (call.trainable, call.untrainable_reason) == (False, "guided decoding (tool_choice)")
+    assert call.completion_token_ids is not None
+    [ids] = call.completion_token_ids
+    text = load_model(str(real_vllm.model_dir)).tokenizer.decode(ids)
+    assert isinstance(text, str) and text.startswith("<tool_call>")
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
@@ -446,6 +454,72 @@ async def test_penalties_min_p_and_logit_bias_are_scored_as_vllm_sampled_with_th
             assert (scored[row][tokens] - recorded[row][tokens]).abs().max().item() < 1e-3, changes
         # ... which the same tokens scored without the changes are not.
         assert (without[row][tokens] - recorded[row][tokens]).abs().max().item() > 1e-3, changes
+
+
+# Each kind of guided decoding vLLM 0.32 compiles with xgrammar, as agents ask for it.
+_CITY = {
+    "type": "object",
+    "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+    "required": ["city", "days"],
+}
+GUIDED: dict[str, dict[str, Any]] = {
+    "json_schema": {
+        "response_format": {"type": "json_schema", "json_schema": {"name": "c", "schema": _CITY}}
+    },
+    "json_object": {"response_format": {"type": "json_object"}},
+    "choice": {"structured_outputs": {"choice": ["sunny", "rainy", "a mix of both"]}},
+    "structured json": {"structured_outputs": {"json": _CITY}, "temperature": 0.8, "top_p": 0.9},
+}
+
+
+async def test_guided_decoding_is_scored_as_vllm_sampled_under_its_grammar(
+    real_vllm: RealVllm, vllm_proxy: RunningProxy
+) -> None:
+    async with aiohttp.ClientSession() as http:
+        for fields in GUIDED.values():
+            body = {
+                "model": real_vllm.model,
+                "messages": [{"role": "user", "content": "What is the weather in Paris?"}],
+                "max_tokens": 40,
+                **fields,
+            }
+            url = f"{vllm_proxy.base_url}/chat/completions"
+            async with http.post(url, json=body) as response:
+                assert response.status == 200, await response.text()
+
+    recorded_calls = [c for t in await trajectories(vllm_proxy) for c in t.calls or []]
+    calls = [
+        next(c for c in recorded_calls if all(c.request.get(k) == v for k, v in f.items()))
+        for f in GUIDED.values()
+    ]
+    assert [c.untrainable_reason for c in calls] == [None] * len(GUIDED)
+    policy = load_policy(str(real_vllm.model_dir), TrainerConfig(), seed=0)
+    samples = [TrajectorySample(c.trajectory_id, [c], 1.0) for c in calls]
+    batch = build_batch(samples, grammars=policy.grammars)
+    assert batch.stats.skipped_calls == 0  # every call's tokens pass its grammar's replay
+    sampled = batch.mask_B_T.bool()
+    recorded = batch.old_logprobs_B_T
+    unmasked = replace(batch.transforms, allowed_index_B_T=None, allowed_K_W=None)
+    with torch.no_grad():
+        logits = policy.model(
+            input_ids=batch.tokens_B_T, attention_mask=batch.attention_mask_B_T
+        ).logits
+        full = token_logprobs(logits, batch.tokens_B_T, batch.transforms)
+        without = token_logprobs(logits, batch.tokens_B_T, unmasked)
+        head = score_sampled(
+            policy.model,
+            batch.tokens_B_T,
+            batch.attention_mask_B_T,
+            batch.mask_B_T,
+            batch.transforms,
+        ).logprobs_B_T
+    for row, kind in enumerate(GUIDED):
+        tokens = sampled[row]
+        for scored in (full, head):
+            gap = (scored[row][tokens] - recorded[row][tokens]).abs().max().item()
+            assert gap < 1e-3, (kind, gap)
+        # The breach: the same tokens scored without the grammar's mask.
+        assert (without[row][tokens] - recorded[row][tokens]).abs().max().item() > 1e-3, kind
 
 
 async def test_the_trainer_swaps_adapters_into_vllm_under_load_with_no_failed_call(

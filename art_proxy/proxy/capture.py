@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from art_proxy.guided_decoding import Unreplayable, constraint
 from art_proxy.records import CallKind, JsonObject
 
 # Request fields recorded as the call's sampling parameters (the rest of the body is kept whole).
@@ -74,28 +75,14 @@ _UNREPRODUCED_SAMPLING: dict[str, Any] = {
     "bad_words": [],
     "allowed_token_ids": [],
 }
-# Guided (constrained) decoding masks the logits by a grammar the trainer does not run.
-_GUIDED_DECODING = (
-    "guided_json",
-    "guided_regex",
-    "guided_choice",
-    "guided_grammar",
-    "structured_outputs",
-)
 
 
 def unreproduced_sampling(body: JsonObject) -> str | None:
     """Why the trainer could not score this request's tokens with the distribution they were
-    sampled from; None when it can."""
-    tool_choice = body.get("tool_choice")
-    if isinstance(tool_choice, dict) or tool_choice == "required":
-        return "guided decoding (tool_choice)"
-    response_format = body.get("response_format")
-    if isinstance(response_format, dict) and response_format.get("type") not in (None, "text"):
-        return "guided decoding (response_format)"
-    for name in _GUIDED_DECODING:
-        if body.get(name) is not None:
-            return f"guided decoding ({name})"
+    sampled from; None when it can (a grammar it replays included: guided_decoding)."""
+    guided = constraint(body)
+    if isinstance(guided, Unreplayable):
+        return guided.reason
     for name, off in _UNREPRODUCED_SAMPLING.items():
         value = body.get(name)
         if value is not None and value != off and value is not False:

@@ -28,9 +28,11 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
+from art_proxy.guided_decoding import Grammar, constraint
 from art_proxy.proxy.attribution import canonical_message, reply_messages
 from art_proxy.records import CallRecord
 from art_proxy_trainer.errors import EmptyBatchError
+from art_proxy_trainer.grammar import GrammarReplay
 from art_proxy_trainer.scoring import NO_TRANSFORMS, SamplingTransforms
 
 # The choice of a trajectory's last call that is trained (see the module docstring).
@@ -123,6 +125,8 @@ class TrainingSequence:
     sampled_from: list[SampledFrom] = field(default_factory=list)
     # Per token, where the completion of the call that sampled it starts (context: itself).
     call_starts: list[int] = field(default_factory=list)
+    # Per token, the packed bitmask of what its call's grammar allowed (None: no grammar).
+    allowed: list[torch.Tensor | None] = field(default_factory=list)
 
     def add_context(self, token_ids: Sequence[int]) -> None:
         start = len(self.tokens)
@@ -131,16 +135,21 @@ class TrainingSequence:
         self.old_logprobs.extend([0.0] * len(token_ids))
         self.sampled_from.extend([NOT_FILTERED] * len(token_ids))
         self.call_starts.extend(range(start, start + len(token_ids)))
+        self.allowed.extend([None] * len(token_ids))
 
     def add_sampled(
         self,
         token_ids: Sequence[int],
         logprobs: Sequence[float],
         sampled_from: SampledFrom = NOT_FILTERED,
+        allowed_N_W: torch.Tensor | None = None,
     ) -> None:
         if len(token_ids) != len(logprobs):
             raise ValueError(f"{len(token_ids)} completion ids but {len(logprobs)} logprobs")
         self.call_starts.extend([len(self.tokens)] * len(token_ids))
+        self.allowed.extend(
+            list(allowed_N_W) if allowed_N_W is not None else [None] * len(token_ids)
+        )
         self.tokens.extend(token_ids)
         self.mask.extend([1] * len(token_ids))
         self.old_logprobs.extend(logprobs)
@@ -217,9 +226,11 @@ def _trainable(call: CallRecord) -> bool:
 
 
 def sequences_from_calls(
-    trajectory_id: str, calls: Iterable[CallRecord]
+    trajectory_id: str, calls: Iterable[CallRecord], grammars: GrammarReplay | None = None
 ) -> tuple[list[TrainingSequence], SequenceStats]:
-    """Stitch a trajectory's calls into as few sequences as their token ids allow."""
+    """Stitch a trajectory's calls into as few sequences as their token ids allow. A call vLLM
+    constrained by a grammar is replayed through it with `grammars` (skipped without one, or when
+    the replay refuses a recorded token)."""
     sequences: list[TrainingSequence] = []
     stitch_misses = skipped = 0
     ordered = sorted(calls, key=lambda c: c.seq)
@@ -231,6 +242,16 @@ def sequences_from_calls(
         # _trainable checked these are present.
         assert call.prompt_token_ids is not None
         assert call.completion_token_ids is not None and call.logprobs is not None
+        allowed_N_W = None
+        grammar = constraint(call.request)
+        if grammar is not None:
+            if not isinstance(grammar, Grammar) or grammars is None:
+                skipped += 1
+                continue
+            allowed_N_W = grammars.allowed(grammar, call.completion_token_ids[choice])
+            if allowed_N_W is None:
+                skipped += 1
+                continue
         prompt = call.prompt_token_ids
         current = sequences[-1] if sequences else None
         if current is not None and prompt[: len(current.tokens)] == current.tokens:
@@ -245,6 +266,7 @@ def sequences_from_calls(
             call.completion_token_ids[choice],
             call.logprobs[choice],
             sampled_from(call),
+            allowed_N_W,
         )
     return sequences, SequenceStats(len(sequences), stitch_misses, skipped)
 
@@ -276,12 +298,18 @@ def _continued_choice(call: CallRecord, later: Sequence[CallRecord]) -> int | No
     )
 
 
-def build_batch(samples: Iterable[TrajectorySample], *, pad_token_id: int = 0) -> TrainingBatch:
-    """Right-padded tensors for every sequence of every sample; raises EmptyBatchError if none."""
+def build_batch(
+    samples: Iterable[TrajectorySample],
+    *,
+    pad_token_id: int = 0,
+    grammars: GrammarReplay | None = None,
+) -> TrainingBatch:
+    """Right-padded tensors for every sequence of every sample; raises EmptyBatchError if none.
+    `grammars` replays the grammars of calls vLLM constrained (without it they are skipped)."""
     rows: list[tuple[TrainingSequence, float]] = []
     stats = SequenceStats()
     for sample in samples:
-        sequences, sample_stats = sequences_from_calls(sample.trajectory_id, sample.calls)
+        sequences, sample_stats = sequences_from_calls(sample.trajectory_id, sample.calls, grammars)
         rows.extend((sequence, sample.advantage) for sequence in sequences)
         stats += sample_stats
     if not rows:
@@ -342,6 +370,18 @@ def _transforms(sequences: Sequence[TrainingSequence], length: int) -> SamplingT
                     ids, biases = zip(*sampled.logit_bias, strict=True)
                     bias_ids_B_T_M[row, position, : len(ids)] = torch.tensor(ids)
                     bias_B_T_M[row, position, : len(ids)] = torch.tensor(biases)
+    allowed_index_B_T = allowed_K_W = None
+    constrained = [
+        (r, t, bits)
+        for r, q in enumerate(sequences)
+        for t, bits in enumerate(q.allowed)
+        if bits is not None
+    ]
+    if constrained:
+        allowed_index_B_T = torch.full(shape, -1, dtype=torch.int64)
+        for index, (row, position, _) in enumerate(constrained):
+            allowed_index_B_T[row, position] = index
+        allowed_K_W = torch.stack([bits for _, _, bits in constrained])
     return SamplingTransforms(
         per_position(lambda s: s.temperature, 1.0),
         None if top_k_B_T is None else top_k_B_T.long(),
@@ -354,4 +394,6 @@ def _transforms(sequences: Sequence[TrainingSequence], length: int) -> SamplingT
         position_B_T,
         bias_ids_B_T_M,
         bias_B_T_M,
+        allowed_index_B_T,
+        allowed_K_W,
     )

@@ -18,6 +18,7 @@ from art_proxy.config import TrainerConfig
 from art_proxy.local.model_loading import load_model
 from art_proxy_trainer.batch import TrainingBatch
 from art_proxy_trainer.errors import TrainerError
+from art_proxy_trainer.grammar import GrammarReplay
 from art_proxy_trainer.step import StepResult, lora_model, make_optimizer, train_step
 
 if TYPE_CHECKING:
@@ -48,6 +49,8 @@ class Policy:
     leader: Leader | None = None  # rank 0 of several: the other ranks train in step with it
     # The micro-batch size the last step fit in (None: none yet, the configured one).
     micro_batch_tokens: int | None = None
+    # Replays the grammars of calls vLLM constrained (None: such calls are not trained).
+    grammars: GrammarReplay | None = None
 
     def train(self, batch: TrainingBatch, config: TrainerConfig) -> StepResult:
         """One optimiser step on `batch`, on every rank when there are several."""
@@ -128,10 +131,16 @@ def load_policy(
     peft_model = lora_model(loaded.model, config)
     tokenizer = loaded.tokenizer
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    eos = getattr(loaded.model.generation_config, "eos_token_id", None)
     return Policy(
         peft_model,
         make_optimizer(peft_model, config),
         int(pad or 0),
         loaded.default_name,
         {loaded.default_name, loaded.source},
+        grammars=GrammarReplay(
+            tokenizer,
+            loaded.model.config.vocab_size,
+            [eos] if isinstance(eos, int) else list(eos or []),
+        ),
     )

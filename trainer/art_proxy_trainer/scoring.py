@@ -1,7 +1,8 @@
 """Scoring sampled tokens: each token's logprob under the distribution it was drawn from.
 
 Token t is scored from the logits at t-1 changed as vLLM 0.32's sampler changed them before drawing
-it, in its order: its `logit_bias` added; the repetition, frequency and presence penalties from the
+it, in its order: what the call's grammar did not allow there left out (guided decoding,
+`grammar.py`); its `logit_bias` added; the repetition, frequency and presence penalties from the
 call's prompt and the tokens the call sampled before t; divided by its temperature; what its min_p,
 top-k and top-p leave out removed (local-llm's sampler's own filters, which vLLM's match); then
 log-softmaxed.
@@ -33,6 +34,7 @@ from torch.utils.checkpoint import checkpoint
 
 from art_proxy.local.sampling import biased, min_p_filtered, penalized, top_k_top_p_filtered
 from art_proxy.wire import MIN_LOGPROB
+from art_proxy_trainer.grammar import allowed_mask
 
 # Bytes of float32 logits one chunk of positions may hold (a few copies live at once: the logits,
 # the filtered and log-softmaxed ones, the probabilities for the entropy): 64 MiB is ~440
@@ -61,9 +63,13 @@ class SamplingTransforms:
     position_B_T: torch.Tensor | None = None  # int64; set with any penalty
     bias_ids_B_T_M: torch.Tensor | None = None  # int64 ids a logit_bias changes, -1 padding
     bias_B_T_M: torch.Tensor | None = None  # float32, each id's bias
+    # Guided decoding: a row of `allowed_K_W` per constrained position (-1: not constrained),
+    # the packed bitmask of the ids its grammar allowed (grammar.GrammarReplay.allowed).
+    allowed_index_B_T: torch.Tensor | None = None  # int64
+    allowed_K_W: torch.Tensor | None = None  # int32, shared by every position (never cut)
 
     def to(self, device: torch.device) -> SamplingTransforms:
-        return self._each(lambda tensor: tensor.to(device))
+        return self._each(lambda tensor: tensor.to(device), whole=lambda t: t.to(device))
 
     def rows(self, rows: slice | torch.Tensor, length: int) -> SamplingTransforms:
         return self._each(lambda tensor: tensor[rows, :length])
@@ -75,6 +81,11 @@ class SamplingTransforms:
         def of(tensor: torch.Tensor | None) -> torch.Tensor | None:
             return None if tensor is None else tensor[where]
 
+        allowed_N_W = None
+        if self.allowed_index_B_T is not None and self.allowed_K_W is not None:
+            index_N = self.allowed_index_B_T[where]
+            # A position no grammar constrained allows every id: all bits set (-1).
+            allowed_N_W = self.allowed_K_W[index_N.clamp(min=0)].where(index_N[:, None] >= 0, -1)
         history = None
         if self.call_start_B_T is not None and self.position_B_T is not None:
             history = _History(
@@ -91,19 +102,27 @@ class SamplingTransforms:
             history,
             of(self.bias_ids_B_T_M),
             of(self.bias_B_T_M),
+            allowed_N_W,
         )
 
     def shifted(self) -> SamplingTransforms:
         """The transforms of the token each position's logits predict (logits at t-1 predict t)."""
         return self._each(lambda tensor: tensor[:, 1:])
 
-    def _each(self, change: Callable[[torch.Tensor], torch.Tensor]) -> SamplingTransforms:
-        def changed(tensor: torch.Tensor | None) -> torch.Tensor | None:
-            return None if tensor is None else change(tensor)
+    def _each(
+        self,
+        change: Callable[[torch.Tensor], torch.Tensor],
+        whole: Callable[[torch.Tensor], torch.Tensor] = lambda tensor: tensor,
+    ) -> SamplingTransforms:
+        """`change` applied to every per-position tensor, `whole` to the shared table."""
 
-        return SamplingTransforms(
-            *(changed(getattr(self, item.name)) for item in dataclasses.fields(self))
-        )
+        def changed(name: str) -> torch.Tensor | None:
+            tensor: torch.Tensor | None = getattr(self, name)
+            if tensor is None:
+                return None
+            return whole(tensor) if name == "allowed_K_W" else change(tensor)
+
+        return SamplingTransforms(*(changed(item.name) for item in dataclasses.fields(self)))
 
 
 NO_TRANSFORMS = SamplingTransforms()
@@ -158,6 +177,7 @@ class _Filters:
     history: _History | None = None
     bias_ids_N_M: torch.Tensor | None = None
     bias_N_M: torch.Tensor | None = None
+    allowed_N_W: torch.Tensor | None = None  # int32 packed bitmasks (all bits: not constrained)
 
     def chunk(self, part: slice) -> _Filters:
         def of(value: torch.Tensor | _History | None) -> torch.Tensor | _History | None:
@@ -186,6 +206,9 @@ def sampled_logprobs(
     float32, changed in vLLM's order (the module docstring). The entropy carries no gradient: it
     is a measurement."""
     logits_N_V = logits_N_V.float()
+    if filters.allowed_N_W is not None:
+        allowed_N_V = allowed_mask(filters.allowed_N_W, logits_N_V.shape[-1])
+        logits_N_V = logits_N_V.masked_fill(~allowed_N_V, float("-inf"))
     if filters.bias_ids_N_M is not None and filters.bias_N_M is not None:
         logits_N_V = biased(logits_N_V, filters.bias_ids_N_M, filters.bias_N_M)
     if filters.penalized:
@@ -204,8 +227,9 @@ def sampled_logprobs(
         logits_N_V = logits_N_V / filters.temperatures_N.unsqueeze(-1)
     if filters.min_p_N is not None:
         logits_N_V = min_p_filtered(logits_N_V, filters.min_p_N)
-    filtered = (
-        filters.top_k_N is not None or filters.top_p_N is not None or filters.min_p_N is not None
+    filtered = any(
+        left_out is not None
+        for left_out in (filters.top_k_N, filters.top_p_N, filters.min_p_N, filters.allowed_N_W)
     )
     if filters.top_k_N is not None or filters.top_p_N is not None:
         shape = logits_N_V.shape[:1]
@@ -222,7 +246,7 @@ def sampled_logprobs(
     if filtered:
         # vLLM writes the logprob of an id its filters left out (-inf) as MIN_LOGPROB; so does
         # the trainer for a sampled id the new weights' min_p, top-k or top-p leave out (its
-        # ratio is then 0, its gradient none).
+        # ratio is then 0, its gradient none), or that a grammar did not allow.
         picked_N = picked_N.clamp(min=MIN_LOGPROB)
     with torch.no_grad():
         kept_N_V = logprobs_N_V.isfinite()

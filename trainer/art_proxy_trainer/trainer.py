@@ -263,7 +263,9 @@ class Trainer:
             stale = any(outcome == "stale" for outcome in outcomes.values())
             return "abandoned", "stale" if stale else "no_signal"
         try:
-            batch = build_batch(samples, pad_token_id=self.policy.pad_token_id)
+            batch = build_batch(
+                samples, pad_token_id=self.policy.pad_token_id, grammars=self.policy.grammars
+            )
         except EmptyBatchError:
             for group_id, outcome in outcomes.items():
                 if outcome == "trained":

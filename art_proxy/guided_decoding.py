@@ -1,0 +1,192 @@
+"""The grammar vLLM 0.32 constrains a chat call's output with, read from the call's request.
+
+The trainer must score a constrained call's tokens under the distribution vLLM drew them from: the
+model's, restricted at every position to the tokens the grammar allowed there. So it compiles the
+same grammar with the same engine (xgrammar, `art_proxy_trainer.grammar`) and replays the sampled
+tokens through it. This module says which grammar that is, as vLLM 0.32 decides (its chat request,
+tool parsers and structured-output backends):
+
+- A forced tool call (`tool_choice` `"required"` or naming a function), or tools of which one is
+  `strict`, is constrained by a structural tag vLLM builds for its tool parser's call format
+  (`hermes`, which art-proxy starts vLLM with, among them; `VLLM_ENFORCE_STRICT_TOOL_CALLING`, on by
+  default): the trainer does not rebuild those yet, so such calls stay untrainable.
+- `response_format` `json_schema`: its schema; `json_object`: `{"type": "object"}`.
+- `structured_outputs` `json` / `json_object` / `choice` (an EBNF grammar of the choices' literals).
+- vLLM's `auto` backend compiles these with xgrammar, except a JSON schema that uses a feature
+  xgrammar does not support, which goes to llguidance: those, regexes, free grammars and
+  structural tags are not replayed, and the call stays untrainable with the reason.
+- JSON may have any whitespace between tokens (vLLM's default, `any_whitespace`).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from art_proxy.records import JsonObject
+
+
+@dataclass(frozen=True)
+class Grammar:
+    """A grammar the trainer can replay: a JSON schema (as text) or an EBNF grammar."""
+
+    kind: Literal["json_schema", "ebnf"]
+    spec: str
+
+
+@dataclass(frozen=True)
+class Unreplayable:
+    """Guided decoding the trainer cannot reproduce, and why."""
+
+    reason: str
+
+
+# String formats xgrammar's JSON-schema converter knows (vLLM sends others to llguidance).
+_XGRAMMAR_FORMATS = frozenset(
+    [
+        "email",
+        "date",
+        "time",
+        "date-time",
+        "duration",
+        "ipv4",
+        "ipv6",
+        "hostname",
+        "uuid",
+        "uri",
+        "uri-reference",
+        "uri-template",
+        "json-pointer",
+        "relative-json-pointer",
+    ]
+)
+_LEGACY_GUIDED = ("guided_json", "guided_regex", "guided_choice", "guided_grammar")
+
+
+def constraint(body: JsonObject) -> Grammar | Unreplayable | None:
+    """The grammar the call's output was constrained by; None when it was not constrained."""
+    tools = body.get("tools")
+    tool_choice = body.get("tool_choice")
+    if tools and tool_choice != "none":
+        if tool_choice == "required" or isinstance(tool_choice, dict):
+            return _reason("tool_choice")
+        if any(_strict(tool) for tool in tools):
+            return _reason("strict tools")
+    structured = body.get("structured_outputs")
+    if isinstance(structured, dict):
+        return _structured(structured)
+    if structured is not None:
+        return _reason("structured_outputs")
+    response_format = body.get("response_format")
+    if isinstance(response_format, dict):
+        kind = response_format.get("type")
+        if kind == "json_object":
+            return _json({"type": "object"}, "response_format")
+        if kind == "json_schema":
+            spec = response_format.get("json_schema")
+            schema = spec.get("schema") if isinstance(spec, dict) else None
+            return (
+                _json(schema, "response_format")
+                if schema is not None
+                else _reason("response_format")
+            )
+        if kind not in (None, "text"):
+            return _reason("response_format")
+    for name in _LEGACY_GUIDED:
+        if body.get(name) is not None:
+            return _reason(name)
+    return None
+
+
+def _strict(tool: Any) -> bool:
+    function = tool.get("function") if isinstance(tool, dict) else None
+    return isinstance(function, dict) and function.get("strict") is True
+
+
+def _reason(what: str, detail: str = "") -> Unreplayable:
+    return Unreplayable(f"guided decoding ({what}{': ' + detail if detail else ''})")
+
+
+def _json(schema: Any, what: str) -> Grammar | Unreplayable:
+    if isinstance(schema, str):
+        try:
+            schema = json.loads(schema)
+        except ValueError:
+            return _reason(what, "a schema that is not JSON")
+    if not isinstance(schema, dict):
+        return _reason(what, "a schema that is not an object")
+    if _needs_llguidance(schema):
+        return _reason(what, "a JSON schema vLLM compiles with llguidance")
+    # vLLM hands the backend the schema as json.dumps writes it.
+    return Grammar("json_schema", json.dumps(schema))
+
+
+def _structured(structured: dict[str, Any]) -> Grammar | Unreplayable:
+    if structured.get("json") is not None:
+        return _json(structured["json"], "structured_outputs json")
+    if structured.get("json_object"):
+        return _json({"type": "object"}, "structured_outputs json_object")
+    choice = structured.get("choice")
+    if isinstance(choice, list) and choice and all(isinstance(c, str) for c in choice):
+        return Grammar("ebnf", "root ::= " + " | ".join(_ebnf_literal(c) for c in choice))
+    kinds = sorted(k for k, v in structured.items() if v not in (None, False, [], ""))
+    return _reason("structured_outputs " + (", ".join(kinds) or "of no kind"))
+
+
+def _ebnf_literal(text: str) -> str:
+    """`text` as an EBNF string literal, escaped as vLLM escapes a choice."""
+    named = {"\\": "\\\\", '"': '\\"', "\n": "\\n", "\r": "\\r", "\t": "\\t"}
+    escaped = "".join(
+        named.get(ch) or (f"\\u{ord(ch):04x}" if ord(ch) < 0x20 or ord(ch) == 0x7F else ch)
+        for ch in text
+    )
+    return f'"{escaped}"'
+
+
+def _needs_llguidance(schema: Any) -> bool:
+    """Whether vLLM's `auto` backend would compile this JSON schema with llguidance: it uses a
+    feature xgrammar 0.2.8 does not support (vLLM 0.32's list)."""
+    if isinstance(schema, list):
+        return any(_needs_llguidance(item) for item in schema)
+    if not isinstance(schema, dict):
+        return False
+    declared = schema.get("type")
+    types = {declared} if isinstance(declared, str) else set(declared or []) - {None}
+    names = schema.get("propertyNames")
+    patterns = schema.get("patternProperties")
+    unsupported = (
+        (bool(types & {"integer", "number"}) and "multipleOf" in schema)
+        or (
+            "array" in types
+            and any(k in schema for k in ("uniqueItems", "contains", "minContains", "maxContains"))
+        )
+        or ("string" in types and "format" in schema and schema["format"] not in _XGRAMMAR_FORMATS)
+        or ("string" in types and _bounded_text(schema))
+        or (
+            "object" in types
+            and names is not None
+            and (
+                (isinstance(names, dict) and _bounded_text(names))
+                or "patternProperties" in schema
+                or "properties" in schema
+                or schema.get("unevaluatedProperties", True) is not True
+            )
+        )
+        or (
+            "object" in types
+            and isinstance(patterns, dict)
+            and ("properties" in schema or len(patterns) > 1)
+        )
+        or (isinstance(schema.get("allOf"), list) and len(schema["allOf"]) >= 2)
+    )
+    return unsupported or any(
+        _needs_llguidance(value) for value in schema.values() if isinstance(value, dict | list)
+    )
+
+
+def _bounded_text(schema: dict[str, Any]) -> bool:
+    """A pattern or format together with a length bound."""
+    return ("pattern" in schema or "format" in schema) and (
+        "minLength" in schema or "maxLength" in schema
+    )

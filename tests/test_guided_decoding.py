@@ -1,0 +1,94 @@
+"""Which grammar vLLM 0.32 constrains a chat call with, read from the request (the trainer replays
+it; tests/test_real_vllm.py checks each replayable kind against vLLM itself)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from art_proxy.guided_decoding import Grammar, Unreplayable, constraint
+
+SCHEMA = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+FUNCTION: dict[str, Any] = {"name": "get_weather", "parameters": SCHEMA}
+TOOL = {"type": "function", "function": FUNCTION}
+STRICT_TOOL = {"type": "function", "function": {**FUNCTION, "strict": True}}
+
+
+@pytest.mark.parametrize(
+    ("body", "expected"),
+    [
+        ({}, None),
+        ({"tools": [TOOL], "tool_choice": "auto"}, None),
+        ({"tools": [STRICT_TOOL], "tool_choice": "none"}, None),
+        ({"response_format": {"type": "text"}}, None),
+        (
+            {"response_format": {"type": "json_schema", "json_schema": {"schema": SCHEMA}}},
+            Grammar("json_schema", json.dumps(SCHEMA)),
+        ),
+        (
+            {"response_format": {"type": "json_object"}},
+            Grammar("json_schema", '{"type": "object"}'),
+        ),
+        (
+            {"structured_outputs": {"json": json.dumps(SCHEMA)}},
+            Grammar("json_schema", json.dumps(SCHEMA)),
+        ),
+        (
+            {"structured_outputs": {"choice": ['say "yes"', "no\n"]}},
+            Grammar("ebnf", 'root ::= "say \\"yes\\"" | "no\\n"'),
+        ),
+        # What vLLM constrains otherwise, or hands to another backend: recorded, not trained.
+        (
+            {"tools": [TOOL], "tool_choice": "required"},
+            Unreplayable("guided decoding (tool_choice)"),
+        ),
+        (
+            {"tools": [TOOL], "tool_choice": {"type": "function", "function": {"name": "x"}}},
+            Unreplayable("guided decoding (tool_choice)"),
+        ),
+        ({"tools": [STRICT_TOOL]}, Unreplayable("guided decoding (strict tools)")),
+        (
+            {
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {
+                        "schema": {
+                            "type": "object",
+                            "properties": {"n": {"type": "number", "multipleOf": 3}},
+                        }
+                    },
+                }
+            },
+            Unreplayable(
+                "guided decoding (response_format: a JSON schema vLLM compiles with llguidance)"
+            ),
+        ),
+        (
+            {"structured_outputs": {"regex": "[a-z]+"}},
+            Unreplayable("guided decoding (structured_outputs regex)"),
+        ),
+        ({"guided_regex": "[a-z]+"}, Unreplayable("guided decoding (guided_regex)")),
+    ],
+    ids=[
+        "none",
+        "auto-tools",
+        "tool-choice-none",
+        "text",
+        "json-schema",
+        "json-object",
+        "structured-json",
+        "choice",
+        "required-tool",
+        "named-tool",
+        "strict-tools",
+        "llguidance-schema",
+        "regex",
+        "legacy-guided",
+    ],
+)
+def test_the_grammar_of_a_request_is_the_one_vllm_applies(
+    body: dict[str, Any], expected: Grammar | Unreplayable | None
+) -> None:
+    assert constraint(body) == expected

@@ -1,0 +1,85 @@
+"""Guided decoding replayed: the trainer scores a constrained call's tokens under the distribution
+restricted to what the call's grammar allowed, and never trains a call it cannot replay."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from art_proxy.guided_decoding import Grammar
+from art_proxy.local.model_loading import load_model
+from art_proxy_trainer.batch import TrajectorySample, build_batch
+from art_proxy_trainer.grammar import GrammarReplay, allowed_mask
+from art_proxy_trainer.scoring import token_logprobs
+from tests.trainer.records import call
+
+JSON_OBJECT = {"response_format": {"type": "json_object"}}
+
+
+@pytest.fixture(scope="module")
+def replay() -> GrammarReplay:
+    loaded = load_model(None)  # the bundled SmolLM2's tokenizer
+    return GrammarReplay(loaded.tokenizer, loaded.model.config.vocab_size)
+
+
+def _ids(replay: GrammarReplay, text: str) -> list[int]:
+    tokenizer = replay.tokenizer
+    ids: list[int] = tokenizer.encode(text)
+    return [*ids, tokenizer.eos_token_id]
+
+
+def test_the_replay_allows_at_each_token_what_the_grammar_does(replay: GrammarReplay) -> None:
+    ids = _ids(replay, '{"city": "Paris"}')
+    bits = replay.allowed(Grammar("json_schema", json.dumps({"type": "object"})), ids)
+    assert bits is not None
+    allowed = allowed_mask(bits, replay.vocab_size)
+    assert allowed.shape == (len(ids), replay.vocab_size)
+    assert all(allowed[position, token] for position, token in enumerate(ids))
+    # An object opens with "{" and nothing else; it ends with EOS alone.
+    opening = [replay.tokenizer.decode([i]) for i in allowed[0].nonzero()[:, 0].tolist()]
+    assert opening and all(text.lstrip().startswith("{") for text in opening)
+    assert allowed[-1].nonzero()[:, 0].tolist() == [ids[-1]]
+
+
+def test_a_call_whose_tokens_its_grammar_refuses_is_not_trained(replay: GrammarReplay) -> None:
+    """The breach: a replay that does not match what vLLM ran would score every token of the call
+    under a distribution it was not drawn from."""
+    plain = call(0, [1, 2], [3, 4], [-0.5, -0.5], trajectory_id="plain")
+    refused = call(0, [1, 2], _ids(replay, "hello"), [-0.5] * 2, trajectory_id="refused")
+    refused = refused.model_copy(update={"request": JSON_OBJECT})
+    samples = [TrajectorySample(c.trajectory_id, [c], 1.0) for c in (plain, refused)]
+    batch = build_batch(samples, grammars=replay)
+    assert batch.stats.skipped_calls == 1 and batch.trajectory_ids == ("plain",)
+
+
+def test_a_constrained_call_is_not_trained_without_a_replay(replay: GrammarReplay) -> None:
+    ids = _ids(replay, "{}")
+    constrained = call(0, [1, 2], ids, [-0.1] * len(ids)).model_copy(
+        update={"request": JSON_OBJECT}
+    )
+    plain = call(0, [1, 2], [3, 4], [-0.5, -0.5], trajectory_id="plain")
+    samples = [TrajectorySample(c.trajectory_id, [c], 1.0) for c in (constrained, plain)]
+    assert build_batch(samples).stats.skipped_calls == 1
+    with_replay = build_batch(samples, grammars=replay)
+    assert with_replay.stats.skipped_calls == 0
+    assert with_replay.transforms.allowed_K_W is not None
+
+
+def test_scored_under_the_grammar_each_token_takes_the_mass_the_grammar_left_out(
+    replay: GrammarReplay,
+) -> None:
+    ids = _ids(replay, "{}")
+    constrained = call(0, [1, 2], ids, [-0.1] * len(ids)).model_copy(
+        update={"request": JSON_OBJECT}
+    )
+    batch = build_batch([TrajectorySample("t1", [constrained], 1.0)], grammars=replay)
+    torch.manual_seed(0)
+    logits = torch.randn(1, batch.tokens_B_T.shape[1], replay.vocab_size)
+    masked = token_logprobs(logits, batch.tokens_B_T, batch.transforms)
+    free = token_logprobs(logits, batch.tokens_B_T)
+    sampled = batch.mask_B_T.bool()
+    # Fewer ids share the mass: every sampled token is likelier under the grammar.
+    assert bool((masked[sampled] > free[sampled]).all())
+    assert masked[0, -1].item() == pytest.approx(0.0, abs=1e-6)  # EOS was the only id allowed

@@ -1,0 +1,72 @@
+"""Replaying the grammar vLLM constrained a call with, to know what it allowed at every token.
+
+vLLM masks the logits with its grammar's bitmask before its sampler sees them (so before the logit
+bias, penalties, temperature and filters), and its processed logprobs are of that masked
+distribution. The trainer compiles the same grammar (`art_proxy.guided_decoding` says which) with
+the same engine, xgrammar, for the same tokenizer and vocabulary size, and walks the recorded
+tokens through a matcher, keeping before each token the bitmask of the tokens allowed there. A
+recorded token the grammar refuses means the replay is not what vLLM ran: the call is not scored.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from art_proxy.guided_decoding import Grammar
+
+if TYPE_CHECKING:
+    import xgrammar
+
+
+class GrammarReplay:
+    """Compiles grammars for one tokenizer (cached) and replays recorded tokens through them."""
+
+    def __init__(self, tokenizer: Any, vocab_size: int, stop_ids: Sequence[int] = ()) -> None:
+        self.tokenizer = tokenizer
+        self.vocab_size = vocab_size
+        self._stop_ids = stop_ids
+        self._compiler: xgrammar.GrammarCompiler | None = None  # made at the first grammar
+
+    def allowed(self, grammar: Grammar, completion_ids: Sequence[int]) -> torch.Tensor | None:
+        """[n, ceil(V/32)] int32: before each of the n tokens, the bitmask of the ids the grammar
+        allowed there (bit i % 32 of word i // 32 for id i); None when it refuses a token."""
+        import xgrammar  # only a trainer that meets a constrained call pays for it
+
+        compiled = self._compiled(grammar)
+        # vLLM ends a constrained call on its sampling's stop ids: EOS and the model's
+        # generation_config EOS ids besides (`SamplingParams.all_stop_token_ids`).
+        stop_ids = sorted({*compiled.tokenizer_info.stop_token_ids, *self._stop_ids})
+        matcher = xgrammar.GrammarMatcher(compiled, override_stop_tokens=stop_ids)
+        bitmask = xgrammar.allocate_token_bitmask(len(completion_ids), self.vocab_size)
+        for position, token in enumerate(completion_ids):
+            if matcher.is_terminated():
+                return None  # vLLM stops at the grammar's end: there is nothing after it
+            matcher.fill_next_token_bitmask(bitmask, position)
+            if not matcher.accept_token(token):
+                return None
+        return bitmask
+
+    def _compiled(self, grammar: Grammar) -> xgrammar.CompiledGrammar:
+        import xgrammar
+
+        if self._compiler is None:
+            info = xgrammar.TokenizerInfo.from_huggingface(
+                self.tokenizer, vocab_size=self.vocab_size
+            )
+            self._compiler = xgrammar.GrammarCompiler(info, max_threads=1, cache_enabled=True)
+        if grammar.kind == "json_schema":
+            return self._compiler.compile_json_schema(grammar.spec, any_whitespace=True)
+        return self._compiler.compile_grammar(grammar.spec)
+
+
+def allowed_mask(bitmask_N_W: torch.Tensor, vocabulary: int) -> torch.Tensor:
+    """[N, vocabulary] bool from packed bitmasks (ids past the bitmask's width: not allowed)."""
+    bits_W_32 = torch.arange(32, device=bitmask_N_W.device, dtype=torch.int32)
+    unpacked_N_B = ((bitmask_N_W[:, :, None] >> bits_W_32) & 1).flatten(1).bool()
+    width = unpacked_N_B.shape[1]
+    if width >= vocabulary:
+        return unpacked_N_B[:, :vocabulary]
+    return torch.nn.functional.pad(unpacked_N_B, (0, vocabulary - width))
