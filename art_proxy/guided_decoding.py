@@ -7,9 +7,14 @@ tokens through it. This module says which grammar that is, as vLLM 0.32 decides 
 tool parsers and structured-output backends):
 
 - A forced tool call (`tool_choice` `"required"` or naming a function), or tools of which one is
-  `strict`, is constrained by a structural tag vLLM builds for its tool parser's call format
-  (`hermes`, which art-proxy starts vLLM with, among them; `VLLM_ENFORCE_STRICT_TOOL_CALLING`, on by
-  default): the trainer does not rebuild those yet, so such calls stay untrainable.
+  `strict` under `"auto"`, is constrained by a structural tag vLLM builds for its tool parser's
+  call format (`VLLM_ENFORCE_STRICT_TOOL_CALLING`, on by default, and `--tool-strict-level auto`).
+  The trainer rebuilds the `hermes` parser's, which art-proxy starts vLLM with: one or more
+  `<tool_call>` blocks of `{"name": <a tool>, "arguments": <JSON>}` (one for a named tool or
+  `parallel_tool_calls: false`), the arguments following the tool's schema when the tool is
+  `strict` and free JSON otherwise; under `"auto"` the model may write text until it opens a
+  block. Strict tools under `"auto"` together with structured output (an either-or grammar) are
+  not replayed.
 - `response_format` `json_schema`: its schema; `json_object`: `{"type": "object"}`.
 - `structured_outputs` `json` / `json_object` / `choice` (an EBNF grammar of the choices' literals).
 - vLLM's `auto` backend compiles these with xgrammar, except a JSON schema that uses a feature
@@ -31,8 +36,8 @@ from art_proxy.records import JsonObject
 class Grammar:
     """A grammar the trainer can replay: a JSON schema (as text) or an EBNF grammar."""
 
-    kind: Literal["json_schema", "ebnf"]
-    spec: str
+    kind: Literal["json_schema", "ebnf", "hermes_tools"]
+    spec: str  # hermes_tools: {"tools", "tool_choice", "parallel_tool_calls"} as JSON
 
 
 @dataclass(frozen=True)
@@ -68,11 +73,17 @@ def constraint(body: JsonObject) -> Grammar | Unreplayable | None:
     """The grammar the call's output was constrained by; None when it was not constrained."""
     tools = body.get("tools")
     tool_choice = body.get("tool_choice")
-    if tools and tool_choice != "none":
-        if tool_choice == "required" or isinstance(tool_choice, dict):
-            return _reason("tool_choice")
-        if any(_strict(tool) for tool in tools):
-            return _reason("strict tools")
+    if isinstance(tools, list) and tools and tool_choice != "none":
+        forced = tool_choice == "required" or isinstance(tool_choice, dict)
+        if forced or any(_strict(tool) for tool in tools):
+            if not forced and _structured_output(body):
+                return _reason("strict tools with structured output")
+            call = {
+                "tools": tools,
+                "tool_choice": tool_choice or "auto",
+                "parallel_tool_calls": body.get("parallel_tool_calls"),
+            }
+            return Grammar("hermes_tools", json.dumps(call))
     structured = body.get("structured_outputs")
     if isinstance(structured, dict):
         return _structured(structured)
@@ -97,6 +108,13 @@ def constraint(body: JsonObject) -> Grammar | Unreplayable | None:
         if body.get(name) is not None:
             return _reason(name)
     return None
+
+
+def _structured_output(body: JsonObject) -> bool:
+    response_format = body.get("response_format")
+    return body.get("structured_outputs") is not None or (
+        isinstance(response_format, dict) and response_format.get("type") not in (None, "text")
+    )
 
 
 def _strict(tool: Any) -> bool:

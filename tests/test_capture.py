@@ -324,14 +324,19 @@ WEATHER_TOOL = {
                 "tools": [WEATHER_TOOL],
                 "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
             },
-            "guided decoding (tool_choice)",
+            None,  # the trainer replays vLLM's structural tag (tests/test_real_vllm.py)
         ),
-        ({"tools": [WEATHER_TOOL], "tool_choice": "required"}, "guided decoding (tool_choice)"),
+        ({"tools": [WEATHER_TOOL], "tool_choice": "required"}, None),
         # Replayed by the trainer (art_proxy.guided_decoding; tests/test_real_vllm.py scores it).
         ({"response_format": {"type": "json_object"}}, None),
         (
-            {"tools": [{"type": "function", "function": {"name": "get_weather", "strict": True}}]},
-            "guided decoding (strict tools)",
+            {
+                "tools": [
+                    {"type": "function", "function": {"name": "get_weather", "strict": True}}
+                ],
+                "response_format": {"type": "json_object"},
+            },
+            "guided decoding (strict tools with structured output)",
         ),
         ({"guided_regex": "[a-z]+"}, "guided decoding (guided_regex)"),
         # The trainer applies these as vLLM does (tests/test_real_vllm.py scores them).
@@ -347,7 +352,7 @@ WEATHER_TOOL = {
         "named-tool",
         "required-tool",
         "json",
-        "strict-tools",
+        "strict-tools-and-json",
         "regex",
         "min-p-and-penalties",
         "frequency-and-logit-bias",

@@ -14,6 +14,11 @@ SCHEMA = {"type": "object", "properties": {"city": {"type": "string"}}, "require
 FUNCTION: dict[str, Any] = {"name": "get_weather", "parameters": SCHEMA}
 TOOL = {"type": "function", "function": FUNCTION}
 STRICT_TOOL = {"type": "function", "function": {**FUNCTION, "strict": True}}
+NAMED = {"type": "function", "function": {"name": "get_weather"}}
+
+
+def _tools(tools: list[Any], choice: Any, *, parallel: bool | None = None) -> str:
+    return json.dumps({"tools": tools, "tool_choice": choice, "parallel_tool_calls": parallel})
 
 
 @pytest.mark.parametrize(
@@ -39,16 +44,21 @@ STRICT_TOOL = {"type": "function", "function": {**FUNCTION, "strict": True}}
             {"structured_outputs": {"choice": ['say "yes"', "no\n"]}},
             Grammar("ebnf", 'root ::= "say \\"yes\\"" | "no\\n"'),
         ),
-        # What vLLM constrains otherwise, or hands to another backend: recorded, not trained.
+        # vLLM's hermes structural tag, from the call's tools and tool choice.
         (
             {"tools": [TOOL], "tool_choice": "required"},
-            Unreplayable("guided decoding (tool_choice)"),
+            Grammar("hermes_tools", _tools([TOOL], "required")),
         ),
         (
-            {"tools": [TOOL], "tool_choice": {"type": "function", "function": {"name": "x"}}},
-            Unreplayable("guided decoding (tool_choice)"),
+            {"tools": [TOOL], "tool_choice": NAMED, "parallel_tool_calls": False},
+            Grammar("hermes_tools", _tools([TOOL], NAMED, parallel=False)),
         ),
-        ({"tools": [STRICT_TOOL]}, Unreplayable("guided decoding (strict tools)")),
+        ({"tools": [STRICT_TOOL]}, Grammar("hermes_tools", _tools([STRICT_TOOL], "auto"))),
+        # What vLLM constrains otherwise, or hands to another backend: recorded, not trained.
+        (
+            {"tools": [STRICT_TOOL], "response_format": {"type": "json_object"}},
+            Unreplayable("guided decoding (strict tools with structured output)"),
+        ),
         (
             {
                 "response_format": {
@@ -83,6 +93,7 @@ STRICT_TOOL = {"type": "function", "function": {**FUNCTION, "strict": True}}
         "required-tool",
         "named-tool",
         "strict-tools",
+        "strict-tools-and-json",
         "llguidance-schema",
         "regex",
         "legacy-guided",

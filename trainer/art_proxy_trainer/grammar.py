@@ -10,6 +10,7 @@ recorded token the grammar refuses means the replay is not what vLLM ran: the ca
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -59,7 +60,53 @@ class GrammarReplay:
             self._compiler = xgrammar.GrammarCompiler(info, max_threads=1, cache_enabled=True)
         if grammar.kind == "json_schema":
             return self._compiler.compile_json_schema(grammar.spec, any_whitespace=True)
+        if grammar.kind == "hermes_tools":
+            return self._compiler.compile_structural_tag(hermes_tool_calls(grammar.spec))
         return self._compiler.compile_grammar(grammar.spec)
+
+
+def hermes_tool_calls(spec: str) -> str:
+    """The structural tag vLLM 0.32 constrains a call's tool calls with for its `hermes` parser
+    (art_proxy.guided_decoding describes it), as the JSON its backend compiles; `spec` holds the
+    call's tools, tool_choice and parallel_tool_calls."""
+    from xgrammar import StructuralTag, normalize_tool_choice
+    from xgrammar.structural_tag import (
+        AnyTextFormat,
+        JSONSchemaFormat,
+        TagFormat,
+        TagsWithSeparatorFormat,
+        TriggeredTagsFormat,
+    )
+
+    call = json.loads(spec)
+    # Each tool's `strict` pinned: its arguments follow its schema only when it asked for that.
+    tools: list[Any] = [
+        {**tool, "function": {**tool["function"], "strict": tool["function"].get("strict") is True}}
+        for tool in call["tools"]
+        if tool.get("type", "function") == "function" and isinstance(tool.get("function"), dict)
+    ]
+    functions, _, choice = normalize_tool_choice(tools, call["tool_choice"])
+    tags: list[Any] = []
+    for tool in functions:
+        strict = tool.function.strict is not False
+        parameters = tool.function.parameters if strict else None
+        arguments = JSONSchemaFormat(json_schema=parameters if parameters is not None else True)
+        for begin, end in (("<tool_call>\n", "}\n</tool_call>"), ("<tool_call>", "}</tool_call>")):
+            name = f'{begin}{{"name": "{tool.function.name}", "arguments": '
+            tags.append(TagFormat(begin=name, content=arguments, end=end))
+    single = call["parallel_tool_calls"] is False or choice == "forced"
+    tag_format: Any
+    if choice == "auto":
+        tag_format = (
+            TriggeredTagsFormat(triggers=["<tool_call>"], tags=tags, stop_after_first=single)
+            if tags
+            else AnyTextFormat()
+        )
+    else:
+        tag_format = TagsWithSeparatorFormat(
+            tags=tags, separator="", at_least_one=True, stop_after_first=single
+        )
+    return json.dumps(StructuralTag(format=tag_format).model_dump())
 
 
 def allowed_mask(bitmask_N_W: torch.Tensor, vocabulary: int) -> torch.Tensor:
