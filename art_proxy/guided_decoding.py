@@ -16,7 +16,9 @@ tool parsers and structured-output backends):
   block. Strict tools under `"auto"` together with structured output (an either-or grammar) are
   not replayed.
 - `response_format` `json_schema`: its schema; `json_object`: `{"type": "object"}`.
-- `structured_outputs` `json` / `json_object` / `choice` (an EBNF grammar of the choices' literals).
+- `structured_outputs` `json` / `json_object` / `choice` (an EBNF grammar of the choices' literals)
+  / `regex` (xgrammar's when it can read it, else vLLM goes to llguidance: the trainer then finds
+  it cannot compile it and leaves the call out).
 - vLLM's `auto` backend compiles these with xgrammar, except a JSON schema that uses a feature
   xgrammar does not support, which goes to llguidance: those, regexes, free grammars and
   structural tags are not replayed, and the call stays untrainable with the reason.
@@ -36,7 +38,7 @@ from art_proxy.records import JsonObject
 class Grammar:
     """A grammar the trainer can replay: a JSON schema (as text) or an EBNF grammar."""
 
-    kind: Literal["json_schema", "ebnf", "hermes_tools"]
+    kind: Literal["json_schema", "ebnf", "regex", "hermes_tools"]
     spec: str  # hermes_tools: {"tools", "tool_choice", "parallel_tool_calls"} as JSON
 
 
@@ -148,6 +150,9 @@ def _structured(structured: dict[str, Any]) -> Grammar | Unreplayable:
     choice = structured.get("choice")
     if isinstance(choice, list) and choice and all(isinstance(c, str) for c in choice):
         return Grammar("ebnf", "root ::= " + " | ".join(_ebnf_literal(c) for c in choice))
+    regex = structured.get("regex")
+    if isinstance(regex, str) and regex and "\x00" not in regex:
+        return Grammar("regex", regex)
     kinds = sorted(k for k, v in structured.items() if v not in (None, False, [], ""))
     return _reason("structured_outputs " + (", ".join(kinds) or "of no kind"))
 

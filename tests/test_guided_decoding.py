@@ -75,9 +75,10 @@ def _tools(tools: list[Any], choice: Any, *, parallel: bool | None = None) -> st
                 "guided decoding (response_format: a JSON schema vLLM compiles with llguidance)"
             ),
         ),
+        ({"structured_outputs": {"regex": "[a-z]+"}}, Grammar("regex", "[a-z]+")),
         (
-            {"structured_outputs": {"regex": "[a-z]+"}},
-            Unreplayable("guided decoding (structured_outputs regex)"),
+            {"structured_outputs": {"grammar": 'root ::= "a"'}},
+            Unreplayable("guided decoding (structured_outputs grammar)"),
         ),
         ({"guided_regex": "[a-z]+"}, Unreplayable("guided decoding (guided_regex)")),
     ],
@@ -96,6 +97,7 @@ def _tools(tools: list[Any], choice: Any, *, parallel: bool | None = None) -> st
         "strict-tools-and-json",
         "llguidance-schema",
         "regex",
+        "free-grammar",
         "legacy-guided",
     ],
 )

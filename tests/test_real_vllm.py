@@ -492,6 +492,7 @@ GUIDED: dict[str, dict[str, Any]] = {
     },
     "json_object": {"response_format": {"type": "json_object"}},
     "choice": {"structured_outputs": {"choice": ["sunny", "rainy", "a mix of both"]}},
+    "regex": {"structured_outputs": {"regex": "(sunny|rainy), [0-9]{1,2} C"}},
     "structured json": {"structured_outputs": {"json": _CITY}, "temperature": 0.8, "top_p": 0.9},
 }
 
@@ -697,20 +698,21 @@ async def test_the_agents_sdk_output_type_trains_on_vllm(
     await _assert_trained_whole(vllm_proxy, real_vllm.model_dir)
 
 
+@smol_tool
+def smol_weather(city: str) -> str:
+    """Weather of a city.
+
+    Args:
+        city: the city's name.
+    """
+    return f"sunny, 21 C in {city}"
+
+
 async def test_a_smolagents_tool_calling_agent_trains_on_vllm(
     real_vllm: RealVllm, vllm_proxy: RunningProxy
 ) -> None:
     """smolagents requires a tool on every call (`tool_choice: "required"`), which vLLM enforces
     with its hermes parser's structural tag: every call trains on the replayed grammar."""
-
-    @smol_tool
-    def get_weather(city: str) -> str:
-        """Weather of a city.
-
-        Args:
-            city: the city's name.
-        """
-        return f"sunny, 21 C in {city}"
 
     model = OpenAIServerModel(
         model_id=real_vllm.model,
@@ -720,7 +722,7 @@ async def test_a_smolagents_tool_calling_agent_trains_on_vllm(
         max_tokens=64,
     )
     for _ in range(2):
-        agent = ToolCallingAgent(tools=[get_weather], model=model, max_steps=2, verbosity_level=0)
+        agent = ToolCallingAgent(tools=[smol_weather], model=model, max_steps=2, verbosity_level=0)
         await asyncio.to_thread(agent.run, "What is the weather in Paris?")
     # Not counted: smolagents writes vLLM's tool call back as text in its own words, which the
     # proxy does not always tie to the call before (a run can come out as two trajectories).

@@ -83,3 +83,8 @@ def test_scored_under_the_grammar_each_token_takes_the_mass_the_grammar_left_out
     # Fewer ids share the mass: every sampled token is likelier under the grammar.
     assert bool((masked[sampled] > free[sampled]).all())
     assert masked[0, -1].item() == pytest.approx(0.0, abs=1e-6)  # EOS was the only id allowed
+
+
+def test_a_grammar_xgrammar_cannot_compile_is_not_replayed(replay: GrammarReplay) -> None:
+    """vLLM hands such a regex to llguidance, whose masks the trainer does not have."""
+    assert replay.allowed(Grammar("regex", "(?<=a)b"), _ids(replay, "b")) is None

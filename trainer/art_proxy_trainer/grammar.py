@@ -5,7 +5,8 @@ bias, penalties, temperature and filters), and its processed logprobs are of tha
 distribution. The trainer compiles the same grammar (`art_proxy.guided_decoding` says which) with
 the same engine, xgrammar, for the same tokenizer and vocabulary size, and walks the recorded
 tokens through a matcher, keeping before each token the bitmask of the tokens allowed there. A
-recorded token the grammar refuses means the replay is not what vLLM ran: the call is not scored.
+recorded token the grammar refuses, or a grammar xgrammar cannot compile (vLLM then used another
+backend), means the replay is not what vLLM ran: the call is not scored.
 """
 
 from __future__ import annotations
@@ -36,7 +37,10 @@ class GrammarReplay:
         allowed there (bit i % 32 of word i // 32 for id i); None when it refuses a token."""
         import xgrammar  # only a trainer that meets a constrained call pays for it
 
-        compiled = self._compiled(grammar)
+        try:
+            compiled = self._compiled(grammar)
+        except RuntimeError:  # xgrammar cannot read it, so vLLM compiled it with llguidance
+            return None
         # vLLM ends a constrained call on its sampling's stop ids: EOS and the model's
         # generation_config EOS ids besides (`SamplingParams.all_stop_token_ids`).
         stop_ids = sorted({*compiled.tokenizer_info.stop_token_ids, *self._stop_ids})
@@ -62,6 +66,8 @@ class GrammarReplay:
             return self._compiler.compile_json_schema(grammar.spec, any_whitespace=True)
         if grammar.kind == "hermes_tools":
             return self._compiler.compile_structural_tag(hermes_tool_calls(grammar.spec))
+        if grammar.kind == "regex":
+            return self._compiler.compile_regex(grammar.spec)
         return self._compiler.compile_grammar(grammar.spec)
 
 
