@@ -342,7 +342,7 @@ WEATHER_TOOL = {
         # The trainer applies these as vLLM does (tests/test_real_vllm.py scores them).
         ({"min_p": 0.1, "repetition_penalty": 1.1, "presence_penalty": 0.5}, None),
         ({"frequency_penalty": 0.5, "logit_bias": {"5": 10}}, None),
-        ({"min_tokens": 4}, "sampling min_tokens"),
+        ({"min_tokens": 4, "allowed_token_ids": [1, 2, 3]}, None),
         ({"bad_words": ["rain"]}, "sampling bad_words"),
     ],
     ids=[
@@ -356,7 +356,7 @@ WEATHER_TOOL = {
         "regex",
         "min-p-and-penalties",
         "frequency-and-logit-bias",
-        "min-tokens",
+        "min-tokens-and-allowed-ids",
         "bad-words",
     ],
 )

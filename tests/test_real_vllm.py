@@ -493,6 +493,13 @@ GUIDED: dict[str, dict[str, Any]] = {
     "json_object": {"response_format": {"type": "json_object"}},
     "choice": {"structured_outputs": {"choice": ["sunny", "rainy", "a mix of both"]}},
     "regex": {"structured_outputs": {"regex": "(sunny|rainy), [0-9]{1,2} C"}},
+    # Not guided decoding, but masks the same way: the first 2,000 ids only; no EOS before the
+    # 30th id, on a question SmolLM2 answers in a word or two.
+    "allowed ids": {"allowed_token_ids": list(range(2000))},
+    "min_tokens": {
+        "messages": [{"role": "user", "content": "Is Paris in France? Reply with one word."}],
+        "min_tokens": 30,
+    },
     "structured json": {"structured_outputs": {"json": _CITY}, "temperature": 0.8, "top_p": 0.9},
 }
 

@@ -67,14 +67,11 @@ def upstream_body(
 
 # Request fields that change the distribution tokens are drawn from in ways the trainer does not
 # reproduce (it applies what `SAMPLING_FIELDS` records: temperature, top-k, top-p, min_p, the
-# penalties and the logit bias), each with the value that means "off". A call that sets one is
+# penalties and the logit bias; and from the request, guided decoding, `allowed_token_ids` and
+# `min_tokens`), each with the value that means "off". A call that sets one is
 # recorded with its tokens but not trained on: scored with another distribution, its importance
 # ratio would be wrong.
-_UNREPRODUCED_SAMPLING: dict[str, Any] = {
-    "min_tokens": 0,
-    "bad_words": [],
-    "allowed_token_ids": [],
-}
+_UNREPRODUCED_SAMPLING: dict[str, Any] = {"bad_words": []}
 
 
 def unreproduced_sampling(body: JsonObject) -> str | None:

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from art_proxy.guided_decoding import Grammar, constraint
+from art_proxy.guided_decoding import constraint
 from art_proxy.proxy.attribution import canonical_message, reply_messages
 from art_proxy.records import CallRecord
 from art_proxy_trainer.errors import EmptyBatchError
@@ -229,8 +229,8 @@ def sequences_from_calls(
     trajectory_id: str, calls: Iterable[CallRecord], grammars: GrammarReplay | None = None
 ) -> tuple[list[TrainingSequence], SequenceStats]:
     """Stitch a trajectory's calls into as few sequences as their token ids allow. A call vLLM
-    constrained by a grammar is replayed through it with `grammars` (skipped without one, or when
-    the replay refuses a recorded token)."""
+    left ids out of (a grammar, `allowed_token_ids`, `min_tokens`) is replayed with `grammars`
+    (skipped without one, or when the replay refuses a recorded token)."""
     sequences: list[TrainingSequence] = []
     stitch_misses = skipped = 0
     ordered = sorted(calls, key=lambda c: c.seq)
@@ -243,13 +243,12 @@ def sequences_from_calls(
         assert call.prompt_token_ids is not None
         assert call.completion_token_ids is not None and call.logprobs is not None
         allowed_N_W = None
-        grammar = constraint(call.request)
-        if grammar is not None:
-            if not isinstance(grammar, Grammar) or grammars is None:
-                skipped += 1
-                continue
-            allowed_N_W = grammars.allowed(grammar, call.completion_token_ids[choice])
-            if allowed_N_W is None:
+        if _masked(call):
+            scorable = False
+            if grammars is not None:
+                ids = call.completion_token_ids[choice]
+                scorable, allowed_N_W = grammars.allowed_tokens(call.request, ids)
+            if not scorable:
                 skipped += 1
                 continue
         prompt = call.prompt_token_ids
@@ -269,6 +268,17 @@ def sequences_from_calls(
             allowed_N_W,
         )
     return sequences, SequenceStats(len(sequences), stitch_misses, skipped)
+
+
+def _masked(call: CallRecord) -> bool:
+    """Whether vLLM left ids out of the call's distribution by a grammar, `allowed_token_ids` or
+    `min_tokens` (replayed by GrammarReplay.allowed_tokens)."""
+    request = call.request
+    return (
+        constraint(request) is not None
+        or bool(request.get("allowed_token_ids"))
+        or bool(request.get("min_tokens"))
+    )
 
 
 def _continued_choice(call: CallRecord, later: Sequence[CallRecord]) -> int | None:

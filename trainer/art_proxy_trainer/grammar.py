@@ -1,4 +1,5 @@
-"""Replaying the grammar vLLM constrained a call with, to know what it allowed at every token.
+"""Replaying what vLLM allowed at every token of a call: its grammar, `allowed_token_ids` and
+`min_tokens`.
 
 vLLM masks the logits with its grammar's bitmask before its sampler sees them (so before the logit
 bias, penalties, temperature and filters), and its processed logprobs are of that masked
@@ -7,6 +8,11 @@ the same engine, xgrammar, for the same tokenizer and vocabulary size, and walks
 tokens through a matcher, keeping before each token the bitmask of the tokens allowed there. A
 recorded token the grammar refuses, or a grammar xgrammar cannot compile (vLLM then used another
 backend), means the replay is not what vLLM ran: the call is not scored.
+
+vLLM's sampler then leaves out, before its logit bias and penalties, what `allowed_token_ids` does
+not list and, while a call has output fewer than `min_tokens` ids, its stop ids (EOS, the model's
+generation_config EOS ids and the call's `stop_token_ids`; kept where the grammar allows nothing
+else). Both are ANDed into the same per-token bitmask.
 """
 
 from __future__ import annotations
@@ -17,7 +23,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from art_proxy.guided_decoding import Grammar
+from art_proxy.guided_decoding import Grammar, Unreplayable, constraint
+from art_proxy.records import JsonObject
 
 if TYPE_CHECKING:
     import xgrammar
@@ -31,6 +38,42 @@ class GrammarReplay:
         self.vocab_size = vocab_size
         self._stop_ids = stop_ids
         self._compiler: xgrammar.GrammarCompiler | None = None  # made at the first grammar
+
+    def allowed_tokens(
+        self, request: JsonObject, completion_ids: Sequence[int]
+    ) -> tuple[bool, torch.Tensor | None]:
+        """(whether the call can be scored, the bitmask of what vLLM allowed before each of its
+        tokens: None where it allowed every id)."""
+        guided = constraint(request)
+        if isinstance(guided, Unreplayable):
+            return False, None
+        bitmask = None if guided is None else self.allowed(guided, completion_ids)
+        if guided is not None and bitmask is None:
+            return False, None
+        listed = request.get("allowed_token_ids")
+        if isinstance(listed, list) and listed:
+            only = packed(torch.tensor([int(i) for i in listed]), self.vocab_size)
+            bitmask = self._every_id(len(completion_ids)) if bitmask is None else bitmask
+            bitmask &= only
+        min_tokens = request.get("min_tokens")
+        if isinstance(min_tokens, int) and min_tokens > 0 and completion_ids:
+            extra = request.get("stop_token_ids")
+            stops = [*self._stop_ids, *(extra if isinstance(extra, list) else [])]
+            eos = getattr(self.tokenizer, "eos_token_id", None)
+            stop_bits = packed(
+                torch.tensor([int(i) for i in stops] + ([eos] if eos is not None else [])),
+                self.vocab_size,
+            )
+            bitmask = self._every_id(len(completion_ids)) if bitmask is None else bitmask
+            early = bitmask[:min_tokens]
+            without_stops = early & ~stop_bits
+            # vLLM keeps the stop ids of a row its grammar leaves nothing else in.
+            empty = ~(without_stops != 0).any(dim=-1, keepdim=True)
+            bitmask[:min_tokens] = torch.where(empty & (guided is not None), early, without_stops)
+        return True, bitmask
+
+    def _every_id(self, rows: int) -> torch.Tensor:
+        return packed(torch.arange(self.vocab_size), self.vocab_size).expand(rows, -1).clone()
 
     def allowed(self, grammar: Grammar, completion_ids: Sequence[int]) -> torch.Tensor | None:
         """[n, ceil(V/32)] int32: before each of the n tokens, the bitmask of the ids the grammar
@@ -113,6 +156,15 @@ def hermes_tool_calls(spec: str) -> str:
             tags=tags, separator="", at_least_one=True, stop_after_first=single
         )
     return json.dumps(StructuralTag(format=tag_format).model_dump())
+
+
+def packed(ids: torch.Tensor, vocabulary: int) -> torch.Tensor:
+    """[ceil(vocabulary/32)] int32: the bitmask with the bits of `ids` set (xgrammar's layout)."""
+    words = (vocabulary + 31) // 32
+    bits = torch.zeros(words * 32, dtype=torch.bool)
+    bits[ids[(ids >= 0) & (ids < vocabulary)]] = True
+    values = (bits.view(words, 32).long() << torch.arange(32)).sum(dim=-1)
+    return torch.where(values >= 2**31, values - 2**32, values).to(torch.int32)
 
 
 def allowed_mask(bitmask_N_W: torch.Tensor, vocabulary: int) -> torch.Tensor:
