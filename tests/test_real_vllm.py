@@ -496,6 +496,7 @@ GUIDED: dict[str, dict[str, Any]] = {
     # Not guided decoding, but masks the same way: the first 2,000 ids only; no EOS before the
     # 30th id, on a question SmolLM2 answers in a word or two.
     "allowed ids": {"allowed_token_ids": list(range(2000))},
+    "bad words": {"bad_words": ["Paris", "weather", "sunny"]},
     "min_tokens": {
         "messages": [{"role": "user", "content": "Is Paris in France? Reply with one word."}],
         "min_tokens": 30,

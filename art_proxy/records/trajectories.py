@@ -77,7 +77,7 @@ class CallRecord(Record):
     untrainable_reason: str | None = Field(
         default=None,
         description="Why an answered call is not trainable (e.g. `guided decoding "
-        "(tool_choice)`, `sampling min_p`, `stream lost tokens`); None when it is, or when it "
+        "(structured_outputs grammar)`, `stream lost tokens`); None when it is, or when it "
         "failed.",
     )
     stitched: bool = Field(

@@ -271,12 +271,13 @@ def sequences_from_calls(
 
 
 def _masked(call: CallRecord) -> bool:
-    """Whether vLLM left ids out of the call's distribution by a grammar, `allowed_token_ids` or
-    `min_tokens` (replayed by GrammarReplay.allowed_tokens)."""
+    """Whether vLLM left ids out of the call's distribution by a grammar, `allowed_token_ids`,
+    `bad_words` or `min_tokens` (replayed by GrammarReplay.allowed_tokens)."""
     request = call.request
     return (
         constraint(request) is not None
         or bool(request.get("allowed_token_ids"))
+        or bool(request.get("bad_words"))
         or bool(request.get("min_tokens"))
     )
 

@@ -10,7 +10,7 @@ recorded token the grammar refuses, or a grammar xgrammar cannot compile (vLLM t
 backend), means the replay is not what vLLM ran: the call is not scored.
 
 vLLM's sampler then leaves out, before its logit bias and penalties, what `allowed_token_ids` does
-not list and, while a call has output fewer than `min_tokens` ids, its stop ids (EOS, the model's
+not list, the last id of a `bad_words` word whose other ids the output has just written and, while a call has output fewer than `min_tokens` ids, its stop ids (EOS, the model's
 generation_config EOS ids and the call's `stop_token_ids`; kept where the grammar allows nothing
 else). Both are ANDed into the same per-token bitmask.
 """
@@ -55,6 +55,11 @@ class GrammarReplay:
             only = packed(torch.tensor([int(i) for i in listed]), self.vocab_size)
             bitmask = self._every_id(len(completion_ids)) if bitmask is None else bitmask
             bitmask &= only
+        words = request.get("bad_words")
+        if isinstance(words, list) and words:
+            bitmask = self._every_id(len(completion_ids)) if bitmask is None else bitmask
+            for position, token_id in self._bad_word_ends(words, completion_ids):
+                bitmask[position, token_id // 32] &= ~(1 << (token_id % 32))
         min_tokens = request.get("min_tokens")
         if isinstance(min_tokens, int) and min_tokens > 0 and completion_ids:
             extra = request.get("stop_token_ids")
@@ -71,6 +76,29 @@ class GrammarReplay:
             empty = ~(without_stops != 0).any(dim=-1, keepdim=True)
             bitmask[:min_tokens] = torch.where(empty & (guided is not None), early, without_stops)
         return True, bitmask
+
+    def _bad_word_ends(
+        self, words: list[Any], completion_ids: Sequence[int]
+    ) -> list[tuple[int, int]]:
+        """(position, id) pairs vLLM left out for `bad_words`: each word's ids (as written, and
+        after a space when that makes other ids of the same count), their last id wherever the
+        call's output so far ends with the others."""
+        sequences: list[list[int]] = []
+        for word in dict.fromkeys(w for w in words if isinstance(w, str) and w):
+            plain = self.tokenizer.encode(word.lstrip(), add_special_tokens=False)
+            if plain:
+                sequences.append(plain)
+            spaced = self.tokenizer.encode(" " + word.lstrip(), add_special_tokens=False)
+            if spaced and (not plain or (spaced[0] != plain[0] and len(spaced) == len(plain))):
+                sequences.append(spaced)
+        ends = []
+        for position in range(len(completion_ids)):
+            past = list(completion_ids[:position])
+            for ids in sequences:
+                prefix = ids[:-1]
+                if len(prefix) <= len(past) and past[len(past) - len(prefix) :] == prefix:
+                    ends.append((position, ids[-1]))
+        return ends
 
     def _every_id(self, rows: int) -> torch.Tensor:
         return packed(torch.arange(self.vocab_size), self.vocab_size).expand(rows, -1).clone()
