@@ -11,7 +11,7 @@ import torch
 from art_proxy.guided_decoding import Grammar
 from art_proxy.local.model_loading import load_model
 from art_proxy_trainer.batch import TrajectorySample, build_batch
-from art_proxy_trainer.grammar import GrammarReplay, allowed_mask
+from art_proxy_trainer.grammar import GrammarReplay, allowed_mask, packed
 from art_proxy_trainer.scoring import token_logprobs
 from tests.trainer.records import call
 
@@ -88,3 +88,12 @@ def test_scored_under_the_grammar_each_token_takes_the_mass_the_grammar_left_out
 def test_a_grammar_xgrammar_cannot_compile_is_not_replayed(replay: GrammarReplay) -> None:
     """vLLM hands such a regex to llguidance, whose masks the trainer does not have."""
     assert replay.allowed(Grammar("regex", "(?<=a)b"), _ids(replay, "b")) is None
+
+
+@pytest.mark.parametrize("token_id", [0, 31, 32, 63, 100])
+def test_a_packed_id_unpacks_to_itself_whichever_bit_it_takes(token_id: int) -> None:
+    """Bit 31 of a word is the int32's sign: setting or clearing it must not wrap."""
+    only = packed(torch.tensor([token_id]), 101)
+    assert allowed_mask(only[None], 101)[0].nonzero()[:, 0].tolist() == [token_id]
+    every_but = packed(torch.arange(101), 101) & ~only
+    assert allowed_mask(every_but[None], 101)[0].sum().item() == 100

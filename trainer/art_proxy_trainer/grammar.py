@@ -1,5 +1,5 @@
-"""Replaying what vLLM allowed at every token of a call: its grammar, `allowed_token_ids` and
-`min_tokens`.
+"""Replaying what vLLM allowed at every token of a call: its grammar, `allowed_token_ids`,
+`bad_words` and `min_tokens`.
 
 vLLM masks the logits with its grammar's bitmask before its sampler sees them (so before the logit
 bias, penalties, temperature and filters), and its processed logprobs are of that masked
@@ -10,9 +10,10 @@ recorded token the grammar refuses, or a grammar xgrammar cannot compile (vLLM t
 backend), means the replay is not what vLLM ran: the call is not scored.
 
 vLLM's sampler then leaves out, before its logit bias and penalties, what `allowed_token_ids` does
-not list, the last id of a `bad_words` word whose other ids the output has just written and, while a call has output fewer than `min_tokens` ids, its stop ids (EOS, the model's
+not list; the last id of a `bad_words` word whose other ids the output has just written; and,
+while a call has output fewer than `min_tokens` ids, its stop ids (EOS, the model's
 generation_config EOS ids and the call's `stop_token_ids`; kept where the grammar allows nothing
-else). Both are ANDed into the same per-token bitmask.
+else). Each is ANDed into the same per-token bitmask.
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ class GrammarReplay:
         if isinstance(words, list) and words:
             bitmask = self._every_id(len(completion_ids)) if bitmask is None else bitmask
             for position, token_id in self._bad_word_ends(words, completion_ids):
-                bitmask[position, token_id // 32] &= ~(1 << (token_id % 32))
+                bitmask[position] &= ~packed(torch.tensor([token_id]), self.vocab_size)
         min_tokens = request.get("min_tokens")
         if isinstance(min_tokens, int) and min_tokens > 0 and completion_ids:
             extra = request.get("stop_token_ids")
