@@ -18,7 +18,7 @@ import sys
 import time
 from collections import deque
 from collections.abc import Awaitable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TypeVar
 
@@ -27,7 +27,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from art_proxy.config import Engine, LogLevel, UpSettings
+from art_proxy.config import Engine, LogLevel, TrainerConfig, UpSettings
 from art_proxy.errors import ConfigError
 from art_proxy.ids import short_id
 from art_proxy.local import missing_local_packages
@@ -81,10 +81,41 @@ def flags(**values: object) -> list[str]:
     return argv
 
 
-# vLLM's share of one GPU the trainer also trains on: 7B in bf16 is 15 GB of weights each side,
-# and the trainer's step with recomputed activations fits in what is left on an 80 GB card (the
-# README's arithmetic).
+# vLLM's share of one GPU the trainer also trains on when the model's size or the GPU's cannot be
+# read (a hub id not in the local cache, torch without CUDA beside a CUDA vLLM).
 ONE_GPU_VLLM_SHARE = 0.5
+
+
+def one_gpu_share(settings: UpSettings, model_dir: str) -> float:
+    """vLLM's share of the GPU the whole loop's trainer trains on: what the trainer's step leaves
+    by `art_proxy_trainer.memory` (the README's one-GPU arithmetic), from the model's config and
+    the GPU's size. ConfigError when vLLM cannot fit beside the trainer."""
+    try:
+        import torch
+        from transformers import AutoConfig
+
+        from art_proxy_trainer.memory import GB, ModelShape, vllm_share
+
+        config = AutoConfig.from_pretrained(model_dir, local_files_only=True)
+        gpu_bytes = torch.cuda.get_device_properties(0).total_memory
+    except (ImportError, OSError, ValueError, RuntimeError, AssertionError):
+        return ONE_GPU_VLLM_SHARE
+    shape = ModelShape.of(config, model_dir)
+    share = vllm_share(
+        shape,
+        gpu_bytes,
+        micro_batch_tokens=TrainerConfig().micro_batch_tokens,
+        lora_rank=settings.lora_rank,
+        sleeping=settings.sleep_mode,
+    )
+    if share is None:
+        raise ConfigError(
+            f"{model_dir} does not fit beside the trainer on this {gpu_bytes / GB:.0f} GB GPU "
+            f"({shape.parameters * 2 / GB:.1f} GB of bf16 weights each side): pass --sleep-mode "
+            "(vLLM sleeps through each step), a smaller model, or --gpu-memory-utilization "
+            "and a trainer on another GPU"
+        )
+    return share
 
 
 def refuse_taken_port(host: str, port: int, flag: str) -> None:
@@ -114,10 +145,11 @@ def plan(settings: UpSettings) -> list[Part]:
             max_lora_rank=settings.max_lora_rank,
             tool_call_parser=settings.tool_call_parser,
             dtype=settings.vllm_dtype,
-            gpu_memory_utilization=settings.gpu_memory_utilization
-            or (ONE_GPU_VLLM_SHARE if settings.agent else None),
+            gpu_memory_utilization=settings.gpu_memory_utilization or None,
             sleep_mode=settings.sleep_mode,
         )
+        if settings.agent and not launch.cpu and not settings.gpu_memory_utilization:
+            launch = replace(launch, gpu_memory_utilization=one_gpu_share(settings, launch.model))
         llm = Part(
             "vllm",
             launch.argv(),

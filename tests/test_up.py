@@ -22,12 +22,16 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 
 import aiohttp
 import openai
 import pytest
+import torch
+from transformers import Qwen2Config
 
 from art_proxy.config import LogLevel, UpSettings
+from art_proxy.errors import ConfigError
 from art_proxy.testing.loopback import free_port
 from art_proxy.up import plan, trainer_command
 from art_proxy.vllm_server import VllmNotFound, find_vllm_python
@@ -293,7 +297,9 @@ def test_plan_with_the_vllm_engine_serves_bf16_on_a_gpu_and_float32_on_vllm_cpu(
     ]
     assert llm.env == {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}
     assert llm.health_url == "http://127.0.0.1:8001/health"
-    # One GPU shared with the whole loop's trainer: vLLM takes half of it, unless told.
+    # One GPU shared with the whole loop's trainer: vLLM takes what the trainer's step leaves
+    # (test_a_one_gpu_loop_gives_vllm_what_the_trainer_leaves); half where the model's size or
+    # the GPU's cannot be read (here: no such directory, no CUDA), unless told.
     looped = settings.model_copy(update={"agent": "agent.py:rollout", "scenarios": "s.jsonl"})
     share = plan(looped)[0].argv
     assert share[share.index("--gpu-memory-utilization") + 1] == "0.5"
@@ -415,3 +421,39 @@ def test_a_lora_rank_above_vllms_max_lora_rank_is_refused_at_start_in_one_line()
     looped = UpSettings(agent="agent.py:rollout", scenarios="s.jsonl", lora_rank=16)
     train = shlex.split(trainer_command(looped) or "")
     assert train[train.index("--lora-rank") + 1] == "16"
+
+
+@pytest.mark.parametrize(("gpu_gb", "share"), [(80, "0.69"), (24, None)])
+def test_a_one_gpu_loop_gives_vllm_what_the_trainer_leaves(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, gpu_gb: int, share: str | None
+) -> None:
+    """A 7B model (its config, no weights) on an 80 GB GPU: vLLM gets 0.69 (the README's table);
+    on 24 GB the two copies of its weights do not fit, which up says in one line at start."""
+    python = tmp_path / "venv" / "bin" / "python"
+    python.parent.mkdir(parents=True)
+    python.touch()
+    model = tmp_path / "Qwen2.5-7B-Instruct"
+    Qwen2Config(
+        hidden_size=3584,
+        intermediate_size=18944,
+        num_hidden_layers=28,
+        num_attention_heads=28,
+        num_key_value_heads=4,
+        vocab_size=152064,
+        tie_word_embeddings=False,
+    ).save_pretrained(model)
+    gpu = SimpleNamespace(total_memory=gpu_gb * 10**9)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda _: gpu)
+    settings = UpSettings(
+        engine="vllm",
+        model=str(model),
+        vllm_python=str(python),
+        agent="agent.py:rollout",
+        scenarios="s.jsonl",
+    )
+    if share is None:
+        with pytest.raises(ConfigError, match="does not fit beside the trainer on this 24 GB GPU"):
+            plan(settings)
+        return
+    argv = plan(settings)[0].argv
+    assert argv[argv.index("--gpu-memory-utilization") + 1] == share

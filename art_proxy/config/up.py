@@ -55,8 +55,8 @@ class UpSettings(JournalSettings, StoreSettings):
         ge=0,
         lt=1,
         description="vLLM --gpu-memory-utilization (GPU only): its share of the GPU's memory. "
-        "0 = vLLM's 0.9 alone, 0.5 with --agent (the trainer shares the GPU: see the README's "
-        "one-GPU arithmetic).",
+        "0 = vLLM's 0.9 alone; with --agent, what the trainer's step leaves, from the model's "
+        "config and the GPU's size (the README's one-GPU arithmetic).",
     )
     tool_call_parser: str = Field(
         "hermes", description="vLLM --tool-call-parser (vLLM engine only)."

@@ -5,7 +5,14 @@ from __future__ import annotations
 import torch
 
 from art_proxy.config import TrainerConfig
-from art_proxy_trainer.memory import QWEN2_0_5B, QWEN2_7B, QWEN2_14B, step_memory
+from art_proxy_trainer.memory import (
+    QWEN2_0_5B,
+    QWEN2_7B,
+    QWEN2_14B,
+    ModelShape,
+    step_memory,
+    vllm_share,
+)
 from art_proxy_trainer.step import lora_model
 from benchmarks.gpu_check import TINY, build
 
@@ -28,3 +35,18 @@ def test_recomputed_activations_are_what_lets_7b_train_beside_vllm_on_80_gb() ->
     kept = step_memory(QWEN2_7B, micro_batch_tokens=8192, recompute=False)
     recomputed = step_memory(QWEN2_7B, micro_batch_tokens=8192, recompute=True)
     assert recomputed.total < 40e9 < kept.total
+
+
+def test_vllm_s_share_of_one_gpu_is_what_the_trainer_s_step_leaves() -> None:
+    """`up --engine vllm --agent` on one GPU (the README's one-GPU table)."""
+
+    def share(shape: ModelShape, gb: int, *, sleeping: bool = False) -> float | None:
+        return vllm_share(shape, gb * 1e9, micro_batch_tokens=8192, sleeping=sleeping)
+
+    assert share(QWEN2_0_5B, 80) == 0.9  # vLLM's own default: the trainer needs ~5 GB
+    assert share(QWEN2_7B, 80) == 0.69
+    assert share(QWEN2_14B, 80) == 0.46
+    # Two bf16 copies of 7B's weights are 30 GB: no share of 24 GB fits, asleep or not.
+    assert share(QWEN2_7B, 24) is None and share(QWEN2_7B, 24, sleeping=True) is None
+    # vLLM asleep through each step leaves the trainer only its weights to keep between them.
+    assert share(QWEN2_14B, 80, sleeping=True) == 0.59

@@ -126,3 +126,30 @@ def vllm_memory(shape: ModelShape, *, kv_cache_gb: float, dtype_bytes: int = 2) 
     """vLLM's share in bytes: its copy of the weights, the KV cache it is given, and ~2 GB of
     CUDA graphs, activations and LoRA slots."""
     return shape.parameters * dtype_bytes + kv_cache_gb * GB + 2 * GB
+
+
+# The CUDA context and allocator slack a process holds beyond its tensors.
+CUDA_CONTEXT = 2 * GB
+# vLLM's own default share, and the least KV cache worth serving with.
+VLLM_DEFAULT_SHARE = 0.9
+VLLM_LEAST_KV_CACHE_GB = 1.0
+
+
+def vllm_share(
+    shape: ModelShape,
+    gpu_bytes: float,
+    *,
+    micro_batch_tokens: int,
+    lora_rank: int = 8,
+    sleeping: bool = False,
+) -> float | None:
+    """vLLM's `--gpu-memory-utilization` on one GPU the trainer trains on too: what the trainer's
+    step leaves (with `sleeping`, vLLM sleeps through each step, so only what the trainer keeps
+    between steps: its weights and adapter), at most vLLM's own 0.9, rounded down to a hundredth.
+    None when vLLM's weights, graphs and 1 GB of KV cache do not fit in it."""
+    step = step_memory(shape, micro_batch_tokens=micro_batch_tokens, lora_rank=lora_rank)
+    trainer = (step.weights + step.adapter if sleeping else step.total) + CUDA_CONTEXT
+    left = gpu_bytes - trainer
+    if left < vllm_memory(shape, kv_cache_gb=VLLM_LEAST_KV_CACHE_GB):
+        return None
+    return min(VLLM_DEFAULT_SHARE, int(left / gpu_bytes * 100) / 100)
