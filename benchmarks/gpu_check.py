@@ -11,6 +11,8 @@ builds the model with random weights in bfloat16 on the device, wraps it with th
 - `train_step, recompute`: the trainer's default, activations recomputed;
 - `top_p only`: the trainer's default step on a batch sampled with top_p 0.9 and no top_k (the
   OpenAI SDK's case), which must apply and stay finite;
+- `every logit change`: the same with everything else the trainer reproduces of vLLM's sampler
+  (a grammar's mask, a logit bias, the three penalties, min_p) on every trained token;
 - `sidecar, memory capped`: the sidecar's own path, for the first size only: the model saved as a
   Hugging Face directory, loaded and placed as `art-proxy train` does (`--device auto`: bf16 base
   and float32 adapter on CUDA), then two steps with activations kept. On CUDA the process's memory
@@ -36,8 +38,9 @@ import sys
 import time
 import warnings
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Literal
 
 import torch
 from peft import PeftModel
@@ -50,6 +53,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from art_proxy.config import TrainerConfig
 from art_proxy_trainer.batch import SequenceStats, TrainingBatch
+from art_proxy_trainer.grammar import packed
 from art_proxy_trainer.memory import QWEN2_0_5B, QWEN2_7B, ModelShape, step_memory
 from art_proxy_trainer.policy import base_dtype, load_policy, training_device
 from art_proxy_trainer.scoring import SamplingTransforms
@@ -93,7 +97,12 @@ def build(shape: ModelShape, device: torch.device) -> Qwen2ForCausalLM:
 
 
 def batch_of(
-    shape: ModelShape, rows: int, prompt: int, completion: int, device: torch.device, top_p: bool
+    shape: ModelShape,
+    rows: int,
+    prompt: int,
+    completion: int,
+    device: torch.device,
+    sampling: Literal["none", "top_p", "every change"] = "none",
 ) -> TrainingBatch:
     length = prompt + completion
     generator = torch.Generator().manual_seed(0)
@@ -101,8 +110,29 @@ def batch_of(
     mask_B_T = torch.zeros(rows, length)
     mask_B_T[:, prompt:] = 1.0
     transforms = SamplingTransforms()
-    if top_p:
+    if sampling != "none":
         transforms = SamplingTransforms(top_p_B_T=torch.where(mask_B_T > 0, 0.9, 1.0))
+    if sampling == "every change":
+        # What vLLM applies besides: a grammar's mask (every id but one), a logit bias, the
+        # penalties from each row's prompt and output so far, min_p.
+        trained = mask_B_T > 0
+        positions_B_T = torch.arange(length).expand(rows, length).clone()
+        transforms = replace(
+            transforms,
+            min_p_B_T=torch.where(trained, 0.001, 0.0),
+            repetition_B_T=torch.where(trained, 1.1, 1.0),
+            frequency_B_T=torch.where(trained, 0.2, 0.0),
+            presence_B_T=torch.where(trained, 0.2, 0.0),
+            call_start_B_T=torch.where(trained, prompt, positions_B_T),
+            position_B_T=positions_B_T,
+            bias_ids_B_T_M=torch.tensor([3, 40, -1]).expand(rows, length, 3).clone(),
+            bias_B_T_M=torch.tensor([2.0, -3.0, 0.0]).expand(rows, length, 3).clone(),
+            allowed_index_B_T=torch.where(trained, 0, -1),
+            allowed_K_W=(
+                packed(torch.arange(shape.vocabulary), shape.vocabulary)
+                & ~packed(torch.tensor([5]), shape.vocabulary)
+            )[None],
+        )
     return TrainingBatch(
         tokens_B_T,
         torch.ones(rows, length, dtype=torch.int64),
@@ -162,17 +192,19 @@ def check(
 ) -> list[Row]:
     results: list[Row] = []
     tokens = rows * (prompt + completion)
-    for arm, recompute, top_p, raw in (
-        ("raw peft", False, False, True),
-        ("train_step", False, False, False),
-        ("train_step, recompute", True, False, False),
-        ("top_p only", True, True, False),
-    ):
+    arms: tuple[tuple[str, bool, Literal["none", "top_p", "every change"], bool], ...] = (
+        ("raw peft", False, "none", True),
+        ("train_step", False, "none", False),
+        ("train_step, recompute", True, "none", False),
+        ("top_p only", True, "top_p", False),
+        ("every logit change", True, "every change", False),
+    )
+    for arm, recompute, sampling, raw in arms:
         config = TrainerConfig(gradient_checkpointing=recompute)
         before = resident_gb(device)
         model = lora_model(build(shape, device), config)
         optimizer = make_optimizer(model, config)
-        batch = batch_of(shape, rows, prompt, completion, device, top_p)
+        batch = batch_of(shape, rows, prompt, completion, device, sampling)
         # As Policy.train does: every step starts at the micro-batch size the last one fit.
         state: dict[str, object] = {"applied": True, "fit": None}
 
@@ -273,7 +305,7 @@ def sidecar_check(
         and base.dtype == (torch.bfloat16 if device.type == "cuda" else torch.float32)
         and adapter.dtype == torch.float32
     )
-    batch = batch_of(shape, rows, prompt, completion, device, top_p=False)
+    batch = batch_of(shape, rows, prompt, completion, device)
     settings = settings.model_copy(update={"micro_batch_tokens": tokens})
     fits = min(tokens, settings.micro_batch_tokens) // 4
     capped = capped and device.type == "cuda"
