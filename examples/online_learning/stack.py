@@ -19,10 +19,6 @@ from art_proxy.up import Part, flags, plan
 PROD_ALIAS = "assistant"  # what the production agent calls
 CANDIDATE_ALIAS = "assistant-candidate"  # what the trainer moves every step
 RUN = "online-learning"
-# Production traffic is sampled by the promoted adapter, which may be many steps behind the one
-# being trained (10 in a run of 20 steps); such groups are still worth learning from (the
-# importance ratio is truncated), so any age within a run of this length is accepted.
-MAX_STALENESS = 100
 # A candidate is promoted only once its validation groups reach a later step (they ride along with
 # the next groups that carry a signal), a few steps after it was trained: it must still be loaded.
 KEEP_ADAPTERS = 8
@@ -78,7 +74,6 @@ def trainer(options: StackOptions) -> Part:
         # samples; a round's val answers, started together): ready once none is open.
         group_size=2,
         groups_per_step=options.groups_per_step,
-        max_staleness=MAX_STALENESS,
         keep_adapters=KEEP_ADAPTERS,
         out=options.workdir / "trainer",
         run=RUN,
