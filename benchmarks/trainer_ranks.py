@@ -33,7 +33,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from art_proxy.config import TrainerConfig
 from art_proxy_trainer.batch import SequenceStats, TrainingBatch
-from art_proxy_trainer.distributed import Ranks, Replica, Sharding, join, leave
+from art_proxy_trainer.distributed import Ranks, Replica, Sharding, exit_rank, join, leave
 from art_proxy_trainer.policy import Policy
 from art_proxy_trainer.step import lora_model, make_optimizer, train_step
 
@@ -210,3 +210,6 @@ if __name__ == "__main__":
     # The rank side: MODE SHARDING REPEATS BATCH_FILE OUT.
     mode, kind, repeats, batch_file, out = sys.argv[1:6]
     rank_main(mode, "fsdp" if kind == "fsdp" else "ddp", int(repeats), batch_file, out)
+    # Past the interpreter's finalization, as the trainer's ranks end: gloo's threads torn down
+    # by it have aborted a finished FSDP rank ("terminate called without an active exception").
+    exit_rank()
