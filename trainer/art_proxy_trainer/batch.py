@@ -28,11 +28,10 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from art_proxy.guided_decoding import constraint
 from art_proxy.proxy.attribution import canonical_message, reply_messages
 from art_proxy.records import CallRecord
 from art_proxy_trainer.errors import EmptyBatchError
-from art_proxy_trainer.grammar import GrammarReplay
+from art_proxy_trainer.grammar import GrammarReplay, leaves_ids_out
 from art_proxy_trainer.scoring import NO_TRANSFORMS, SamplingTransforms
 
 # The choice of a trajectory's last call that is trained (see the module docstring).
@@ -243,7 +242,7 @@ def sequences_from_calls(
         assert call.prompt_token_ids is not None
         assert call.completion_token_ids is not None and call.logprobs is not None
         allowed_N_W = None
-        if _masked(call):
+        if leaves_ids_out(call.request):
             scorable = False
             if grammars is not None:
                 ids = call.completion_token_ids[choice]
@@ -268,18 +267,6 @@ def sequences_from_calls(
             allowed_N_W,
         )
     return sequences, SequenceStats(len(sequences), stitch_misses, skipped)
-
-
-def _masked(call: CallRecord) -> bool:
-    """Whether vLLM left ids out of the call's distribution by a grammar, `allowed_token_ids`,
-    `bad_words` or `min_tokens` (replayed by GrammarReplay.allowed_tokens)."""
-    request = call.request
-    return (
-        constraint(request) is not None
-        or bool(request.get("allowed_token_ids"))
-        or bool(request.get("bad_words"))
-        or bool(request.get("min_tokens"))
-    )
 
 
 def _continued_choice(call: CallRecord, later: Sequence[CallRecord]) -> int | None:

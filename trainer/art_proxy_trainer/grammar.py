@@ -31,6 +31,14 @@ if TYPE_CHECKING:
     import xgrammar
 
 
+def leaves_ids_out(request: JsonObject) -> bool:
+    """Whether vLLM left ids out of the call's distribution: a grammar, `allowed_token_ids`,
+    `bad_words` or `min_tokens` (what `GrammarReplay.allowed_tokens` replays)."""
+    return constraint(request) is not None or any(
+        request.get(name) for name in ("allowed_token_ids", "bad_words", "min_tokens")
+    )
+
+
 class GrammarReplay:
     """Compiles grammars for one tokenizer (cached) and replays recorded tokens through them."""
 
