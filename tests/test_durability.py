@@ -17,8 +17,10 @@ import re
 import shutil
 import signal
 import sqlite3
+import struct
 import subprocess
 import time
+import zlib
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
@@ -30,7 +32,7 @@ import sqlalchemy as sa
 from art_proxy.config import Durability, ProxySettings
 from art_proxy.errors import ConfigError, StoreError
 from art_proxy.journal import ingester, segments
-from art_proxy.journal.frames import header, scan
+from art_proxy.journal.frames import frame_bytes, scan
 from art_proxy.journal.ingester import Ingester
 from art_proxy.journal.rejected import REJECTED_FILE
 from art_proxy.proxy import app
@@ -434,6 +436,55 @@ async def test_a_torn_last_frame_is_skipped_and_counted_and_the_rest_ingested(
     assert segment_files(journal) == []  # ingested and trimmed
 
 
+async def test_a_damaged_frame_in_the_middle_loses_that_record_only_and_is_quarantined(
+    sqlite_url: str, vllm: FakeVllm, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A flipped bit in the middle of a segment: the frames after it are ingested (the old
+    format dropped the rest of the segment, up to 16 MiB of answered calls), the damaged bytes
+    are copied aside, and /health counts the one record they held."""
+    journal = tmp_path / "journal"
+    settings = proxy_settings(sqlite_url, vllm.base_url, journal=str(journal))
+    with monkeypatch.context() as patch:
+        patch.setattr(Ingester, "start", lambda self: None)  # journaled, never ingested
+        async with running_proxy(settings) as first, aiohttp.ClientSession() as http:
+            completed = [await one_call(http, first.base_url, index) for index in range(6)]
+    [segment] = segment_files(journal)
+    data = bytearray(segment.read_bytes())
+    frames = scan(bytes(data)).frames
+    data[frames[2].start + 40] ^= 0x10  # a bit in the third record
+    segment.write_bytes(bytes(data))
+    health = await ingest_what_is_left(sqlite_url, vllm.base_url, journal)
+    assert isinstance(health["journal"], dict)
+    assert health["journal"]["damaged_spans"] == 1
+    assert health["journal"]["damaged_records"] == 1
+    assert health["journal"]["ingested"] == 5
+    recorded = await recorded_response_ids(sqlite_url)
+    assert_each_once(completed[:2] + completed[3:], recorded)
+    assert completed[2] not in recorded
+    [kept] = (journal / "quarantine").iterdir()
+    assert kept.read_bytes() == bytes(data[frames[2].start : frames[2].end])
+
+
+async def test_a_journal_written_before_frames_carried_a_magic_is_ingested(
+    sqlite_url: str, vllm: FakeVllm, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Upgrading with records journaled (a store outage, then a restart on the new release)."""
+    journal = tmp_path / "journal"
+    settings = proxy_settings(sqlite_url, vllm.base_url, journal=str(journal))
+    with monkeypatch.context() as patch:
+        patch.setattr(Ingester, "start", lambda self: None)
+        async with running_proxy(settings) as first, aiohttp.ClientSession() as http:
+            completed = [await one_call(http, first.base_url, index) for index in range(3)]
+    [segment] = segment_files(journal)
+    payloads = [frame.payload for frame in scan(segment.read_bytes()).frames]
+    segment.write_bytes(
+        b"".join(struct.pack("<II", len(p), zlib.crc32(p)) + p for p in payloads)
+    )
+    health = await ingest_what_is_left(sqlite_url, vllm.base_url, journal)
+    assert isinstance(health["journal"], dict) and health["journal"]["ingested"] == 3
+    assert_each_once(completed, await recorded_response_ids(sqlite_url))
+
+
 async def test_a_journal_replayed_after_its_records_landed_records_them_once(
     sqlite_url: str, vllm: FakeVllm, tmp_path: Path
 ) -> None:
@@ -797,7 +848,7 @@ async def test_records_set_aside_are_counted_again_after_a_restart(
     journal = tmp_path / "journal"
     journal.mkdir()
     payloads = [b"one", b"two"]
-    (journal / REJECTED_FILE).write_bytes(b"".join(header(p) + p for p in payloads))
+    (journal / REJECTED_FILE).write_bytes(b"".join(frame_bytes(p, 0) for p in payloads))
     settings = proxy_settings(sqlite_url, vllm.base_url, journal=str(journal))
     async with running_proxy(settings) as proxy, aiohttp.ClientSession() as http:
         health = await get_health(http, proxy.root_url)

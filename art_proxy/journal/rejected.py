@@ -24,11 +24,13 @@ from art_proxy.store.trajectory_store import TrajectoryStore
 from art_proxy.store.writer import refuses_record
 
 from .entries import Entry, decode
-from .frames import header, scan
+from .frames import frame_bytes, scan
 from .segments import fsync_directory
 
 REJECTED_FILE = "rejected-records"
 _LOCK_SUFFIX = ".lock"
+# The file is rewritten whole when records leave it: no sequence for a reader to check.
+_UNSEQUENCED = 0
 
 
 @dataclass(frozen=True)
@@ -63,7 +65,7 @@ def set_aside(directory: Path, payload: bytes) -> None:
     with _locked(directory) as path:
         created = not path.exists()
         with open(path, "ab") as file:
-            file.write(header(payload) + payload)
+            file.write(frame_bytes(payload, _UNSEQUENCED))
             file.flush()
             os.fsync(file.fileno())
         if created:
@@ -142,7 +144,7 @@ def _keep(directory: Path, kept: Callable[[SetAside], bool]) -> int:
             return len(records)
         partial = path.with_name(path.name + ".partial")
         with open(partial, "wb") as file:
-            file.writelines(header(r.payload) + r.payload for r in staying)
+            file.writelines(frame_bytes(r.payload, _UNSEQUENCED) for r in staying)
             file.flush()
             os.fsync(file.fileno())
         os.replace(partial, path)

@@ -30,7 +30,7 @@ from .directory import (
     remove_if_unused,
     take_slots,
 )
-from .frames import HEADER, MAX_PAYLOAD, Frame, header, scan
+from .frames import HEADER, MAX_PAYLOAD, Frame, Scan, header, parse, scan, survey
 
 log = logging.getLogger(__name__)
 
@@ -49,11 +49,20 @@ class _Segment:
     recovered: bool  # written by an earlier run: its frames may already be in the store
     live: bool = False  # this proxy appends to it
     read_fd: int | None = None
+    # Damaged spans `(start, end)` a recovery found between whole frames (quarantined, skipped).
+    holes: list[tuple[int, int]] = field(default_factory=list)
 
     def pread(self, length: int, offset: int) -> bytes:
         if self.read_fd is None:
             self.read_fd = os.open(self.path, os.O_RDONLY)
         return os.pread(self.read_fd, length, offset)
+
+    def whole(self, offset: int, length: int) -> bytes | None:
+        """`length` bytes at `offset` of the segment's whole frames, or None past them."""
+        return self.pread(length, offset) if offset + length <= self.end else None
+
+    def next_hole(self, offset: int) -> tuple[int, int] | None:
+        return next((hole for hole in self.holes if hole[1] > offset), None)
 
     def close(self) -> None:
         if self.read_fd is not None:
@@ -71,6 +80,8 @@ class PendingFrame:
 @dataclass
 class JournalStats:
     torn_frames: int = 0  # torn frames found in recovered segments (each skipped, never ingested)
+    damaged_spans: int = 0  # damaged bytes between whole frames (quarantined, skipped)
+    damaged_records: int = 0  # records those spans held, by the frames' sequence numbers
 
 
 @dataclass
@@ -85,6 +96,7 @@ class Journal:
     # an fdatasync of it failed (the kernel may have dropped pages a later sync would not cover).
     _abandoned: bool = False
     _next_number: int = 0  # the next live segment's file number in the own slot
+    _next_seq: int = 0  # the next frame's sequence number (after every recovered frame's)
     _cursor: Position = (0, 0)  # everything before it is in the store
     _frames_total: int = 0
     _backlog_bytes: int = 0  # appended and not yet consumed, kept for the bound on appends
@@ -121,16 +133,20 @@ class Journal:
             raise ConfigError(f"journal {directory}: {exc.strerror or exc}") from exc
         stats = JournalStats()
         segments: list[_Segment] = []
+        next_seq = 0
         for slot in [*adopted, own]:
+            last_seq: int | None = None
             for path in sorted(slot.path.glob("*" + SEGMENT_SUFFIX)):
-                segment = _recover(path, len(segments), stats)
+                segment, last_seq = _recover(path, len(segments), last_seq, directory, stats)
                 if segment is not None:
                     segments.append(segment)
+            next_seq = max(next_seq, -1 if last_seq is None else last_seq + 1)
         numbers = [
             int(path.stem) for path in own.path.glob("*" + SEGMENT_SUFFIX) if path.stem.isdigit()
         ]
         journal = cls(directory, durability, own, adopted, segments, stats=stats)
         journal.max_backlog_bytes = max_backlog_bytes
+        journal._next_seq = next_seq
         journal._frames_total = sum(segment.frames for segment in segments)
         journal._backlog_bytes = sum(segment.end for segment in segments)
         journal._next_number = max(numbers, default=-1) + 1
@@ -197,7 +213,7 @@ class Journal:
                 raise JournalError(f"journal {self.directory}: {exc.strerror or exc}") from exc
             live = self._segments[-1]
         try:
-            parts = [header(payload), payload]
+            parts = [header(payload, self._next_seq), payload]
             done = os.writev(self._write_fd, parts)
             if done < size:  # a short write (a signal, a nearly full disk): finish it
                 rest = b"".join(parts)[done:]
@@ -206,6 +222,7 @@ class Journal:
         except OSError as exc:
             self._cut_back(live)
             raise JournalError(f"journal {self.directory}: {exc.strerror or exc}") from exc
+        self._next_seq += 1
         live.end += size
         live.frames += 1
         self._frames_total += 1
@@ -301,14 +318,18 @@ class Journal:
                 continue
             start = offset if segment.order == order else 0
             while start < segment.end and len(found) < max_frames and read < max_bytes:
-                chunk = segment.pread(min(max_bytes - read, segment.end - start), start)
+                hole = segment.next_hole(start)
+                if hole is not None and hole[0] <= start:  # quarantined at recovery
+                    start = hole[1]
+                    continue
+                limit = segment.end if hole is None else hole[0]
+                chunk = segment.pread(min(max_bytes - read, limit - start), start)
                 result = scan(chunk, start, max_frames=max_frames - len(found))
                 if not result.frames:  # a frame longer than the chunk: read it whole
-                    (length, _) = HEADER.unpack_from(segment.pread(HEADER.size, start))
-                    chunk = segment.pread(HEADER.size + length, start)
-                    result = scan(chunk, start, max_frames=1)
-                    if not result.frames:  # the scan at start-up validated these bytes
+                    frame = parse(segment.whole, start)
+                    if frame is None:  # the survey at start-up validated these bytes
                         raise JournalError(f"journal segment {segment.path} changed on disk")
+                    result = Scan([frame], frame.end, torn=False)
                 for frame in result.frames:
                     end = (segment.order, frame.end)
                     found.append(PendingFrame(frame, end, segment.recovered))
@@ -373,20 +394,61 @@ def fsync_directory(path: Path) -> None:
         os.close(fd)
 
 
-def _recover(path: Path, order: int, stats: JournalStats) -> _Segment | None:
-    """A segment an earlier run left: its whole frames, up to a torn tail (counted, skipped)."""
-    data = path.read_bytes()
-    result = scan(data)
-    if result.torn:
+def _recover(
+    path: Path, order: int, previous_seq: int | None, directory: Path, stats: JournalStats
+) -> tuple[_Segment | None, int | None]:
+    """A segment an earlier run left: its whole frames, read a window at a time; a torn tail
+    (a process killed mid-append) is skipped, damaged spans between whole frames are copied to
+    the journal's quarantine and skipped, each counted. Returns the segment (None: no frame)
+    and its last frame's sequence number."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        found = survey(lambda offset, length: os.pread(fd, length, offset), os.fstat(fd).st_size)
+        for damage in found.damage:
+            kept = _quarantine(fd, path, damage.start, damage.end, directory)
+            stats.damaged_spans += 1
+            stats.damaged_records += damage.lost
+            log.error(
+                "journal %s: %d damaged bytes at offset %d (about %d records) are skipped; "
+                "copied to %s",
+                path,
+                damage.end - damage.start,
+                damage.start,
+                damage.lost,
+                kept,
+            )
+    finally:
+        os.close(fd)
+    if found.torn:
         stats.torn_frames += 1
         log.error(
             "journal %s: a torn frame (%d bytes after %d whole frames, a process killed "
             "mid-append) is skipped",
             path,
-            len(data) - result.end,
-            len(result.frames),
+            found.torn,
+            found.frames,
         )
-    if not result.frames:
+    if not found.frames:
         path.unlink()
-        return None
-    return _Segment(order, path, result.end, len(result.frames), recovered=True)
+        return None, found.last_seq
+    holes = [(damage.start, damage.end) for damage in found.damage]
+    segment = _Segment(order, path, found.end, found.frames, recovered=True, holes=holes)
+    return segment, found.last_seq
+
+
+QUARANTINE = "quarantine"
+
+
+def _quarantine(fd: int, path: Path, start: int, end: int, directory: Path) -> Path:
+    """Copy a segment's damaged bytes beside the journal, for a person (or a tool) to look at:
+    the segment itself is deleted once ingested. Best effort: a disk that refuses the copy
+    costs the copy only."""
+    kept = directory / QUARANTINE / f"{path.parent.name}-{path.stem}-{start}.bytes"
+    try:
+        kept.parent.mkdir(exist_ok=True)
+        with open(kept, "wb") as file:
+            for offset in range(start, end, 2**20):
+                file.write(os.pread(fd, min(2**20, end - offset), offset))
+    except OSError as exc:
+        log.error("journal %s: the damaged bytes could not be copied: %s", path, exc)
+    return kept

@@ -30,6 +30,8 @@ def _journal_health(parts: ProxyParts) -> dict[str, object] | None:
         "ingested": state.ingested,
         "rejected_records": state.rejected,
         "torn_frames": journal.stats.torn_frames,
+        "damaged_spans": journal.stats.damaged_spans,
+        "damaged_records": journal.stats.damaged_records,
     }
 
 

@@ -15,7 +15,7 @@ from peft import PeftModel
 
 from art_proxy.config import TrainerConfig
 from art_proxy_trainer.batch import SequenceStats, TrainingBatch
-from art_proxy_trainer.distributed import Ranks, Replica, Sharding, join, leave
+from art_proxy_trainer.distributed import Ranks, Replica, Sharding, exit_rank, join, leave
 from art_proxy_trainer.policy import Policy
 from art_proxy_trainer.scoring import token_logprobs
 from art_proxy_trainer.step import lora_model, make_optimizer
@@ -98,3 +98,6 @@ def main(out: str, rows: int, sharding: Sharding) -> None:
 
 if __name__ == "__main__":
     main(sys.argv[1], int(sys.argv[2]), "fsdp" if sys.argv[3] == "fsdp" else "ddp")
+    # As the trainer's ranks do: a finished rank ends past the interpreter's finalization, where
+    # gloo's threads aborted a finished FSDP rank once in CI (SIGABRT, "terminate called ...").
+    exit_rank()
