@@ -19,6 +19,7 @@ import signal
 import sqlite3
 import struct
 import subprocess
+import threading
 import time
 import zlib
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -477,9 +478,7 @@ async def test_a_journal_written_before_frames_carried_a_magic_is_ingested(
             completed = [await one_call(http, first.base_url, index) for index in range(3)]
     [segment] = segment_files(journal)
     payloads = [frame.payload for frame in scan(segment.read_bytes()).frames]
-    segment.write_bytes(
-        b"".join(struct.pack("<II", len(p), zlib.crc32(p)) + p for p in payloads)
-    )
+    segment.write_bytes(b"".join(struct.pack("<II", len(p), zlib.crc32(p)) + p for p in payloads))
     health = await ingest_what_is_left(sqlite_url, vllm.base_url, journal)
     assert isinstance(health["journal"], dict) and health["journal"]["ingested"] == 3
     assert_each_once(completed, await recorded_response_ids(sqlite_url))
@@ -926,6 +925,37 @@ async def test_segments_rotate_and_are_trimmed_once_ingested(
         await proxy.parts.settled()
         assert len(segment_files(journal)) == 1  # only the live one is left
         assert proxy.parts.journal is not None and proxy.parts.journal.backlog_bytes == 0
+    assert_each_once(list(completed), await recorded_response_ids(sqlite_url))
+
+
+async def test_under_power_no_sync_of_the_journal_runs_on_the_event_loop(
+    sqlite_url: str, vllm: FakeVllm, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A rotation's fdatasync of the old segment and the fsync of the directory a new segment
+    was created in ran on the event loop, stalling every call in flight for a disk's flush."""
+    monkeypatch.setattr(segments, "SEGMENT_BYTES", 8192)  # a rotation every few records
+    loop_thread = threading.get_ident()
+    on_loop: list[str] = []
+    for name in ("fdatasync", "fsync"):
+        real = getattr(os, name)
+
+        def watched(fd: int, real: Callable[[int], None] = real, name: str = name) -> None:
+            if threading.get_ident() == loop_thread:
+                on_loop.append(name)
+            real(fd)
+
+        monkeypatch.setattr(os, name, watched)
+    journal = tmp_path / "journal"
+    settings = proxy_settings(
+        sqlite_url, vllm.base_url, journal=str(journal), durability=Durability.power
+    )
+    async with running_proxy(settings) as proxy, aiohttp.ClientSession() as http:
+        on_loop.clear()  # opening the journal syncs its new directories: before any call
+        completed = await asyncio.gather(*(one_call(http, proxy.base_url, n) for n in range(40)))
+        await proxy.parts.settled()
+        rotations = proxy.parts.journal is not None and proxy.parts.journal._next_number
+        assert on_loop == []
+    assert rotations and rotations > 3
     assert_each_once(list(completed), await recorded_response_ids(sqlite_url))
 
 

@@ -103,6 +103,11 @@ class Journal:
     max_backlog_bytes: int = 0  # 0: none but the disk's
     _frames_consumed: int = 0
     _synced: Position = (0, 0)
+    # Under power, what the next group commit syncs besides the live segment, off the event
+    # loop: segments rotated out (their descriptors, kept open until then), and the own slot's
+    # directory once a new segment's name is in it.
+    _unsynced_fds: list[int] = field(default_factory=list)
+    _directory_unsynced: bool = False
     _sync_waiters: list[tuple[Position, asyncio.Future[None]]] = field(default_factory=list)
     _sync_task: asyncio.Task[None] | None = None
     _advanced: asyncio.Event = field(default_factory=asyncio.Event)
@@ -171,8 +176,9 @@ class Journal:
         left = self.backlog_frames
         if self._write_fd >= 0:
             if self.durability is Durability.power:
+                rotated, directory = self._take_unsynced()
                 with contextlib.suppress(OSError):
-                    os.fdatasync(self._write_fd)
+                    _sync_all(rotated, directory, os.dup(self._write_fd))
             os.close(self._write_fd)
             self._write_fd = -1
         for segment in self._segments:
@@ -241,15 +247,18 @@ class Journal:
         await waiter
 
     async def _sync(self) -> None:
-        """Group commit: one fdatasync covers every frame appended before it began."""
+        """Group commit: one pass covers every frame appended before it began (the segments
+        rotated out since the last pass, the slot's directory if a segment was created, then
+        the live segment), in a worker thread."""
         loop = asyncio.get_running_loop()
         while self._sync_waiters:
             live = self._segments[-1]
             target = (live.order, live.end)
+            rotated, directory = self._take_unsynced()
             # A duplicate descriptor: the live one may be closed by a rotation meanwhile.
             fd = os.dup(self._write_fd)
             try:
-                await loop.run_in_executor(None, _fdatasync_and_close, fd)
+                await loop.run_in_executor(None, _sync_all, rotated, directory, fd)
             except OSError as exc:
                 self._abandoned = True
                 error = JournalError(f"journal {self.directory}: fdatasync: {exc}")
@@ -268,19 +277,24 @@ class Journal:
                     still.append((position, waiter))
             self._sync_waiters = still
 
+    def _take_unsynced(self) -> tuple[list[int], Path | None]:
+        rotated, self._unsynced_fds = self._unsynced_fds, []
+        directory = self._own.path if self._directory_unsynced else None
+        self._directory_unsynced = False
+        return rotated, directory
+
     def _rotate(self) -> None:
         """Move appends to a new segment. The new one opens before the old one is let go: a
         disk that refuses the new file (full, out of inodes) leaves the old one live, and a
-        later append tries again once there is room."""
+        later append tries again once there is room. Under power the old one is synced by the
+        next group commit (every append under power waits for one), not here on the loop."""
         old, old_fd = self._segments[-1], self._write_fd
         self._open_live_segment()
         self._abandoned = False
         old.live = False
-        try:
-            if self.durability is Durability.power:
-                os.fdatasync(old_fd)  # once a segment: frames of the old file are covered
-                self._synced = max(self._synced, (old.order, old.end))
-        finally:
+        if self.durability is Durability.power:
+            self._unsynced_fds.append(old_fd)
+        else:
             os.close(old_fd)
 
     def _open_live_segment(self) -> None:
@@ -289,7 +303,7 @@ class Journal:
         self._write_fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         self._next_number += 1
         if self.durability is Durability.power:
-            fsync_directory(self._own.path)  # the new file's name survives a power loss
+            self._directory_unsynced = True  # the new file's name survives a power loss once synced
         self._segments.append(_Segment(order, path, 0, 0, recovered=False, live=True))
         if len(self._segments) == 1:
             self._cursor = (order, 0)
@@ -379,11 +393,17 @@ class Journal:
         return self._own.path
 
 
-def _fdatasync_and_close(fd: int) -> None:
-    try:
-        os.fdatasync(fd)
-    finally:
-        os.close(fd)
+def _sync_all(rotated: list[int], directory: Path | None, live: int) -> None:
+    """fdatasync each rotated-out segment, then fsync the slot's directory, then fdatasync the
+    live segment; every descriptor is closed whatever fails (the first error is raised)."""
+    with contextlib.ExitStack() as closing:
+        for fd in [*rotated, live]:
+            closing.callback(os.close, fd)
+        for fd in rotated:
+            os.fdatasync(fd)
+        if directory is not None:
+            fsync_directory(directory)
+        os.fdatasync(live)
 
 
 def fsync_directory(path: Path) -> None:
