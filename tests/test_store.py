@@ -15,6 +15,7 @@ import aiohttp
 import orjson
 import pytest
 import sqlalchemy as sa
+from alembic import command
 from sqlalchemy import Connection
 from sqlalchemy.dialects import sqlite as sqlite_dialect
 
@@ -23,12 +24,12 @@ from art_proxy.proxy.server import running_proxy
 from art_proxy.records import FinishRequest, GroupRecord
 from art_proxy.store import schema
 from art_proxy.store.dashboard import GROUP_STATUSES, DashboardQueries, GroupFilter
-from art_proxy.store.engine import async_url, create_engine
+from art_proxy.store.engine import _alembic_config, async_url, create_engine, migrate
 from art_proxy.store.trajectory_store import TrajectoryStore, utcnow
 from art_proxy.store.writer import Batch, Row, RowKind, _sqlite_datetime, _statements
 from art_proxy.testing.fake_vllm import FakeVllm, FakeVllmConfig
 from tests.conftest import proxy_settings
-from tests.store_rows import group_row, scenario_row, trajectory_row
+from tests.store_rows import call_row, group_row, scenario_row, trajectory_row
 
 
 def describe(connection: Connection) -> dict[str, Any]:
@@ -393,3 +394,71 @@ async def chat_json(
         chunks = [line[6:] async for line in response.content if line.startswith(b"data: {")]
         last: dict[str, Any] = orjson.loads(chunks[-1])
         return last
+
+
+async def test_calls_at_one_seq_are_renumbered_by_the_migration_and_then_refused(
+    store_url: str,
+) -> None:
+    """Stores written before seqs were unique may hold two calls at one seq (a restarted proxy
+    numbered a trajectory from 0 again): every call is kept, renumbered in recorded order; after
+    it the store refuses a second call at a seq, an integrity error (the record is set aside)."""
+    engine = create_engine(store_url)
+    at = datetime(2026, 11, 1, tzinfo=UTC)
+
+    def upgrade_to(revision: str) -> Callable[[Connection], None]:
+        def upgrade(connection: Connection) -> None:
+            config = _alembic_config()
+            config.attributes["connection"] = connection
+            command.upgrade(config, revision)
+
+        return upgrade
+
+    def insert(connection: Connection, rows: list[tuple[RowKind, Row]]) -> None:
+        tables = {
+            RowKind.scenario: schema.scenarios,
+            RowKind.group: schema.groups,
+            RowKind.trajectory: schema.trajectories,
+            RowKind.call: schema.calls,
+        }
+        for kind, row in rows:
+            connection.execute(sa.insert(tables[kind]), [dict(row)])
+
+    clashing = [  # (id, seq, minutes): two calls at seq 0, the second recorded after a restart
+        ("a", 0, 0),
+        ("b", 1, 1),
+        ("c", 0, 2),
+        ("d", 1, 3),
+    ]
+    rows = [scenario_row("s", at), group_row("g", "s", at)]
+    rows += [trajectory_row("t", "s", "g", at), trajectory_row("u", "s", "g", at)]
+    rows += [
+        call_row("t", at + timedelta(minutes=minutes), id=call_id, seq=seq)
+        for call_id, seq, minutes in clashing
+    ]
+    rows += [call_row("u", at, id="e", seq=0), call_row("u", at, id="f", seq=1)]
+    try:
+        async with engine.begin() as connection:
+            await connection.run_sync(upgrade_to("0012"))
+            await connection.run_sync(insert, rows)
+        await migrate(engine)
+        async with engine.connect() as connection:
+            calls = (
+                await connection.execute(
+                    sa.select(
+                        schema.calls.c.trajectory_id, schema.calls.c.id, schema.calls.c.seq
+                    ).order_by(schema.calls.c.trajectory_id, schema.calls.c.seq)
+                )
+            ).all()
+        assert [tuple(call) for call in calls] == [
+            ("t", "a", 0),
+            ("t", "b", 1),
+            ("t", "c", 2),  # the restarted proxy's seq 0 and 1, recorded after the first run's
+            ("t", "d", 3),
+            ("u", "e", 0),
+            ("u", "f", 1),
+        ]
+        with pytest.raises(sa.exc.IntegrityError):
+            async with engine.begin() as connection:
+                await connection.run_sync(insert, [call_row("t", at, id="g", seq=2)])
+    finally:
+        await engine.dispose()

@@ -118,7 +118,8 @@ calls = sa.Table(
     sa.Column("client_request", Json),
     # Not indexed by `continuation_key`: stitching reaches a call through its trajectory's tip
     # (migration 0010).
-    sa.Index("ix_calls_trajectory_seq", "trajectory_id", "seq"),
+    # Unique (migration 0013): two calls at one seq would train on a conversation never held.
+    sa.Index("ix_calls_trajectory_seq", "trajectory_id", "seq", unique=True),
 )
 
 # RULER's verdicts (records.Judgment). A group may have several: one per judge (or ensemble),
