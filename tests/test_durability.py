@@ -16,6 +16,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import sqlite3
 import struct
 import subprocess
@@ -253,6 +254,29 @@ async def test_a_postgres_connection_gone_silent_is_noticed_and_loses_no_record(
     assert during["status"] == "store unavailable: journaling"
     assert after["status"] == "ok" and after["lost_records"] == 0
     assert_each_once(answered, await recorded_response_ids(postgres_url))
+
+
+@pytest.mark.postgres
+async def test_postgres_connections_are_kept_alive_and_timed_at_both_ends(
+    postgres_url: str,
+) -> None:
+    """An idle pooled connection to a server gone behind a partition is found dead by TCP
+    keepalives (about a minute, not the kernel's two hours), and the server cancels a statement
+    the proxy stopped waiting for. (A partition's silence on an idle connection cannot be made
+    here: a relay's kernel answers the probes; the options are read back instead.)"""
+    store_engine = engine.create_engine(postgres_url)
+    try:
+        async with store_engine.connect() as connection:
+            raw = await connection.get_raw_connection()
+            sock = raw.driver_connection._transport.get_extra_info("socket")  # type: ignore[union-attr]
+            assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 1
+            assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE) == 30
+            assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT) == 3
+            query = "SELECT current_setting('statement_timeout'), current_setting('tcp_keepalives_idle')"
+            server = (await connection.execute(sa.text(query))).one()
+            assert tuple(server) == ("1min", "30")
+    finally:
+        await store_engine.dispose()
 
 
 @pytest.mark.postgres

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import socket
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -48,6 +49,8 @@ _POSTGRES_CONNECT_TIMEOUT_S = 10
 # silent network. The proxy's statements take milliseconds; the slowest the project runs, a
 # migration building an index, took 0.2 s over a million trajectories.
 _POSTGRES_COMMAND_TIMEOUT_S = 60.0
+# A connection with nothing moving is probed after 30 s idle, every 10 s, dead after 3 unanswered.
+_KEEPALIVE_IDLE_S, _KEEPALIVE_INTERVAL_S, _KEEPALIVE_COUNT = 30, 10, 3
 
 
 def async_url(url: str) -> str:
@@ -101,7 +104,7 @@ def create_engine(url: str) -> AsyncEngine:
         engine = create_async_engine(full_url, **_ENGINE_OPTIONS)
         event.listen(engine.sync_engine, "connect", _sqlite_pragmas)
         return engine
-    return create_async_engine(
+    engine = create_async_engine(
         full_url,
         pool_size=10,
         max_overflow=10,
@@ -110,9 +113,37 @@ def create_engine(url: str) -> AsyncEngine:
         connect_args={
             "timeout": _POSTGRES_CONNECT_TIMEOUT_S,
             "command_timeout": _POSTGRES_COMMAND_TIMEOUT_S,
+            # The server's side of the same bounds: a statement of a proxy that went silent is
+            # cancelled (its locks let go) and its connection found dead.
+            "server_settings": {
+                "statement_timeout": str(int(_POSTGRES_COMMAND_TIMEOUT_S * 1000)),
+                "tcp_keepalives_idle": str(_KEEPALIVE_IDLE_S),
+                "tcp_keepalives_interval": str(_KEEPALIVE_INTERVAL_S),
+                "tcp_keepalives_count": str(_KEEPALIVE_COUNT),
+            },
         },
         **{**_ENGINE_OPTIONS, "json_serializer": _jsonb_dumps},
     )
+    event.listen(engine.sync_engine, "connect", _postgres_keepalive)
+    return engine
+
+
+def _postgres_keepalive(dbapi_connection: Any, _record: Any) -> None:
+    """TCP keepalives on the proxy's end of each connection, so that an idle pooled connection
+    to a server that vanished (a partition: no reset ever comes) is found dead in about a
+    minute, not the kernel's two hours. asyncpg has no option for it: its transport's socket."""
+    transport = getattr(dbapi_connection.driver_connection, "_transport", None)
+    sock = transport.get_extra_info("socket") if transport is not None else None
+    if sock is None or sock.family not in (socket.AF_INET, socket.AF_INET6):
+        return  # a Unix socket: nothing between the two ends to lose
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    for option, value in (
+        ("TCP_KEEPIDLE", _KEEPALIVE_IDLE_S),
+        ("TCP_KEEPINTVL", _KEEPALIVE_INTERVAL_S),
+        ("TCP_KEEPCNT", _KEEPALIVE_COUNT),
+    ):
+        if hasattr(socket, option):  # Linux names; macOS has TCP_KEEPALIVE for the first
+            sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, option), value)
 
 
 TransactionBody = Callable[[sa.Connection], None]
