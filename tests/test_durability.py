@@ -76,7 +76,7 @@ def through(relay: FaultyTcp, postgres_url: str) -> str:
 
 @contextlib.asynccontextmanager
 async def serve_process(
-    store: str, upstream: str, journal: Path
+    store: str, upstream: str, journal: Path, *extra: str
 ) -> AsyncIterator[tuple[asyncio.subprocess.Process, int]]:
     port = free_port()
     process = await asyncio.create_subprocess_exec(
@@ -90,6 +90,7 @@ async def serve_process(
         str(journal),
         "--port",
         str(port),
+        *extra,
         stdout=asyncio.subprocess.DEVNULL,
         stderr=asyncio.subprocess.DEVNULL,
         env={**os.environ, "ART_PROXY_IDLE_TIMEOUT": "0"},
@@ -254,6 +255,38 @@ async def test_a_postgres_connection_gone_silent_is_noticed_and_loses_no_record(
     assert during["status"] == "store unavailable: journaling"
     assert after["status"] == "ok" and after["lost_records"] == 0
     assert_each_once(answered, await recorded_response_ids(postgres_url))
+
+
+@pytest.mark.postgres
+async def test_during_a_store_outage_calls_naming_a_new_trajectory_or_group_are_answered(
+    postgres_url: str, relay: FaultyTcp, vllm: FakeVllm, tmp_path: Path
+) -> None:
+    """A trajectory or group id memory does not know was looked up in the store, and a store
+    that could not answer failed the call with 500: during an outage, every first call of a
+    LangGraph run (its callback names a new trajectory) was refused. Found by the soak."""
+    settings = proxy_settings(
+        through(relay, postgres_url), vllm.base_url, journal=str(tmp_path / "journal")
+    )
+    async with running_proxy(settings) as proxy, aiohttp.ClientSession() as http:
+        answered = [await one_call(http, proxy.base_url, 0)]
+        await proxy.parts.settled()
+        await relay.refuse()
+        answered += [await turn_of(http, proxy.base_url, f"new-{n}", 0) for n in range(3)]
+        answered.append(await turn_of(http, proxy.base_url, "new-0", 1))
+        body = {"model": MODEL, "messages": [{"role": "user", "content": "grouped"}]}
+        headers = {"X-Art-Group": "a-new-group", "X-Art-Trajectory": "grouped"}
+        async with http.post(
+            f"{proxy.base_url}/chat/completions", json=body, headers=headers
+        ) as response:
+            assert response.status == 200
+            answered.append(str((await response.json())["id"]))
+        await relay.restore()
+        await asyncio.wait_for(proxy.parts.settled(), timeout=60)
+        after = await get_health(http, proxy.root_url)
+    assert after["lost_records"] == 0
+    assert isinstance(after["journal"], dict) and after["journal"]["rejected_records"] == 0
+    assert_each_once(answered, await recorded_response_ids(postgres_url))
+    assert len(await stored_turns(postgres_url, "new-0")) == 2
 
 
 @pytest.mark.postgres

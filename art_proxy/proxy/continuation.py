@@ -11,6 +11,7 @@ in another form (attribution.py says how replies are recognised).
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Literal
@@ -23,6 +24,24 @@ from .attribution import Candidate, Explicit, reply_messages, resemblance, verba
 from .open_trajectories import OpenTrajectories, OpenTrajectory, fits, sequences_of
 
 log = logging.getLogger(__name__)
+
+_REPORT_EVERY_S = 10.0  # a store outage fails every lookup: said at most this often
+_unread = {"lookups": 0, "logged": 0.0}
+
+
+def looked_up_in_memory_only(what: str, exc: StoreError) -> None:
+    """A lookup the store failed (it is down: the call is answered and journaled all the same,
+    from what memory knows), logged at most every `_REPORT_EVERY_S` with a count."""
+    _unread["lookups"] += 1
+    now = time.monotonic()
+    if now - _unread["logged"] >= _REPORT_EVERY_S:
+        log.warning(
+            "%s looked up in memory only, the store failed (%d lookups since the last report): %s",
+            what,
+            _unread["lookups"],
+            exc,
+        )
+        _unread["lookups"], _unread["logged"] = 0, now
 
 
 @dataclass(frozen=True)
@@ -58,7 +77,7 @@ async def find_continuation(
         )
     except StoreError as exc:
         # The store is down: answer anyway (the record is journaled); only memory can tell.
-        log.warning("continuation looked up in memory only, the store failed: %s", exc)
+        looked_up_in_memory_only("a continuation", exc)
         exact, prompted = {}, {}
     for candidate in found:
         for row in exact.get(candidate.key, []):

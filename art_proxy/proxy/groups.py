@@ -27,12 +27,13 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from art_proxy.errors import Conflict
+from art_proxy.errors import Conflict, StoreError
 from art_proxy.ids import new_id
 from art_proxy.records import JsonObject, Split
 from art_proxy.store.trajectory_store import TrajectoryStore
 
 from .attribution import Explicit
+from .continuation import looked_up_in_memory_only
 
 GroupKey = tuple[str, Split]  # (scenario id, split)
 
@@ -92,7 +93,10 @@ class Groups:
         assert explicit.group_id is not None
         known = self._explicit.get(explicit.group_id)
         if known is None:
-            known = await self._store.group_scenario(explicit.group_id)
+            try:
+                known = await self._store.group_scenario(explicit.group_id)
+            except StoreError as exc:  # down: answered all the same, the group taken as new
+                looked_up_in_memory_only(f"group {explicit.group_id!r}", exc)
         if known is None:
             return scenario_id
         if explicit.scenario_id not in (None, known):

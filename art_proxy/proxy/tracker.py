@@ -19,7 +19,7 @@ import itertools
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 
-from art_proxy.errors import Conflict
+from art_proxy.errors import Conflict, StoreError
 from art_proxy.ids import new_id
 from art_proxy.records import Attribution, JsonObject, Split
 from art_proxy.store.rows import NewTrajectoryRows, TrajectoryRow
@@ -32,7 +32,7 @@ from .attribution import (
     conversation_of,
     opening_of,
 )
-from .continuation import find_continuation
+from .continuation import find_continuation, looked_up_in_memory_only
 from .groups import Groups
 from .open_trajectories import MAX_TRAJECTORIES_IN_MEMORY, OpenTrajectories, OpenTrajectory
 
@@ -176,7 +176,15 @@ class TrajectoryTracker:
         state = self._memory.get(trajectory_id)
         if state is not None:
             return state
-        row = await self._store.trajectory_row(trajectory_id)
+        try:
+            row = await self._store.trajectory_row(trajectory_id)
+        except StoreError as exc:
+            # Answered all the same (the record is journaled), as a trajectory memory does not
+            # know: an agent's new id (the common case) is right; one only the store knows gets
+            # a second seq 0, which the store refuses at ingest and sets aside, listed by
+            # `art-proxy journal rejected`.
+            looked_up_in_memory_only(f"trajectory {trajectory_id!r}", exc)
+            return None
         if row is None:
             return None
         if row["status"] != "open":
