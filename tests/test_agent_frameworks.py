@@ -336,4 +336,10 @@ async def test_pydantic_ai_agent(proxy: RunningProxy, streamed: bool) -> None:
             assert (await agent.run(QUESTION)).output == ANSWER
 
     await twice(run)
-    await assert_two_runs(proxy, calls=2)
+    recorded = await assert_two_runs(proxy, calls=2)
+    for trajectory in recorded:
+        second = trajectory.calls[1]  # type: ignore[index]  # asserted above
+        # pydantic-ai (on openai 3) sends the model's `{"city": "Paris"}` back re-serialised:
+        # the record keeps what the agent sent, the upstream got what the model wrote (stitched).
+        [echoed] = [m for m in second.request["messages"] if m["role"] == "assistant"]
+        assert echoed["tool_calls"][0]["function"]["arguments"] == '{"city":"Paris"}'

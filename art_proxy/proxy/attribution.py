@@ -256,6 +256,40 @@ def verbatim(reply: JsonObject, echoed: JsonObject) -> bool:
     return written(reply) == written(echoed)
 
 
+def same_meaning(reply: JsonObject, echoed: JsonObject) -> bool:
+    """Whether an echoed assistant message says what the reply said, in whatever form: the same
+    text, the same tool calls (ids, names, and arguments equal as JSON; pydantic-ai on openai 3
+    sends `{"city":"Paris"}` back for the model's `{"city": "Paris"}`)."""
+
+    def meant(message: JsonObject) -> tuple[Any, list[JsonObject]]:
+        calls = message.get("tool_calls") or []
+        return _canonical_content(message.get("content")), [
+            _canonical_tool_call(call) for call in calls if isinstance(call, dict)
+        ]
+
+    return meant(reply) == meant(echoed)
+
+
+def as_sampled(echoed: JsonObject, reply: JsonObject) -> JsonObject:
+    """The echoed message with the reply's own text and tool-call arguments put back: what the
+    model wrote, in the shape the agent sent it (so the upstream renders the tokens it sampled)."""
+    restored = {**echoed, "content": reply.get("content")}
+    replied = [call for call in reply.get("tool_calls") or [] if isinstance(call, dict)]
+    echoed_calls = [call for call in echoed.get("tool_calls") or [] if isinstance(call, dict)]
+    if echoed_calls:
+        restored["tool_calls"] = [
+            {
+                **call,
+                "function": {
+                    **(call.get("function") or {}),
+                    "arguments": (original.get("function") or {}).get("arguments"),
+                },
+            }
+            for call, original in zip(echoed_calls, replied, strict=False)
+        ]
+    return restored
+
+
 def resemblance(reply: JsonObject, echoed: JsonObject) -> int:
     """How many of what a reply said survive in an echoed message of any form (smolagents writes
     the tool calls back as a Python repr in text): its tool-call ids and its text. 0: nothing of

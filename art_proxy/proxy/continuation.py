@@ -20,7 +20,15 @@ from art_proxy.errors import StoreError
 from art_proxy.records import JsonObject
 from art_proxy.store.trajectory_store import TrajectoryStore
 
-from .attribution import Candidate, Explicit, reply_messages, resemblance, verbatim
+from .attribution import (
+    Candidate,
+    Explicit,
+    as_sampled,
+    reply_messages,
+    resemblance,
+    same_meaning,
+    verbatim,
+)
 from .open_trajectories import OpenTrajectories, OpenTrajectory, fits, sequences_of
 
 log = logging.getLogger(__name__)
@@ -51,6 +59,10 @@ class Continuation:
     state: OpenTrajectory
     attribution: Literal["continuation", "rerendered"]
     reason: str
+    # The echoed reply said the same in another form: (its index in the messages, the message
+    # as the model wrote it), forwarded upstream in its place so the call's prompt extends the
+    # tokens the trajectory sampled.
+    restored: tuple[int, JsonObject] | None = None
 
 
 async def find_continuation(
@@ -69,7 +81,7 @@ async def find_continuation(
         return None
     newest = memory.tip_owner(found[0].key, explicit)
     if newest is not None:
-        return _continued(newest, messages[found[0].position])
+        return _continued(newest, messages, found[0].position)
     try:
         await own_records_stored()
         exact, prompted = await store.open_trajectories_by_tip(
@@ -83,12 +95,12 @@ async def find_continuation(
         for row in exact.get(candidate.key, []):
             state = claimable(memory, row, explicit)
             if state is not None:
-                return _continued(state, messages[candidate.position])
+                return _continued(state, messages, candidate.position)
     # Not in the store: maybe its record was lost (store errors) while memory kept it.
     for candidate in found[1:]:
         owner = memory.tip_owner(candidate.key, explicit)
         if owner is not None:
-            return _continued(owner, messages[candidate.position])
+            return _continued(owner, messages, candidate.position)
     rerendered = _by_rerender(memory, found, messages, explicit, prompted)
     if rerendered is None:
         return None
@@ -116,10 +128,21 @@ def claimable(
     return state
 
 
-def _continued(state: OpenTrajectory, echoed: JsonObject) -> Continuation:
-    """`state` continued by a call that sends its last reply back as `echoed`: as the model wrote
-    it (a continuation), or in another form its tokens do not match (re-rendered)."""
+def _continued(state: OpenTrajectory, messages: list[JsonObject], position: int) -> Continuation:
+    """`state` continued by a call that sends its last reply back as `messages[position]`: as
+    the model wrote it, or saying the same in another form (a continuation either way: the
+    latter is forwarded as the model wrote it), or else re-rendered."""
+    echoed = messages[position]
     if state.replies and not any(verbatim(reply, echoed) for reply in state.replies):
+        meant = next((reply for reply in state.replies if same_meaning(reply, echoed)), None)
+        if meant is not None:
+            return Continuation(
+                state,
+                "continuation",
+                "the messages extend its last call and reply, the reply re-serialised "
+                "(forwarded as the model wrote it)",
+                (position, as_sampled(echoed, meant)),
+            )
         return Continuation(
             state,
             "rerendered",

@@ -54,6 +54,8 @@ class Assignment:
     reason: str = ""  # why the call was attributed so, for the debug log
     # The keys of the call's messages, hashed once for attribution and the record (a chat call).
     conversation: Conversation | None = None
+    # An echoed reply to forward as the model wrote it: (its index in the messages, the message).
+    restored: tuple[int, JsonObject] | None = None
 
 
 class TrajectoryTracker:
@@ -126,13 +128,14 @@ class TrajectoryTracker:
             )
             if found is not None:
                 claimed = self._memory.move_tip(found.state, [])
-                return self._next_call(
+                assignment = self._next_call(
                     found.state,
                     found.attribution,
                     claimed,
                     reason=found.reason,
                     conversation=conversation,
                 )
+                return replace(assignment, restored=found.restored)
         scenario_id = explicit.scenario_id or (
             conversation.scenario_id if conversation is not None else auto_scenario_id([])
         )
