@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import httpx
@@ -21,7 +21,7 @@ from openai.types.chat import ChatCompletionFunctionToolParam
 from pydantic import SecretStr
 
 from art_proxy.proxy.server import RunningProxy
-from art_proxy.records import TrajectoryRecord
+from art_proxy.records import CallRecord, TrajectoryRecord
 
 MODEL = "Qwen/Qwen2.5-0.5B-Instruct"
 WEATHER_TOOL: ChatCompletionFunctionToolParam = {
@@ -318,24 +318,50 @@ async def test_completions_endpoint_is_recorded_with_token_ids(
     assert call.completion_token_ids is not None and len(call.completion_token_ids[0]) == 5
 
 
-async def test_tool_arguments_sent_back_reformatted_continue_as_rerendered(
-    proxy: RunningProxy, client: openai.AsyncOpenAI
-) -> None:
-    """pydantic-ai and others may send a tool call's arguments back re-serialised (`{"city":"x"}`
-    for `{"city": "x"}`): the same call, other tokens. It continues its trajectory, and its tokens
-    start a new training sequence, counted as a stitch miss."""
+async def echoed_tool_call(
+    proxy: RunningProxy, client: openai.AsyncOpenAI, arguments: Callable[[str], str]
+) -> tuple[CallRecord, str]:
+    """A tool call answered, then sent back with its arguments rewritten by `arguments`: the
+    second call's record and the arguments the agent sent."""
     messages: list[Any] = [{"role": "user", "content": "Weather in Lima?"}]
     first = await client.chat.completions.create(
         model=MODEL, messages=messages, tools=[WEATHER_TOOL]
     )
     reply = first.choices[0].message.model_dump(exclude_none=True)
     call = reply["tool_calls"][0]
-    compact = json.dumps(json.loads(call["function"]["arguments"]), separators=(",", ":"))
-    assert compact != call["function"]["arguments"]
-    call["function"]["arguments"] = compact
+    sent = arguments(call["function"]["arguments"])
+    assert sent != call["function"]["arguments"]
+    call["function"]["arguments"] = sent
     messages += [reply, {"role": "tool", "tool_call_id": call["id"], "content": "cold"}]
     await client.chat.completions.create(model=MODEL, messages=messages, tools=[WEATHER_TOOL])
     trajectory = await only_trajectory(proxy)
     assert trajectory.calls is not None
-    second = trajectory.calls[1]
+    return trajectory.calls[1], sent
+
+
+async def test_tool_arguments_sent_back_re_serialised_are_forwarded_as_sampled_and_stitch(
+    proxy: RunningProxy, client: openai.AsyncOpenAI
+) -> None:
+    """pydantic-ai (on openai 3) sends a tool call's arguments back re-serialised
+    (`{"city":"x"}` for `{"city": "x"}`): the same call, other tokens. The proxy forwards the
+    reply as the model wrote it, so the call's prompt extends the sampled tokens (stitched, one
+    training sequence); the record keeps what the agent sent."""
+    second, sent = await echoed_tool_call(
+        proxy,
+        client,
+        lambda arguments: json.dumps(json.loads(arguments), separators=(",", ":")),
+    )
+    assert (second.attribution, second.stitched, second.trainable) == ("continuation", True, True)
+    echoed = second.request["messages"][1]
+    assert echoed["tool_calls"][0]["function"]["arguments"] == sent
+
+
+async def test_tool_arguments_sent_back_changed_continue_as_rerendered(
+    proxy: RunningProxy, client: openai.AsyncOpenAI
+) -> None:
+    """Arguments that truly differ from what the model wrote are not put back: the call
+    continues its trajectory as re-rendered, its tokens a training sequence of their own."""
+    second, _ = await echoed_tool_call(
+        proxy, client, lambda arguments: json.dumps({**json.loads(arguments), "unit": "K"})
+    )
     assert (second.attribution, second.stitched, second.trainable) == ("rerendered", False, True)
