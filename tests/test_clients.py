@@ -319,13 +319,16 @@ async def test_completions_endpoint_is_recorded_with_token_ids(
 
 
 async def echoed_tool_call(
-    proxy: RunningProxy, client: openai.AsyncOpenAI, arguments: Callable[[str], str]
+    proxy: RunningProxy,
+    client: openai.AsyncOpenAI,
+    arguments: Callable[[str], str],
+    headers: dict[str, str] | None = None,
 ) -> tuple[CallRecord, str]:
     """A tool call answered, then sent back with its arguments rewritten by `arguments`: the
     second call's record and the arguments the agent sent."""
     messages: list[Any] = [{"role": "user", "content": "Weather in Lima?"}]
     first = await client.chat.completions.create(
-        model=MODEL, messages=messages, tools=[WEATHER_TOOL]
+        model=MODEL, messages=messages, tools=[WEATHER_TOOL], extra_headers=headers
     )
     reply = first.choices[0].message.model_dump(exclude_none=True)
     call = reply["tool_calls"][0]
@@ -333,7 +336,9 @@ async def echoed_tool_call(
     assert sent != call["function"]["arguments"]
     call["function"]["arguments"] = sent
     messages += [reply, {"role": "tool", "tool_call_id": call["id"], "content": "cold"}]
-    await client.chat.completions.create(model=MODEL, messages=messages, tools=[WEATHER_TOOL])
+    await client.chat.completions.create(
+        model=MODEL, messages=messages, tools=[WEATHER_TOOL], extra_headers=headers
+    )
     trajectory = await only_trajectory(proxy)
     assert trajectory.calls is not None
     return trajectory.calls[1], sent
@@ -354,6 +359,19 @@ async def test_tool_arguments_sent_back_re_serialised_are_forwarded_as_sampled_a
     assert (second.attribution, second.stitched, second.trainable) == ("continuation", True, True)
     echoed = second.request["messages"][1]
     assert echoed["tool_calls"][0]["function"]["arguments"] == sent
+
+
+async def test_a_named_trajectorys_echo_re_serialised_is_forwarded_as_sampled_too(
+    proxy: RunningProxy, client: openai.AsyncOpenAI
+) -> None:
+    """The LangGraph callback names the trajectory: the echo is put back all the same."""
+    second, _ = await echoed_tool_call(
+        proxy,
+        client,
+        lambda arguments: json.dumps(json.loads(arguments), separators=(",", ":")),
+        {"X-Art-Trajectory": "named"},
+    )
+    assert (second.attribution, second.stitched, second.trainable) == ("header", True, True)
 
 
 async def test_tool_arguments_sent_back_changed_continue_as_rerendered(

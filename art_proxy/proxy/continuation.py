@@ -133,23 +133,47 @@ def _continued(state: OpenTrajectory, messages: list[JsonObject], position: int)
     the model wrote it, or saying the same in another form (a continuation either way: the
     latter is forwarded as the model wrote it), or else re-rendered."""
     echoed = messages[position]
-    if state.replies and not any(verbatim(reply, echoed) for reply in state.replies):
-        meant = next((reply for reply in state.replies if same_meaning(reply, echoed)), None)
-        if meant is not None:
-            return Continuation(
-                state,
-                "continuation",
-                "the messages extend its last call and reply, the reply re-serialised "
-                "(forwarded as the model wrote it)",
-                (position, as_sampled(echoed, meant)),
-            )
+    if not state.replies or any(verbatim(reply, echoed) for reply in state.replies):
+        return Continuation(state, "continuation", "the messages extend its last call and reply")
+    restored = _as_sampled(state, echoed, position)
+    if restored is not None:
         return Continuation(
             state,
-            "rerendered",
-            "the messages extend its last call and reply, the reply re-rendered "
-            "(reformatted tool arguments)",
+            "continuation",
+            "the messages extend its last call and reply, the reply re-serialised "
+            "(forwarded as the model wrote it)",
+            restored,
         )
-    return Continuation(state, "continuation", "the messages extend its last call and reply")
+    return Continuation(
+        state,
+        "rerendered",
+        "the messages extend its last call and reply, the reply re-rendered "
+        "(reformatted tool arguments)",
+    )
+
+
+def restored_echo(
+    state: OpenTrajectory, messages: list[JsonObject] | None
+) -> tuple[int, JsonObject] | None:
+    """For a call that names its trajectory: where its last assistant message echoes the
+    trajectory's last reply re-serialised, that message as the model wrote it (to forward in
+    its place); None when it is verbatim, differs, or there is none."""
+    if not messages or not state.replies:
+        return None
+    position = next(
+        (n for n in range(len(messages) - 1, -1, -1) if messages[n].get("role") == "assistant"),
+        None,
+    )
+    if position is None or any(verbatim(reply, messages[position]) for reply in state.replies):
+        return None
+    return _as_sampled(state, messages[position], position)
+
+
+def _as_sampled(
+    state: OpenTrajectory, echoed: JsonObject, position: int
+) -> tuple[int, JsonObject] | None:
+    meant = next((reply for reply in state.replies if same_meaning(reply, echoed)), None)
+    return None if meant is None else (position, as_sampled(echoed, meant))
 
 
 def _by_rerender(

@@ -32,7 +32,7 @@ from .attribution import (
     conversation_of,
     opening_of,
 )
-from .continuation import find_continuation, looked_up_in_memory_only
+from .continuation import find_continuation, looked_up_in_memory_only, restored_echo
 from .groups import Groups
 from .open_trajectories import MAX_TRAJECTORIES_IN_MEMORY, OpenTrajectories, OpenTrajectory
 
@@ -103,9 +103,10 @@ class TrajectoryTracker:
             known = await self._open(explicit.trajectory_id, finished_is_conflict=True)
             if known is not None:
                 source: Attribution = "url" if explicit.source == "url" else "header"
-                return self._next_call(
+                assignment = self._next_call(
                     known, source, reason=f"the {source} names it", conversation=conversation
                 )
+                return replace(assignment, restored=restored_echo(known, messages))
         elif continues is not None:
             known = await self._open(continues)
             if known is not None and known.fits(explicit):
