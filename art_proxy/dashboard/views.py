@@ -139,6 +139,8 @@ class Dashboard:
             ("reward", _reward_chart(shown)),
             ("loss", _metric_chart(shown, "loss", "Loss")),
             ("kl", _metric_chart(shown, "kl", "KL to the base model")),
+            ("off-policy", _off_policy_chart(shown)),
+            ("staleness", _staleness_chart(shown)),
         ]
         return self._page(
             "training.html",
@@ -235,6 +237,30 @@ def _reward_chart(steps: Sequence[TrainingStep]) -> Chart | None:
                 [step.metrics.get("reward_std", 0.0) for step in trained],
             ),
             _metric_series(steps, "val_reward", "validation reward"),
+        ],
+    )
+
+
+def _off_policy_chart(steps: Sequence[TrainingStep]) -> Chart | None:
+    """How far the trained tokens were from the distribution they were scored with, and how much
+    the objective had to correct: the sampler's numerics (bf16 serving) and stale adapters show
+    here before they show in the reward."""
+    return line_chart(
+        "Off-policy: mismatch and correction",
+        [
+            _metric_series(steps, "mismatch", "mean |d logprob| sampler vs trainer"),
+            _metric_series(steps, "is_capped", "tokens whose weight was capped"),
+            _metric_series(steps, "clip_fraction", "tokens clipped"),
+        ],
+    )
+
+
+def _staleness_chart(steps: Sequence[TrainingStep]) -> Chart | None:
+    return line_chart(
+        "Staleness: steps between the sampling adapter and the trained one",
+        [
+            _metric_series(steps, "staleness_mean", "mean"),
+            _metric_series(steps, "staleness_max", "max"),
         ],
     )
 

@@ -133,6 +133,11 @@ async def record_everything(http: aiohttp.ClientSession, proxy: RunningProxy) ->
                     "val_reward": reward - 0.05,
                     "loss": 1.0 / step,
                     "kl": 0.01 * step,
+                    "mismatch": 0.04,
+                    "is_capped": 0.01 * step,
+                    "clip_fraction": 0.02,
+                    "staleness_mean": step / 2,
+                    "staleness_max": float(step),
                 },
                 created_at=utcnow(),
             )

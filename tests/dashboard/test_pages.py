@@ -127,7 +127,7 @@ async def test_trajectory_page_shows_raw_calls_with_tokens_latency_upstream_and_
     assert escaped(HOSTILE_TASK) in html
 
 
-async def test_training_page_plots_reward_loss_kl_and_the_adapter_history(
+async def test_training_page_plots_reward_loss_kl_off_policy_staleness_and_adapters(
     sqlite_proxy: RunningProxy, http: aiohttp.ClientSession, recorded: Recorded
 ) -> None:
     status, html = await page(http, sqlite_proxy, "/dashboard/training")
@@ -137,11 +137,17 @@ async def test_training_page_plots_reward_loss_kl_and_the_adapter_history(
         "Reward",
         "Loss",
         "KL to the base model",
+        "Off-policy: mismatch and correction",
+        "Staleness: steps between the sampling adapter and the trained one",
     ]
     reward = svgs[0]
     assert reward.count('class="dot s0"') == 4 and reward.count('class="dot s1"') == 4
     assert 'class="band s0"' in reward  # the within-group spread
     assert "reward mean, step 4: 0.7" in reward and "validation reward, step 1: 0.15" in reward
+    off_policy, staleness = svgs[3], svgs[4]
+    assert "mean |d logprob| sampler vs trainer, step 2: 0.04" in off_policy
+    assert "tokens whose weight was capped, step 3: 0.03" in off_policy
+    assert "max, step 4: 4" in staleness
     moves = html.split('<table class="moves">')[1]
     assert moves.count("<tr><td") == 4 and "agent@3</code></td><td><code>agent@4" in moves
 
