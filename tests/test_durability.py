@@ -472,18 +472,27 @@ def segment_files(journal: Path) -> list[Path]:
     return sorted(journal.glob("*/*.frames"))
 
 
+async def journaled_only(
+    store: str, upstream: str, journal: Path, monkeypatch: pytest.MonkeyPatch, calls: int
+) -> tuple[list[str], Path]:
+    """`calls` answered by a proxy whose ingester never runs: their response ids, and the one
+    journal segment holding them."""
+    settings = proxy_settings(store, upstream, journal=str(journal))
+    with monkeypatch.context() as patch:
+        patch.setattr(Ingester, "start", lambda self: None)  # journaled, never ingested
+        async with running_proxy(settings) as proxy, aiohttp.ClientSession() as http:
+            completed = [await one_call(http, proxy.base_url, index) for index in range(calls)]
+    [segment] = segment_files(journal)
+    return completed, segment
+
+
 async def test_a_torn_last_frame_is_skipped_and_counted_and_the_rest_ingested(
     sqlite_url: str, vllm: FakeVllm, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A proxy killed mid-append leaves part of a frame: the next one ingests every whole frame
     before it, never the half one, and counts it."""
     journal = tmp_path / "journal"
-    settings = proxy_settings(sqlite_url, vllm.base_url, journal=str(journal))
-    with monkeypatch.context() as patch:
-        patch.setattr(Ingester, "start", lambda self: None)  # journaled, never ingested
-        async with running_proxy(settings) as first, aiohttp.ClientSession() as http:
-            completed = [await one_call(http, first.base_url, index) for index in range(3)]
-    [segment] = segment_files(journal)
+    completed, segment = await journaled_only(sqlite_url, vllm.base_url, journal, monkeypatch, 3)
     whole = segment.read_bytes()
     segment.write_bytes(whole + whole[:40])  # the head of a fourth frame, as a kill leaves it
     health = await ingest_what_is_left(sqlite_url, vllm.base_url, journal)
@@ -501,12 +510,7 @@ async def test_a_damaged_frame_in_the_middle_loses_that_record_only_and_is_quara
     format dropped the rest of the segment, up to 16 MiB of answered calls), the damaged bytes
     are copied aside, and /health counts the one record they held."""
     journal = tmp_path / "journal"
-    settings = proxy_settings(sqlite_url, vllm.base_url, journal=str(journal))
-    with monkeypatch.context() as patch:
-        patch.setattr(Ingester, "start", lambda self: None)  # journaled, never ingested
-        async with running_proxy(settings) as first, aiohttp.ClientSession() as http:
-            completed = [await one_call(http, first.base_url, index) for index in range(6)]
-    [segment] = segment_files(journal)
+    completed, segment = await journaled_only(sqlite_url, vllm.base_url, journal, monkeypatch, 6)
     data = bytearray(segment.read_bytes())
     frames = scan(bytes(data)).frames
     data[frames[2].start + 40] ^= 0x10  # a bit in the third record
