@@ -532,12 +532,7 @@ async def test_a_journal_written_before_frames_carried_a_magic_is_ingested(
 ) -> None:
     """Upgrading with records journaled (a store outage, then a restart on the new release)."""
     journal = tmp_path / "journal"
-    settings = proxy_settings(sqlite_url, vllm.base_url, journal=str(journal))
-    with monkeypatch.context() as patch:
-        patch.setattr(Ingester, "start", lambda self: None)
-        async with running_proxy(settings) as first, aiohttp.ClientSession() as http:
-            completed = [await one_call(http, first.base_url, index) for index in range(3)]
-    [segment] = segment_files(journal)
+    completed, segment = await journaled_only(sqlite_url, vllm.base_url, journal, monkeypatch, 3)
     payloads = [frame.payload for frame in scan(segment.read_bytes()).frames]
     segment.write_bytes(b"".join(struct.pack("<II", len(p), zlib.crc32(p)) + p for p in payloads))
     health = await ingest_what_is_left(sqlite_url, vllm.base_url, journal)
