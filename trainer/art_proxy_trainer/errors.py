@@ -25,3 +25,8 @@ class CheckpointError(TrainerError):
 
 class SleepError(TrainerError):
     """An upstream could not be put to sleep or woken (vLLM's sleep mode)."""
+
+
+class DemonstrationError(TrainerError):
+    """A demonstration cannot be trained on (no assistant turn, a template that renders its
+    earlier turns differently once later ones follow, messages the template refuses)."""
