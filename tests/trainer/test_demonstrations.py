@@ -4,6 +4,8 @@ describes in the Hermes format)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
@@ -12,7 +14,7 @@ from art_proxy.local.model_loading import model_files
 from art_proxy_trainer.demonstrations import render_demonstration
 from art_proxy_trainer.errors import DemonstrationError
 
-TOOLS = [
+TOOLS: list[dict[str, Any]] = [
     {
         "type": "function",
         "function": {
@@ -22,7 +24,7 @@ TOOLS = [
         },
     }
 ]
-CONVERSATION = [
+CONVERSATION: list[dict[str, Any]] = [
     {"role": "system", "content": "Answer with the code word the lookup tool gives."},
     {"role": "user", "content": "What is the code word of Lima?"},
     {
