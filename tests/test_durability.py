@@ -793,14 +793,16 @@ def test_one_sqlite_url_from_two_working_directories_names_two_stores(
 
 
 async def test_a_record_the_store_refuses_is_set_aside_and_the_next_ones_land(
-    sqlite_url: str, vllm: FakeVllm, tmp_path: Path
+    sqlite_url: str, vllm: FakeVllm, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The store answers, but not for this record (here: the call is for a trajectory the store
-    was told to refuse): it is kept in `rejected-records` and counted, never blocking the rest."""
+    was told to refuse): it is kept in `rejected-records` and counted, never blocking the rest;
+    the set-aside file's fsyncs run off the event loop."""
     journal = tmp_path / "journal"
     settings = proxy_settings(sqlite_url, vllm.base_url, journal=str(journal))
     database = sqlite_url.removeprefix("sqlite:///")
     async with running_proxy(settings) as proxy, aiohttp.ClientSession() as http:
+        on_loop = syncs_on_the_loop(monkeypatch)
         first = await one_call(http, proxy.base_url, 0)
         await proxy.parts.settled()
         with contextlib.closing(sqlite3.connect(database)) as connection, connection:
@@ -812,6 +814,7 @@ async def test_a_record_the_store_refuses_is_set_aside_and_the_next_ones_land(
         after = await one_call(http, proxy.base_url, 2)
         await proxy.parts.settled()
         health = await get_health(http, proxy.root_url)
+        assert on_loop == []
     assert isinstance(health["journal"], dict) and health["journal"]["rejected_records"] == 1
     recorded = await recorded_response_ids(sqlite_url)
     assert_each_once([first, after], recorded)
@@ -984,12 +987,8 @@ async def test_segments_rotate_and_are_trimmed_once_ingested(
     assert_each_once(list(completed), await recorded_response_ids(sqlite_url))
 
 
-async def test_under_power_no_sync_of_the_journal_runs_on_the_event_loop(
-    sqlite_url: str, vllm: FakeVllm, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A rotation's fdatasync of the old segment and the fsync of the directory a new segment
-    was created in ran on the event loop, stalling every call in flight for a disk's flush."""
-    monkeypatch.setattr(segments, "SEGMENT_BYTES", 8192)  # a rotation every few records
+def syncs_on_the_loop(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The `fsync`s and `fdatasync`s called from this thread (the event loop's) from now on."""
     loop_thread = threading.get_ident()
     on_loop: list[str] = []
     for name in ("fdatasync", "fsync"):
@@ -1001,6 +1000,16 @@ async def test_under_power_no_sync_of_the_journal_runs_on_the_event_loop(
             real(fd)
 
         monkeypatch.setattr(os, name, watched)
+    return on_loop
+
+
+async def test_under_power_no_sync_of_the_journal_runs_on_the_event_loop(
+    sqlite_url: str, vllm: FakeVllm, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A rotation's fdatasync of the old segment and the fsync of the directory a new segment
+    was created in ran on the event loop, stalling every call in flight for a disk's flush."""
+    monkeypatch.setattr(segments, "SEGMENT_BYTES", 8192)  # a rotation every few records
+    on_loop = syncs_on_the_loop(monkeypatch)
     journal = tmp_path / "journal"
     settings = proxy_settings(
         sqlite_url, vllm.base_url, journal=str(journal), durability=Durability.power

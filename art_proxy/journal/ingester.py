@@ -145,7 +145,7 @@ class Ingester:
             try:
                 entries.append(decode(item.frame.payload))
             except ValueError as exc:  # its checksum held: written so by a bug, not a crash
-                self._reject(item, exc)
+                await self._reject(item, exc)
                 entries.append(None)
         self.state.oldest_pending_at = _oldest(entries)
         start, alone, backoff = 0, False, _BACKOFF_S[0]
@@ -166,7 +166,7 @@ class Ingester:
                 if stop - start > 1:
                     alone = True  # find the record the store refuses, keep its neighbours
                     continue
-                self._reject(pending[start], exc)
+                await self._reject(pending[start], exc)
                 entry = entries[start]
                 if entry is not None:
                     await self._create_its_trajectory(entry.batch)
@@ -227,8 +227,9 @@ class Ingester:
             with contextlib.suppress(Exception):  # refused too: its calls will say so
                 await self._store.writer.commit([Batch(creation)])
 
-    def _reject(self, item: PendingFrame, exc: Exception) -> None:
-        rejected.set_aside(self._journal.directory, item.frame.payload)
+    async def _reject(self, item: PendingFrame, exc: Exception) -> None:
+        # Setting aside fsyncs the file (and its directory when it creates it): off the loop.
+        await asyncio.to_thread(rejected.set_aside, self._journal.directory, item.frame.payload)
         self.state.rejected += 1
         log.error(
             "the store refused a journaled record (%s: %s); it is kept in %s (%d so far: "
