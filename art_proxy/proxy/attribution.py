@@ -258,16 +258,10 @@ def verbatim(reply: JsonObject, echoed: JsonObject) -> bool:
 
 def same_meaning(reply: JsonObject, echoed: JsonObject) -> bool:
     """Whether an echoed assistant message says what the reply said, in whatever form: the same
-    text, the same tool calls (ids, names, and arguments equal as JSON; pydantic-ai on openai 3
-    sends `{"city":"Paris"}` back for the model's `{"city": "Paris"}`)."""
-
-    def meant(message: JsonObject) -> tuple[Any, list[JsonObject]]:
-        calls = message.get("tool_calls") or []
-        return _canonical_content(message.get("content")), [
-            _canonical_tool_call(call) for call in calls if isinstance(call, dict)
-        ]
-
-    return meant(reply) == meant(echoed)
+    canonical message the conversation keys hash (same text, same tool-call ids and names,
+    arguments equal as JSON; pydantic-ai on openai 3 sends `{"city":"Paris"}` back for the
+    model's `{"city": "Paris"}`)."""
+    return canonical_message(reply) == canonical_message(echoed)
 
 
 def as_sampled(echoed: JsonObject, reply: JsonObject) -> JsonObject:
