@@ -12,6 +12,7 @@ from pydantic import Field, model_validator
 
 from art_proxy.config.judge import JudgeChoice
 from art_proxy.config.shared import Settings, StoreSettings, UpstreamSettings
+from art_proxy.records import Split
 
 
 class TrainerConfig(Settings):
@@ -117,7 +118,12 @@ class TrainSettings(JudgeChoice, UpstreamSettings, StoreSettings, TrainerConfig)
     run: str | None = Field(
         None, description="Name of the run in the store (default: the --out directory's name)."
     )
-    steps: int = Field(0, ge=0, description="Stop after this many steps (0 = never).")
+    steps: int = Field(
+        0,
+        ge=0,
+        description="Stop after this many GRPO steps (0 = never); a warm start's (--sft) come "
+        "first and are not counted.",
+    )
     resume: bool = Field(
         False,
         description="Go on with the run in --out although its store, agent, scenarios or base "
@@ -249,6 +255,44 @@ class TrainSettings(JudgeChoice, UpstreamSettings, StoreSettings, TrainerConfig)
         "(with --nproc or under torchrun); it also bounds the start: every rank must join and "
         "load the model within it of the first.",
     )
+
+    sft: str | None = Field(
+        None,
+        description="Warm start before GRPO: fine-tune the adapter on demonstrations, a JSONL "
+        "file of conversations (OpenAI's chat fine-tuning format, or `art-proxy export` lines) "
+        "or `store` (the store's finished trajectories, chosen by --sft-split, --sft-min-reward, "
+        "--sft-model and --scenario). Assistant turns are learnt (tool calls included); prompts "
+        "and tool results are not.",
+    )
+    sft_epochs: int = Field(3, ge=1, description="Passes over the demonstrations (--sft).")
+    sft_batch_size: int = Field(8, ge=1, description="Demonstrations per warm-start step.")
+    sft_split: Split = Field(
+        "train",
+        description="--sft store: trajectories of this split (validation is never trained on).",
+    )
+    sft_min_reward: float | None = Field(
+        None,
+        description="--sft store: only trajectories whose reward (reported at finish) is at "
+        "least this.",
+    )
+    sft_model: str | None = Field(
+        None,
+        description="--sft store: only trajectories this model served (e.g. the hosted model "
+        "whose traces are the demonstrations).",
+    )
+    sft_only: bool = Field(
+        False,
+        description="Stop after the warm start (a later `art-proxy train` with the same --out "
+        "goes on with GRPO from it).",
+    )
+
+    @model_validator(mode="after")
+    def _sft_never_on_validation(self) -> TrainSettings:
+        if self.sft == "store" and self.sft_split == "val":
+            raise ValueError("--sft-split val: validation trajectories are never trained on")
+        if self.sft_only and self.sft is None:
+            raise ValueError("--sft-only needs --sft (the demonstrations to warm-start on)")
+        return self
 
     @model_validator(mode="after")
     def _sleep_only_in_the_whole_loop(self) -> TrainSettings:

@@ -18,6 +18,9 @@ from art_proxy.records.trajectories import Split
 GroupOutcome = Literal["trained", "zero_variance", "stale", "no_tokens", "validation", "abandoned"]
 # applied: the optimiser moved. abandoned: NaN/inf loss or gradient, or out of memory (see reason).
 StepStatus = Literal["applied", "abandoned"]
+# grpo: a policy-gradient step on scored groups. sft: a warm-start step, supervised on
+# demonstrations (no groups consumed).
+StepKind = Literal["grpo", "sft"]
 # swapped: every upstream loaded the adapter and the alias moved. rejected: an upstream refused it
 # (the alias stayed). skipped: the step was abandoned, or swapping is off.
 SwapStatus = Literal["swapped", "rejected", "skipped"]
@@ -63,6 +66,7 @@ class TrainingStep(Record):
 
     run: str = Field(description="The trainer run (its output directory's name by default).")
     step: int = Field(ge=1)
+    kind: StepKind = "grpo"
     status: StepStatus
     reason: str | None = Field(default=None, description="Why the step was abandoned.")
     adapter: str | None = Field(

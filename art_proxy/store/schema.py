@@ -194,6 +194,7 @@ training_steps = sa.Table(
     sa.Column("metrics", Json, nullable=False),
     sa.Column("created_at", Timestamp, nullable=False),
     sa.Column("promotion", sa.Text),  # what safe promotion did at this step (migration 0006)
+    sa.Column("kind", sa.String(8), nullable=False, server_default="grpo"),  # migration 0014
 )
 
 # The primary key is the invariant: a run consumes each group at exactly one step, whatever the

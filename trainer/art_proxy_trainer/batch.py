@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Literal
 
 import torch
 
@@ -136,6 +137,15 @@ class TrainingSequence:
         self.call_starts.extend(range(start, start + len(token_ids)))
         self.allowed.extend([None] * len(token_ids))
 
+    def add_demonstrated(self, token_ids: Sequence[int]) -> None:
+        """Tokens a demonstration wrote: trained, with no sampler and so no recorded logprob."""
+        self.call_starts.extend([len(self.tokens)] * len(token_ids))
+        self.allowed.extend([None] * len(token_ids))
+        self.tokens.extend(token_ids)
+        self.mask.extend([1] * len(token_ids))
+        self.old_logprobs.extend([0.0] * len(token_ids))
+        self.sampled_from.extend([NOT_FILTERED] * len(token_ids))
+
     def add_sampled(
         self,
         token_ids: Sequence[int],
@@ -169,6 +179,11 @@ class SequenceStats:
         )
 
 
+# grpo: the policy gradient of recorded samples (old logprobs and advantages used). sft: the
+# likelihood of demonstrated tokens (a warm start; neither is used).
+BatchObjective = Literal["grpo", "sft"]
+
+
 @dataclass(frozen=True)
 class TrainingBatch:
     tokens_B_T: torch.Tensor  # int64
@@ -179,6 +194,7 @@ class TrainingBatch:
     stats: SequenceStats
     transforms: SamplingTransforms = NO_TRANSFORMS
     trajectory_ids: tuple[str, ...] = ()  # each row's trajectory (empty: not known)
+    objective: BatchObjective = "grpo"
 
     @property
     def trained_tokens(self) -> int:
@@ -188,29 +204,30 @@ class TrainingBatch:
         """The batch on `device` (itself where it is there already)."""
         if self.tokens_B_T.device == device:
             return self
-        return TrainingBatch(
-            self.tokens_B_T.to(device),
-            self.attention_mask_B_T.to(device),
-            self.mask_B_T.to(device),
-            self.old_logprobs_B_T.to(device),
-            self.advantages_B.to(device),
-            self.stats,
-            self.transforms.to(device),
-            self.trajectory_ids,
+        return replace(
+            self,
+            tokens_B_T=self.tokens_B_T.to(device),
+            attention_mask_B_T=self.attention_mask_B_T.to(device),
+            mask_B_T=self.mask_B_T.to(device),
+            old_logprobs_B_T=self.old_logprobs_B_T.to(device),
+            advantages_B=self.advantages_B.to(device),
+            transforms=self.transforms.to(device),
         )
 
     def take(self, rows: list[int]) -> TrainingBatch:
         """These rows alone, in this order (a rank's share of the batch)."""
         index = torch.tensor(rows, dtype=torch.int64, device=self.tokens_B_T.device)
-        return TrainingBatch(
-            self.tokens_B_T[index],
-            self.attention_mask_B_T[index],
-            self.mask_B_T[index],
-            self.old_logprobs_B_T[index],
-            self.advantages_B[index],
-            self.stats,
-            self.transforms.rows(index, self.tokens_B_T.shape[1]),
-            tuple(self.trajectory_ids[row] for row in rows) if self.trajectory_ids else (),
+        return replace(
+            self,
+            tokens_B_T=self.tokens_B_T[index],
+            attention_mask_B_T=self.attention_mask_B_T[index],
+            mask_B_T=self.mask_B_T[index],
+            old_logprobs_B_T=self.old_logprobs_B_T[index],
+            advantages_B=self.advantages_B[index],
+            transforms=self.transforms.rows(index, self.tokens_B_T.shape[1]),
+            trajectory_ids=(
+                tuple(self.trajectory_ids[row] for row in rows) if self.trajectory_ids else ()
+            ),
         )
 
 
@@ -312,6 +329,26 @@ def build_batch(
         stats += sample_stats
     if not rows:
         raise EmptyBatchError("no call of these trajectories carried trainable token ids")
+    return _padded(rows, stats, pad_token_id, "grpo")
+
+
+def demonstration_batch(
+    sequences: Sequence[TrainingSequence], *, pad_token_id: int = 0
+) -> TrainingBatch:
+    """A warm start's batch: demonstrated sequences (`add_demonstrated` marks what is learnt)."""
+    rows = [(sequence, 0.0) for sequence in sequences if any(sequence.mask)]
+    if not rows:
+        raise EmptyBatchError("no demonstration has a token to learn")
+    return _padded(rows, SequenceStats(len(rows)), pad_token_id, "sft")
+
+
+def _padded(
+    rows: Sequence[tuple[TrainingSequence, float]],
+    stats: SequenceStats,
+    pad_token_id: int,
+    objective: BatchObjective,
+) -> TrainingBatch:
+    """Right-padded tensors of the rows (each a sequence and its advantage)."""
     length = max(len(sequence.tokens) for sequence, _ in rows)
     tokens_B_T = torch.full((len(rows), length), pad_token_id, dtype=torch.int64)
     attention_mask_B_T = torch.zeros((len(rows), length), dtype=torch.int64)
@@ -333,6 +370,7 @@ def build_batch(
         stats,
         _transforms([sequence for sequence, _ in rows], length),
         tuple(sequence.trajectory_id for sequence, _ in rows),
+        objective,
     )
 
 

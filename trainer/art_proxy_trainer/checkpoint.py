@@ -66,6 +66,7 @@ class TrainerState(BaseModel):
     # Abandoned steps count in `step` but not here, so they do not age the groups the same
     # weights go on sampling.
     policy_step: int = 0
+    sft_steps: int = 0  # of `step`, those of the warm start (they come first)
     record: TrainingStep | None = None  # the last step's record, for the store
     best_val: float | None = None
     best_step: int | None = None

@@ -41,6 +41,7 @@ from art_proxy_trainer.promoter import Promoter
 from art_proxy_trainer.sleep import UpstreamSleep
 from art_proxy_trainer.swap import AdapterSwapper
 from art_proxy_trainer.trainer import Trainer
+from art_proxy_trainer.warm_start import load_warm_start
 
 _COLUMNS = (
     ("step", "step", "{:.0f}"),
@@ -187,17 +188,27 @@ async def _train(
             resumed = await trainer.resume()
             if resumed:
                 console.print(f"resumed {settings.run_name!r} after step {resumed} from {out}")
+            warm_start = None
+            if settings.sft is not None:
+                with console.status("rendering the demonstrations"):
+                    warm_start = await load_warm_start(settings, store, policy, trainer.alias)
+                console.print(
+                    f"warm start: {len(warm_start.demonstrations)} demonstrations, "
+                    f"{warm_start.steps} steps ({settings.sft_epochs} epochs)"
+                )
+                for skipped in warm_start.skipped:
+                    console.print(f"[bold red]warning:[/] left out {escape(skipped)}")
             if promoter is not None:
                 await promoter.start()
             summary.trainer = trainer
             with _Display(console, settings) as display:
                 events = Events(display.status, display.step, display.rollouts)
                 if agent is not None:
-                    loop = WholeLoop(trainer, settings, agent, scenarios, ruler, events)
+                    loop = WholeLoop(trainer, settings, agent, scenarios, ruler, events, warm_start)
                     summary.stopped = await _until_interrupted(loop.run())
                 else:
                     summary.stopped = await _until_interrupted(
-                        run_sidecar(trainer, settings, events)
+                        run_sidecar(trainer, settings, events, warm_start)
                     )
     finally:
         for judge in judges:
@@ -281,6 +292,8 @@ def step_line(record: TrainingStep) -> str:
         swap = f"{swap}: {record.swap_error}"
     if record.promotion:
         swap += f"; {record.promotion}"
+    if record.kind == "sft":
+        swap += "; warm start"
     return " ".join(cells) + f"  {swap}"
 
 

@@ -32,6 +32,7 @@ from art_proxy.ruler.scorer import Ruler
 from art_proxy.scenarios import Scenario
 from art_proxy.store.trajectory_store import utcnow
 from art_proxy_trainer.trainer import Trainer
+from art_proxy_trainer.warm_start import WarmStart
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +51,9 @@ class Events:
 
 
 def stop_reason(trainer: Trainer, settings: TrainSettings) -> str | None:
-    if settings.steps and trainer.state.step >= settings.steps:
+    if settings.sft_only and trainer.state.sft_steps:
+        return f"warm start done ({trainer.state.sft_steps} steps, --sft-only)"
+    if settings.steps and trainer.state.step - trainer.state.sft_steps >= settings.steps:
         return f"reached --steps {settings.steps}"
     if trainer.stopping.plateaued():
         return (
@@ -77,8 +80,27 @@ def waiting_line(settings: TrainSettings, with_signal: int, unconsumed: int) -> 
     return f"{line}: no group{scope} to train on yet ({feed})"
 
 
-async def run_sidecar(trainer: Trainer, settings: TrainSettings, events: Events) -> str:
-    """Train on the store's scored groups until a stop condition; returns why it stopped."""
+async def run_warm_start(trainer: Trainer, warm_start: WarmStart, events: Events) -> None:
+    """The warm-start steps the run has not taken yet."""
+    while trainer.state.sft_steps < warm_start.steps:
+        index = trainer.state.sft_steps
+        events.status(f"warm start: step {index + 1} of {warm_start.steps}")
+        record = await trainer.train_sft(
+            warm_start.batch(index), extra_metrics={"sft_epoch": float(warm_start.epoch(index))}
+        )
+        events.step(record)
+
+
+async def run_sidecar(
+    trainer: Trainer,
+    settings: TrainSettings,
+    events: Events,
+    warm_start: WarmStart | None = None,
+) -> str:
+    """Train on the store's scored groups until a stop condition (after the warm start, if
+    any); returns why it stopped."""
+    if warm_start is not None:
+        await run_warm_start(trainer, warm_start, events)
     while (reason := stop_reason(trainer, settings)) is None:
         groups = await trainer.store.trainable_groups(
             settings.run_name,
@@ -115,8 +137,10 @@ class WholeLoop:
         scenarios: Sequence[Scenario],
         ruler: Ruler | None,
         events: Events,
+        warm_start: WarmStart | None = None,
     ) -> None:
         self.trainer = trainer
+        self.warm_start = warm_start
         self.settings = settings
         self.agent = agent
         self.train_scenarios = [s for s in scenarios if s.split == "train"]
@@ -133,10 +157,15 @@ class WholeLoop:
             reward, val_groups = await self.validate()
             await trainer.validated_only(reward, val_groups)
             self.events.status(f"validation reward of the base model: {reward:.3f}")
+        if self.warm_start is not None:
+            await run_warm_start(trainer, self.warm_start, self.events)
         while (reason := stop_reason(trainer, settings)) is None:
             number = trainer.state.step + 1
             groups, rollout_metrics = await self._training_groups(number)
-            if validating and number % settings.val_every == 0:
+            # The first GRPO step after a warm start validates always: its reward is the warm
+            # start's (a step's validation is that of the policy that sampled its rollouts).
+            after_warm_start = trainer.state.sft_steps > 0 and number == trainer.state.sft_steps + 1
+            if validating and (number % settings.val_every == 0 or after_warm_start):
                 val_reward, val_groups = await self.validate()
                 rollout_metrics["val_reward"] = val_reward
                 groups += val_groups

@@ -19,6 +19,10 @@ are the current weights with the gradient stopped); and pi_theta, the weights be
 (DAPO's token-level mean, so a long trajectory is not down-weighted per token). The optional KL to
 the reference is the k3 estimator `exp(ref - logp) - (ref - logp) - 1`, weighted by the same
 importance weight (its samples come from mu, not pi_theta). Everything is computed in fp32.
+
+A warm start's step (`sft_loss`) is supervised instead: the mean negative log-likelihood of the
+demonstrated tokens, at the unfiltered distribution (temperature 1, nothing cut), which is what
+sampling at temperature 1 will then draw from.
 """
 
 from __future__ import annotations
@@ -157,5 +161,31 @@ def grpo_loss(
             mismatch_kl=mean(behaviour_ratio_B_T - 1.0 - behaviour_log_ratio_B_T),
             is_weight_sq=mean(measured_ratio_B_T.square()),
             is_capped=mean(capped_B_T),
+        )
+    return LossResult(loss, metrics)
+
+
+def sft_loss(
+    logprobs_B_T: torch.Tensor, mask_B_T: torch.Tensor, entropy_B_T: torch.Tensor | None = None
+) -> LossResult:
+    """The mean negative log-likelihood of the trained (demonstrated) tokens; no sampler, so no
+    ratio, clip or importance weight (their metrics are those of a policy equal to itself)."""
+    mask_B_T = mask_B_T.float()
+    trained_B_T = mask_B_T > 0
+    tokens = mask_B_T.sum().clamp(min=1.0)
+    # Context and padding positions may hold anything (an -inf would make inf * 0 = nan).
+    logprobs_B_T = torch.where(trained_B_T, logprobs_B_T.float(), 0.0)
+    loss = -(logprobs_B_T * mask_B_T).sum() / tokens
+    with torch.no_grad():
+        entropy = (
+            0.0 if entropy_B_T is None else float((entropy_B_T.float() * mask_B_T).sum() / tokens)
+        )
+        metrics = LossMetrics(
+            clip_fraction=0.0,
+            mean_ratio=1.0,
+            kl=0.0,
+            tokens=int(mask_B_T.sum()),
+            entropy=entropy,
+            is_weight_sq=1.0,
         )
     return LossResult(loss, metrics)

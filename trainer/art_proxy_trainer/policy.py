@@ -15,6 +15,7 @@ import torch
 from peft import PeftModel
 
 from art_proxy.config import TrainerConfig
+from art_proxy.local.chat_format import ChatRenderer
 from art_proxy.local.model_loading import load_model
 from art_proxy_trainer.batch import TrainingBatch
 from art_proxy_trainer.errors import TrainerError
@@ -51,6 +52,9 @@ class Policy:
     micro_batch_tokens: int | None = None
     # Replays the grammars of calls vLLM constrained (None: such calls are not trained).
     grammars: GrammarReplay | None = None
+    # Renders a demonstration as the local server renders a conversation (None: no warm start).
+    renderer: ChatRenderer | None = None
+    end_of_turn: int = 0  # the token the model ends its turn with
 
     def train(self, batch: TrainingBatch, config: TrainerConfig) -> StepResult:
         """One optimiser step on `batch`, on every rank when there are several."""
@@ -132,15 +136,16 @@ def load_policy(
     tokenizer = loaded.tokenizer
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     eos = getattr(loaded.model.generation_config, "eos_token_id", None)
+    eos_ids = [eos] if isinstance(eos, int) else list(eos or [])
+    # An instruct tokenizer's EOS is its end of turn (SmolLM2's <|im_end|>, which it stops on).
+    end_of_turn = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else eos_ids[0]
     return Policy(
         peft_model,
         make_optimizer(peft_model, config),
         int(pad or 0),
         loaded.default_name,
         {loaded.default_name, loaded.source},
-        grammars=GrammarReplay(
-            tokenizer,
-            loaded.model.config.vocab_size,
-            [eos] if isinstance(eos, int) else list(eos or []),
-        ),
+        grammars=GrammarReplay(tokenizer, loaded.model.config.vocab_size, eos_ids),
+        renderer=ChatRenderer(tokenizer),
+        end_of_turn=int(end_of_turn),
     )

@@ -29,7 +29,7 @@ from transformers import PreTrainedModel
 
 from art_proxy.config import TrainerConfig
 from art_proxy_trainer.batch import TrainingBatch
-from art_proxy_trainer.loss import Correction, LossMetrics, grpo_loss
+from art_proxy_trainer.loss import Correction, LossMetrics, grpo_loss, sft_loss
 from art_proxy_trainer.scoring import (
     install_sampled_head,
     score_sampled,
@@ -237,25 +237,28 @@ def _backward_pass(
     mask_B_T = source.mask_B_T[rows, :length]
     transforms = source.transforms.rows(rows, length)
     ref_logprobs_B_T = None
-    if config.kl_coef > 0:
+    if config.kl_coef > 0 and source.objective == "grpo":
         with torch.no_grad(), model.disable_adapter():
             ref_logprobs_B_T = score_sampled(
                 model, tokens_B_T, attention_B_T, mask_B_T, transforms
             ).logprobs_B_T
     with lockstep.syncing(last) if lockstep else contextlib.nullcontext():
         scored = score_sampled(forward, tokens_B_T, attention_B_T, mask_B_T, transforms)
-        result = grpo_loss(
-            scored.logprobs_B_T,
-            source.old_logprobs_B_T[rows, :length],
-            source.advantages_B[rows],
-            mask_B_T,
-            eps_low=config.eps_low,
-            eps_high=config.eps_high,
-            correction=correction(config),
-            kl_coef=config.kl_coef,
-            ref_logprobs_B_T=ref_logprobs_B_T,
-            entropy_B_T=scored.entropy_B_T,
-        )
+        if source.objective == "sft":
+            result = sft_loss(scored.logprobs_B_T, mask_B_T, scored.entropy_B_T)
+        else:
+            result = grpo_loss(
+                scored.logprobs_B_T,
+                source.old_logprobs_B_T[rows, :length],
+                source.advantages_B[rows],
+                mask_B_T,
+                eps_low=config.eps_low,
+                eps_high=config.eps_high,
+                correction=correction(config),
+                kl_coef=config.kl_coef,
+                ref_logprobs_B_T=ref_logprobs_B_T,
+                entropy_B_T=scored.entropy_B_T,
+            )
         loss = float(result.loss.detach())
         if not math.isfinite(loss) and lockstep is None:
             return loss, result.metrics

@@ -22,12 +22,19 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from art_proxy.config import TrainSettings
-from art_proxy.records import CallRecord, GroupOutcome, TrainableGroup, TrainingStep
+from art_proxy.records import (
+    CallRecord,
+    GroupOutcome,
+    StepKind,
+    StepStatus,
+    TrainableGroup,
+    TrainingStep,
+)
 from art_proxy.redaction import redact_url
 from art_proxy.rewards import has_signal, mean_or_nan, population_std
 from art_proxy.store.trajectory_store import TrajectoryStore, utcnow
 from art_proxy_trainer.advantages import group_advantages
-from art_proxy_trainer.batch import TrajectorySample, build_batch
+from art_proxy_trainer.batch import TrainingBatch, TrajectorySample, build_batch
 from art_proxy_trainer.checkpoint import Checkpoints, RunIdentity, TrainerState
 from art_proxy_trainer.errors import CheckpointError, EmptyBatchError
 from art_proxy_trainer.metrics import MetricsSink
@@ -161,9 +168,45 @@ class Trainer:
             "skipped_groups": float(sum(o != "trained" for o in outcomes.values())),
         }
         status, reason = await self._optimise(samples, metrics, outcomes)
+        if rewards:
+            self.state.reward_history.append((number, metrics["reward_mean"]))
+        best = "val_reward" in metrics and self._validated(number, metrics["val_reward"])
+        return await self._commit(
+            number, "grpo", status, reason, outcomes, metrics, started, promotion, best=best
+        )
+
+    async def train_sft(
+        self, batch: TrainingBatch, *, extra_metrics: Mapping[str, float] = {}
+    ) -> TrainingStep:
+        """One warm-start step: the likelihood of `batch`'s demonstrated tokens. It is recorded,
+        checkpointed and swapped in as a GRPO step is (kind `sft`), and consumes no group."""
+        started = time.perf_counter()
+        number = self.state.step + 1
+        metrics: dict[str, float] = dict(extra_metrics)
+        metrics["seconds_prepare"] = time.perf_counter() - started
+        status, reason = await self._optimise_batch(batch, metrics)
+        self.state.sft_steps += 1
+        return await self._commit(number, "sft", status, reason, {}, metrics, started)
+
+    async def _commit(
+        self,
+        number: int,
+        kind: StepKind,
+        status: StepStatus,
+        reason: str | None,
+        outcomes: dict[str, GroupOutcome],
+        metrics: dict[str, float],
+        started: float,
+        promotion: str | None = None,
+        *,
+        best: bool = False,
+    ) -> TrainingStep:
+        """Record step `number`: checkpoint, store, swap, metrics, in the order that makes a
+        kill at any moment harmless (see the module docstring)."""
         record = TrainingStep(
             run=self.settings.run_name,
             step=number,
+            kind=kind,
             status=status,
             reason=reason,
             adapter=adapter_name(self.alias, number, self.state.run_tag)
@@ -179,9 +222,6 @@ class Trainer:
         if status == "applied":
             self.state.policy_step = number
         self.state.record = record
-        if rewards:
-            self.state.reward_history.append((number, metrics["reward_mean"]))
-        best = "val_reward" in metrics and self._validated(number, metrics["val_reward"])
         saving = time.perf_counter()
         # An abandoned step leaves the weights as they were: no second copy of them.
         trained = self.policy.state() if status == "applied" else None
@@ -258,7 +298,7 @@ class Trainer:
         samples: list[TrajectorySample],
         metrics: dict[str, float],
         outcomes: dict[str, GroupOutcome],
-    ) -> tuple[str, str | None]:
+    ) -> tuple[StepStatus, str | None]:
         if not samples:
             stale = any(outcome == "stale" for outcome in outcomes.values())
             return "abandoned", "stale" if stale else "no_signal"
@@ -271,6 +311,17 @@ class Trainer:
                 if outcome == "trained":
                     outcomes[group_id] = "no_tokens"
             return "abandoned", "no_tokens"
+        status, reason = await self._optimise_batch(batch, metrics)
+        if status == "abandoned":
+            for group_id, outcome in outcomes.items():
+                if outcome == "trained":
+                    outcomes[group_id] = "abandoned"
+        return status, reason
+
+    async def _optimise_batch(
+        self, batch: TrainingBatch, metrics: dict[str, float]
+    ) -> tuple[StepStatus, str | None]:
+        """One optimiser step on `batch`, its measurements added to `metrics`."""
         training = time.perf_counter()
         async with self.sleeper.asleep() if self.sleeper else contextlib.nullcontext():
             # A thread: the event loop keeps serving progress and HTTP while torch computes.
@@ -291,7 +342,9 @@ class Trainer:
                 f"long to fit in memory even alone (trajectories {', '.join(result.too_long)}): "
                 "lower --micro-batch-tokens, turn on --gradient-checkpointing, or shorten them"
             )
-        if result.metrics is not None:
+        if result.metrics is not None and batch.objective == "sft":
+            metrics["entropy"] = result.metrics.entropy
+        elif result.metrics is not None:
             loss_metrics = result.metrics
             metrics |= {
                 "clip_fraction": loss_metrics.clip_fraction,
@@ -306,9 +359,6 @@ class Trainer:
                 metrics["kl"] = loss_metrics.kl
         if result.applied:
             return "applied", None
-        for group_id, outcome in outcomes.items():
-            if outcome == "trained":
-                outcomes[group_id] = "abandoned"
         return "abandoned", result.reason
 
     async def _swap(self, record: TrainingStep) -> TrainingStep:
