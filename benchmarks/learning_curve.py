@@ -34,20 +34,18 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import aiohttp
 from rich.console import Console
 from rich.table import Table
 
 from art_proxy.config import TrainSettings
 from art_proxy.cpu_sharing import share_cpu_cores
 from art_proxy.store.trajectory_store import TrajectoryStore
-from art_proxy.testing.loopback import free_port
+from art_proxy.testing.loopback import free_port, wait_healthy
 
 if TYPE_CHECKING:
     from benchmarks.grpo_peers import PeerResult
@@ -55,22 +53,6 @@ if TYPE_CHECKING:
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "single_word"
 console = Console()
-
-
-async def _wait_healthy(url: str, process: subprocess.Popen[bytes], timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2)) as http:
-        while time.monotonic() < deadline:
-            if process.poll() is not None:
-                raise SystemExit(f"the stack exited with status {process.returncode}")
-            try:
-                async with http.get(url) as response:
-                    if response.status == 200:
-                        return
-            except (aiohttp.ClientError, TimeoutError):
-                pass
-            await asyncio.sleep(0.5)
-    raise SystemExit(f"{url} was not healthy after {timeout_s:.0f} s")
 
 
 async def _programmatic_by_step(store_url: str, run: str) -> dict[int, float]:
@@ -190,7 +172,7 @@ async def _train(
 ) -> EngineRun:
     proxy = f"http://127.0.0.1:{port}"
     llm = f"http://127.0.0.1:{llm_port}/v1"
-    await _wait_healthy(f"{proxy}/health", stack, timeout_s=900)
+    await wait_healthy(f"{proxy}/health", stack, timeout_s=900)
     judge = {}
     if args.judge:
         judge = {

@@ -4,7 +4,8 @@
 and `ArtProxyCallback` finishes the trajectory with the reward when the graph ends; the rollout
 runner then finishes it again with what the rollout returns (a finish overwrites, so the two agree).
 A model that keeps calling tools hits the recursion limit: that is a failed task, a zero to learn
-from, not a crashed rollout.
+from, not a crashed rollout. Each rollout reports how many tool calls the model made (the
+trajectory's `tool_calls` metric).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import httpx
-from langchain_core.messages import BaseMessage
+from langchain_core.messages import AIMessage, BaseMessage
 from langchain_core.tools import BaseTool
 from langgraph.errors import GraphRecursionError
 from langgraph.prebuilt import create_react_agent
@@ -30,6 +31,11 @@ RECURSION_LIMIT = 10
 def final_answer(outputs: dict[str, Any]) -> str:
     message = outputs["messages"][-1]
     return message.text if isinstance(message, BaseMessage) else ""
+
+
+def tool_calls(outputs: dict[str, Any]) -> int:
+    """The tool calls the model made in the run."""
+    return sum(len(m.tool_calls) for m in outputs["messages"] if isinstance(m, AIMessage))
 
 
 async def react_rollout(
@@ -68,5 +74,10 @@ async def react_rollout(
                 },
             )
         except GraphRecursionError:
-            return RolloutOutcome(0.0, metadata={"stopped": f"recursion limit {RECURSION_LIMIT}"})
-    return score(outputs)
+            return RolloutOutcome(
+                0.0,
+                # A graph step per model call and per tool call: about half of them called tools.
+                metrics={"tool_calls": float(RECURSION_LIMIT // 2)},
+                metadata={"stopped": f"recursion limit {RECURSION_LIMIT}"},
+            )
+    return RolloutOutcome(score(outputs), metrics={"tool_calls": float(tool_calls(outputs))})

@@ -265,6 +265,12 @@ class TrainSettings(JudgeChoice, UpstreamSettings, StoreSettings, TrainerConfig)
         "and tool results are not.",
     )
     sft_epochs: int = Field(3, ge=1, description="Passes over the demonstrations (--sft).")
+    sft_learning_rate: float | None = Field(
+        None,
+        gt=0,
+        description="AdamW step size of the warm-start steps (unset: --learning-rate); "
+        "supervised steps take a larger one than GRPO's.",
+    )
     sft_batch_size: int = Field(8, ge=1, description="Demonstrations per warm-start step.")
     sft_split: Split = Field(
         "train",

@@ -137,7 +137,7 @@ class Dashboard:
         shown = await store.training_steps(run, MAX_STEPS) if run else []
         charts: list[tuple[str, Chart | None]] = [
             ("reward", _reward_chart(shown)),
-            ("loss", _metric_chart(shown, "loss", "Loss")),
+            ("loss", _loss_chart(shown)),
             ("kl", _metric_chart(shown, "kl", "KL to the base model")),
             ("off-policy", _off_policy_chart(shown)),
             ("staleness", _staleness_chart(shown)),
@@ -237,6 +237,20 @@ def _reward_chart(steps: Sequence[TrainingStep]) -> Chart | None:
                 [step.metrics.get("reward_std", 0.0) for step in trained],
             ),
             _metric_series(steps, "val_reward", "validation reward"),
+        ],
+    )
+
+
+def _loss_chart(steps: Sequence[TrainingStep]) -> Chart | None:
+    """GRPO's loss, and a warm start's (the demonstrations' negative log-likelihood per token:
+    another quantity, so a series of its own)."""
+    warm = [step for step in steps if step.kind == "sft"]
+    grpo = [step for step in steps if step.kind == "grpo"]
+    return line_chart(
+        "Loss",
+        [
+            _metric_series(grpo, "loss", "GRPO loss"),
+            _metric_series(warm, "loss", "warm start: demonstrations' NLL per token"),
         ],
     )
 

@@ -3,13 +3,17 @@ or find a free port for a server started as its own process and ask whether it a
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import socket
+import subprocess
+import time
 import urllib.error
 import urllib.request
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
+import aiohttp
 from aiohttp import web
 
 
@@ -46,3 +50,21 @@ def answers_health(url: str) -> bool:
     ):
         return bool(response.status == 200)
     return False
+
+
+async def wait_healthy(url: str, process: subprocess.Popen[bytes], timeout_s: float) -> None:
+    """Until `url` answers 200; for a script that started `process` to serve it, a one-line
+    SystemExit when the process exits first or `timeout_s` passes."""
+    deadline = time.monotonic() + timeout_s
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2)) as http:
+        while time.monotonic() < deadline:
+            if process.poll() is not None:
+                raise SystemExit(f"{process.args!r} exited with status {process.returncode}")
+            try:
+                async with http.get(url) as response:
+                    if response.status == 200:
+                        return
+            except (aiohttp.ClientError, TimeoutError):
+                pass
+            await asyncio.sleep(0.5)
+    raise SystemExit(f"{url} was not healthy after {timeout_s:.0f} s")

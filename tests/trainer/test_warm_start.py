@@ -12,7 +12,7 @@ import torch
 from rich.console import Console
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
-from art_proxy.config import TrainerConfig, TrainSettings
+from art_proxy.config import TrainerConfig
 from art_proxy.local.chat_format import ChatRenderer
 from art_proxy.local.model_loading import load_model, model_files
 from art_proxy.store.trajectory_store import TrajectoryStore
@@ -32,8 +32,7 @@ from tests.trainer.agents import untagged
 from tests.trainer.conftest import TINY_NAME, Stack
 from tests.trainer.records import call
 from tests.trainer.test_demonstrations import CONVERSATION, TOOLS
-
-HERE = Path(__file__).parent
+from tests.trainer.test_training_loop import _settings
 
 
 @pytest.fixture(scope="module")
@@ -160,37 +159,19 @@ def test_warm_start_steps_raise_the_likelihood_of_the_demonstration(
     assert nll() < before - 1.0, losses
 
 
-def _settings(stack: Stack, out: Path, **overrides: object) -> TrainSettings:
-    return TrainSettings.model_validate(
-        {
-            "store": stack.store_url,
-            "proxy": stack.proxy.root_url,
-            "upstream": [stack.llm.base_url],
-            "model": str(stack.model_dir),
-            "out": str(out),
-            "agent": f"{HERE / 'agents.py'}:length_agent",
-            "scenarios": str(HERE / "scenarios.jsonl"),
-            "group_size": 4,
-            "groups_per_step": 2,
-            "val_every": 1,
-            "learning_rate": 1e-2,
-            **overrides,
-        }
-    )
-
-
 async def test_a_warm_start_is_recorded_and_swapped_in_and_grpo_goes_on_from_it(
     stack: Stack, tmp_path: Path
 ) -> None:
     demos = _lines(tmp_path / "demos.jsonl", [{"messages": CONVERSATION, "tools": TOOLS}] * 3)
     out = tmp_path / "run"
-    warm_only = _settings(stack, out, sft=str(demos), sft_batch_size=2, sft_epochs=1, sft_only=True)
+    warm = {"sft": str(demos), "sft_batch_size": 2, "sft_epochs": 1, "val_every": 1}
+    warm_only = _settings(stack, out, **warm, sft_only=True)
     summary = await run_train(warm_only, Console(quiet=True))
     assert summary.stopped == "warm start done (2 steps, --sft-only)"
 
     # The same command without --sft-only resumes after the warm start and trains with GRPO.
     summary = await run_train(
-        _settings(stack, out, sft=str(demos), sft_batch_size=2, sft_epochs=1, steps=1),
+        _settings(stack, out, **warm, steps=1),
         Console(quiet=True),
     )
     assert summary.stopped == "reached --steps 1"

@@ -114,30 +114,31 @@ def demonstration_sequences(
     (every sampled token learnt), else its conversation rendered."""
     if demonstration.served:
         stitched, _ = sequences_from_calls(demonstration.source, demonstration.served)
-        sequences = []
-        for recorded in stitched:
-            sequence = TrainingSequence(demonstration.source)
-            for token, trained in zip(recorded.tokens, recorded.mask, strict=True):
-                if trained:
-                    sequence.add_demonstrated([token])
-                else:
-                    sequence.add_context([token])
-            sequences.append(sequence)
-        if sequences:
-            return sequences
+        if stitched:
+            return [
+                _demonstrated(demonstration.source, recorded.tokens, recorded.mask)
+                for recorded in stitched
+            ]
     try:
         rendered = render_demonstration(
             renderer, demonstration.messages, demonstration.tools, end_of_turn
         )
     except DemonstrationError as exc:
         raise DemonstrationError(f"{demonstration.source}: {exc}") from exc
-    sequence = TrainingSequence(demonstration.source)
-    for token, trained in zip(rendered.tokens, rendered.trained, strict=True):
-        if trained:
+    return [_demonstrated(demonstration.source, rendered.tokens, rendered.trained)]
+
+
+def _demonstrated(
+    source: str, tokens: Sequence[int], trained: Sequence[bool | int]
+) -> TrainingSequence:
+    """A sequence whose `trained` tokens are learnt as demonstrated, the others context."""
+    sequence = TrainingSequence(source)
+    for token, learnt in zip(tokens, trained, strict=True):
+        if learnt:
             sequence.add_demonstrated([token])
         else:
             sequence.add_context([token])
-    return [sequence]
+    return sequence
 
 
 def read_demonstrations(path: Path) -> list[Demonstration]:

@@ -20,6 +20,8 @@ keeps after a free (resident memory can be several times the live tensors there)
 
 from __future__ import annotations
 
+import ctypes
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -153,3 +155,18 @@ def vllm_share(
     if left < vllm_memory(shape, kv_cache_gb=VLLM_LEAST_KV_CACHE_GB):
         return None
     return min(VLLM_DEFAULT_SHARE, int(left / gpu_bytes * 100) / 100)
+
+
+def release_freed_memory() -> None:
+    """Hand the memory a step freed back to the system (glibc's `malloc_trim`; elsewhere a
+    no-op). On a CPU, glibc keeps what a step's large tensors freed for reuse, and a process
+    whose resident memory never shrinks is what an out-of-memory killer picks."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:  # musl and other C libraries: nothing to trim with
+        return
+    trim = getattr(libc, "malloc_trim", None)
+    if trim is not None:
+        trim(0)

@@ -279,6 +279,8 @@ def train_step(
     starting from `micro_batch_tokens` (None: the configured size; give back the result's to
     start where the last step's fit)."""
     model.eval()
+    for group in optimizer.param_groups:
+        group["lr"] = config.learning_rate  # a warm start's steps take their own
     batch = batch.to(next(model.parameters()).device)
     max_tokens = config.micro_batch_tokens if micro_batch_tokens is None else micro_batch_tokens
     too_long: list[str] = []

@@ -19,6 +19,7 @@ import logging
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from art_proxy.config import TrainSettings
@@ -37,6 +38,7 @@ from art_proxy_trainer.advantages import group_advantages
 from art_proxy_trainer.batch import TrainingBatch, TrajectorySample, build_batch
 from art_proxy_trainer.checkpoint import Checkpoints, RunIdentity, TrainerState
 from art_proxy_trainer.errors import CheckpointError, EmptyBatchError
+from art_proxy_trainer.memory import release_freed_memory
 from art_proxy_trainer.metrics import MetricsSink
 from art_proxy_trainer.policy import Policy
 from art_proxy_trainer.promoter import Promoter
@@ -44,6 +46,8 @@ from art_proxy_trainer.sleep import UpstreamSleep
 from art_proxy_trainer.swap import AdapterSwapper, adapter_name, step_of
 
 log = logging.getLogger(__name__)
+# Where every step's torch work runs (see `_optimise_batch`).
+_TRAINING_THREAD = ThreadPoolExecutor(max_workers=1, thread_name_prefix="art-proxy-train")
 
 
 @dataclass
@@ -184,7 +188,10 @@ class Trainer:
         number = self.state.step + 1
         metrics: dict[str, float] = dict(extra_metrics)
         metrics["seconds_prepare"] = time.perf_counter() - started
-        status, reason = await self._optimise_batch(batch, metrics)
+        settings = self.settings
+        if settings.sft_learning_rate is not None:
+            settings = settings.model_copy(update={"learning_rate": settings.sft_learning_rate})
+        status, reason = await self._optimise_batch(batch, metrics, settings)
         self.state.sft_steps += 1
         return await self._commit(number, "sft", status, reason, {}, metrics, started)
 
@@ -311,7 +318,7 @@ class Trainer:
                 if outcome == "trained":
                     outcomes[group_id] = "no_tokens"
             return "abandoned", "no_tokens"
-        status, reason = await self._optimise_batch(batch, metrics)
+        status, reason = await self._optimise_batch(batch, metrics, self.settings)
         if status == "abandoned":
             for group_id, outcome in outcomes.items():
                 if outcome == "trained":
@@ -319,13 +326,19 @@ class Trainer:
         return status, reason
 
     async def _optimise_batch(
-        self, batch: TrainingBatch, metrics: dict[str, float]
+        self, batch: TrainingBatch, metrics: dict[str, float], settings: TrainSettings
     ) -> tuple[StepStatus, str | None]:
         """One optimiser step on `batch`, its measurements added to `metrics`."""
         training = time.perf_counter()
         async with self.sleeper.asleep() if self.sleeper else contextlib.nullcontext():
-            # A thread: the event loop keeps serving progress and HTTP while torch computes.
-            result = await asyncio.to_thread(self.policy.train, batch, self.settings)
+            # A thread: the event loop keeps serving progress and HTTP while torch computes. The
+            # same one every step: glibc gives each thread its own heap, and a step's freed
+            # tensors kept in a new heap each step grew a CPU trainer's memory step after step
+            # until the kernel killed it.
+            result = await asyncio.get_running_loop().run_in_executor(
+                _TRAINING_THREAD, self.policy.train, batch, settings
+            )
+            release_freed_memory()
         metrics["seconds_train"] = time.perf_counter() - training
         metrics |= {
             "loss": result.loss,
