@@ -1,8 +1,9 @@
 """RULER on the tool agent's GRPO rollouts: does a judge rank them as the task's reward does?
 
 Each GRPO group of the run (8 rollouts of one city, each rewarded 1 or 0 by code) is judged again
-by RULER, the bundled SmolLM2 as a logprob judge with the task's checklist (`rubric.yaml`, written
-from the task, not from the reward's code). Per group with a reward spread, Kendall's tau-b between
+by RULER, the bundled SmolLM2 as a logprob judge with the task's rubric (`rubric.txt`, written
+from the task, not from the reward's code; logprob mode reads one digit per trajectory, so the
+rubric is text, not a checklist). Per group with a reward spread, Kendall's tau-b between
 the judge's scores and the rewards: 1 = the judge orders them as the reward does, 0 = no relation.
 The judge is asked by its served name on the inference server itself, so it is the base model,
 whatever adapter the proxy's alias serves.
@@ -22,7 +23,7 @@ from art_proxy.ruler.rubric import load_rubric
 from art_proxy.ruler.run import finished_members
 from art_proxy.store.trajectory_store import TrajectoryStore
 
-RUBRIC = Path(__file__).with_name("rubric.yaml")
+RUBRIC = Path(__file__).with_name("rubric.txt")
 
 
 @dataclass(frozen=True)

@@ -40,7 +40,9 @@ from rich.table import Table
 
 from art_proxy.config import TrainSettings
 from art_proxy.cpu_sharing import share_cpu_cores
+from art_proxy.errors import ArtProxyError
 from art_proxy.rollout import Rollout, RolloutOutcome, run_rollouts
+from art_proxy.ruler.errors import RubricError
 from art_proxy.scenarios import Scenario, load_scenarios
 from art_proxy.store.trajectory_store import TrajectoryStore
 from art_proxy.testing.loopback import free_port, wait_healthy
@@ -325,7 +327,10 @@ async def run(options: Options) -> Result:
         if options.ruler:
             phase = time.monotonic()
             with console.status("RULER on the GRPO groups"):
-                result.ruler = await ruler_agreement(store, RUN, llm, model)
+                try:
+                    result.ruler = await ruler_agreement(store, RUN, llm, model)
+                except (ArtProxyError, RubricError) as exc:  # the measured stages still count
+                    console.print(f"[red]RULER not measured:[/] {exc}")
             result.seconds["RULER"] = time.monotonic() - phase
     finally:
         _stop(stack)
@@ -362,7 +367,7 @@ def summary_table(result: Result) -> Table:
     if result.ruler is not None:
         agreement = result.ruler
         table.caption += (
-            f"\nRULER (SmolLM2, logprob, rubric.yaml) vs the reward on {len(agreement.taus)} "
+            f"\nRULER (SmolLM2, logprob, rubric.txt) vs the reward on {len(agreement.taus)} "
             f"GRPO groups: mean Kendall tau {agreement.mean_tau:.2f}, its top pick succeeded in "
             f"{agreement.best_succeeded}, {agreement.failed} not scored"
         )

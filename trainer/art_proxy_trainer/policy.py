@@ -138,7 +138,9 @@ def load_policy(
     eos = getattr(loaded.model.generation_config, "eos_token_id", None)
     eos_ids = [eos] if isinstance(eos, int) else list(eos or [])
     # An instruct tokenizer's EOS is its end of turn (SmolLM2's <|im_end|>, which it stops on).
-    end_of_turn = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else eos_ids[0]
+    end_of_turn = next(
+        (e for e in (tokenizer.eos_token_id, *eos_ids) if isinstance(e, int)), pad or 0
+    )
     return Policy(
         peft_model,
         make_optimizer(peft_model, config),
