@@ -26,6 +26,7 @@ from art_proxy_trainer.demonstrations import (
     stored_demonstrations,
 )
 from examples.tool_lookup.agent import rollout
+from examples.tool_lookup.codes import city_asked, code_word
 from examples.tool_lookup.demonstrator import MODEL as DEMONSTRATOR
 from examples.tool_lookup.demonstrator import running_demonstrator
 from examples.tool_lookup.run import HERE, SCENARIOS
@@ -81,13 +82,15 @@ async def test_a_tool_agent_warm_starts_on_a_hosted_models_recordings_then_train
     )
     learnt = [t for t, m in zip(sequence.tokens, sequence.mask, strict=True) if m]
     context = [t for t, m in zip(sequence.tokens, sequence.mask, strict=True) if not m]
-    city = train[0].metadata["city"]
+    # The rollouts ran at once: the first stored is any of the four cities.
+    city = city_asked(next(m["content"] for m in recorded[0].messages if m["role"] == "user"))
+    assert city is not None
     assert tokenizer.decode(learnt) == (
         f'<tool_call>\n{{"name": "lookup_code_word", "arguments": {{"city": "{city}"}}}}\n'
-        f"</tool_call><|im_end|>The code word of {city} is {train[0].reference}.<|im_end|>"
+        f"</tool_call><|im_end|>The code word of {city} is {code_word(city)}.<|im_end|>"
     )
     assert "What is the code word" in tokenizer.decode(context)  # the prompt: not learnt
-    assert f"<|im_start|>tool\n{train[0].reference}" in tokenizer.decode(context)  # nor the result
+    assert f"<|im_start|>tool\n{code_word(city)}" in tokenizer.decode(context)  # nor the result
 
     settings = TrainSettings.model_validate(
         {
