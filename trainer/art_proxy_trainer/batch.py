@@ -25,12 +25,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Literal
 
 import torch
 
 from art_proxy.proxy.attribution import canonical_message, reply_messages
-from art_proxy.records import CallRecord
+from art_proxy.records import CallRecord, StepKind
 from art_proxy_trainer.errors import EmptyBatchError
 from art_proxy_trainer.grammar import GrammarReplay, leaves_ids_out
 from art_proxy_trainer.scoring import NO_TRANSFORMS, SamplingTransforms
@@ -179,11 +178,6 @@ class SequenceStats:
         )
 
 
-# grpo: the policy gradient of recorded samples (old logprobs and advantages used). sft: the
-# likelihood of demonstrated tokens (a warm start; neither is used).
-BatchObjective = Literal["grpo", "sft"]
-
-
 @dataclass(frozen=True)
 class TrainingBatch:
     tokens_B_T: torch.Tensor  # int64
@@ -194,7 +188,9 @@ class TrainingBatch:
     stats: SequenceStats
     transforms: SamplingTransforms = NO_TRANSFORMS
     trajectory_ids: tuple[str, ...] = ()  # each row's trajectory (empty: not known)
-    objective: BatchObjective = "grpo"
+    # The kind of step it is for: grpo, the policy gradient of recorded samples (old logprobs and
+    # advantages used); sft, the likelihood of demonstrated tokens (a warm start; neither used).
+    objective: StepKind = "grpo"
 
     @property
     def trained_tokens(self) -> int:
@@ -346,7 +342,7 @@ def _padded(
     rows: Sequence[tuple[TrainingSequence, float]],
     stats: SequenceStats,
     pad_token_id: int,
-    objective: BatchObjective,
+    objective: StepKind,
 ) -> TrainingBatch:
     """Right-padded tensors of the rows (each a sequence and its advantage)."""
     length = max(len(sequence.tokens) for sequence, _ in rows)
