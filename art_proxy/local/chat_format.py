@@ -3,8 +3,9 @@
 Messages are normalized the way vLLM prepares them for a template: text parts joined into one
 string, tool-call arguments parsed from their JSON string. A template that knows about tools gets
 them as `tools=`. One that does not (SmolLM2's) would drop them silently, and the model could never
-call one; for those, and unlike vLLM, the tools are described in the system message in the Hermes
-format that `tool_calls.py` parses, and earlier tool calls are rendered back as the same markup.
+call one; for those the template runs behind `tool_aware_template`'s preamble, which describes the
+tools in the system message in the Hermes format that `tool_calls.py` parses and writes earlier
+tool calls back as the same markup. `art-proxy up --engine vllm` gives vLLM the same template.
 """
 
 from __future__ import annotations
@@ -39,7 +40,10 @@ class ChatRenderer:
     def __init__(self, tokenizer: PreTrainedTokenizerBase) -> None:
         self._tokenizer = tokenizer
         template = tokenizer.chat_template
-        self._template_knows_tools = isinstance(template, str) and "tools" in template
+        self._template: str | None = template if isinstance(template, str) else None
+        self._tool_aware = self._template is not None and not knows_tools(self._template)
+        if self._template is not None and self._tool_aware:
+            self._template = tool_aware_template(self._template)
 
     def render(
         self,
@@ -50,19 +54,17 @@ class ChatRenderer:
     ) -> list[int]:
         """The prompt ids, generation prompt included (with `continue_final`: the last message
         left open instead)."""
-        if self._template_knows_tools:
-            prepared = [_normalized(message, keep_tool_calls=True) for message in messages]
-        else:
-            prepared = [_normalized(message, keep_tool_calls=False) for message in messages]
-            if tools:
-                prepared = _with_tool_prompt(prepared, tools)
+        prepared = [_normalized(message) for message in messages]
         template_tools: list[dict[Any, Any] | Callable[..., Any]] | None = None
-        if tools and self._template_knows_tools:
+        if tools:
             template_tools = list(tools)
         try:
+            if continue_final and self._tool_aware:
+                return self._render_open(prepared, template_tools)
             result = self._tokenizer.apply_chat_template(
                 prepared,
                 tools=template_tools,
+                chat_template=self._template,
                 add_generation_prompt=not continue_final,
                 continue_final_message=continue_final,
                 tokenize=True,
@@ -72,27 +74,125 @@ class ChatRenderer:
             raise PromptError(f"The chat template cannot render these messages: {exc}") from exc
         return _ids_of(result)
 
+    def _render_open(
+        self,
+        prepared: list[dict[str, Any]],
+        tools: list[dict[Any, Any] | Callable[..., Any]] | None,
+    ) -> list[int]:
+        """The conversation with its last message left open, tool calls included. transformers'
+        own continue_final_message marks the end of the message's content, which the preamble
+        follows with the calls; the preamble marks the end of the whole message instead, and the
+        text is cut there as transformers cuts it."""
+        if not prepared:
+            raise PromptError("continue_final_message needs a message to continue.")
+        text = self._tokenizer.apply_chat_template(
+            prepared,
+            tools=tools,
+            chat_template=self._template,
+            add_generation_prompt=False,
+            tokenize=False,
+            open_message_tag=_OPEN_MESSAGE_TAG,
+        )
+        if not isinstance(text, str) or _OPEN_MESSAGE_TAG not in text:
+            raise PromptError("The chat template does not show the final message to continue.")
+        return _ids_of(
+            self._tokenizer.encode(text[: text.rindex(_OPEN_MESSAGE_TAG)], add_special_tokens=False)
+        )
 
-def _normalized(message: Any, *, keep_tool_calls: bool) -> dict[str, Any]:
+
+def knows_tools(template: str) -> bool:
+    """Whether a chat template has a place for tools (else it would drop them silently)."""
+    return "tools" in template
+
+
+def tool_aware_template(template: str) -> str:
+    """`template`, which has no place for tools, behind a preamble that puts them where the
+    model sees them: the tools (name, description, parameters) described in the system message
+    in the Hermes format, and earlier tool calls written into the assistant's content as the
+    `<tool_call>` markup the model is asked to write. local-llm renders through it and
+    `up --engine vllm` gives it to vLLM as its chat template, so both engines show the model the
+    same tokens, and the trainer (which renders with local-llm's renderer) learns them."""
+    head, tail = _TOOL_PROMPT.format(tools="\0").split("\0")
+    literals = {
+        "@HEAD@": head,
+        "@TAIL@": tail,
+        "@START@": f"{TOOL_CALL_START}\n",
+        "@END@": f"\n{TOOL_CALL_END}",
+    }
+    preamble = _TOOL_PREAMBLE
+    for placeholder, text in literals.items():
+        # A JSON string is a Jinja string literal with the same escapes.
+        preamble = preamble.replace(placeholder, json.dumps(text, ensure_ascii=False))
+    return preamble + template
+
+
+# Where ChatRenderer's continue_final cuts the rendered conversation: after the last message.
+_OPEN_MESSAGE_TAG = "<|art-proxy-open-message|>"
+# Jinja run before the model's own template; it rebinds `messages` to what that template can
+# show. Arguments arrive parsed (vLLM parses them, as does `_normalized`); `tojson` is
+# json.dumps with ensure_ascii off in transformers' template environment, which both engines use.
+_TOOL_PREAMBLE = """\
+{%- set _art = namespace(messages=[], text='', calls=[], args=none, kept={}, listing=[], fn={}, \
+described={}) -%}
+{%- for message in messages -%}
+{%- set _art.text = message['content'] if message['content'] is string else '' -%}
+{%- set _art.calls = [] -%}
+{%- for call in message.get('tool_calls') or [] -%}
+{%- set _art.args = call['function']['arguments'] -%}
+{%- set _art.calls = _art.calls + [@START@ ~ '{"name": ' ~ (call['function']['name'] | tojson) \
+~ ', "arguments": ' ~ (_art.args if _art.args is string else (_art.args | tojson)) ~ '}' ~ @END@] -%}
+{%- endfor -%}
+{%- if _art.calls -%}
+{%- set _art.text = (([_art.text] if _art.text else []) + _art.calls) | join('\\n') -%}
+{%- endif -%}
+{%- if loop.last and open_message_tag is defined -%}
+{%- set _art.text = _art.text ~ open_message_tag -%}
+{%- endif -%}
+{%- set _art.kept = dict(message | items | rejectattr('0', 'equalto', 'tool_calls') | list) -%}
+{%- set _art.messages = _art.messages + [dict(_art.kept, content=_art.text)] -%}
+{%- endfor -%}
+{%- if tools -%}
+{%- set _art.listing = [] -%}
+{%- for tool in tools -%}
+{%- set _art.fn = tool['function'] if tool.get('function') else tool -%}
+{%- set _art.described = {'name': _art.fn['name']} -%}
+{%- if _art.fn.get('description') is not none -%}
+{%- set _art.described = dict(_art.described, description=_art.fn['description']) -%}
+{%- endif -%}
+{%- if _art.fn.get('parameters') is not none -%}
+{%- set _art.described = dict(_art.described, parameters=_art.fn['parameters']) -%}
+{%- endif -%}
+{%- set _art.listing = _art.listing + [{'type': 'function', 'function': _art.described} | tojson] -%}
+{%- endfor -%}
+{%- set _art.text = @HEAD@ ~ (_art.listing | join('\\n')) ~ @TAIL@ -%}
+{%- if _art.messages and _art.messages[0]['role'] == 'system' -%}
+{%- set _art.kept = _art.messages[0] -%}
+{%- set _art.text = (_art.kept['content'] ~ '\\n\\n' ~ _art.text) if _art.kept['content'] \
+else _art.text -%}
+{%- set _art.messages = [dict(_art.kept, content=_art.text)] + _art.messages[1:] -%}
+{%- else -%}
+{%- set _art.messages = [{'role': 'system', 'content': _art.text}] + _art.messages -%}
+{%- endif -%}
+{%- endif -%}
+{%- set messages = _art.messages -%}
+"""
+
+
+def _normalized(message: Any) -> dict[str, Any]:
     if not isinstance(message, dict) or not isinstance(message.get("role"), str):
         raise PromptError("Each message must be an object with a string 'role'.")
     prepared = dict(message)
-    content = _content_text(message.get("content"))
+    prepared["content"] = _content_text(message.get("content"))
     calls = message.get("tool_calls") or []
     if not isinstance(calls, list):
         raise PromptError("'tool_calls' must be a list.")
-    parsed_calls = [_parsed_call(call) for call in calls]
-    if keep_tool_calls:
-        prepared["content"] = content
-        if parsed_calls:
-            prepared["tool_calls"] = [
-                {**call, "function": {"name": name, "arguments": arguments}}
-                for call, (name, arguments) in zip(calls, parsed_calls, strict=True)
-            ]
-        return prepared
-    prepared.pop("tool_calls", None)
-    markup = [_tool_call_markup(name, arguments) for name, arguments in parsed_calls]
-    prepared["content"] = "\n".join([content, *markup] if content else markup) or ""
+    if calls:
+        prepared["tool_calls"] = [
+            {**call, "function": {"name": name, "arguments": arguments}}
+            for call, (name, arguments) in zip(calls, map(_parsed_call, calls), strict=True)
+        ]
+    else:
+        prepared.pop("tool_calls", None)
     return prepared
 
 
@@ -126,23 +226,6 @@ def _parsed_call(call: Any) -> tuple[str, Any]:
         except json.JSONDecodeError as exc:
             raise PromptError(f"Tool call arguments are not JSON: {exc}") from exc
     return name, arguments
-
-
-def _tool_call_markup(name: str, arguments: Any) -> str:
-    call = json.dumps({"name": name, "arguments": arguments}, ensure_ascii=False)
-    return f"{TOOL_CALL_START}\n{call}\n{TOOL_CALL_END}"
-
-
-def _with_tool_prompt(
-    messages: list[dict[str, Any]], tools: list[dict[str, Any]]
-) -> list[dict[str, Any]]:
-    listing = "\n".join(json.dumps(tool, ensure_ascii=False) for tool in tools)
-    prompt = _TOOL_PROMPT.format(tools=listing)
-    if messages and messages[0]["role"] == "system":
-        system = messages[0]
-        text = system["content"]
-        return [{**system, "content": f"{text}\n\n{prompt}" if text else prompt}, *messages[1:]]
-    return [{"role": "system", "content": prompt}, *messages]
 
 
 def _ids_of(result: Any) -> list[int]:
