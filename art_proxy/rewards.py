@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from collections.abc import Collection, Iterable
 
-from art_proxy.records import TrajectoryScore
+from art_proxy.records import AGENT_METRIC_PREFIX, TrajectoryScore
 
 # Rewards closer than this are equal: judges print scores with a few decimals at most.
 ZERO_VARIANCE_STD = 1e-6
@@ -27,6 +27,17 @@ def rewards_by_trajectory(scores: Iterable[TrajectoryScore]) -> dict[str, float]
 def mean_or_nan(values: Collection[float]) -> float:
     """NaN for no values: "not measured", which a step's metrics leave out."""
     return math.fsum(values) / len(values) if values else math.nan
+
+
+def agent_metrics(reported: Iterable[dict[str, float]]) -> dict[str, float]:
+    """Step metrics from what each rollout reported beside its reward (`tool_calls`...): for each
+    name, `agent/<name>`, its mean over the rollouts that reported it."""
+    values: dict[str, list[float]] = {}
+    for metrics in reported:
+        for name, value in metrics.items():
+            if isinstance(value, int | float) and math.isfinite(value):
+                values.setdefault(name, []).append(float(value))
+    return {f"{AGENT_METRIC_PREFIX}{name}": mean_or_nan(v) for name, v in sorted(values.items())}
 
 
 def population_std(rewards_G: Collection[float]) -> float:

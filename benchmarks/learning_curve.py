@@ -17,11 +17,16 @@ bfloat16 with the trainer's correction (`--objective tis`), and bfloat16 without
     .venv/bin/python benchmarks/learning_curve.py --judge          # SmolLM2 as a RULER judge
     .venv/bin/python benchmarks/learning_curve.py --bf16-study     # vLLM bf16, with/without
     .venv/bin/python benchmarks/learning_curve.py --peers          # + TRL and an in-process loop
+    .venv/bin/python benchmarks/learning_curve.py --task tools     # the LangGraph tool agent
 
 With --judge the trainer learns from RULER's scores and the table also shows the programmatic
 reward of the same rollouts (what the judge was meant to find). --peers adds, on the same task,
 model, LoRA rank and learning rate, TRL's GRPOTrainer and a minimal in-process GRPO loop
 (`benchmarks/grpo_peers.py`).
+
+`--task tools` runs `examples/tool_lookup/` instead (a LangGraph agent that must call a lookup tool:
+demonstrations, a warm start, then GRPO, measured on 60 held-out cities) with that example's
+settings, on each engine, and ends with the held-out success of each stage with its 95% interval.
 """
 
 from __future__ import annotations
@@ -112,6 +117,9 @@ class StepRow:
 
 def main(args: argparse.Namespace) -> None:
     share_cpu_cores()  # the trainer here shares the cores with the stack; before torch loads
+    if args.task == "tools":
+        run_tool_agent(args)
+        return
     if args.bf16_study:
         # vLLM serving bf16 with and without the correction, beside float32 serving, one run.
         arms = [
@@ -137,6 +145,25 @@ def main(args: argparse.Namespace) -> None:
         )
         peers = run_peers(run)
     summarize(runs, peers, args.target)
+
+
+def run_tool_agent(args: argparse.Namespace) -> None:
+    """The tool agent example once per engine, its summary per engine, the stages side by side."""
+    sys.path.insert(0, str(ROOT))  # run as a script, the repository root is not on the path
+    from examples.tool_lookup.run import Options, Result, summary_table
+    from examples.tool_lookup.run import run as run_example
+
+    engines = ["local", "vllm"] if args.engine == "both" else [args.engine]
+    results: list[Result] = []
+    for engine in engines:
+        console.rule(f"tool agent through {engine}")
+        results.append(asyncio.run(run_example(Options(engine=engine, threads=args.threads))))
+        console.print(summary_table(results[-1]))
+    figures = []
+    for result in results:
+        stages = ", ".join(f"{m.stage} {m.success}" for m in result.measurements)
+        figures.append(f"{result.options.engine}: {stages}")
+    console.print("held-out success [95%]: " + "; ".join(figures))  # the key figures, last
 
 
 def run_engine(arm: Arm, args: argparse.Namespace) -> EngineRun:
@@ -294,6 +321,12 @@ def _reached(reached: tuple[int, float] | None) -> str:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--engine", choices=["local", "vllm", "both"], default="both")
+    parser.add_argument(
+        "--task",
+        choices=["single-word", "tools"],
+        default="single-word",
+        help="tools: the LangGraph tool agent of examples/tool_lookup, with its own settings",
+    )
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--group-size", type=int, default=8)
     parser.add_argument("--groups-per-step", type=int, default=2)

@@ -5,7 +5,8 @@ and `ArtProxyCallback` finishes the trajectory with the reward when the graph en
 runner then finishes it again with what the rollout returns (a finish overwrites, so the two agree).
 A model that keeps calling tools hits the recursion limit: that is a failed task, a zero to learn
 from, not a crashed rollout. Each rollout reports how many tool calls the model made (the
-trajectory's `tool_calls` metric).
+trajectory's `tool_calls` metric) and whether it made any (`used_tools`, 1 or 0: its mean over a
+training step's rollouts, `agent/used_tools` in the step's metrics, is the tool-call rate).
 """
 
 from __future__ import annotations
@@ -77,7 +78,11 @@ async def react_rollout(
             return RolloutOutcome(
                 0.0,
                 # A graph step per model call and per tool call: about half of them called tools.
-                metrics={"tool_calls": float(RECURSION_LIMIT // 2)},
+                metrics=_tool_metrics(RECURSION_LIMIT // 2),
                 metadata={"stopped": f"recursion limit {RECURSION_LIMIT}"},
             )
-    return RolloutOutcome(score(outputs), metrics={"tool_calls": float(tool_calls(outputs))})
+    return RolloutOutcome(score(outputs), metrics=_tool_metrics(tool_calls(outputs)))
+
+
+def _tool_metrics(calls: int) -> dict[str, float]:
+    return {"tool_calls": float(calls), "used_tools": float(calls > 0)}

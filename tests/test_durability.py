@@ -56,6 +56,7 @@ from tests.proxy_load import (
     until,
     wait_healthy,
 )
+from tests.test_metrics import scrape
 
 CLIENTS = 16
 # Completed calls before the kill: enough that several group commits are in flight.
@@ -202,6 +203,7 @@ async def test_a_store_outage_of_30_s_under_load_loses_no_record(
         await relay.refuse()  # ...and then refuses to be reached at all
         await asyncio.sleep(OUTAGE_S / 2)
         during = await get_health(http, proxy.root_url)
+        metrics_during = await scrape(http, proxy)
         answered_in_outage = len(completed) - before_refusal
         await relay.restore()
         outage_s = time.monotonic() - started
@@ -210,6 +212,7 @@ async def test_a_store_outage_of_30_s_under_load_loses_no_record(
         await asyncio.wait_for(load_task, timeout=30)
         await asyncio.wait_for(proxy.parts.settled(), timeout=120)
         after = await get_health(http, proxy.root_url)
+        metrics_after = await scrape(http, proxy)
 
     assert outage_s >= OUTAGE_S
     assert answered_in_outage > 100, "the proxy stopped answering while the store was down"
@@ -224,6 +227,14 @@ async def test_a_store_outage_of_30_s_under_load_loses_no_record(
     assert after["status"] == "ok" and after["lost_records"] == 0
     assert isinstance(after["journal"], dict) and after["journal"]["backlog_frames"] == 0
     assert_each_once(completed, await recorded_response_ids(postgres_url))
+    # What a scraper alerts on: the store gone, the backlog growing, calls still recorded.
+    assert metrics_during[("art_proxy_store_available", ())] == 0
+    assert metrics_during[("art_proxy_recording", ())] == 1
+    assert metrics_during[("art_proxy_journal_backlog_frames", ())] > 100
+    assert metrics_during[("art_proxy_store_unavailable_seconds", ())] >= OUTAGE_S - 5
+    assert metrics_after[("art_proxy_store_available", ())] == 1
+    assert metrics_after[("art_proxy_journal_backlog_frames", ())] == 0
+    assert metrics_after[("art_proxy_lost_records_total", ())] == 0
 
 
 @pytest.mark.postgres

@@ -20,6 +20,7 @@ import jinja2
 from aiohttp import web
 
 from art_proxy.records import (
+    AGENT_METRIC_PREFIX,
     SPLITS,
     CallRecord,
     GroupOutcome,
@@ -138,6 +139,7 @@ class Dashboard:
         charts: list[tuple[str, Chart | None]] = [
             ("reward", _reward_chart(shown)),
             ("loss", _loss_chart(shown)),
+            ("agent-metrics", _agent_chart(shown)),
             ("kl", _metric_chart(shown, "kl", "KL to the base model")),
             ("off-policy", _off_policy_chart(shown)),
             ("staleness", _staleness_chart(shown)),
@@ -277,6 +279,13 @@ def _staleness_chart(steps: Sequence[TrainingStep]) -> Chart | None:
             _metric_series(steps, "staleness_max", "max"),
         ],
     )
+
+
+def _agent_chart(steps: Sequence[TrainingStep]) -> Chart | None:
+    """What the agent reported of its training rollouts (tool calls, turns...), a mean per step."""
+    names = sorted({m for step in steps for m in step.metrics if m.startswith(AGENT_METRIC_PREFIX)})
+    series = [_metric_series(steps, name, name.removeprefix(AGENT_METRIC_PREFIX)) for name in names]
+    return line_chart("Agent metrics (mean per training rollout)", series)
 
 
 def _metric_chart(steps: Sequence[TrainingStep], metric: str, title: str) -> Chart | None:

@@ -38,6 +38,7 @@ from .admin import Admin
 from .aliases import Aliases
 from .dialects import dialect_of_path, error_body
 from .health import health
+from .metrics import ProxyMetrics
 from .parts import PARTS, ProxyParts
 from .recording import Counters, Recorder
 from .relay import Relay
@@ -67,12 +68,12 @@ DRAIN_TIMEOUT_S = 10.0
 
 
 def create_app(settings: ProxySettings) -> web.Application:
-    app = web.Application(
-        client_max_size=int(settings.max_body_mb * 1024 * 1024),
-        middlewares=[_errors, _auth(settings), _own_records_first],
-    )
+    app = web.Application(client_max_size=int(settings.max_body_mb * 1024 * 1024))
+    metrics = ProxyMetrics(app)
+    app.middlewares.extend([metrics.timed, _errors, _auth(settings), _own_records_first])
     app.cleanup_ctx.append(_lifecycle(settings))
     _add_routes(app.router)
+    app.router.add_get("/metrics", metrics.scrape)
     return app
 
 
@@ -393,7 +394,7 @@ def _auth(settings: ProxySettings) -> Middleware:
                 request, handler, settings.admin_key, _bearer_matches
             )
         key = settings.admin_key if path.startswith("/art/") else settings.api_key
-        if key and path != "/health" and not _bearer_matches(request, key):
+        if key and path not in ("/health", "/metrics") and not _bearer_matches(request, key):
             error = Unauthorized(
                 "missing or wrong API key (send Authorization: Bearer KEY, or x-api-key: KEY)"
             )

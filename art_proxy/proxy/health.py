@@ -13,7 +13,7 @@ from art_proxy.journal.ingester import age_s
 from .parts import PARTS, ProxyParts
 
 
-def _journal_health(parts: ProxyParts) -> dict[str, object] | None:
+def journal_health(parts: ProxyParts) -> dict[str, object] | None:
     journal, ingester = parts.journal, parts.ingester
     if journal is None or ingester is None:
         return None
@@ -35,7 +35,7 @@ def _journal_health(parts: ProxyParts) -> dict[str, object] | None:
     }
 
 
-def _health_status(parts: ProxyParts) -> tuple[str, bool]:
+def health_status(parts: ProxyParts) -> tuple[str, bool]:
     """What /health says, and whether calls are recorded (else 503: out of rotation)."""
     if parts.ingester is None:
         running = parts.store.writer.running
@@ -51,7 +51,7 @@ def _health_status(parts: ProxyParts) -> tuple[str, bool]:
 async def health(request: web.Request) -> web.Response:
     parts = request.app[PARTS]
     writer = parts.store.writer
-    status, recording = _health_status(parts)
+    status, recording = health_status(parts)
     return web.json_response(
         {
             "status": status,
@@ -74,7 +74,7 @@ async def health(request: web.Request) -> web.Response:
                 alias: {"target": fallback.target, "served": fallback.served}
                 for alias, fallback in parts.aliases.fallbacks.items()
             },
-            "journal": _journal_health(parts),
+            "journal": journal_health(parts),
         },
         status=200 if recording else 503,
     )

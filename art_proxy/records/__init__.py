@@ -24,6 +24,7 @@ from art_proxy.records.judgments import (
     TrajectoryScore,
 )
 from art_proxy.records.training import (
+    AGENT_METRIC_PREFIX,
     MAX_NOTE,
     AliasMove,
     AliasRecord,
@@ -55,6 +56,7 @@ from art_proxy.records.trajectories import (
 )
 
 __all__ = [
+    "AGENT_METRIC_PREFIX",
     "MAX_COMMENT",
     "MAX_NOTE",
     "ROLLOUT_ERROR",

@@ -61,6 +61,10 @@ class AliasRequest(Record):
     note: str | None = Field(default=None, max_length=MAX_NOTE)
 
 
+# A step's metric named so is the mean of one metric its training rollouts reported.
+AGENT_METRIC_PREFIX = "agent/"
+
+
 class TrainingStep(Record):
     """One step of one trainer run, and the groups it consumed (each group once per run)."""
 
@@ -87,7 +91,8 @@ class TrainingStep(Record):
         description="reward_mean, reward_std, val_reward, loss, grad_norm, kl, clip_fraction, "
         "mean_ratio, is_weight_std, is_capped, mismatch, mismatch_kl, entropy, staleness_mean, "
         "staleness_max, tokens, too_long_rows, skipped_groups, stitch_misses, judge_cost_usd, "
-        "seconds_<phase>...",
+        "seconds_<phase>, and agent/<name>: the mean of what the step's training rollouts "
+        "reported as metrics (RolloutOutcome.metrics)...",
     )
     created_at: datetime
 

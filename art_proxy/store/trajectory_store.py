@@ -287,6 +287,14 @@ class TrajectoryStore(TrainingRecords, FeedbackRecords, JudgmentRecords):
         records = (self._readable(_trajectory_record, row, None) for row in await self._all(query))
         return [record for record in records if record is not None]
 
+    async def trajectory_metrics(
+        self, trajectory_ids: Sequence[str]
+    ) -> dict[str, dict[str, float]]:
+        """What each agent reported of its rollout beside the reward (`RolloutOutcome.metrics`),
+        by trajectory id; one without any is left out."""
+        rows = await self._all(sa.select(T.c.id, T.c.metrics).where(T.c.id.in_(trajectory_ids)))
+        return {row["id"]: dict(row["metrics"]) for row in rows if row["metrics"]}
+
     async def calls(self, trajectory_ids: Sequence[str]) -> dict[str, list[CallRecord]]:
         rows = await self._all(
             sa.select(C)

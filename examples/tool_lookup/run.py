@@ -41,10 +41,10 @@ from rich.table import Table
 from art_proxy.config import TrainSettings
 from art_proxy.cpu_sharing import share_cpu_cores
 from art_proxy.errors import ArtProxyError
+from art_proxy.records import AGENT_METRIC_PREFIX
 from art_proxy.rollout import Rollout, RolloutOutcome, run_rollouts
 from art_proxy.ruler.errors import RubricError
 from art_proxy.scenarios import Scenario, load_scenarios
-from art_proxy.store.trajectory_store import TrajectoryStore
 from art_proxy.testing.loopback import free_port, wait_healthy
 from examples.tool_lookup.agent import mcp_rollout, rollout
 from examples.tool_lookup.demonstrator import MODEL as DEMONSTRATOR
@@ -56,6 +56,8 @@ SCENARIOS = HERE / "scenarios.jsonl"
 # The agent function of each way to give it the tool: a LangChain tool, or an MCP server's.
 AGENTS = {"langchain": rollout, "mcp": mcp_rollout}
 RUN = "tool-lookup"
+# The step metric holding the share of its training rollouts that called the tool.
+TOOL_RATE = f"{AGENT_METRIC_PREFIX}used_tools"
 console = Console()
 
 
@@ -122,7 +124,6 @@ class Result:
     sft_steps: int = 0
     grpo_steps: int = 0
     steps: list[dict[str, Any]] = field(default_factory=list)  # metrics.jsonl records
-    tool_rate_by_step: dict[int, float] = field(default_factory=dict)
     seconds: dict[str, float] = field(default_factory=dict)
     plot: Path | None = None
     ruler: Agreement | None = None
@@ -201,7 +202,7 @@ async def measure(
         )
     total = len(scenarios) * options.val_samples  # a rollout that failed counts as a failure
     hits = sum(1 for o in outcomes.values() if o.reward == 1.0)
-    called = sum(1 for o in outcomes.values() if o.metrics.get("tool_calls", 0) > 0)
+    called = sum(1 for o in outcomes.values() if o.metrics.get("used_tools") == 1.0)
     measurement = Measurement(
         stage,
         step,
@@ -244,24 +245,6 @@ def _settings(options: Options, work: Path, store: str, proxy: str, llm: str) ->
         "sft_learning_rate": options.sft_learning_rate,
         "sft_batch_size": options.sft_batch_size,
     }
-
-
-async def _tool_rate_by_step(store_url: str) -> dict[int, float]:
-    """The share of each GRPO step's training rollouts that called the tool."""
-    store = await TrajectoryStore.open(store_url, writer=False)
-    try:
-        rates: dict[int, float] = {}
-        for step in await store.training_steps(run=RUN):
-            called = [
-                t.metrics.get("tool_calls", 0) > 0
-                for group in step.groups
-                for t in await store.trajectories(group=group, limit=100)
-            ]
-            if called:
-                rates[step.step] = sum(called) / len(called)
-        return rates
-    finally:
-        await store.aclose()
 
 
 async def run(options: Options) -> Result:
@@ -338,7 +321,6 @@ async def run(options: Options) -> Result:
     result.steps = [
         json.loads(line) for line in (work / "train" / "metrics.jsonl").read_text().splitlines()
     ]
-    result.tool_rate_by_step = await _tool_rate_by_step(store)
     result.seconds["total"] = time.monotonic() - started
     result.plot = plot(result, options.plot or work / "learning_curve.png")
     return result
@@ -397,10 +379,9 @@ def plot(result: Result, path: Path) -> Path:
         alpha=0.15,
         label="within-group spread (std)",
     )
-    rates = sorted(result.tool_rate_by_step.items())
     axis.plot(
-        [s for s, _ in rates],
-        [r for _, r in rates],
+        steps,
+        [r["metrics"].get(TOOL_RATE, math.nan) for r in grpo],
         color="tab:green",
         linestyle="--",
         label="tool-call rate (GRPO rollouts)",

@@ -138,6 +138,7 @@ async def record_everything(http: aiohttp.ClientSession, proxy: RunningProxy) ->
                     "clip_fraction": 0.02,
                     "staleness_mean": step / 2,
                     "staleness_max": float(step),
+                    "agent/used_tools": 0.5 + step / 10,
                 },
                 created_at=utcnow(),
             )

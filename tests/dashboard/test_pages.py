@@ -127,7 +127,7 @@ async def test_trajectory_page_shows_raw_calls_with_tokens_latency_upstream_and_
     assert escaped(HOSTILE_TASK) in html
 
 
-async def test_training_page_plots_reward_loss_kl_off_policy_staleness_and_adapters(
+async def test_training_page_plots_reward_loss_agent_kl_off_policy_staleness_and_adapters(
     sqlite_proxy: RunningProxy, http: aiohttp.ClientSession, recorded: Recorded
 ) -> None:
     status, html = await page(http, sqlite_proxy, "/dashboard/training")
@@ -136,6 +136,7 @@ async def test_training_page_plots_reward_loss_kl_off_policy_staleness_and_adapt
     assert [re.search(r'aria-label="([^"]*)"', svg)[1] for svg in svgs] == [  # type: ignore[index]
         "Reward",
         "Loss",
+        "Agent metrics (mean per training rollout)",
         "KL to the base model",
         "Off-policy: mismatch and correction",
         "Staleness: steps between the sampling adapter and the trained one",
@@ -144,7 +145,8 @@ async def test_training_page_plots_reward_loss_kl_off_policy_staleness_and_adapt
     assert reward.count('class="dot s0"') == 4 and reward.count('class="dot s1"') == 4
     assert 'class="band s0"' in reward  # the within-group spread
     assert "reward mean, step 4: 0.7" in reward and "validation reward, step 1: 0.15" in reward
-    off_policy, staleness = svgs[3], svgs[4]
+    assert "used_tools, step 3: 0.8" in svgs[2]  # what the agent reported, by its own name
+    off_policy, staleness = svgs[4], svgs[5]
     assert "mean |d logprob| sampler vs trainer, step 2: 0.04" in off_policy
     assert "tokens whose weight was capped, step 3: 0.03" in off_policy
     assert "max, step 4: 4" in staleness

@@ -129,6 +129,11 @@ async def test_a_tool_agent_warm_starts_on_a_hosted_models_recordings_then_train
         (3, "grpo", steps[-1].swap),
     ]
     assert steps[0].metrics["tokens"] > 0 and steps[0].groups == {}
+    # What the agent reported of the GRPO rollouts, a mean per step (the dashboard's chart).
+    rollouts = [t for group in members.values() for t in group]
+    used = [t.metrics["used_tools"] for t in rollouts]
+    assert steps[-1].metrics["agent/used_tools"] == pytest.approx(sum(used) / len(used))
+    assert "agent/tool_calls" in steps[-1].metrics and "agent/used_tools" not in steps[0].metrics
     # The GRPO rollouts were served by the warm start's adapter, one trajectory each.
     assert members and all(len(group) == 2 for group in members.values())
     assert {untagged(calls[0].model or "") for calls in grpo_calls.values()} == {f"{TINY_NAME}@2"}

@@ -32,7 +32,7 @@ from art_proxy.records import (
     TrainingStep,
 )
 from art_proxy.redaction import redact_url
-from art_proxy.rewards import has_signal, mean_or_nan, population_std
+from art_proxy.rewards import agent_metrics, has_signal, mean_or_nan, population_std
 from art_proxy.store.trajectory_store import TrajectoryStore, utcnow
 from art_proxy_trainer.advantages import group_advantages
 from art_proxy_trainer.batch import TrainingBatch, TrajectorySample, build_batch
@@ -164,6 +164,8 @@ class Trainer:
         samples = self._samples(train_groups, calls, outcomes, metrics)
         metrics["seconds_prepare"] = time.perf_counter() - started
         rewards = [r for g in train_groups for r in g.rewards.values()]
+        trained_ids = [t for g in train_groups for t in g.rewards]
+        metrics |= agent_metrics((await self.store.trajectory_metrics(trained_ids)).values())
         metrics |= {
             "reward_mean": mean_or_nan(rewards),
             "reward_std": mean_or_nan([population_std(g.rewards.values()) for g in train_groups]),

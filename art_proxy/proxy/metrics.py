@@ -1,0 +1,151 @@
+"""`/metrics`: the proxy's counters and state in Prometheus' text format, for a scraper to alert on.
+
+The counters are read at scrape time from what `/health` reports (a collector, not a second set
+of counters kept in step with the first): calls by dialect and attribution, failed calls, lost and
+rejected records, stitch misses, untrainable and shadow calls, the store's commits, the journal's
+backlog and its oldest frame's age, whether the store is reachable and calls are recorded. A
+middleware times every request by route (the route's pattern, so the series stay few), method and
+status. Each application has its own registry: two proxies in one process share no series. Like
+`/health`, it needs no key: it holds counts, never content.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Mapping
+
+from aiohttp import web
+from aiohttp.typedefs import Handler
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from .health import health_status, journal_health
+from .parts import PARTS
+
+# Model calls take seconds to minutes; the admin API milliseconds.
+_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+# /health's journal fields -> (metric, help, counter or gauge).
+_JOURNAL: Mapping[str, tuple[str, str, bool]] = {
+    "backlog_frames": ("journal_backlog_frames", "Records journaled, not yet in the store.", False),
+    "backlog_bytes": ("journal_backlog_bytes", "Bytes of the journal's backlog.", False),
+    "oldest_frame_age_s": (
+        "journal_oldest_frame_age_seconds",
+        "Age of the oldest record waiting in the journal.",
+        False,
+    ),
+    "store_unavailable_s": (
+        "store_unavailable_seconds",
+        "How long the store has been unreachable (0 while it is reachable).",
+        False,
+    ),
+    "ingested": ("journal_ingested_records", "Journaled records written to the store.", True),
+    "rejected_records": (
+        "journal_rejected_records",
+        "Records the store refused as invalid, kept aside in the journal directory.",
+        True,
+    ),
+    "torn_frames": ("journal_torn_frames", "Frames cut short by a crash, skipped.", True),
+    "damaged_records": (
+        "journal_damaged_records",
+        "Records lost to damage inside a journal segment.",
+        True,
+    ),
+}
+
+
+class ProxyMetrics:
+    """The application's registry: its request timer, and the parts read when scraped."""
+
+    def __init__(self, app: web.Application) -> None:
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.requests = Histogram(
+            "art_proxy_request_seconds",
+            "Time to answer a request, to its last byte for a stream.",
+            ["route", "method", "status"],
+            buckets=_BUCKETS,
+            registry=self.registry,
+        )
+        self.registry.register(_PartsCollector(app))
+
+    @web.middleware
+    async def timed(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        started = time.perf_counter()
+        status = 500
+        try:
+            response = await handler(request)
+            status = response.status
+            return response
+        except web.HTTPException as exc:  # a redirect; errors are answered by `_errors` inside
+            status = exc.status
+            raise
+        finally:
+            resource = request.match_info.route.resource
+            route = resource.canonical if resource is not None else "unmatched"
+            self.requests.labels(route, request.method, str(status)).observe(
+                time.perf_counter() - started
+            )
+
+    async def scrape(self, request: web.Request) -> web.Response:
+        body = generate_latest(self.registry)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+class _PartsCollector(Collector):
+    def __init__(self, app: web.Application) -> None:
+        self._app = app
+
+    def collect(self) -> Iterator[Metric]:
+        parts = self._app.get(PARTS)
+        if parts is None:  # scraped before start-up finished
+            return
+        counters = parts.counters
+        yield _labelled(
+            "calls", "Model calls answered, by API dialect.", "dialect", counters.by_dialect
+        )
+        yield _labelled(
+            "calls_by_attribution",
+            "Model calls by how they were tied to a trajectory.",
+            "attribution",
+            counters.by_attribution,
+        )
+        for name, value, text in (
+            ("failed_calls", counters.failed_calls, "Calls answered with an error."),
+            ("lost_records", counters.lost_records, "Answered calls whose record was lost."),
+            ("stitch_misses", counters.stitch_misses, "Calls that did not extend their turn."),
+            ("untrainable_calls", counters.untrainable_calls, "Calls recorded as untrainable."),
+            ("shadow_calls", counters.shadow_calls, "Served calls sampled again."),
+            ("shadow_samples", counters.shadow_samples, "Extra samples of shadowed calls."),
+            ("shadow_skipped", counters.shadow_skipped, "Calls drawn to shadow, skipped."),
+            ("store_commits", parts.store.writer.commits, "Transactions the store committed."),
+            ("records_committed", parts.store.writer.batches, "Records the store committed."),
+            ("unreadable_rows", parts.store.unreadable_rows, "Stored rows that failed to parse."),
+        ):
+            yield _counter(name, text, value)
+        _, recording = health_status(parts)
+        yield _gauge("recording", "1 while answered calls are recorded, else 0.", recording)
+        yield _gauge(
+            "open_trajectories", "Trajectories not finished yet.", parts.tracker.open_count
+        )
+        journal = journal_health(parts)
+        available = journal is None or journal["store"] == "available"
+        yield _gauge("store_available", "1 while the store takes writes, else 0.", available)
+        for field, (name, text, counter) in _JOURNAL.items():
+            reading = journal.get(field) if journal else None
+            if isinstance(reading, int | float):
+                yield (_counter if counter else _gauge)(name, text, reading)
+
+
+def _counter(name: str, text: str, value: float) -> Metric:
+    return CounterMetricFamily(f"art_proxy_{name}", text, value=value)
+
+
+def _gauge(name: str, text: str, value: float) -> Metric:
+    return GaugeMetricFamily(f"art_proxy_{name}", text, value=float(value))
+
+
+def _labelled(name: str, text: str, label: str, values: Mapping[str, int]) -> Metric:
+    family = CounterMetricFamily(f"art_proxy_{name}", text, labels=[label])
+    for key, value in sorted(values.items()):
+        family.add_metric([key], value)
+    return family

@@ -1,0 +1,74 @@
+"""`GET /metrics`: Prometheus' text format, read back with prometheus_client's own parser."""
+
+from __future__ import annotations
+
+import aiohttp
+from prometheus_client.parser import text_string_to_metric_families
+
+from art_proxy.proxy.server import RunningProxy, running_proxy
+from art_proxy.testing.fake_vllm import FakeVllm
+from tests.conftest import proxy_settings
+
+Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+
+
+async def scrape(http: aiohttp.ClientSession, proxy: RunningProxy) -> Samples:
+    async with http.get(proxy.root_url + "/metrics") as response:
+        assert response.status == 200
+        assert response.headers["Content-Type"].startswith("text/plain")
+        text = await response.text()
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+
+
+async def chat(http: aiohttp.ClientSession, proxy: RunningProxy, model: str, **headers: str) -> int:
+    body = {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+    url = proxy.base_url + "/chat/completions"
+    async with http.post(url, json=body, headers=headers) as response:
+        await response.read()
+        return response.status
+
+
+async def test_metrics_count_calls_time_requests_by_route_and_report_the_store(
+    sqlite_proxy: RunningProxy, vllm: FakeVllm
+) -> None:
+    async with aiohttp.ClientSession() as http:
+        for _ in range(2):
+            assert await chat(http, sqlite_proxy, vllm.config.model) == 200
+        async with http.get(sqlite_proxy.root_url + "/no/such/route") as response:
+            assert response.status == 404
+        await sqlite_proxy.parts.settled()
+        samples = await scrape(http, sqlite_proxy)
+
+    assert samples[("art_proxy_calls_total", (("dialect", "openai"),))] == 2
+    assert samples[("art_proxy_failed_calls_total", ())] == 0
+    assert samples[("art_proxy_lost_records_total", ())] == 0
+    assert samples[("art_proxy_recording", ())] == 1
+    assert samples[("art_proxy_store_available", ())] == 1
+    assert samples[("art_proxy_journal_backlog_frames", ())] == 0
+    assert samples[("art_proxy_journal_ingested_records_total", ())] >= 2
+    chat_route = (("method", "POST"), ("route", "/v1/chat/completions"), ("status", "200"))
+    assert samples[("art_proxy_request_seconds_count", chat_route)] == 2
+    assert samples[("art_proxy_request_seconds_sum", chat_route)] > 0
+    unmatched = (("method", "GET"), ("route", "unmatched"), ("status", "404"))
+    assert samples[("art_proxy_request_seconds_count", unmatched)] == 1
+
+
+async def test_metrics_need_no_key_and_say_nothing_of_content(
+    sqlite_url: str, vllm: FakeVllm
+) -> None:
+    settings = proxy_settings(sqlite_url, vllm.base_url, api_key="sk-1", admin_key="admin-1")
+    async with running_proxy(settings) as proxy, aiohttp.ClientSession() as http:
+        assert await chat(http, proxy, vllm.config.model, Authorization="Bearer sk-1") == 200
+        assert await chat(http, proxy, vllm.config.model) == 401
+        async with http.get(proxy.root_url + "/metrics") as response:
+            assert response.status == 200
+            text = await response.text()
+    assert "hi" not in text.split() and "sk-1" not in text and "admin-1" not in text
+    assert (
+        'art_proxy_request_seconds_count{method="POST",route="/v1/chat/completions",status="401"} 1.0'
+        in text
+    )
