@@ -44,6 +44,7 @@ from .recording import Counters, Recorder
 from .relay import Relay
 from .request_body import body_too_large
 from .shadow import ShadowSampler
+from .tracing import CallSpans
 from .tracker import TrajectoryTracker
 from .upstream import Upstreams
 from .upstream_models import check_upstreams, watch_aliases
@@ -151,6 +152,7 @@ def _lifecycle(settings: ProxySettings) -> Callable[[web.Application], AsyncIter
                 raise
             if len(served) == len(upstreams.urls):
                 aliases.check_served(list(served.values()), utcnow())
+            spans = CallSpans.from_environment()
             recorder = Recorder(
                 store,
                 tracker,
@@ -160,6 +162,7 @@ def _lifecycle(settings: ProxySettings) -> Callable[[web.Application], AsyncIter
                 journaled_before_stored=functools.partial(
                     _journaled_records_stored, journal, ingester, BEHIND_BACKLOG_TIMEOUT_S
                 ),
+                spans=spans,
             )
             shadow = ShadowSampler(
                 upstreams,
@@ -199,6 +202,8 @@ def _lifecycle(settings: ProxySettings) -> Callable[[web.Application], AsyncIter
                     with contextlib.suppress(asyncio.CancelledError):
                         await task
                 await _stop_recording(store, journal, ingester)
+                if spans is not None:
+                    await asyncio.to_thread(spans.shutdown)  # exports what is batched
 
     return lifecycle
 

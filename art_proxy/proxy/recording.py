@@ -40,6 +40,7 @@ from .capture import (
     unreproduced_sampling,
     upstream_body,
 )
+from .tracing import CallSpans
 from .tracker import Assignment, TrajectoryTracker
 
 log = logging.getLogger(__name__)
@@ -136,8 +137,10 @@ class Recorder:
         journal: Journal | None = None,
         *,
         journaled_before_stored: Callable[[], Awaitable[bool]] | None = None,
+        spans: CallSpans | None = None,
     ) -> None:
         self._store = store
+        self._spans = spans  # OpenTelemetry, when a collector is configured
         # Waits for the journal's records to reach the store; whether they did (app.py).
         self._journaled_before_stored = journaled_before_stored
         self._tracker = tracker
@@ -215,6 +218,8 @@ class Recorder:
                 assignment.reason,
                 "" if stitched or assignment.seq == 0 else ", not stitched",
             )
+        if self._spans is not None:
+            self._spans.emit(row, assignment, call.created_at, utcnow())
         if outcome.status != "ok":
             self.counters.failed_calls += 1
         elif untrainable is not None:
