@@ -173,7 +173,7 @@ async def _train(
                     UpstreamSleep(settings.upstream, settings.upstream_api_key)
                 )
                 await sleeper.check()
-            sink = stack.enter_context(MetricsSink(out, settings.tensorboard))
+            sink = stack.enter_context(MetricsSink(out, settings))
             trainer = Trainer(
                 settings,
                 store,
