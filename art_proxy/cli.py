@@ -7,6 +7,7 @@ import logging
 import signal
 import sys
 from contextlib import nullcontext
+from pathlib import Path
 from typing import IO, TYPE_CHECKING, Annotated
 
 import typer
@@ -37,8 +38,6 @@ from art_proxy.errors import ConfigError, StoreError
 from art_proxy.local.cli import LocalLlmSettings
 
 if TYPE_CHECKING:
-    from pathlib import Path
-
     from art_proxy.records import AliasMove, AliasRecord, AliasRequest, ScenarioRecord
     from art_proxy.rollout import Agent, RolloutReport
     from art_proxy.scenarios import Scenario
@@ -106,16 +105,36 @@ def serve(settings: ProxySettings) -> None:
         _fail(str(exc))
 
 
-@settings_command(app, "export", ExportSettings, "Write trajectories as JSONL, one a line.")
+@settings_command(
+    app, "export", ExportSettings, "Write trajectories as JSONL (one a line) or Parquet."
+)
 def export(settings: ExportSettings) -> None:
     try:
-        with nullcontext(sys.stdout) if settings.out == "-" else open(settings.out, "w") as out:
-            count = asyncio.run(_export(settings, out))
+        if settings.format == "parquet":
+            count = asyncio.run(_export_parquet(settings))
+        else:
+            with nullcontext(sys.stdout) if settings.out == "-" else open(settings.out, "w") as out:
+                count = asyncio.run(_export(settings, out))
     except (ConfigError, StoreError, OSError) as exc:
         _fail(str(exc))
     else:
         where = "standard output" if settings.out == "-" else settings.out
         stderr.print(f"exported {count} trajectories to {escape(where)}")
+
+
+async def _export_parquet(settings: ExportSettings) -> int:
+    from art_proxy.export_table import write_parquet
+    from art_proxy.journal.left_behind import open_for_reading
+
+    store = await open_for_reading(settings.store)
+    try:
+        with stderr.status("exporting..."):
+            trajectories = store.export(
+                scenario=settings.scenario, status=settings.status, split=settings.split
+            )
+            return await write_parquet(trajectories, Path(settings.out))
+    finally:
+        await store.aclose()
 
 
 async def _export(settings: ExportSettings, out: IO[str]) -> int:

@@ -9,10 +9,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import datasets
 import openai
+import pytest
 
 from art_proxy.proxy.server import RunningProxy
 from art_proxy.records import ExportedTrajectory
+from tests.conftest import trajectories
 
 MODEL = "Qwen/Qwen2.5-0.5B-Instruct"
 
@@ -63,3 +66,39 @@ async def test_export_filters_by_split_to_standard_output(proxy: RunningProxy) -
     lines = [json.loads(line) for line in result.stdout.splitlines()]
     assert len(lines) == 1 and lines[0]["trajectory"]["split"] == "val"
     assert lines[0]["messages"][0]["content"] == "val task"
+
+
+async def test_export_as_parquet_loads_in_datasets_with_the_stores_ids(
+    proxy: RunningProxy, tmp_path: Path
+) -> None:
+    await two_turns(proxy, "first task", "train")
+    await two_turns(proxy, "second task", "val")
+    store = proxy.parts.settings.store
+    await proxy.parts.settled()  # export reads the store from another process
+    out = tmp_path / "calls.parquet"
+    result = await asyncio.to_thread(
+        export, "--store", store, "--format", "parquet", "--out", str(out)
+    )
+    assert result.returncode == 0, result.stderr
+    assert "exported 2 trajectories" in result.stderr
+    rows = datasets.load_dataset("parquet", data_files=str(out), split="train")
+    assert len(rows) == 4  # a row per call (one choice each)
+    recorded = await trajectories(proxy)
+    calls = {call.id: (t, call) for t in recorded for call in t.calls or []}
+    for row in rows:
+        trajectory, call = calls[row["call_id"]]
+        assert row["trajectory_id"] == trajectory.id and row["group_id"] == trajectory.group_id
+        assert row["split"] == trajectory.split and row["seq"] == call.seq
+        assert row["prompt_token_ids"] == call.prompt_token_ids
+        assert call.completion_token_ids is not None and call.logprobs is not None
+        assert row["completion_token_ids"] == call.completion_token_ids[0]
+        assert row["logprobs"] == pytest.approx(call.logprobs[0], abs=1e-6)  # float32
+        assert row["trainable"] is True
+        assert json.loads(row["messages"])[0]["content"] in ("first task", "second task")
+    assert {row["split"] for row in rows} == {"train", "val"}
+
+
+def test_parquet_needs_a_file_in_one_line() -> None:
+    result = export("--store", "sqlite:///nowhere.db", "--format", "parquet")
+    assert result.returncode != 0
+    assert "--format parquet writes a file" in result.stderr and "Traceback" not in result.stderr

@@ -2,19 +2,32 @@
 
 from __future__ import annotations
 
-from pydantic import Field
+from typing import Literal
+
+from pydantic import Field, model_validator
 
 from art_proxy.config.shared import StoreSettings
 from art_proxy.records import Split
 
 
 class ExportSettings(StoreSettings):
-    out: str = Field("-", description="File to write JSONL to (- = standard output).")
+    out: str = Field("-", description="File to write to (- = standard output, JSONL only).")
+    format: Literal["jsonl", "parquet"] = Field(
+        "jsonl",
+        description="jsonl: a trajectory a line, whole. parquet: a row per sampled choice of each "
+        "call (token ids, logprobs, reward, group), for datasets, pandas and other trainers.",
+    )
     scenario: str | None = Field(None, description="Only this scenario.")
     status: str | None = Field(
         None, description="Only trajectories in this status (open, finished)."
     )
     split: str | None = Field(None, description="Only this split (train, val, prod).")
+
+    @model_validator(mode="after")
+    def _parquet_to_a_file(self) -> ExportSettings:
+        if self.format == "parquet" and self.out == "-":
+            raise ValueError("--format parquet writes a file: pass --out FILE.parquet")
+        return self
 
 
 class ScenarioBankSettings(StoreSettings):
