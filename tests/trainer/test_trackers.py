@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 from mlflow.tracking import MlflowClient
+from prometheus_client.parser import text_string_to_metric_families
 from wandb.proto import wandb_internal_pb2
 
 from art_proxy.config import TrainSettings
@@ -97,6 +98,33 @@ def test_steps_reach_wandb_offline_and_mlflow_without_secrets(
     params = found.data.params
     assert params["learning_rate"] == "0.0003" and "admin_key" not in params
     assert not any(secret in value for value in params.values() for secret in SECRETS)
+
+
+def test_the_latest_step_is_a_prometheus_textfile(tmp_path: Path) -> None:
+    with MetricsSink(tmp_path) as sink:
+        for step, swap in ((1, "swapped"), (2, "rejected")):
+            sink.write(
+                TrainingStep(
+                    run="run",
+                    step=step,
+                    status="applied",
+                    swap=swap,
+                    metrics={"reward_mean": step / 4, "clip_fraction": 0.0},
+                    created_at=utcnow(),
+                )
+            )
+    samples = {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(sink.prometheus_path.read_text())
+        for sample in family.samples
+    }
+    assert samples[("art_proxy_trainer_step", ())] == 2
+    assert samples[("art_proxy_trainer_metric", (("name", "reward_mean"),))] == 0.5
+    assert samples[("art_proxy_trainer_steps_total", (("status", "applied"),))] == 2
+    assert samples[("art_proxy_trainer_swaps_total", (("swap", "swapped"),))] == 1
+    assert samples[("art_proxy_trainer_swaps_total", (("swap", "rejected"),))] == 1
+    last_swap = samples[("art_proxy_trainer_last_swap_timestamp_seconds", ())]
+    assert 0 < last_swap <= samples[("art_proxy_trainer_last_step_timestamp_seconds", ())]
 
 
 def test_an_unknown_tracker_is_refused_in_one_line() -> None:

@@ -1,8 +1,11 @@
-"""Where each step's metrics go: the store (by the trainer), `metrics.jsonl`, and the experiment
-trackers asked for (`--report-to tensorboard|wandb|mlflow`).
+"""Where each step's metrics go: the store (by the trainer), `metrics.jsonl`, `metrics.prom`, and
+the experiment trackers asked for (`--report-to tensorboard|wandb|mlflow`).
 
 One JSON object per line, the step's record as stored (metrics, groups and their outcomes, swap),
-appended and flushed per step, so a crash loses nothing already trained. A tracker gets each
+appended and flushed per step, so a crash loses nothing already trained. `metrics.prom` is the
+latest step in Prometheus' text format, replaced whole each step, for node_exporter's textfile
+collector (or any scraper of files): the step, the time of the last step and of the last swap,
+steps and swaps counted, and every metric of the step as `art_proxy_trainer_metric{name=...}`. A tracker gets each
 step's metrics under their own names, at the step's number, and the run's settings once (keys
 left out, URLs without their credentials). Each is configured as its users expect, by its own
 environment: W&B by `WANDB_PROJECT` (default art-proxy), `WANDB_MODE=offline`...; MLflow by
@@ -36,6 +39,8 @@ class Tracker(Protocol):
 class MetricsSink:
     def __init__(self, out: Path, settings: TrainSettings | None = None) -> None:
         self.path = out / "metrics.jsonl"
+        self.prometheus_path = out / "metrics.prom"
+        self._prometheus = _PrometheusFile(self.prometheus_path)
         self._out = out
         self._settings = settings
         self._file: IO[str] | None = None
@@ -79,8 +84,56 @@ class MetricsSink:
         assert self._file is not None, "use `with MetricsSink(...)`"
         self._file.write(record.model_dump_json() + "\n")
         self._file.flush()
+        self._prometheus.log(record)
         for tracker in self._trackers:
             tracker.log(record.metrics, record.step)
+
+
+class _PrometheusFile:
+    """The latest step for a Prometheus scraper of files, rewritten whole (write, then rename)."""
+
+    def __init__(self, path: Path) -> None:
+        from prometheus_client import CollectorRegistry, Counter, Gauge
+
+        self._path = path
+        self._registry = CollectorRegistry(auto_describe=False)
+        prefix = "art_proxy_trainer_"
+        self._step = Gauge(prefix + "step", "The last step's number.", registry=self._registry)
+        self._steps = Counter(
+            prefix + "steps", "Steps taken by this process, by status.", ["status"],
+            registry=self._registry,
+        )  # fmt: skip
+        self._swaps = Counter(
+            prefix + "swaps", "Adapter swaps by what the upstream answered.", ["swap"],
+            registry=self._registry,
+        )  # fmt: skip
+        self._last_step = Gauge(
+            prefix + "last_step_timestamp_seconds", "When the last step was recorded.",
+            registry=self._registry,
+        )  # fmt: skip
+        self._last_swap = Gauge(
+            prefix + "last_swap_timestamp_seconds", "When an adapter was last swapped in.",
+            registry=self._registry,
+        )  # fmt: skip
+        self._metric = Gauge(
+            prefix + "metric", "The last step's metrics (reward_mean, loss, clip_fraction...).",
+            ["name"], registry=self._registry,
+        )  # fmt: skip
+
+    def log(self, record: TrainingStep) -> None:
+        from prometheus_client import write_to_textfile
+
+        now = time.time()
+        self._step.set(record.step)
+        self._steps.labels(record.status).inc()
+        self._last_step.set(now)
+        if record.swap is not None:
+            self._swaps.labels(record.swap).inc()
+            if record.swap == "swapped":
+                self._last_swap.set(now)
+        for name, value in record.metrics.items():
+            self._metric.labels(name).set(value)
+        write_to_textfile(str(self._path), self._registry)
 
 
 def open_trackers(settings: TrainSettings, out: Path) -> list[Tracker]:
