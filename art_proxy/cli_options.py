@@ -67,8 +67,11 @@ def _parameter(field_name: str, model: type[BaseModel]) -> inspect.Parameter:
         if field.is_required():
             default = inspect.Parameter.empty
     else:
+        flag = "--" + field_name.replace("_", "-")
+        if option_type is bool:  # both ways: a default of on must be switchable off
+            flag = f"{flag}/--no-{flag[2:]}"
         option = typer.Option(
-            "--" + field_name.replace("_", "-"),
+            flag,
             envvar=ENV_PREFIX + field_name.upper(),
             help=field.description,
             show_default=default is not None,

@@ -88,7 +88,7 @@ ONE_GPU_VLLM_SHARE = 0.5
 
 def one_gpu_share(settings: UpSettings, model_dir: str) -> float:
     """vLLM's share of the GPU the whole loop's trainer trains on: what the trainer's step leaves
-    by `art_proxy_trainer.memory` (the README's one-GPU arithmetic), from the model's config and
+    by `art_proxy_trainer.memory` (docs/training.md, One GPU), from the model's config and
     the GPU's size. ConfigError when vLLM cannot fit beside the trainer."""
     try:
         import torch

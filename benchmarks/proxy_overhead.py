@@ -522,7 +522,7 @@ async def latency_taking_turns(report: Report, urls: dict[str, str], workload: W
     target meets the same minutes of the machine, whose speed drifts (measured one after the
     other, a bare relay that does nothing added 1.51 ms in one run, twice what art-proxy added
     a minute later). Each target's p50 is over all its calls. Before any stream or load phase:
-    a proxy that has taken 30,000 calls is slower than a fresh one (see README)."""
+    a proxy that has taken 30,000 calls is slower than a fresh one (see benchmarks/README.md)."""
     block = max(1, workload.requests // LATENCY_ROUNDS)
     block_s = PHASE_DEADLINE_S / LATENCY_ROUNDS
     async with contextlib.AsyncExitStack() as stack:

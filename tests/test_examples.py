@@ -1,4 +1,4 @@
-"""The examples and the README run as written (the README's code blocks are executed here)."""
+"""The examples, the README and the docs/ pages run as written (their python blocks run here)."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import os
 import re
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -105,9 +106,20 @@ def python_blocks(markdown: str) -> list[str]:
     return re.findall(r"```python\n(.*?)```", markdown, flags=re.DOTALL)
 
 
-@pytest.mark.parametrize("block", python_blocks((ROOT / "README.md").read_text()))
-def test_readme_python_blocks_run(block: str) -> None:
-    exec(compile(block, "README.md", "exec"), {})
+def documented_python_blocks() -> list[Any]:
+    """Every ```python block of the README and of each docs/ page, named by its file."""
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    params: list[Any] = []
+    for page in pages:
+        name = page.relative_to(ROOT).as_posix()
+        for i, block in enumerate(python_blocks(page.read_text()), start=1):
+            params.append(pytest.param(name, block, id=f"{name}-{i}"))
+    return params
+
+
+@pytest.mark.parametrize(("page", "block"), documented_python_blocks())
+def test_documented_python_blocks_run(page: str, block: str) -> None:
+    exec(compile(block, page, "exec"), {})
 
 
 def test_ci_runs_the_readme_test_command() -> None:

@@ -3,8 +3,8 @@ process while its PostgreSQL store goes away, its journal's disk fills, and the 
 with SIGKILL in the middle of a second outage and started again. Afterwards `art-proxy export`
 has every call a client saw answered, none twice, and every trajectory's seqs run 0..n-1.
 
-`make test` runs it for `ART_PROXY_SOAK_S` seconds (45 by default); the figure in the README is
-from `ART_PROXY_SOAK_S=600 pytest tests/test_soak.py`.
+`make test` runs it for `ART_PROXY_SOAK_S` seconds (45 by default); the figure in docs/operations.md
+is from `ART_PROXY_SOAK_S=600 pytest tests/test_soak.py`.
 """
 
 from __future__ import annotations

@@ -427,8 +427,9 @@ def test_a_lora_rank_above_vllms_max_lora_rank_is_refused_at_start_in_one_line()
 def test_a_one_gpu_loop_gives_vllm_what_the_trainer_leaves(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, gpu_gb: int, share: str | None
 ) -> None:
-    """A 7B model (its config, no weights) on an 80 GB GPU: vLLM gets 0.69 (the README's table);
-    on 24 GB the two copies of its weights do not fit, which up says in one line at start."""
+    """A 7B model (its config, no weights) on an 80 GB GPU: vLLM gets 0.69 (docs/training.md's
+    table); on 24 GB the two copies of its weights do not fit, which up says in one line at
+    start."""
     python = tmp_path / "venv" / "bin" / "python"
     python.parent.mkdir(parents=True)
     python.touch()

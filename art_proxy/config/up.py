@@ -56,7 +56,7 @@ class UpSettings(JournalSettings, StoreSettings):
         lt=1,
         description="vLLM --gpu-memory-utilization (GPU only): its share of the GPU's memory. "
         "0 = vLLM's 0.9 alone; with --agent, what the trainer's step leaves, from the model's "
-        "config and the GPU's size (the README's one-GPU arithmetic).",
+        "config and the GPU's size (docs/training.md, One GPU).",
     )
     tool_call_parser: str = Field(
         "hermes", description="vLLM --tool-call-parser (vLLM engine only)."

@@ -38,7 +38,7 @@ _MAX_FRAMES = 512  # the writer's bound on one transaction
 # shared each commit three or four ways, and the ingester's work on the other core and the event
 # loop added to their latency (A/B, the seventh session: -0.12 to -0.24 ms p50, the store thread's
 # CPU a call 404 -> 229 us; 20 ms measured the same as 10). Longer would widen the window in which
-# a second proxy on the store does not yet see a call (README, "What readers see").
+# a second proxy on the store does not yet see a call (docs/operations.md, "What readers see").
 _LINGER_S = 0.01
 _MAX_BYTES = 4 * 1024 * 1024  # decoded on the event loop: a bound on one pause
 _BACKOFF_S = (0.05, 2.0)  # first and longest wait between tries while the store is unavailable

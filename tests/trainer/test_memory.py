@@ -38,7 +38,7 @@ def test_recomputed_activations_are_what_lets_7b_train_beside_vllm_on_80_gb() ->
 
 
 def test_vllm_s_share_of_one_gpu_is_what_the_trainer_s_step_leaves() -> None:
-    """`up --engine vllm --agent` on one GPU (the README's one-GPU table)."""
+    """`up --engine vllm --agent` on one GPU (the one-GPU table in docs/training.md)."""
 
     def share(shape: ModelShape, gb: int, *, sleeping: bool = False) -> float | None:
         return vllm_share(shape, gb * 1e9, micro_batch_tokens=8192, sleeping=sleeping)

@@ -1,6 +1,6 @@
 """What one trainer step holds in memory, counted from a model's shape (no weights needed).
 
-The same accounting gives the README's one-GPU arithmetic and the figure `benchmarks/gpu_check.py`
+The same accounting gives the one-GPU arithmetic of docs/training.md and the figure `benchmarks/gpu_check.py`
 measures against. It counts live tensors, largest first:
 
 - the frozen base, `dtype_bytes` a parameter (bfloat16 on CUDA);
@@ -118,7 +118,7 @@ def step_memory(
     )
 
 
-# Public configs of the models the README's arithmetic is for (Qwen2/Qwen2.5 shapes).
+# Public configs of the models the docs' one-GPU arithmetic is for (Qwen2/Qwen2.5 shapes).
 QWEN2_0_5B = ModelShape("Qwen2.5-0.5B", 896, 4864, 24, 14, 2, 151936, True)
 QWEN2_7B = ModelShape("Qwen2.5-7B", 3584, 18944, 28, 28, 4, 152064, False)
 QWEN2_14B = ModelShape("Qwen2.5-14B", 5120, 13824, 48, 40, 8, 152064, False)
