@@ -36,7 +36,7 @@ _MAX_FRAMES = 512  # the writer's bound on one transaction
 # transaction's worth is waiting: a transaction's own cost (its thread hop, its commit) is then
 # shared by the calls of 10 ms. At 5 ms, and with no wait after a transaction, sequential calls
 # shared each commit three or four ways, and the ingester's work on the other core and the event
-# loop added to their latency (A/B, the seventh session: -0.12 to -0.24 ms p50, the store thread's
+# loop added to their latency (measured A/B: -0.12 to -0.24 ms p50, the store thread's
 # CPU a call 404 -> 229 us; 20 ms measured the same as 10). Longer would widen the window in which
 # a second proxy on the store does not yet see a call (docs/operations.md, "What readers see").
 _LINGER_S = 0.01
