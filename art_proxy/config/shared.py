@@ -74,3 +74,31 @@ class UpstreamSettings(Settings):
                     "instead"
                 )
         return [url.rstrip("/") for url in urls]
+
+
+# The experiment trackers `--report-to` logs to.
+TRACKERS = ("tensorboard", "wandb", "mlflow")
+
+
+class ReportSettings(Settings):
+    """Where a command's figures go besides its own output."""
+
+    tensorboard: str | None = Field(
+        None, description="Also write metrics for TensorBoard into this directory."
+    )
+    report_to: list[str] = Field(
+        default_factory=list,
+        description="Also log metrics to these experiment trackers (repeat, or comma-separated): "
+        "tensorboard (into --tensorboard, else a directory beside the output), wandb "
+        "(WANDB_PROJECT, WANDB_MODE=offline...), mlflow (MLFLOW_TRACKING_URI, "
+        "MLFLOW_EXPERIMENT_NAME).",
+    )
+
+    @field_validator("report_to")
+    @classmethod
+    def _known_trackers(cls, names: list[str]) -> list[str]:
+        trackers = [name.strip() for value in names for name in value.split(",") if name.strip()]
+        unknown = [name for name in trackers if name not in TRACKERS]
+        if unknown:
+            raise ValueError(f"{unknown[0]!r} is not one of {', '.join(TRACKERS)}")
+        return list(dict.fromkeys(trackers))

@@ -8,14 +8,11 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, model_validator
 
 from art_proxy.config.judge import JudgeChoice
-from art_proxy.config.shared import Settings, StoreSettings, UpstreamSettings
+from art_proxy.config.shared import ReportSettings, Settings, StoreSettings, UpstreamSettings
 from art_proxy.records import Split
-
-# The experiment trackers `--report-to` logs each step to.
-TRACKERS = ("tensorboard", "wandb", "mlflow")
 
 
 class TrainerConfig(Settings):
@@ -92,7 +89,7 @@ class RewardSource(StrEnum):
     finish = "finish"
 
 
-class TrainSettings(JudgeChoice, UpstreamSettings, StoreSettings, TrainerConfig):
+class TrainSettings(JudgeChoice, UpstreamSettings, StoreSettings, ReportSettings, TrainerConfig):
     """`art-proxy train`: the sidecar (train on scored groups) or, with --agent, the whole loop."""
 
     # Optional here, unlike `art-proxy judge`'s: the whole loop judges only when given a judge.
@@ -187,16 +184,6 @@ class TrainSettings(JudgeChoice, UpstreamSettings, StoreSettings, TrainerConfig)
     )
     min_delta: float = Field(
         0.01, ge=0, description="Validation gain that counts as an improvement."
-    )
-    tensorboard: str | None = Field(
-        None, description="Also write metrics for TensorBoard into this directory."
-    )
-    report_to: list[str] = Field(
-        default_factory=list,
-        description="Also log each step's metrics to these experiment trackers (repeat, or "
-        "comma-separated): tensorboard (into --tensorboard, else OUT/tensorboard), wandb "
-        "(WANDB_PROJECT, WANDB_MODE=offline...), mlflow (MLFLOW_TRACKING_URI, "
-        "MLFLOW_EXPERIMENT_NAME).",
     )
     agent: str | None = Field(
         None,
@@ -301,15 +288,6 @@ class TrainSettings(JudgeChoice, UpstreamSettings, StoreSettings, TrainerConfig)
         description="Stop after the warm start (a later `art-proxy train` with the same --out "
         "goes on with GRPO from it).",
     )
-
-    @field_validator("report_to")
-    @classmethod
-    def _known_trackers(cls, names: list[str]) -> list[str]:
-        trackers = [name.strip() for value in names for name in value.split(",") if name.strip()]
-        unknown = [name for name in trackers if name not in TRACKERS]
-        if unknown:
-            raise ValueError(f"{unknown[0]!r} is not one of {', '.join(TRACKERS)}")
-        return list(dict.fromkeys(trackers))
 
     @model_validator(mode="after")
     def _sft_never_on_validation(self) -> TrainSettings:

@@ -10,7 +10,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Sequence
+from pathlib import Path
 from typing import Any
 
 from rich.console import Console
@@ -35,7 +36,10 @@ from art_proxy.ruler.rubric import Rubric
 from art_proxy.ruler.run import GroupJudge, Readiness, Totals
 from art_proxy.ruler.scorer import Ruler, RulerSettings
 from art_proxy.store.trajectory_store import TrajectoryStore
+from art_proxy.trackers import Tracker, open_trackers
 
+# The run's name in the trackers of --report-to.
+JUDGE_RUN = "judge"
 # Failed or skipped groups listed by the summary; the rest are counted.
 _FAILURES_SHOWN = 8
 
@@ -88,7 +92,14 @@ async def run_judge(settings: JudgeSettings, rubric: Rubric, out: Console, err: 
             concurrency=settings.concurrency,
             retry_failed=settings.retry_failed,
         )
-        await _passes(judge, settings, err)
+        trackers = open_trackers(
+            settings, JUDGE_RUN, tensorboard=f"runs/{JUDGE_RUN}", wandb_dir=Path.cwd()
+        )
+        try:
+            await _passes(judge, settings, err, trackers)
+        finally:
+            for tracker in trackers:
+                tracker.close()
     finally:
         for client in clients:
             await client.aclose()
@@ -97,7 +108,9 @@ async def run_judge(settings: JudgeSettings, rubric: Rubric, out: Console, err: 
     return judge.totals
 
 
-async def _passes(judge: GroupJudge, settings: JudgeSettings, err: Console) -> None:
+async def _passes(
+    judge: GroupJudge, settings: JudgeSettings, err: Console, trackers: Sequence[Tracker]
+) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     if settings.watch:
@@ -112,11 +125,15 @@ async def _passes(judge: GroupJudge, settings: JudgeSettings, err: Console) -> N
         transient=True,
     ) as progress:
         task = progress.add_task("looking for ready groups", total=None)
+        passes = 0
         while not stop.is_set():
             groups = await judge.ready_groups()
             progress.update(task, description="judging", total=len(groups), completed=0)
             judged = _reporter(progress, task, judge.totals, err, len(groups))
             await _until_stopped(judge.judge(groups, judged), stop)
+            passes += 1
+            for tracker in trackers:  # the run's totals after each pass over the ready groups
+                tracker.log(judge.totals.metrics(), passes)
             if not settings.watch:
                 if not groups:
                     err.print(nothing_ready(judge.waiting), highlight=False, soft_wrap=True)

@@ -87,6 +87,20 @@ class Totals:
     def judged(self) -> int:
         return self.scored + self.judge_failed + self.skipped
 
+    def metrics(self) -> dict[str, float]:
+        """The run so far as a tracker's figures."""
+        return {
+            "groups_scored": self.scored,
+            "groups_judge_failed": self.judge_failed,
+            "groups_skipped": self.skipped,
+            "cache_hits": self.cache_hits,
+            "failed_members": self.failed_members,
+            "judge_calls": self.calls,
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "cost_usd": self.cost_usd,
+        }
+
 
 async def finished_members(store: TrajectoryStore, group_id: str) -> list[Member]:
     """The group's finished trajectories, oldest first, each with its conversation as it ended,

@@ -14,6 +14,8 @@ from typing import Any
 
 import aiohttp
 import openai
+import pytest
+from mlflow.tracking import MlflowClient
 from rich.console import Console
 
 from art_proxy.config import JudgeSettings
@@ -109,6 +111,28 @@ async def test_judge_waits_for_a_full_group_or_the_wait(proxy: RunningProxy) -> 
         assert full.scored == 1 and len(judge.requests) == 1
         done = await judge_in_process(settings(store_url, judge.base_url, wait=0))
         assert done.judged == 0 and len(judge.requests) == 1
+
+
+async def test_judge_reports_its_totals_to_mlflow(
+    proxy: RunningProxy, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    monkeypatch.setenv("MLFLOW_EXPERIMENT_NAME", "judging")
+    await run_agent(proxy, "trip", "done-1", 1)
+    await run_agent(proxy, "trip", "done-2", 2)
+    store_url = proxy.parts.settings.store
+    async with running_scripted_judge(answer_by_content(fewer_turns_is_better)) as judge:
+        totals = await judge_in_process(
+            settings(store_url, judge.base_url, wait=0, report_to=["mlflow"])
+        )
+    assert totals.scored == 1
+    client = MlflowClient()
+    experiment = client.get_experiment_by_name("judging")
+    assert experiment is not None
+    [run] = client.search_runs([experiment.experiment_id])
+    assert run.info.run_name == "judge" and run.info.status == "FINISHED"
+    assert run.data.metrics["groups_scored"] == 1 and run.data.metrics["prompt_tokens"] > 0
+    assert run.data.params["judge"] == "['openai/scripted']"
 
 
 async def start_run(proxy: RunningProxy, scenario: str, trajectory: str) -> None:

@@ -194,7 +194,8 @@ async def _train(
                     warm_start = await load_warm_start(settings, store, policy, trainer.alias)
                 console.print(
                     f"warm start: {len(warm_start.demonstrations)} demonstrations, "
-                    f"{warm_start.steps} steps ({settings.sft_epochs} epochs)"
+                    f"{warm_start.steps} steps ({settings.sft_epochs} "
+                    f"epoch{'s' if settings.sft_epochs != 1 else ''})"
                 )
                 for skipped in warm_start.skipped:
                     console.print(f"[bold red]warning:[/] left out {escape(skipped)}")
