@@ -110,8 +110,8 @@ def serve(settings: ProxySettings) -> None:
 )
 def export(settings: ExportSettings) -> None:
     try:
-        if settings.format == "parquet":
-            count = asyncio.run(_export_parquet(settings))
+        if settings.format != "jsonl":
+            count = asyncio.run(_export_table(settings))
         else:
             with nullcontext(sys.stdout) if settings.out == "-" else open(settings.out, "w") as out:
                 count = asyncio.run(_export(settings, out))
@@ -122,8 +122,8 @@ def export(settings: ExportSettings) -> None:
         stderr.print(f"exported {count} trajectories to {escape(where)}")
 
 
-async def _export_parquet(settings: ExportSettings) -> int:
-    from art_proxy.export_table import write_parquet
+async def _export_table(settings: ExportSettings) -> int:
+    from art_proxy.export_table import write_hf_dataset, write_parquet
     from art_proxy.journal.left_behind import open_for_reading
 
     store = await open_for_reading(settings.store)
@@ -132,7 +132,8 @@ async def _export_parquet(settings: ExportSettings) -> int:
             trajectories = store.export(
                 scenario=settings.scenario, status=settings.status, split=settings.split
             )
-            return await write_parquet(trajectories, Path(settings.out))
+            write = write_parquet if settings.format == "parquet" else write_hf_dataset
+            return await write(trajectories, Path(settings.out))
     finally:
         await store.aclose()
 

@@ -1,4 +1,4 @@
-"""`art-proxy export --format parquet`: the recorded calls as a table other trainers read.
+"""`art-proxy export --format parquet|hf`: the recorded calls as a table other trainers read.
 
 One row per sampled choice of every call: its trajectory, group, scenario, split and reward, the
 exact prompt and completion token ids with the logprob each completion token was sampled at
@@ -6,7 +6,8 @@ exact prompt and completion token ids with the logprob each completion token was
 is trainable and why not, and the call's messages, reply and sampling as JSON text. Every
 completion token was sampled, so the loss mask is the completion itself. A Parquet file, which
 `datasets.load_dataset("parquet", data_files=...)` and pandas read as they are; written a batch of
-rows at a time, so an export of any size fits in memory.
+rows at a time, so an export of any size fits in memory. `hf` writes the same rows as a Hugging
+Face dataset directory (`datasets.load_from_disk`).
 """
 
 from __future__ import annotations
@@ -109,6 +110,21 @@ async def write_parquet(trajectories: AsyncIterable[ExportedTrajectory], path: P
         if rows or not count:
             writer.write_table(pa.Table.from_pylist(rows, schema=schema))
     partial.replace(path)  # whole or absent: a killed export leaves no half a file under its name
+    return count
+
+
+async def write_hf_dataset(trajectories: AsyncIterable[ExportedTrajectory], path: Path) -> int:
+    """The rows of `write_parquet` as a `datasets` directory at `path`; how many trajectories."""
+    try:
+        import datasets
+    except ImportError as exc:
+        raise ConfigError("--format hf needs datasets: pip install 'art-proxy[export]'") from exc
+    staged = path.with_name(path.name + ".parquet")
+    count = await write_parquet(trajectories, staged)
+    try:
+        datasets.Dataset.from_parquet(str(staged)).save_to_disk(str(path))
+    finally:
+        staged.unlink(missing_ok=True)
     return count
 
 

@@ -97,8 +97,15 @@ async def test_export_as_parquet_loads_in_datasets_with_the_stores_ids(
         assert json.loads(row["messages"])[0]["content"] in ("first task", "second task")
     assert {row["split"] for row in rows} == {"train", "val"}
 
+    saved = tmp_path / "calls"
+    result = await asyncio.to_thread(
+        export, "--store", store, "--format", "hf", "--out", str(saved)
+    )
+    assert result.returncode == 0, result.stderr
+    assert datasets.load_from_disk(str(saved))["call_id"] == rows["call_id"]
+
 
 def test_parquet_needs_a_file_in_one_line() -> None:
     result = export("--store", "sqlite:///nowhere.db", "--format", "parquet")
     assert result.returncode != 0
-    assert "--format parquet writes a file" in result.stderr and "Traceback" not in result.stderr
+    assert "--format parquet writes to disk" in result.stderr and "Traceback" not in result.stderr

@@ -12,10 +12,11 @@ from art_proxy.records import Split
 
 class ExportSettings(StoreSettings):
     out: str = Field("-", description="File to write to (- = standard output, JSONL only).")
-    format: Literal["jsonl", "parquet"] = Field(
+    format: Literal["jsonl", "parquet", "hf"] = Field(
         "jsonl",
         description="jsonl: a trajectory a line, whole. parquet: a row per sampled choice of each "
-        "call (token ids, logprobs, reward, group), for datasets, pandas and other trainers.",
+        "call (token ids, logprobs, reward, group), for datasets, pandas and other trainers. hf: "
+        "the same rows as a Hugging Face dataset directory (datasets.load_from_disk).",
     )
     scenario: str | None = Field(None, description="Only this scenario.")
     status: str | None = Field(
@@ -25,8 +26,8 @@ class ExportSettings(StoreSettings):
 
     @model_validator(mode="after")
     def _parquet_to_a_file(self) -> ExportSettings:
-        if self.format == "parquet" and self.out == "-":
-            raise ValueError("--format parquet writes a file: pass --out FILE.parquet")
+        if self.format != "jsonl" and self.out == "-":
+            raise ValueError(f"--format {self.format} writes to disk: pass --out PATH")
         return self
 
 
