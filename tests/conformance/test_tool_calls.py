@@ -79,5 +79,8 @@ async def test_a_streamed_tool_call_carries_every_id_and_names_the_call_once(
         assert fragment.get("id") is None and fragment.get("type") is None
         assert fragment.get("function", {}).get("name") is None
     arguments = "".join(f.get("function", {}).get("arguments") or "" for f in [first, *rest])
-    assert arguments == expected["message"]["tool_calls"][0]["function"]["arguments"]
+    # The same arguments: vLLM streams them as the model wrote them (a model shown the tools may
+    # indent its JSON) and re-serialises them in a whole answer.
+    whole = expected["message"]["tool_calls"][0]["function"]["arguments"]
+    assert json.loads(arguments) == json.loads(whole)
     assert chunks[-1]["finish_reason"] == "tool_calls"
