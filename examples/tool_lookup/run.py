@@ -49,7 +49,7 @@ from art_proxy.testing.loopback import free_port, wait_healthy
 from examples.tool_lookup.agent import mcp_rollout, rollout
 from examples.tool_lookup.demonstrator import MODEL as DEMONSTRATOR
 from examples.tool_lookup.demonstrator import running_demonstrator
-from examples.tool_lookup.ruler_check import Agreement, ruler_agreement
+from examples.tool_lookup.ruler_check import RUBRIC, Agreement, ruler_agreement
 
 HERE = Path(__file__).resolve().parent
 SCENARIOS = HERE / "scenarios.jsonl"
@@ -79,6 +79,9 @@ class Options:
     threads: int = 0
     rollout_timeout: float = 120.0
     ruler: bool = False  # judge the GRPO groups with RULER too (agreement with the reward)
+    # What GRPO learns from: the task's reward (code), or RULER's scores alone (the bundled model
+    # as a logprob judge under rubric.txt); the held-out measurement is the task's either way.
+    reward: str = "task"
     workdir: Path | None = None
     plot: Path | None = None
 
@@ -223,7 +226,9 @@ async def _served_model(llm: str) -> str:
         return str((await response.json())["data"][0]["id"])
 
 
-def _settings(options: Options, work: Path, store: str, proxy: str, llm: str) -> dict[str, Any]:
+def _settings(
+    options: Options, work: Path, store: str, proxy: str, llm: str, model: str
+) -> dict[str, Any]:
     return {
         "store": store,
         "proxy": proxy,
@@ -245,6 +250,16 @@ def _settings(options: Options, work: Path, store: str, proxy: str, llm: str) ->
         "sft_epochs": options.sft_epochs,
         "sft_learning_rate": options.sft_learning_rate,
         "sft_batch_size": options.sft_batch_size,
+        **(
+            {
+                "judge": [f"openai/{model}"],
+                "judge_base_url": [llm],
+                "judge_mode": "logprob",
+                "rubric": str(RUBRIC),
+            }
+            if options.reward == "ruler"
+            else {}
+        ),
     }
 
 
@@ -277,7 +292,7 @@ async def run(options: Options) -> Result:
         model = await _served_model(llm)
         result.measurements.append(await measure("base", 0, proxy, model, val, options, started))
 
-        settings = _settings(options, work, store, proxy, llm)
+        settings = _settings(options, work, store, proxy, llm, model)
         console.rule("warm start on the demonstrations")
         phase = time.monotonic()
         warm = await run_train(
@@ -333,7 +348,8 @@ def summary_table(result: Result) -> Table:
         title=f"tool lookup ({options.tools} tool) on {options.engine}: "
         f"{result.demonstrations} demonstrations, "
         f"{result.sft_steps} warm-start steps, {result.grpo_steps} GRPO steps "
-        f"({options.group_size} x {options.groups_per_step} rollouts each)",
+        f"({options.group_size} x {options.groups_per_step} rollouts each, "
+        f"{'RULER' if options.reward == 'ruler' else 'the task'}'s reward)",
         title_justify="left",
     )
     for column in ("stage", "step", "success [95%]", "tool calls [95%]", "at s"):
@@ -435,6 +451,12 @@ def parse(argv: Sequence[str] | None = None) -> Options:
     parser.add_argument("--val-samples", type=int, default=defaults.val_samples)
     parser.add_argument("--threads", type=int, default=defaults.threads)
     parser.add_argument("--ruler", action="store_true", help="judge the GRPO groups too")
+    parser.add_argument(
+        "--reward",
+        choices=["task", "ruler"],
+        default=defaults.reward,
+        help="what GRPO learns from: the task's reward, or RULER's scores alone",
+    )
     parser.add_argument("--workdir", type=Path, default=None)
     parser.add_argument("--plot", type=Path, default=None)
     args = parser.parse_args(argv)
@@ -452,6 +474,7 @@ def parse(argv: Sequence[str] | None = None) -> Options:
         val_samples=args.val_samples,
         threads=args.threads,
         ruler=args.ruler,
+        reward=args.reward,
         workdir=args.workdir,
         plot=args.plot,
     )
