@@ -38,9 +38,18 @@ from art_proxy.errors import ConfigError, StoreError
 from art_proxy.local.cli import LocalLlmSettings
 
 if TYPE_CHECKING:
-    from art_proxy.records import AliasMove, AliasRecord, AliasRequest, ScenarioRecord
+    from collections.abc import AsyncIterator
+
+    from art_proxy.records import (
+        AliasMove,
+        AliasRecord,
+        AliasRequest,
+        ExportedTrajectory,
+        ScenarioRecord,
+    )
     from art_proxy.rollout import Agent, RolloutReport
     from art_proxy.scenarios import Scenario
+    from art_proxy.store.trajectory_store import TrajectoryStore
 
 app = typer.Typer(
     name="art-proxy",
@@ -129,13 +138,24 @@ async def _export_table(settings: ExportSettings) -> int:
     store = await open_for_reading(settings.store)
     try:
         with stderr.status("exporting..."):
-            trajectories = store.export(
-                scenario=settings.scenario, status=settings.status, split=settings.split
-            )
+            trajectories = _exported(store, settings)
             write = write_parquet if settings.format == "parquet" else write_hf_dataset
             return await write(trajectories, Path(settings.out))
     finally:
         await store.aclose()
+
+
+def _exported(
+    store: TrajectoryStore, settings: ExportSettings
+) -> AsyncIterator[ExportedTrajectory]:
+    """The trajectories `settings` selects, whole, oldest first."""
+    return store.export(
+        scenario=settings.scenario,
+        status=settings.status,
+        split=settings.split,
+        user=settings.user,
+        tenant=settings.tenant,
+    )
 
 
 async def _export(settings: ExportSettings, out: IO[str]) -> int:
@@ -145,9 +165,7 @@ async def _export(settings: ExportSettings, out: IO[str]) -> int:
     count = 0
     try:
         with stderr.status("exporting...") as status:
-            async for exported in store.export(
-                scenario=settings.scenario, status=settings.status, split=settings.split
-            ):
+            async for exported in _exported(store, settings):
                 out.write(exported.model_dump_json() + "\n")
                 count += 1
                 status.update(f"exported {count} trajectories")

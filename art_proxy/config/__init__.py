@@ -18,6 +18,7 @@ from art_proxy.config.proxy import (
     LogLevel,
     OnStoreError,
     ProxySettings,
+    RecordPolicy,
     is_loopback,
 )
 from art_proxy.config.rollout import RolloutSettings
@@ -43,6 +44,7 @@ __all__ = [
     "OnStoreError",
     "ProgrammaticFor",
     "ProxySettings",
+    "RecordPolicy",
     "RejectedSettings",
     "ReplaySettings",
     "RewardSource",

@@ -23,6 +23,8 @@ class ExportSettings(StoreSettings):
         None, description="Only trajectories in this status (open, finished)."
     )
     split: str | None = Field(None, description="Only this split (train, val, prod).")
+    user: str | None = Field(None, description="Only this user's trajectories.")
+    tenant: str | None = Field(None, description="Only this tenant's trajectories.")
 
     @model_validator(mode="after")
     def _parquet_to_a_file(self) -> ExportSettings:

@@ -16,6 +16,14 @@ class OnStoreError(StrEnum):
     fail = "fail"
 
 
+class RecordPolicy(StrEnum):
+    """Which calls the proxy records (a call it does not record is forwarded and answered alike)."""
+
+    all = "all"  # every call, except one that says `X-Art-Record: off`
+    consented = "consented"  # only a call that says `X-Art-Record: on`
+    none = "none"  # no call: a plain relay
+
+
 class Durability(StrEnum):
     process = "process"  # a journaled record survives the process being killed (page cache)
     power = "power"  # ... and the machine losing power (a group-committed fdatasync)
@@ -76,6 +84,12 @@ class ProxySettings(JournalSettings, UpstreamSettings, StoreSettings):
         OnStoreError.serve,
         description="When a record can be neither journaled (a full disk) nor committed: serve: "
         "answer the agent and count the lost record; fail: answer 503.",
+    )
+    record: RecordPolicy = Field(
+        RecordPolicy.all,
+        description="Which calls are recorded: all (but those sent with X-Art-Record: off), "
+        "consented (only those sent with X-Art-Record: on) or none. An unrecorded call is "
+        "forwarded and answered as any other, and nothing of it is kept or logged.",
     )
     default_split: Split = Field(
         "train",

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from importlib import resources
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, urlencode
 
 import jinja2
 from aiohttp import web
@@ -76,8 +76,8 @@ class Dashboard:
             statuses=GROUP_STATUSES,
             run=run,
             reward_chart=reward,
-            older=where.offset + PAGE_SIZE if len(groups) == PAGE_SIZE else None,
-            newer=max(where.offset - PAGE_SIZE, 0) if where.offset else None,
+            older=_page_link(where, where.offset + PAGE_SIZE) if len(groups) == PAGE_SIZE else None,
+            newer=_page_link(where, max(where.offset - PAGE_SIZE, 0)) if where.offset else None,
         )
 
     async def group(self, request: web.Request) -> web.Response:
@@ -212,9 +212,24 @@ def _group_filter(query: Mapping[str, str]) -> GroupFilter:
         split=next((s for s in SPLITS if s == split), None),
         status=next((s for s in GROUP_STATUSES if s == status), None),
         scenario=query.get("scenario") or None,
+        user=query.get("user") or None,
+        tenant=query.get("tenant") or None,
         limit=PAGE_SIZE,
         offset=offset,
     )
+
+
+def _page_link(where: GroupFilter, offset: int) -> str:
+    """The overview's address for another page under the same filters."""
+    filters = {
+        "split": where.split,
+        "status": where.status,
+        "scenario": where.scenario,
+        "user": where.user,
+        "tenant": where.tenant,
+    }
+    query = {name: value for name, value in filters.items() if value is not None}
+    return "/dashboard?" + urlencode({**query, "offset": offset})
 
 
 def _in_judged_order(

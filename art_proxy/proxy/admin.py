@@ -47,6 +47,8 @@ class Admin:
             status=query.get("status"),
             split=query.get("split"),
             group=query.get("group"),
+            user=query.get("user"),
+            tenant=query.get("tenant"),
             limit=limit,
             offset=offset,
         )

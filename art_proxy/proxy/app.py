@@ -180,6 +180,7 @@ def _lifecycle(settings: ProxySettings) -> Callable[[web.Application], AsyncIter
                 aliases,
                 shadow,
                 default_split=settings.default_split,
+                record_policy=settings.record,
                 read_your_writes=functools.partial(_settle_reads, journal),
             )
             admin = Admin(store, tracker, aliases)

@@ -28,6 +28,8 @@ import orjson
 from art_proxy.errors import BadRequest
 from art_proxy.records import SPLITS, JsonObject, Split
 
+from .subjects import NO_SUBJECT, Subject
+
 _MAX_ID_LENGTH = 200
 _MAX_GROUP_ID_LENGTH = 64  # the store's groups.id
 
@@ -41,6 +43,7 @@ class Explicit:
     split: Split
     source: Literal["url", "header", "none"]
     group_id: str | None = None
+    subject: Subject = NO_SUBJECT  # whose conversation it is (subjects.py)
 
 
 def explicit_attribution(

@@ -67,6 +67,7 @@ async def health(request: web.Request) -> web.Response:
             "shadow_calls": parts.counters.shadow_calls,
             "shadow_samples": parts.counters.shadow_samples,
             "shadow_skipped": parts.counters.shadow_skipped,
+            "unrecorded_calls": parts.counters.unrecorded_calls,
             "commits": writer.commits,
             "records_committed": writer.batches,
             "unreadable_rows": parts.store.unreadable_rows,

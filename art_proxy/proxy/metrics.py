@@ -117,6 +117,7 @@ class _PartsCollector(Collector):
             ("shadow_calls", counters.shadow_calls, "Served calls sampled again."),
             ("shadow_samples", counters.shadow_samples, "Extra samples of shadowed calls."),
             ("shadow_skipped", counters.shadow_skipped, "Calls drawn to shadow, skipped."),
+            ("unrecorded_calls", counters.unrecorded_calls, "Calls answered, not recorded."),
             ("store_commits", parts.store.writer.commits, "Transactions the store committed."),
             ("records_committed", parts.store.writer.batches, "Records the store committed."),
             ("unreadable_rows", parts.store.unreadable_rows, "Stored rows that failed to parse."),

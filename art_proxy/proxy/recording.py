@@ -62,6 +62,7 @@ class Counters:
     shadow_calls: int = 0  # served calls sampled again (shadow.py)
     shadow_samples: int = 0  # their extra samples recorded, failed ones included
     shadow_skipped: int = 0  # drawn for shadowing but over --shadow-max-in-flight
+    unrecorded_calls: int = 0  # answered without a record, as --record or X-Art-Record said
 
 
 @dataclass
@@ -77,6 +78,7 @@ class CallInProgress:
     dialect: Dialect = "openai"
     client_body: JsonObject | None = None  # the body in the client's dialect, if not openai
     route: str = ""  # the path the client called, for the log
+    recorded: bool = True  # False: forwarded and answered, nothing kept (consent.py)
     id: str = field(default_factory=new_id)
     created_at: datetime = field(default_factory=utcnow)
     started: float = field(default_factory=time.perf_counter)
@@ -151,7 +153,11 @@ class Recorder:
         self._journal_refusal_logged = 0.0
 
     async def record(self, call: CallInProgress, outcome: Outcome) -> None:
-        """Commit the call; raises `StoreUnavailable` only under `--on-store-error fail`."""
+        """Commit the call; raises `StoreUnavailable` only under `--on-store-error fail`.
+        A call that is not to be recorded is only counted."""
+        if not call.recorded:
+            self.counters.unrecorded_calls += 1
+            return
         assignment = call.assignment
         tokens = (
             tokens_of(outcome.response, call.kind) if outcome.response is not None else NO_TOKENS

@@ -13,12 +13,13 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import orjson
 from aiohttp import web
 from aiohttp.web_protocol import RequestPayloadError
 
+from art_proxy.config import RecordPolicy
 from art_proxy.errors import (
     ArtProxyError,
     BadRequest,
@@ -31,12 +32,14 @@ from art_proxy.store.trajectory_store import TrajectoryStore
 
 from .aliases import Aliases
 from .attribution import explicit_attribution
+from .consent import records_call
 from .dialects import Rendering, anthropic, responses, responses_answer
 from .dialects.openai import ChatRendering
 from .recording import CallInProgress, Outcome, Recorder
 from .request_body import Rejection, body_too_large, check_body, load_body, parse_body
 from .shadow import ShadowSampler
 from .stream_relay import relay_stream
+from .subjects import subject_of
 from .tracker import TrajectoryTracker
 from .upstream import PATHS, Upstreams, read_body
 
@@ -54,6 +57,7 @@ class Relay:
         shadow: ShadowSampler,
         *,
         default_split: Split = "train",
+        record_policy: RecordPolicy = RecordPolicy.all,
         read_your_writes: Callable[[], Awaitable[None]],
     ) -> None:
         self._upstreams = upstreams
@@ -64,6 +68,7 @@ class Relay:
         self._aliases = aliases
         self._shadow = shadow
         self._default_split: Split = default_split
+        self._record_policy = record_policy
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
         return await self._generate(request, "chat", "openai")
@@ -153,14 +158,22 @@ class Relay:
     async def _generate(
         self, request: web.Request, kind: CallKind, dialect: Dialect
     ) -> web.StreamResponse:
+        recorded = records_call(self._record_policy, request.headers)
         raw = await _read_body(request)
         translated = (
             raw if isinstance(raw, Rejection) else await self._translate(raw, kind, dialect)
         )
+        if not recorded:
+            if isinstance(translated, Rejection):
+                raise translated.error
+            return await self._forward(
+                request, self._unrecorded(request, kind, dialect, translated)
+            )
         if not isinstance(translated, Rejection):
             try:
-                explicit = explicit_attribution(
-                    request.match_info, request.headers, self._default_split
+                explicit = replace(
+                    explicit_attribution(request.match_info, request.headers, self._default_split),
+                    subject=subject_of(request.headers, translated.client or translated.body),
                 )
             except BadRequest as exc:
                 translated = Rejection(
@@ -186,7 +199,30 @@ class Relay:
             client_body=translated.client,
             route=request.path,
         )
-        upstream = assignment.upstream
+        return await self._forward(request, call)
+
+    def _unrecorded(
+        self, request: web.Request, kind: CallKind, dialect: Dialect, translated: Translated
+    ) -> CallInProgress:
+        """A call to forward and answer with nothing kept: no trajectory, no record."""
+        body = translated.body
+        model = body.get("model")
+        return CallInProgress(
+            kind,
+            body,
+            self._tracker.unrecorded(self._default_split),
+            stream=bool(body.get("stream")),
+            model=self._aliases.resolve(model) if isinstance(model, str) else None,
+            dialect=dialect,
+            client_body=translated.client,
+            route=request.path,
+            recorded=False,
+        )
+
+    async def _forward(self, request: web.Request, call: CallInProgress) -> web.StreamResponse:
+        """Send `call` upstream and answer the client, recording it as it says."""
+        kind = call.kind
+        upstream = call.assignment.upstream
         token_ids = self._upstreams.returns_token_ids(upstream)
         sent, asks = call.upstream_body(token_ids=token_ids)
         call.asks = asks
@@ -260,6 +296,8 @@ class Relay:
         except BadRequest:
             explicit = explicit_attribution({}, {}, self._default_split)
         body = rejection.body
+        with contextlib.suppress(BadRequest):  # the refused call is erasable with its user's
+            explicit = replace(explicit, subject=subject_of(request.headers, body))
         messages = body.get("messages") if body is not None and rejection.messages_valid else None
         assignment = await self._tracker.assign(explicit, messages)
         stored = body if body is not None else {"unreadable_body": rejection.error.message}

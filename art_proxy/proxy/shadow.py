@@ -95,7 +95,9 @@ class ShadowSampler:
             log.info("stopped %d shadowed calls whose samples were running", len(tasks))
 
     def _wanted(self, call: CallInProgress, outcome: Outcome) -> bool:
-        if not self._fraction or call.kind != "chat" or call.assignment.split != "prod":
+        if not self._fraction or not call.recorded or call.kind != "chat":
+            return False
+        if call.assignment.split != "prod":
             return False
         if call.assignment.seq != 0 or outcome.status != "ok" or outcome.http_status != 200:
             return False

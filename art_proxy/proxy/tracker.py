@@ -144,6 +144,11 @@ class TrajectoryTracker:
             scenario_id = await self.groups.explicit_scenario(explicit, scenario_id)
         return self._start(explicit, scenario_id, messages, conversation)
 
+    def unrecorded(self, split: Split) -> Assignment:
+        """Where a call that is not recorded goes (consent.py): an upstream, and no trajectory.
+        Memory and the store learn nothing of it, so no later call can continue it."""
+        return Assignment("", "", "", split, next(self._upstreams), 0, "new", [], None)
+
     def record_call(
         self,
         assignment: Assignment,
@@ -265,6 +270,8 @@ class TrajectoryTracker:
                 "tip_prompt_key": None,
                 "metrics": {},
                 "metadata": {},
+                "user_id": explicit.subject.user,
+                "tenant_id": explicit.subject.tenant,
             },
         )
         state.unsaved_rows = rows

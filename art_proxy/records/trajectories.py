@@ -107,6 +107,12 @@ class TrajectoryRecord(Record):
     reward: float | None = None
     metrics: dict[str, float] = Field(default_factory=dict)
     metadata: JsonObject = Field(default_factory=dict)
+    user_id: str | None = Field(
+        default=None,
+        description="The user whose conversation it is: X-Art-User, else the request's "
+        "`safety_identifier` or `user` (Anthropic: `metadata.user_id`).",
+    )
+    tenant_id: str | None = Field(default=None, description="The caller's X-Art-Tenant.")
     calls: list[CallRecord] | None = Field(
         default=None, description="Present when the trajectory is read whole."
     )

@@ -31,6 +31,8 @@ class GroupFilter:
     split: Split | None = None
     status: GroupStatus | None = None
     scenario: str | None = None
+    user: str | None = None
+    tenant: str | None = None
     limit: int = 50
     offset: int = 0
 
@@ -87,6 +89,9 @@ class DashboardQueries(StoreBase):
             page = page.where(G.c.scenario_id == where.scenario)
         if where.split is not None:
             page = page.where(has_member(is_split(where.split)))
+        for column, subject in ((T.c.user_id, where.user), (T.c.tenant_id, where.tenant)):
+            if subject is not None:  # the subject's groups, found by its index
+                page = page.where(G.c.id.in_(sa.select(T.c.group_id).where(column == subject)))
         if where.status in ("scored", "judge_failed", "skipped"):
             page = page.where(_newest_judgment(J.c.status) == where.status)
         elif where.status is not None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 from enum import IntEnum
-from typing import TypedDict
+from typing import NotRequired, TypedDict
 
 from art_proxy.records import JsonObject
 
@@ -55,6 +55,9 @@ class TrajectoryRow(TypedDict):
     tip_prompt_key: str | None
     metrics: dict[str, float]
     metadata: JsonObject
+    # Absent from a record journaled before subjects were recorded (stored as NULL).
+    user_id: NotRequired[str | None]
+    tenant_id: NotRequired[str | None]
 
 
 class CallRow(TypedDict):

@@ -60,7 +60,13 @@ trajectories = sa.Table(
     # The same call's messages without its reply: an agent that re-renders the reply is found by
     # them (migration 0009).
     sa.Column("tip_prompt_key", sa.String(64)),
+    # Whose conversation it is (X-Art-User / X-Art-Tenant, else the body's user field): what
+    # `art-proxy forget` erases by and lists filter by (migration 0015).
+    sa.Column("user_id", sa.String(200)),
+    sa.Column("tenant_id", sa.String(200)),
     sa.Index("ix_trajectories_group", "group_id"),
+    sa.Index("ix_trajectories_user", "user_id", "created_at"),
+    sa.Index("ix_trajectories_tenant", "tenant_id", "created_at"),
     sa.Index("ix_trajectories_scenario_status", "scenario_id", "status"),
     # Open trajectories by their last call, for housekeeping (idle ones to finish, groups active
     # in the last second). Partial, and not led by `status`: without statistics SQLite's planner

@@ -266,6 +266,8 @@ class TrajectoryStore(TrainingRecords, FeedbackRecords, JudgmentRecords):
         status: str | None = None,
         split: str | None = None,
         group: str | None = None,
+        user: str | None = None,
+        tenant: str | None = None,
         limit: int = 100,
         offset: int = 0,
         oldest_first: bool = False,
@@ -277,6 +279,8 @@ class TrajectoryStore(TrainingRecords, FeedbackRecords, JudgmentRecords):
             (T.c.scenario_id, scenario),
             (T.c.status, status),
             (T.c.group_id, group),
+            (T.c.user_id, user),
+            (T.c.tenant_id, tenant),
         ):
             if value is not None:
                 query = query.where(column == value)
@@ -348,7 +352,14 @@ class TrajectoryStore(TrainingRecords, FeedbackRecords, JudgmentRecords):
         ]
 
     async def export(
-        self, *, scenario: str | None, status: str | None, split: str | None, page_size: int = 200
+        self,
+        *,
+        scenario: str | None,
+        status: str | None,
+        split: str | None,
+        user: str | None = None,
+        tenant: str | None = None,
+        page_size: int = 200,
     ) -> AsyncIterator[ExportedTrajectory]:
         """Every matching trajectory whole, oldest first, read a page at a time."""
         offset = 0
@@ -357,6 +368,8 @@ class TrajectoryStore(TrainingRecords, FeedbackRecords, JudgmentRecords):
                 scenario=scenario,
                 status=status,
                 split=split,
+                user=user,
+                tenant=tenant,
                 limit=page_size,
                 offset=offset,
                 oldest_first=True,
@@ -404,6 +417,8 @@ def _trajectory_record(row: JsonObject, calls: list[CallRecord] | None) -> Traje
         reward=row["reward"],
         metrics=row["metrics"] or {},
         metadata=row["metadata"] or {},
+        user_id=row["user_id"],
+        tenant_id=row["tenant_id"],
         calls=calls,
     )
 

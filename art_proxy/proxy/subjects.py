@@ -1,0 +1,65 @@
+"""Whose conversation a call belongs to: the user and the tenant a trajectory is recorded under.
+
+An application that knows its user says so with `X-Art-User` (and `X-Art-Tenant` for the customer
+it serves); otherwise the request's own field is taken: OpenAI's `safety_identifier`, else its
+older `user`, or Anthropic's `metadata.user_id`. A trajectory keeps the subject of the call that
+opened it. Retention, erasure (`art-proxy forget`) and the lists' filters go by these ids.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from art_proxy.errors import BadRequest
+
+USER_HEADER, TENANT_HEADER = "X-Art-User", "X-Art-Tenant"
+_MAX_LENGTH = 200  # the store's trajectories.user_id and tenant_id
+
+
+@dataclass(frozen=True)
+class Subject:
+    user: str | None = None
+    tenant: str | None = None
+
+
+NO_SUBJECT = Subject()
+
+
+def subject_of(headers: Mapping[str, str], body: Mapping[str, Any] | None) -> Subject:
+    """The subject the headers name, else the body's user field; `BadRequest` for a header that
+    is empty, unprintable or longer than the store keeps."""
+    user = _header(headers, USER_HEADER)
+    if user is None and body is not None:
+        user = _body_user(body)
+    return Subject(user, _header(headers, TENANT_HEADER))
+
+
+def _header(headers: Mapping[str, str], name: str) -> str | None:
+    value = headers.get(name)
+    if value is None:
+        return None
+    value = value.strip()
+    if not value or len(value) > _MAX_LENGTH or not value.isprintable():
+        raise BadRequest(f"{name} must be 1 to {_MAX_LENGTH} printable characters")
+    return value
+
+
+def _body_user(body: Mapping[str, Any]) -> str | None:
+    """The body's user id. One the store cannot keep as it is (over the length, unprintable) is
+    kept as its hash: refusing a body the vendors accept would break the agent, and a hash still
+    finds the same user's trajectories."""
+    metadata = body.get("metadata")
+    candidates = (
+        body.get("safety_identifier"),
+        body.get("user"),
+        metadata.get("user_id") if isinstance(metadata, dict) else None,
+    )
+    value = next((c for c in candidates if isinstance(c, str) and c.strip()), None)
+    if value is None:
+        return None
+    if len(value) > _MAX_LENGTH or not value.isprintable():
+        return "blake2b:" + hashlib.blake2b(value.encode(), digest_size=16).hexdigest()
+    return value

@@ -1,0 +1,125 @@
+"""Subjects: each trajectory is recorded under the user and tenant whose conversation it is.
+
+From `X-Art-User` / `X-Art-Tenant`, else the request's own user field as the vendors define it
+(OpenAI's `safety_identifier` and `user`, Anthropic's `metadata.user_id`), sent by the SDKs
+themselves; filterable in the admin API, `art-proxy export` and the dashboard. Over SQLite and
+PostgreSQL, the proxy in front of the fake vLLM.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import aiohttp
+import anthropic
+import openai
+
+from art_proxy.proxy.server import RunningProxy
+from tests.conftest import trajectories
+from tests.test_export import export
+
+MODEL = "Qwen/Qwen2.5-0.5B-Instruct"
+
+
+def task(text: str) -> list[Any]:
+    return [{"role": "user", "content": text}]
+
+
+async def test_the_subject_comes_from_the_headers_else_the_vendors_user_fields(
+    proxy: RunningProxy,
+) -> None:
+    async with openai.AsyncOpenAI(base_url=proxy.base_url, api_key="unused") as client:
+        await client.chat.completions.create(
+            model=MODEL,
+            messages=task("headers"),
+            user="body-user",
+            extra_headers={"X-Art-User": "alice", "X-Art-Tenant": "acme"},
+        )
+        await client.chat.completions.create(
+            model=MODEL, messages=task("safety"), safety_identifier="bob", user="not-bob"
+        )
+        await client.chat.completions.create(model=MODEL, messages=task("legacy"), user="carol")
+        await client.responses.create(model=MODEL, input="responses", safety_identifier="dave")
+        await client.chat.completions.create(model=MODEL, messages=task("long"), user="x" * 300)
+        await client.chat.completions.create(model=MODEL, messages=task("nobody"))
+    async with anthropic.AsyncAnthropic(base_url=proxy.root_url, api_key="unused") as claude:
+        await claude.messages.create(
+            model=MODEL, max_tokens=16, messages=task("claude"), metadata={"user_id": "erin"}
+        )
+    by_opening = {
+        (t.calls or [])[0].request["messages"][0]["content"]: (t.user_id, t.tenant_id)
+        for t in await trajectories(proxy)
+    }
+
+    hashed, _ = by_opening.pop("long")
+    assert hashed is not None and hashed.startswith("blake2b:") and len(hashed) < 200
+    assert by_opening == {
+        "headers": ("alice", "acme"),
+        "safety": ("bob", None),
+        "legacy": ("carol", None),
+        "responses": ("dave", None),
+        "nobody": (None, None),
+        "claude": ("erin", None),
+    }
+
+
+async def test_a_later_call_stays_in_the_subject_that_opened_its_trajectory(
+    proxy: RunningProxy,
+) -> None:
+    async with openai.AsyncOpenAI(
+        base_url=proxy.base_url, api_key="unused", default_headers={"X-Art-User": "alice"}
+    ) as client:
+        messages = task("two turns")
+        reply = await client.chat.completions.create(model=MODEL, messages=messages)
+        messages += [reply.choices[0].message.model_dump(exclude_none=True), *task("more")]
+        await client.chat.completions.create(model=MODEL, messages=messages)
+
+    [trajectory] = await trajectories(proxy)
+    assert (trajectory.call_count, trajectory.user_id) == (2, "alice")
+
+
+async def test_a_subject_header_the_store_cannot_keep_is_refused(
+    proxy: RunningProxy, http: aiohttp.ClientSession
+) -> None:
+    for bad in ("", "x" * 201, "tab\tbed"):
+        async with http.post(
+            f"{proxy.base_url}/chat/completions",
+            json={"model": MODEL, "messages": task("bad subject")},
+            headers={"X-Art-User": bad},
+        ) as response:
+            assert response.status == 400
+            body = await response.json()
+            assert "X-Art-User must be 1 to 200 printable characters" in body["error"]["message"]
+
+
+async def test_the_api_export_and_dashboard_filter_by_user_and_tenant(
+    proxy: RunningProxy, http: aiohttp.ClientSession
+) -> None:
+    async with openai.AsyncOpenAI(base_url=proxy.base_url, api_key="unused") as client:
+        for user, tenant in (("alice", "acme"), ("bob", "acme"), ("carol", "globex")):
+            await client.chat.completions.create(
+                model=MODEL,
+                messages=task(f"task of {user}"),
+                extra_headers={"X-Art-User": user, "X-Art-Tenant": tenant},
+            )
+    await proxy.parts.settled()
+    listed = {}
+    for query in ("user=alice", "tenant=acme", "user=nobody"):
+        async with http.get(f"{proxy.root_url}/art/v1/trajectories?{query}") as response:
+            listed[query] = sorted(t["user_id"] for t in (await response.json())["data"])
+    exported = await asyncio.to_thread(
+        export, "--store", proxy.parts.settings.store, "--tenant", "acme"
+    )
+    async with http.get(f"{proxy.root_url}/dashboard?user=carol") as response:
+        page = await response.text()
+
+    assert listed == {"user=alice": ["alice"], "tenant=acme": ["alice", "bob"], "user=nobody": []}
+    assert exported.returncode == 0, exported.stderr
+    users = sorted(
+        json.loads(line)["trajectory"]["user_id"] for line in exported.stdout.splitlines()
+    )
+    assert users == ["alice", "bob"]
+    assert "task of carol" in page and "task of alice" not in page
+    assert "user <code>carol</code>" in page
