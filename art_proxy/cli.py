@@ -6,6 +6,7 @@ import asyncio
 import logging
 import signal
 import sys
+from collections import Counter
 from contextlib import nullcontext
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Annotated
@@ -24,7 +25,9 @@ from art_proxy.config import (
     AliasSetSettings,
     DropSettings,
     ExportSettings,
+    ForgetSettings,
     JudgeSettings,
+    LineageSettings,
     ProxySettings,
     RejectedSettings,
     ReplaySettings,
@@ -45,6 +48,7 @@ if TYPE_CHECKING:
         AliasRecord,
         AliasRequest,
         ExportedTrajectory,
+        Lineage,
         ScenarioRecord,
     )
     from art_proxy.rollout import Agent, RolloutReport
@@ -334,6 +338,107 @@ def journal_drop(settings: DropSettings) -> None:
     except OSError as exc:
         _fail(str(exc))
     stderr.print(f"dropped {dropped} records")
+
+
+@settings_command(
+    app,
+    "lineage",
+    LineageSettings,
+    "The training steps and adapters that learned from a user's, tenant's or trajectory's records.",
+)
+def lineage(settings: LineageSettings) -> None:
+    from art_proxy.journal.left_behind import open_for_reading
+
+    async def read() -> Lineage:
+        store = await open_for_reading(settings.store)
+        try:
+            return await store.lineage(settings.subject())
+        finally:
+            await store.aclose()
+
+    try:
+        found = asyncio.run(read())
+    except (ConfigError, StoreError, OSError) as exc:
+        _fail(str(exc))
+    _print_lineage(settings.subject().describe(), found)
+
+
+@settings_command(
+    app,
+    "forget",
+    ForgetSettings,
+    "Erase every record of a user, tenant or trajectory (with --yes), and list the training "
+    "steps and adapters that learned from them.",
+)
+def forget(settings: ForgetSettings) -> None:
+    from art_proxy.erasure import forget as erase
+    from art_proxy.journal.directory import journal_directory, live_slots
+    from art_proxy.journal.left_behind import open_for_reading
+    from art_proxy.records import Erasure
+
+    subject = settings.subject()
+    directory = journal_directory(settings.journal, settings.store)
+    if directory is not None and live_slots(directory):
+        _fail(
+            f"a proxy is running with the journal {directory}, which may hold the subject's "
+            "latest calls: erase through it (POST /art/v1/forget), which erases its journal too"
+        )
+
+    async def run() -> Lineage | Erasure:
+        store = await open_for_reading(settings.store)
+        try:
+            if not settings.yes:
+                return await store.lineage(subject)
+            return await erase(store, subject, directory)
+        finally:
+            await store.aclose()
+
+    try:
+        done = asyncio.run(run())
+    except (ConfigError, StoreError, OSError) as exc:
+        _fail(str(exc))
+    if isinstance(done, Erasure):
+        _print_lineage(subject.describe(), done.lineage)
+        counts = ", ".join(f"{count} {table}" for table, count in done.deleted.items() if count)
+        stderr.print(
+            f"deleted {counts or 'nothing'}; {done.journal_frames_dropped} set-aside journal "
+            "records dropped"
+        )
+        return
+    _print_lineage(subject.describe(), done)
+    stderr.print(
+        f"{len(done.trajectories)} trajectories would be deleted for good, with their calls, "
+        "feedback, their groups' judgments and openings: pass --yes to delete them"
+    )
+
+
+def _print_lineage(subject: str, lineage: Lineage) -> None:
+    """The subject's steps and the adapters to retrain, on standard output."""
+    out = Console(soft_wrap=True)
+    out.print(
+        f"{escape(subject)}: {len(lineage.trajectories)} trajectories in "
+        f"{len(lineage.groups)} groups"
+    )
+    if not lineage.steps:
+        out.print("no training step read them")
+        return
+    table = Table("run", "step", "kind", "status", "adapter", "groups")
+    for step in lineage.steps:
+        outcomes = Counter(step.groups.values())
+        table.add_row(
+            escape(step.run),
+            str(step.step),
+            step.kind,
+            step.status,
+            escape(step.adapter or "-"),
+            ", ".join(f"{count} {outcome}" for outcome, count in sorted(outcomes.items())),
+        )
+    out.print(table)
+    adapters = lineage.derived_adapters
+    out.print(
+        "adapters that learned from them, to retrain: "
+        + (", ".join(escape(adapter) for adapter in adapters) if adapters else "none")
+    )
 
 
 alias_app = typer.Typer(

@@ -8,6 +8,7 @@ declared by each.
 """
 
 from art_proxy.config.alias import AliasListSettings, AliasResetSettings, AliasSetSettings
+from art_proxy.config.erasure import ForgetSettings, LineageSettings
 from art_proxy.config.export import ExportSettings, ScenarioBankSettings
 from art_proxy.config.journal import DropSettings, RejectedSettings, ReplaySettings
 from art_proxy.config.judge import JudgeChoice, JudgeSettings, ProgrammaticFor
@@ -38,8 +39,10 @@ __all__ = [
     "Durability",
     "Engine",
     "ExportSettings",
+    "ForgetSettings",
     "JudgeChoice",
     "JudgeSettings",
+    "LineageSettings",
     "LogLevel",
     "OnStoreError",
     "ProgrammaticFor",

@@ -113,6 +113,21 @@ def take_slots(directory: Path) -> tuple[Slot, list[Slot]]:
     return own, adopted
 
 
+def live_slots(directory: Path) -> int:
+    """How many slots of `directory` a running proxy holds (their lock is taken)."""
+    if not directory.is_dir():
+        return 0
+    held = 0
+    for path in directory.iterdir():
+        if path.is_dir() and path.name.isdigit() and (path / _LOCK_FILE).exists():
+            slot = _try_lock(path)
+            if slot is None:
+                held += 1
+            else:
+                os.close(slot.lock_fd)
+    return held
+
+
 def remove_if_empty(slot: Slot) -> None:
     if any(slot.path.glob("*" + SEGMENT_SUFFIX)):
         return

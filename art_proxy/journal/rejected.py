@@ -13,13 +13,14 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import cast
 
 from art_proxy.errors import StoreError
-from art_proxy.store.rows import CallRow, RowKind
+from art_proxy.records import SubjectSelector
+from art_proxy.store.rows import CallRow, RowKind, TrajectoryRow
 from art_proxy.store.trajectory_store import TrajectoryStore
 from art_proxy.store.writer import refuses_record
 
@@ -131,6 +132,41 @@ async def replay(directory: Path, store: TrajectoryStore) -> Replayed:
 def drop(directory: Path) -> int:
     """Delete every set-aside record; how many there were."""
     return _keep(directory, lambda _record: False)
+
+
+def drop_subject(directory: Path, subject: SubjectSelector, trajectory_ids: Collection[str]) -> int:
+    """Delete the set-aside records of `subject` (erasure): those that create one of its
+    trajectories, and the calls of those and of `trajectory_ids`; how many went. An unreadable
+    record cannot be told apart and stays (`art-proxy journal drop` deletes every one)."""
+    if not (directory / REJECTED_FILE).exists():
+        return 0
+    theirs = set(trajectory_ids)
+    if subject.trajectory is not None:
+        theirs.add(subject.trajectory)
+    rows = [row for record in read(directory) if record.entry for row in record.entry.batch.rows]
+    for kind, row in rows:
+        if kind is RowKind.trajectory and _belongs(cast(TrajectoryRow, row), subject):
+            theirs.add(cast(TrajectoryRow, row)["id"])
+
+    def kept(record: SetAside) -> bool:
+        if record.entry is None:
+            return True
+        return not any(
+            cast(dict[str, object], row).get("trajectory_id" if kind is RowKind.call else "id")
+            in theirs
+            for kind, row in record.entry.batch.rows
+            if kind in (RowKind.call, RowKind.trajectory)
+        )
+
+    return _keep(directory, kept)
+
+
+def _belongs(row: TrajectoryRow, subject: SubjectSelector) -> bool:
+    if subject.user is not None:
+        return row.get("user_id") == subject.user
+    if subject.tenant is not None:
+        return row.get("tenant_id") == subject.tenant
+    return row["id"] == subject.trajectory
 
 
 def _keep(directory: Path, kept: Callable[[SetAside], bool]) -> int:

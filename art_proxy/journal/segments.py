@@ -371,6 +371,14 @@ class Journal:
         self._advanced.set()
         self._advanced = asyncio.Event()
 
+    def seal(self) -> None:
+        """Delete every segment whose records are all in the store, the live one too (appends
+        move to a new one): erasure, once `settled`, leaves no byte of an ingested record on
+        disk. A segment still holding records not ingested stays until they are."""
+        if self._segments[-1].end:
+            self._rotate()
+        self.consume(self._cursor, 0)
+
     async def settled(self) -> None:
         """Return once everything appended before this call has been consumed (ingested)."""
         live = self._segments[-1]

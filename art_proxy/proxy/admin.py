@@ -1,8 +1,9 @@
 """`/art/v1`: reading trajectories back, finishing them, users' feedback on them, moving model
-aliases, reading the trainer's steps (admin key when one is set)."""
+aliases, reading the trainer's steps, erasing a subject and its lineage (admin key when one is set)."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from typing import TypeVar
 
@@ -10,8 +11,10 @@ import orjson
 from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
-from art_proxy.errors import BadRequest, NotFound
-from art_proxy.records import AliasRequest, FeedbackRequest, FinishRequest
+from art_proxy.erasure import forget
+from art_proxy.errors import BadRequest, NotFound, StoreUnavailable
+from art_proxy.journal.segments import Journal
+from art_proxy.records import AliasRequest, FeedbackRequest, FinishRequest, SubjectSelector
 from art_proxy.store.trajectory_store import TrajectoryStore
 
 from .aliases import Aliases
@@ -19,6 +22,8 @@ from .request_body import MAX_DEPTH, within_depth
 from .tracker import TrajectoryTracker
 
 _MAX_PAGE = 1000
+# How long `forget` waits for this proxy's journaled calls to reach the store.
+FORGET_SETTLE_TIMEOUT_S = 30.0
 _MAX_NAME = 200  # the store's aliases.alias
 
 
@@ -33,11 +38,48 @@ def json_response(payload: BaseModel | Sequence[BaseModel]) -> web.Response:
 
 class Admin:
     def __init__(
-        self, store: TrajectoryStore, tracker: TrajectoryTracker, aliases: Aliases
+        self,
+        store: TrajectoryStore,
+        tracker: TrajectoryTracker,
+        aliases: Aliases,
+        journal: Journal | None = None,
     ) -> None:
         self._store = store
         self._tracker = tracker
         self._aliases = aliases
+        self._journal = journal
+
+    async def forget(self, request: web.Request) -> web.Response:
+        """`POST /art/v1/forget`: delete a subject's records (erasure.py), once every call this
+        proxy journaled is in the store; 503, nothing deleted, while the store does not take them."""
+        subject = await _body(request, SubjectSelector, "forget")
+        if self._journal is not None:
+            try:
+                await asyncio.wait_for(self._journal.settled(), FORGET_SETTLE_TIMEOUT_S)
+            except TimeoutError as exc:
+                raise StoreUnavailable(
+                    "calls this proxy journaled are not in the store yet (is it down?): "
+                    "nothing was deleted; try again once it takes them"
+                ) from exc
+        erased = await forget(
+            self._store,
+            subject,
+            self._journal.directory if self._journal is not None else None,
+            self._journal,
+        )
+        self._tracker.forget(erased.lineage.trajectories)
+        return json_response(erased)
+
+    async def lineage(self, request: web.Request) -> web.Response:
+        """`GET /art/v1/lineage?trajectory=|user=|tenant=`: what learned from a subject."""
+        query = request.query
+        try:
+            subject = SubjectSelector.model_validate(
+                {name: query[name] for name in ("user", "tenant", "trajectory") if name in query}
+            )
+        except ValidationError as exc:
+            raise BadRequest(f"invalid lineage query: {exc}") from exc
+        return json_response(await self._store.lineage(subject))
 
     async def trajectories(self, request: web.Request) -> web.Response:
         query = request.query

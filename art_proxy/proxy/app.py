@@ -183,7 +183,7 @@ def _lifecycle(settings: ProxySettings) -> Callable[[web.Application], AsyncIter
                 record_policy=settings.record,
                 read_your_writes=functools.partial(_settle_reads, journal),
             )
-            admin = Admin(store, tracker, aliases)
+            admin = Admin(store, tracker, aliases, journal)
             parts = ProxyParts(
                 settings, store, tracker, counters, relay, admin, aliases, journal, ingester
             )
@@ -293,6 +293,8 @@ def _add_routes(router: web.UrlDispatcher) -> None:
         "/art/v1/trajectories/{trajectory}/feedback", via("admin", "trajectory_feedback")
     )
     router.add_post("/art/v1/feedback", via("admin", "add_feedback"))
+    router.add_post("/art/v1/forget", via("admin", "forget"))
+    router.add_get("/art/v1/lineage", via("admin", "lineage"))
     router.add_get("/art/v1/groups", via("admin", "groups"))
     router.add_get("/art/v1/scenarios", via("admin", "scenarios"))
     router.add_get("/art/v1/aliases", via("admin", "aliases"))

@@ -6,6 +6,7 @@ the trainer consume them. One module per stage (`trajectories`, `judgments`, `tr
 """
 
 from art_proxy.records.base import JsonObject
+from art_proxy.records.erasure import Erasure, LearnedAt, Lineage, SubjectSelector
 from art_proxy.records.feedback import (
     MAX_COMMENT,
     Feedback,
@@ -71,6 +72,7 @@ __all__ = [
     "CriterionMark",
     "Dialect",
     "EnsembleMember",
+    "Erasure",
     "ExportedTrajectory",
     "Feedback",
     "FeedbackRequest",
@@ -82,6 +84,8 @@ __all__ = [
     "JudgeMode",
     "Judgment",
     "JudgmentStatus",
+    "LearnedAt",
+    "Lineage",
     "LiveReward",
     "MemberStatus",
     "MoveReason",
@@ -90,6 +94,7 @@ __all__ = [
     "Split",
     "StepKind",
     "StepStatus",
+    "SubjectSelector",
     "SwapStatus",
     "Thumbs",
     "TrainableGroup",

@@ -45,6 +45,7 @@ from art_proxy.store.engine import (
     migrate,
     transaction_runner,
 )
+from art_proxy.store.erasure import ErasureRecords
 from art_proxy.store.feedback import FeedbackRecords
 from art_proxy.store.judgments import JudgmentRecords
 from art_proxy.store.training import TrainingRecords
@@ -76,7 +77,7 @@ _ACTIVE_GROUPS = (
 )
 
 
-class TrajectoryStore(TrainingRecords, FeedbackRecords, JudgmentRecords):
+class TrajectoryStore(TrainingRecords, FeedbackRecords, JudgmentRecords, ErasureRecords):
     def __init__(self, engine: AsyncEngine, runner: TransactionRunner) -> None:
         self.engine = engine
         self.writer = GroupCommitWriter(engine.dialect.name, runner)

@@ -1,0 +1,37 @@
+"""`art-proxy forget` and `POST /art/v1/forget`: a subject's records deleted wherever they are
+kept (the store, the journal, the records set aside beside it), with what learned from them.
+
+The store's part is store/erasure.py. The journal's: a running proxy first waits until what it
+journaled is in the store, then deletes its journal segments (`Journal.seal`), since a segment
+keeps an ingested record's bytes until it is rotated away; the records the store refused, set
+aside in the journal directory, are dropped where they are the subject's. The judge's cache is
+the store's judgments, deleted with them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from art_proxy.journal import rejected
+from art_proxy.journal.segments import Journal
+from art_proxy.records import Erasure, SubjectSelector
+from art_proxy.store.trajectory_store import TrajectoryStore
+
+
+async def forget(
+    store: TrajectoryStore,
+    subject: SubjectSelector,
+    journal_directory: Path | None,
+    journal: Journal | None = None,
+) -> Erasure:
+    """Delete `subject`'s records; `journal`: a running proxy's own, settled by the caller."""
+    erasure = await store.forget(subject)
+    dropped = 0
+    if journal_directory is not None:
+        dropped = await asyncio.to_thread(
+            rejected.drop_subject, journal_directory, subject, erasure.lineage.trajectories
+        )
+    if journal is not None:
+        journal.seal()
+    return erasure.model_copy(update={"journal_frames_dropped": dropped})

@@ -1,0 +1,71 @@
+"""Erasure: whose records to delete, and what learned from them (the lineage an operator retrains
+from). `art-proxy forget`, `POST /art/v1/forget` and `GET /art/v1/lineage` speak these."""
+
+from __future__ import annotations
+
+from pydantic import Field, model_validator
+
+from art_proxy.records.base import Record
+from art_proxy.records.training import GroupOutcome, StepKind, StepStatus
+
+
+class SubjectSelector(Record):
+    """Exactly one of a user, a tenant and a trajectory."""
+
+    user: str | None = Field(default=None, min_length=1, max_length=200)
+    tenant: str | None = Field(default=None, min_length=1, max_length=200)
+    trajectory: str | None = Field(default=None, min_length=1, max_length=200)
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> SubjectSelector:
+        named = [value for value in (self.user, self.tenant, self.trajectory) if value is not None]
+        if len(named) != 1:
+            raise ValueError("name exactly one of user, tenant and trajectory")
+        return self
+
+    def describe(self) -> str:
+        for name in ("user", "tenant", "trajectory"):
+            value = getattr(self, name)
+            if value is not None:
+                return f"{name} {value!r}"
+        raise AssertionError("validated: one is set")
+
+
+class LearnedAt(Record):
+    """A training step that read one of the subject's groups."""
+
+    run: str
+    step: int
+    kind: StepKind
+    status: StepStatus
+    adapter: str | None = Field(description="The adapter the step saved, if it saved one.")
+    groups: dict[str, GroupOutcome] = Field(
+        description="The subject's groups the step consumed, and what it did with each: "
+        "`trained` ones moved the weights; `validation` ones only informed promotion."
+    )
+
+
+class Lineage(Record):
+    """What learned from a subject's trajectories, read from the store."""
+
+    trajectories: list[str]
+    groups: list[str] = Field(description="The groups the trajectories belong to.")
+    steps: list[LearnedAt] = Field(description="Steps that consumed any of those groups.")
+    derived_adapters: list[str] = Field(
+        description="Every adapter saved by a run at or after its first step that trained on "
+        "the subject: each continues from the weights before it, so each carries what was "
+        "learned. These are what to retrain (or stop serving)."
+    )
+
+
+class Erasure(Record):
+    """What `forget` deleted, and the lineage read just before."""
+
+    subject: str
+    lineage: Lineage
+    deleted: dict[str, int] = Field(
+        description="Rows deleted by table (scenarios: openings cleared or deleted)."
+    )
+    journal_frames_dropped: int = Field(
+        default=0, description="Records set aside in the journal's rejected-records, dropped."
+    )

@@ -1,0 +1,181 @@
+"""Erasure with lineage: every record of a user, a tenant or a trajectory deleted, and the training
+steps and adapters that learned from them listed first.
+
+What a subject's trajectories leave in the store: their calls (request, response, token ids),
+their feedback, the judgments of their groups (the judge's reasoning quotes the conversations, and
+a judgment is also the judge's cache: a judgment reused from a deleted one goes with it), and the
+opening of their scenarios (the conversation before the first reply, the scenario bank's source):
+an opening is whichever conversation opened the scenario first, so every one of the subject's
+scenarios loses it, though another user's trajectories may go on in it.
+Deleted in batches of `BATCH` trajectories, a transaction each, so recording goes on meanwhile.
+What stays: group and step rows (ids, counts and metrics, no text), since a training step's
+record of what it consumed is the lineage itself; a group left with no member, read by no step,
+goes too, and a scenario nothing names any more.
+
+Lineage: a step that consumed one of the subject's groups learned from it (`trained`) or read it
+for validation; every adapter its run saved from that step on continues from weights that did,
+so those are the adapters to retrain.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from art_proxy.records import Erasure, LearnedAt, Lineage, SubjectSelector
+from art_proxy.store import schema
+from art_proxy.store.base import StoreBase
+
+T, C, F, J = schema.trajectories, schema.calls, schema.feedback, schema.judgments
+G, S, CG, TS = schema.groups, schema.scenarios, schema.consumed_groups, schema.training_steps
+
+# Trajectories deleted per transaction: a tenant's thousands never hold the writer for long.
+BATCH = 200
+
+
+def _selects(subject: SubjectSelector) -> sa.ColumnElement[bool]:
+    if subject.user is not None:
+        return T.c.user_id == subject.user
+    if subject.tenant is not None:
+        return T.c.tenant_id == subject.tenant
+    return T.c.id == subject.trajectory
+
+
+class ErasureRecords(StoreBase):
+    async def lineage(self, subject: SubjectSelector) -> Lineage:
+        """The subject's trajectories and groups, and what learned from them."""
+        rows = await self._all(sa.select(T.c.id, T.c.group_id).where(_selects(subject)))
+        trajectories = sorted(row["id"] for row in rows)
+        groups = sorted({row["group_id"] for row in rows})
+        steps = await self._steps_reading(groups)
+        return Lineage(
+            trajectories=trajectories,
+            groups=groups,
+            steps=steps,
+            derived_adapters=await self._derived_adapters(steps),
+        )
+
+    async def forget(self, subject: SubjectSelector) -> Erasure:
+        """Delete every record of `subject` (see the module), its lineage read first."""
+        lineage = await self.lineage(subject)
+        deleted = dict.fromkeys(("trajectories", "calls", "feedback", "judgments", "groups"), 0)
+        scenarios: set[str] = set()
+        ids = lineage.trajectories
+        for start in range(0, len(ids), BATCH):
+            batch = ids[start : start + BATCH]
+            async with self._transaction() as connection:
+                counts, touched = await _delete_trajectories(connection, batch)
+            scenarios |= touched
+            for table, count in counts.items():
+                deleted[table] += count
+        async with self._transaction() as connection:
+            deleted["groups"] = await _delete_orphan_groups(connection, lineage.groups)
+            deleted["scenarios"] = await _clear_openings(connection, sorted(scenarios))
+        return Erasure(subject=subject.describe(), lineage=lineage, deleted=deleted)
+
+    async def _steps_reading(self, groups: Sequence[str]) -> list[LearnedAt]:
+        consumed: list[dict[str, Any]] = []
+        for start in range(0, len(groups), BATCH):
+            chunk = groups[start : start + BATCH]
+            consumed += await self._all(
+                sa.select(CG.c.run, CG.c.step, CG.c.group_id, CG.c.outcome).where(
+                    CG.c.group_id.in_(chunk)
+                )
+            )
+        by_step: dict[tuple[str, int], dict[str, Any]] = {}
+        for row in consumed:
+            by_step.setdefault((row["run"], row["step"]), {})[row["group_id"]] = row["outcome"]
+        steps: list[LearnedAt] = []
+        for (run, step), outcomes in sorted(by_step.items()):
+            found = await self._first(
+                sa.select(TS.c.kind, TS.c.status, TS.c.adapter).where(
+                    TS.c.run == run, TS.c.step == step
+                )
+            )
+            if found is None:  # consumed by a step whose row is not written yet
+                found = {"kind": "grpo", "status": "applied", "adapter": None}
+            steps.append(LearnedAt(run=run, step=step, groups=outcomes, **found))
+        return steps
+
+    async def _derived_adapters(self, steps: Sequence[LearnedAt]) -> list[str]:
+        """Adapters of each run from its first step that trained on the subject onwards."""
+        first_learned: dict[str, int] = {}
+        for step in steps:
+            if step.status == "applied" and "trained" in step.groups.values():
+                first_learned[step.run] = min(first_learned.get(step.run, step.step), step.step)
+        adapters: list[str] = []
+        for run, first in sorted(first_learned.items()):
+            rows = await self._all(
+                sa.select(TS.c.adapter)
+                .where(TS.c.run == run, TS.c.step >= first, TS.c.adapter.is_not(None))
+                .order_by(TS.c.step)
+            )
+            adapters += [row["adapter"] for row in rows]
+        return adapters
+
+
+async def _delete_trajectories(
+    connection: AsyncConnection, trajectory_ids: list[str]
+) -> tuple[dict[str, int], set[str]]:
+    """Delete the trajectories and what hangs on them; the counts, and their scenarios."""
+    rows = (
+        await connection.execute(
+            sa.select(T.c.group_id, T.c.scenario_id).where(T.c.id.in_(trajectory_ids))
+        )
+    ).all()
+    groups = sorted({row.group_id for row in rows})
+    judgments = [
+        row.id
+        for row in (await connection.execute(sa.select(J.c.id).where(J.c.group_id.in_(groups))))
+    ]
+    counts = {
+        "feedback": await _delete(connection, F, F.c.trajectory_id.in_(trajectory_ids)),
+        "calls": await _delete(connection, C, C.c.trajectory_id.in_(trajectory_ids)),
+        "judgments": await _delete(
+            connection, J, sa.or_(J.c.id.in_(judgments), J.c.cached_from.in_(judgments))
+        ),
+        "trajectories": await _delete(connection, T, T.c.id.in_(trajectory_ids)),
+    }
+    return counts, {row.scenario_id for row in rows}
+
+
+async def _delete_orphan_groups(connection: AsyncConnection, groups: list[str]) -> int:
+    """Groups among `groups` left with no member and read by no step."""
+    deleted = 0
+    for start in range(0, len(groups), BATCH):
+        chunk = groups[start : start + BATCH]
+        empty = (
+            sa.select(G.c.id)
+            .where(G.c.id.in_(chunk))
+            .where(~sa.exists().where(T.c.group_id == G.c.id))
+            .where(~sa.exists().where(CG.c.group_id == G.c.id))
+            .where(~sa.exists().where(J.c.group_id == G.c.id))
+        )
+        orphans = [row.id for row in await connection.execute(empty)]
+        deleted += await _delete(connection, G, G.c.id.in_(orphans))
+    return deleted
+
+
+async def _clear_openings(connection: AsyncConnection, scenarios: list[str]) -> int:
+    """The openings of `scenarios` cleared; a scenario nothing names any more, deleted."""
+    cleared = 0
+    for start in range(0, len(scenarios), BATCH):
+        chunk = scenarios[start : start + BATCH]
+        named = sa.or_(
+            sa.exists().where(T.c.scenario_id == S.c.id),
+            sa.exists().where(G.c.scenario_id == S.c.id),
+        )
+        cleared += await _delete(connection, S, S.c.id.in_(chunk) & ~named)
+        result = await connection.execute(sa.update(S).where(S.c.id.in_(chunk)).values(opening=[]))
+        cleared += result.rowcount
+    return cleared
+
+
+async def _delete(
+    connection: AsyncConnection, table: sa.Table, where: sa.ColumnElement[bool]
+) -> int:
+    result = await connection.execute(sa.delete(table).where(where))
+    return int(result.rowcount)

@@ -1,0 +1,202 @@
+"""Erasure with lineage: `POST /art/v1/forget` and `art-proxy forget` delete every record of a
+user, tenant or trajectory, and first say which training steps and adapters learned from them.
+
+A real proxy records alice's and bob's conversations (one group holds both) in front of the fake
+vLLM, over SQLite and PostgreSQL, its journal in the test's directory; the group is judged (the
+judge's reason quotes alice) and trained on by two steps of one run. Afterwards a full-text search
+of every table of the store, every file of the journal directory and the judge's cache (the
+judgments) finds nothing of alice, and bob's records are whole.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, cast
+
+import aiohttp
+import openai
+import pytest
+import sqlalchemy as sa
+
+from art_proxy.journal import rejected
+from art_proxy.journal.entries import encode
+from art_proxy.proxy.server import RunningProxy, running_proxy
+from art_proxy.records import FeedbackRequest, Judgment, TrainingStep, TrajectoryScore
+from art_proxy.store import schema
+from art_proxy.store.rows import Row, RowKind
+from art_proxy.store.trajectory_store import TrajectoryStore, utcnow
+from art_proxy.store.writer import Batch
+from art_proxy.testing.fake_vllm import FakeVllm
+from tests.conftest import proxy_settings
+
+MODEL = "Qwen/Qwen2.5-0.5B-Instruct"
+ALICE = "ALICE-7731"  # in everything alice says
+BOB = "BOB-2208"
+
+
+def forget_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    command = [str(Path(sys.executable).parent / "art-proxy"), "forget", *args]
+    return subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
+
+
+async def converse(proxy: RunningProxy, user: str, marker: str, group: str) -> None:
+    """Two turns of `user`'s conversation, in the explicit group `group`."""
+    headers = {"X-Art-User": user, "X-Art-Tenant": "acme", "X-Art-Group": group}
+    async with openai.AsyncOpenAI(
+        base_url=proxy.base_url, api_key="unused", default_headers=headers
+    ) as client:
+        messages: list[Any] = [{"role": "user", "content": f"my card is {marker}"}]
+        reply = await client.chat.completions.create(model=MODEL, messages=messages)
+        messages += [
+            reply.choices[0].message.model_dump(exclude_none=True),
+            {"role": "user", "content": f"and my phone is {marker}"},
+        ]
+        await client.chat.completions.create(model=MODEL, messages=messages)
+
+
+async def recorded_and_trained(proxy: RunningProxy) -> dict[str, str]:
+    """alice and bob side by side in group `shared`, alice alone in `alone`; the shared group
+    judged and trained on at step 1 of run `r1`, which saves adapters at steps 1 and 2."""
+    await converse(proxy, "alice", ALICE, "shared")
+    await converse(proxy, "bob", BOB, "shared")
+    await converse(proxy, "alice", ALICE + "-again", "alone")
+    await proxy.parts.settled()
+    store = proxy.parts.store
+    ids = {t.user_id or "": t.id for t in await store.trajectories(group="shared")}
+    await store.add_feedback(FeedbackRequest(trajectory_id=ids["alice"], comment=f"{ALICE} ok"))
+    scores = [
+        TrajectoryScore(trajectory_id=tid, label=f"t{i}", score=0.5, explanation="", reward=0.5)
+        for i, tid in enumerate(ids.values())
+    ]
+    await store.add_judgment(
+        Judgment(
+            id="j-shared",
+            group_id="shared",
+            judge_model="judge",
+            mode="json",
+            rubric_hash="r",
+            cache_key="k-shared",
+            status="scored",
+            reason=f"t0 read back {ALICE} correctly",
+            trajectory_ids=list(ids.values()),
+            scores=scores,
+            attempts=1,
+            created_at=utcnow(),
+        )
+    )
+    for number, groups in ((1, {"shared": "trained"}), (2, {})):
+        await store.record_step(
+            TrainingStep(
+                run="r1",
+                step=number,
+                status="applied",
+                adapter=f"agent@{number}-r1",
+                groups=groups,
+                created_at=utcnow(),
+            )
+        )
+    return ids
+
+
+async def store_text(store: TrajectoryStore) -> str:
+    """Every row of every table, as text."""
+    text = []
+    async with store.engine.connect() as connection:
+        for table in schema.metadata.sorted_tables:
+            text += [repr(row) for row in (await connection.execute(sa.select(table))).all()]
+    return "\n".join(text)
+
+
+def journal_text(directory: Path) -> bytes:
+    return b"".join(p.read_bytes() for p in directory.rglob("*") if p.is_file())
+
+
+async def test_forget_a_user_through_the_proxy_erases_everything_and_names_what_learned(
+    store_url: str, vllm: FakeVllm, tmp_path: Path, http: aiohttp.ClientSession
+) -> None:
+    journal = tmp_path / "journal"
+    settings = proxy_settings(store_url, vllm.base_url, journal=str(journal))
+    async with running_proxy(settings) as proxy:
+        ids = await recorded_and_trained(proxy)
+        async with http.get(f"{proxy.root_url}/art/v1/lineage?user=alice") as response:
+            lineage = await response.json()
+        async with http.post(f"{proxy.root_url}/art/v1/forget", json={"user": "alice"}) as done:
+            assert done.status == 200, await done.text()
+            erased = await done.json()
+        store = proxy.parts.store
+        text = await store_text(store)
+        on_disk = journal_text(journal)
+        bob = await store.trajectory(ids["bob"])
+        judgments = await store.judgments(group="shared")
+        steps = await store.training_steps("r1")
+        feedback = await store.feedback([ids["alice"], ids["bob"]])
+
+    assert len(lineage["trajectories"]) == 2 and "shared" in lineage["groups"]
+    [learned] = lineage["steps"]
+    assert (learned["run"], learned["step"], learned["groups"]) == ("r1", 1, {"shared": "trained"})
+    assert lineage["derived_adapters"] == ["agent@1-r1", "agent@2-r1"]
+    assert erased["lineage"] == lineage
+    assert erased["deleted"]["trajectories"] == 2 and erased["deleted"]["calls"] == 4
+    assert erased["deleted"]["judgments"] == 1 and erased["deleted"]["feedback"] == 1
+    assert ALICE not in text and "alice" not in text
+    assert ALICE.encode() not in on_disk
+    # bob keeps his records; the consumed group and the steps stay, as lineage.
+    assert bob is not None and bob.calls is not None and len(bob.calls) == 2
+    assert BOB in text and judgments == [] and feedback == {}
+    assert [s.step for s in steps] == [1, 2] and steps[0].groups == {"shared": "trained"}
+
+
+async def test_forget_by_cli_asks_for_yes_refuses_beside_a_running_proxy_and_drops_set_aside(
+    sqlite_url: str, vllm: FakeVllm, tmp_path: Path
+) -> None:
+    journal = tmp_path / "journal"
+    store_args = ("--store", sqlite_url, "--journal", str(journal))
+    async with running_proxy(
+        proxy_settings(sqlite_url, vllm.base_url, journal=str(journal))
+    ) as proxy:
+        await recorded_and_trained(proxy)
+        beside = await asyncio.to_thread(forget_cli, *store_args, "--user", "alice", "--yes")
+        # A record of alice's the store refused, set aside beside the journal, and one of bob's.
+        for user, marker in (("alice", ALICE + "-refused"), ("bob", BOB + "-refused")):
+            row = cast(Row, {"id": f"t-{user}", "user_id": user, "marker": marker})
+            rejected.set_aside(journal, encode(Batch([(RowKind.trajectory, row)])))
+    dry = await asyncio.to_thread(forget_cli, *store_args, "--tenant", "acme")
+    done = await asyncio.to_thread(forget_cli, *store_args, "--user", "alice", "--yes")
+    after = await TrajectoryStore.open(sqlite_url, writer=False)
+    try:
+        text = await store_text(after)
+    finally:
+        await after.aclose()
+    left_aside = [r.payload for r in rejected.read(journal)]
+
+    assert beside.returncode == 1
+    assert "a proxy is running with the journal" in beside.stderr
+    assert "Traceback" not in beside.stderr
+    assert dry.returncode == 0, dry.stderr
+    assert "tenant 'acme': 3 trajectories in 2 groups" in dry.stdout
+    assert "agent@1-r1, agent@2-r1" in dry.stdout
+    assert "pass --yes to delete them" in dry.stderr
+    assert done.returncode == 0, done.stderr
+    assert "user 'alice': 2 trajectories" in done.stdout
+    assert "deleted 2 trajectories, 4 calls, 1 feedback, 1 judgments" in done.stderr
+    assert "1 set-aside journal records dropped" in done.stderr
+    assert ALICE not in text and BOB in text
+    assert len(left_aside) == 1 and BOB.encode() in left_aside[0]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ((), "pass exactly one of --user, --tenant and --trajectory"),
+        (("--user", "a", "--tenant", "b"), "pass exactly one of --user, --tenant and --trajectory"),
+    ],
+)
+def test_forget_without_exactly_one_subject_is_a_one_line_error(
+    args: tuple[str, ...], message: str, sqlite_url: str
+) -> None:
+    result = forget_cli("--store", sqlite_url, *args)
+    assert result.returncode != 0
+    assert message in result.stderr and "Traceback" not in result.stderr
