@@ -26,6 +26,7 @@ from art_proxy.config import (
     DropSettings,
     ExportSettings,
     ForgetSettings,
+    HousekeepingSettings,
     JudgeSettings,
     LineageSettings,
     ProxySettings,
@@ -371,6 +372,7 @@ def lineage(settings: LineageSettings) -> None:
     "steps and adapters that learned from them.",
 )
 def forget(settings: ForgetSettings) -> None:
+    from art_proxy.erasure import deleted_text
     from art_proxy.erasure import forget as erase
     from art_proxy.journal.directory import journal_directory, live_slots
     from art_proxy.journal.left_behind import open_for_reading
@@ -399,10 +401,9 @@ def forget(settings: ForgetSettings) -> None:
         _fail(str(exc))
     if isinstance(done, Erasure):
         _print_lineage(subject.describe(), done.lineage)
-        counts = ", ".join(f"{count} {table}" for table, count in done.deleted.items() if count)
         stderr.print(
-            f"deleted {counts or 'nothing'}; {done.journal_frames_dropped} set-aside journal "
-            "records dropped"
+            f"deleted {deleted_text(done.deleted)}; {done.journal_frames_dropped} set-aside "
+            "journal records dropped"
         )
         return
     _print_lineage(subject.describe(), done)
@@ -410,6 +411,34 @@ def forget(settings: ForgetSettings) -> None:
         f"{len(done.trajectories)} trajectories would be deleted for good, with their calls, "
         "feedback, their groups' judgments and openings: pass --yes to delete them"
     )
+
+
+@settings_command(
+    app,
+    "housekeeping",
+    HousekeepingSettings,
+    "Delete what is older than --retain-days, as a proxy given it does every 10 minutes.",
+)
+def housekeeping(settings: HousekeepingSettings) -> None:
+    from art_proxy.erasure import deleted_text
+    from art_proxy.journal.directory import journal_directory
+    from art_proxy.journal.left_behind import open_for_reading
+    from art_proxy.retention import expire
+
+    async def run() -> dict[str, int]:
+        store = await open_for_reading(settings.store)
+        try:
+            directory = journal_directory(settings.journal, settings.store)
+            return await expire(store, settings.retain_days, directory)
+        finally:
+            await store.aclose()
+
+    try:
+        with stderr.status(f"deleting what is older than {settings.retain_days:g} days..."):
+            deleted = asyncio.run(run())
+    except (ConfigError, StoreError, OSError) as exc:
+        _fail(str(exc))
+    stderr.print(f"deleted {deleted_text(deleted)}")
 
 
 def _print_lineage(subject: str, lineage: Lineage) -> None:

@@ -11,12 +11,19 @@ the store's judgments, deleted with them.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping
 from pathlib import Path
 
 from art_proxy.journal import rejected
 from art_proxy.journal.segments import Journal
 from art_proxy.records import Erasure, SubjectSelector
 from art_proxy.store.trajectory_store import TrajectoryStore
+
+
+def deleted_text(deleted: Mapping[str, int]) -> str:
+    """ "3 trajectories, 7 calls": what was deleted, for a person (`nothing` when nothing was)."""
+    said = [f"{count} {table.replace('_', ' ')}" for table, count in deleted.items() if count]
+    return ", ".join(said) or "nothing"
 
 
 async def forget(

@@ -10,7 +10,12 @@ declared by each.
 from art_proxy.config.alias import AliasListSettings, AliasResetSettings, AliasSetSettings
 from art_proxy.config.erasure import ForgetSettings, LineageSettings
 from art_proxy.config.export import ExportSettings, ScenarioBankSettings
-from art_proxy.config.journal import DropSettings, RejectedSettings, ReplaySettings
+from art_proxy.config.journal import (
+    DropSettings,
+    HousekeepingSettings,
+    RejectedSettings,
+    ReplaySettings,
+)
 from art_proxy.config.judge import JudgeChoice, JudgeSettings, ProgrammaticFor
 from art_proxy.config.proxy import (
     JOURNAL_AUTO,
@@ -40,6 +45,7 @@ __all__ = [
     "Engine",
     "ExportSettings",
     "ForgetSettings",
+    "HousekeepingSettings",
     "JudgeChoice",
     "JudgeSettings",
     "LineageSettings",

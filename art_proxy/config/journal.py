@@ -16,6 +16,16 @@ class RejectedSettings(StoreSettings):
     )
 
 
+class HousekeepingSettings(RejectedSettings):
+    """`art-proxy housekeeping`: what a proxy's --retain-days does, once."""
+
+    retain_days: float = Field(
+        gt=0,
+        description="Delete trajectories (calls, feedback, judgments, openings) started more than "
+        "this many days ago, and records set aside as long ago.",
+    )
+
+
 class ReplaySettings(RejectedSettings):
     pass
 

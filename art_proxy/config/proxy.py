@@ -91,6 +91,12 @@ class ProxySettings(JournalSettings, UpstreamSettings, StoreSettings):
         "consented (only those sent with X-Art-Record: on) or none. An unrecorded call is "
         "forwarded and answered as any other, and nothing of it is kept or logged.",
     )
+    retain_days: float = Field(
+        0.0,
+        ge=0,
+        description="Delete trajectories (calls, feedback, judgments, openings) started more than "
+        "this many days ago, every 10 minutes in small batches (0 = keep them).",
+    )
     default_split: Split = Field(
         "train",
         description="Split of the calls that name none by X-Art-Split (prod: an unmodified "

@@ -161,6 +161,14 @@ def drop_subject(directory: Path, subject: SubjectSelector, trajectory_ids: Coll
     return _keep(directory, kept)
 
 
+def drop_older(directory: Path, before: float) -> int:
+    """Delete the set-aside records journaled before `before` (epoch seconds: retention); how
+    many went. An unreadable one has no date and stays."""
+    if not (directory / REJECTED_FILE).exists():
+        return 0
+    return _keep(directory, lambda r: r.entry is None or r.entry.appended_at >= before)
+
+
 def _belongs(row: TrajectoryRow, subject: SubjectSelector) -> bool:
     if subject.user is not None:
         return row.get("user_id") == subject.user

@@ -21,6 +21,7 @@ from aiohttp.typedefs import Middleware
 
 from art_proxy import dashboard
 from art_proxy.config import Durability, ProxySettings
+from art_proxy.erasure import deleted_text
 from art_proxy.errors import (
     ArtProxyError,
     ConfigError,
@@ -32,6 +33,7 @@ from art_proxy.errors import (
 from art_proxy.journal.directory import journal_directory
 from art_proxy.journal.ingester import Ingester
 from art_proxy.journal.segments import Journal
+from art_proxy.retention import PERIOD_S, expire
 from art_proxy.store.trajectory_store import TrajectoryStore, utcnow
 
 from .admin import Admin
@@ -194,6 +196,10 @@ def _lifecycle(settings: ProxySettings) -> Callable[[web.Application], AsyncIter
                 ),
                 asyncio.create_task(watch_aliases(upstreams, aliases)),
             ]
+            if settings.retain_days > 0:
+                background.append(
+                    asyncio.create_task(_retention(settings.retain_days, store, tracker, journal))
+                )
             try:
                 yield
             finally:
@@ -342,6 +348,25 @@ async def _housekeeping(
             if time.monotonic() - reported >= _REPORT_EVERY_S:
                 reported = time.monotonic()
                 log.error("housekeeping failed (will retry): %s: %s", type(exc).__name__, exc)
+
+
+async def _retention(
+    retain_days: float, store: TrajectoryStore, tracker: TrajectoryTracker, journal: Journal | None
+) -> None:
+    """`--retain-days`: delete what aged past it now, then every `retention.PERIOD_S`."""
+    while True:
+        try:
+            deleted = await expire(
+                store,
+                retain_days,
+                journal.directory if journal is not None else None,
+                on_deleted=tracker.forget,
+            )
+            if any(deleted.values()):
+                log.info("retention deleted %s", deleted_text(deleted))
+        except Exception as exc:  # a StoreError, mostly: the next round tries again
+            log.error("retention failed (will retry): %s: %s", type(exc).__name__, exc)
+        await asyncio.sleep(PERIOD_S)
 
 
 @web.middleware

@@ -20,6 +20,8 @@ so those are the adapters to retrain.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 import sqlalchemy as sa
@@ -42,6 +44,14 @@ def _selects(subject: SubjectSelector) -> sa.ColumnElement[bool]:
     if subject.tenant is not None:
         return T.c.tenant_id == subject.tenant
     return T.c.id == subject.trajectory
+
+
+@dataclass(frozen=True)
+class Expired:
+    """One retention batch: the trajectories deleted, and the rows deleted by table."""
+
+    trajectory_ids: list[str]
+    deleted: dict[str, int]
 
 
 class ErasureRecords(StoreBase):
@@ -67,7 +77,7 @@ class ErasureRecords(StoreBase):
         for start in range(0, len(ids), BATCH):
             batch = ids[start : start + BATCH]
             async with self._transaction() as connection:
-                counts, touched = await _delete_trajectories(connection, batch)
+                counts, touched, _ = await _delete_trajectories(connection, batch)
             scenarios |= touched
             for table, count in counts.items():
                 deleted[table] += count
@@ -75,6 +85,25 @@ class ErasureRecords(StoreBase):
             deleted["groups"] = await _delete_orphan_groups(connection, lineage.groups)
             deleted["scenarios"] = await _clear_openings(connection, sorted(scenarios))
         return Erasure(subject=subject.describe(), lineage=lineage, deleted=deleted)
+
+    async def expire(self, before: datetime, limit: int = BATCH) -> Expired:
+        """Retention, one batch: up to `limit` trajectories started before `before` deleted, as
+        `forget` deletes (their groups' judgments, their scenarios' openings included); nothing
+        deleted when none is left. A transaction of its own: the caller paces the batches."""
+        rows = await self._all(
+            sa.select(T.c.id)
+            .where(T.c.created_at < before)
+            .order_by(T.c.created_at, T.c.id)
+            .limit(limit)
+        )
+        ids = [row["id"] for row in rows]
+        if not ids:
+            return Expired([], {})
+        async with self._transaction() as connection:
+            deleted, scenarios, groups = await _delete_trajectories(connection, ids)
+            deleted["groups"] = await _delete_orphan_groups(connection, groups)
+            deleted["scenarios"] = await _clear_openings(connection, sorted(scenarios))
+        return Expired(ids, deleted)
 
     async def _steps_reading(self, groups: Sequence[str]) -> list[LearnedAt]:
         consumed: list[dict[str, Any]] = []
@@ -119,8 +148,8 @@ class ErasureRecords(StoreBase):
 
 async def _delete_trajectories(
     connection: AsyncConnection, trajectory_ids: list[str]
-) -> tuple[dict[str, int], set[str]]:
-    """Delete the trajectories and what hangs on them; the counts, and their scenarios."""
+) -> tuple[dict[str, int], set[str], list[str]]:
+    """Delete the trajectories and what hangs on them; the counts, their scenarios and groups."""
     rows = (
         await connection.execute(
             sa.select(T.c.group_id, T.c.scenario_id).where(T.c.id.in_(trajectory_ids))
@@ -131,15 +160,17 @@ async def _delete_trajectories(
         row.id
         for row in (await connection.execute(sa.select(J.c.id).where(J.c.group_id.in_(groups))))
     ]
+    feedback = await _delete(connection, F, F.c.trajectory_id.in_(trajectory_ids))
+    calls = await _delete(connection, C, C.c.trajectory_id.in_(trajectory_ids))
+    judged = sa.or_(J.c.id.in_(judgments), J.c.cached_from.in_(judgments))
+    judgments_deleted = await _delete(connection, J, judged)
     counts = {
-        "feedback": await _delete(connection, F, F.c.trajectory_id.in_(trajectory_ids)),
-        "calls": await _delete(connection, C, C.c.trajectory_id.in_(trajectory_ids)),
-        "judgments": await _delete(
-            connection, J, sa.or_(J.c.id.in_(judgments), J.c.cached_from.in_(judgments))
-        ),
         "trajectories": await _delete(connection, T, T.c.id.in_(trajectory_ids)),
+        "calls": calls,
+        "feedback": feedback,
+        "judgments": judgments_deleted,
     }
-    return counts, {row.scenario_id for row in rows}
+    return counts, {row.scenario_id for row in rows}, groups
 
 
 async def _delete_orphan_groups(connection: AsyncConnection, groups: list[str]) -> int:

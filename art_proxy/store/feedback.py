@@ -80,9 +80,16 @@ class FeedbackRecords(StoreBase):
         return by_trajectory
 
     async def bank_scenarios(self, split: str, limit: int = 0) -> list[ScenarioRecord]:
-        """Scenarios with at least one trajectory of `split`, newest first (`limit` 0 = all)."""
+        """Scenarios with at least one trajectory of `split`, newest first (`limit` 0 = all); one
+        whose opening was erased (store/erasure.py) is left out: there is nothing to replay."""
         seen = sa.exists(sa.select(T.c.id).where(T.c.scenario_id == S.c.id, is_split(split)))
-        query = sa.select(S).where(seen).order_by(S.c.created_at.desc(), S.c.id)
+        length = (
+            "jsonb_array_length"
+            if self.engine.dialect.name == "postgresql"
+            else "json_array_length"
+        )
+        opened = getattr(sa.func, length)(S.c.opening) > 0
+        query = sa.select(S).where(seen, opened).order_by(S.c.created_at.desc(), S.c.id)
         if limit > 0:
             query = query.limit(limit)
         return [
