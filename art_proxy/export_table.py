@@ -1,6 +1,7 @@
 """`art-proxy export --format parquet|hf`: the recorded calls as a table other trainers read.
 
-One row per sampled choice of every call: its trajectory, group, scenario, split and reward, the
+One row per sampled choice of every call: its trajectory, group, scenario, split, reward (the
+agent's or a user's) and judged reward (RULER's, in the group's newest scored judgment), the
 exact prompt and completion token ids with the logprob each completion token was sampled at
 (what TRL, verl, OpenRLHF or ART need to train on it, or to correct for the sampler), whether it
 is trainable and why not, and the call's messages, reply and sampling as JSON text. Every
@@ -36,6 +37,7 @@ def _schema() -> Any:
             ("split", pa.string()),
             ("status", pa.string()),
             ("reward", pa.float64()),
+            ("judged_reward", pa.float64()),
             ("call_id", pa.string()),
             ("seq", pa.int32()),
             ("choice", pa.int32()),
@@ -70,6 +72,7 @@ def call_rows(exported: ExportedTrajectory) -> Iterator[dict[str, Any]]:
                 "split": trajectory.split,
                 "status": trajectory.status,
                 "reward": trajectory.reward,
+                "judged_reward": exported.judged_reward,
                 "call_id": call.id,
                 "seq": call.seq,
                 "choice": choice,

@@ -16,6 +16,7 @@ import pytest
 from art_proxy.proxy.server import RunningProxy
 from art_proxy.records import ExportedTrajectory
 from tests.conftest import trajectories
+from tests.test_training_store import judgment
 
 MODEL = "Qwen/Qwen2.5-0.5B-Instruct"
 
@@ -75,6 +76,8 @@ async def test_export_as_parquet_loads_in_datasets_with_the_stores_ids(
     await two_turns(proxy, "second task", "val")
     store = proxy.parts.settings.store
     await proxy.parts.settled()  # export reads the store from another process
+    [judged] = await proxy.parts.store.trajectories(split="train")
+    await proxy.parts.store.add_judgment(judgment(judged.group_id, {judged.id: 0.75}))
     out = tmp_path / "calls.parquet"
     result = await asyncio.to_thread(
         export, "--store", store, "--format", "parquet", "--out", str(out)
@@ -94,6 +97,7 @@ async def test_export_as_parquet_loads_in_datasets_with_the_stores_ids(
         assert row["completion_token_ids"] == call.completion_token_ids[0]
         assert row["logprobs"] == pytest.approx(call.logprobs[0], abs=1e-6)  # float32
         assert row["trainable"] is True
+        assert row["judged_reward"] == (0.75 if trajectory.id == judged.id else None)
         assert json.loads(row["messages"])[0]["content"] in ("first task", "second task")
     assert {row["split"] for row in rows} == {"train", "val"}
 

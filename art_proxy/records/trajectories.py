@@ -161,3 +161,8 @@ class ExportedTrajectory(Record):
         description="The last chat call's messages plus its first choice's reply."
     )
     trainable: bool
+    judged_reward: float | None = Field(
+        default=None,
+        description="Its reward in the newest scored judgment of its group (RULER's), if any; "
+        "`trajectory.reward` is the one the agent reported or a user's feedback set.",
+    )

@@ -378,12 +378,14 @@ class TrajectoryStore(TrainingRecords, FeedbackRecords, JudgmentRecords, Erasure
             if not page:
                 return
             calls = await self.calls([t.id for t in page])
+            judged = await self._judged_rewards([t.group_id for t in page])
             for trajectory in page:
                 own_calls = calls.get(trajectory.id, [])
                 yield ExportedTrajectory(
                     trajectory=trajectory.model_copy(update={"calls": own_calls}),
                     messages=final_messages(own_calls),
                     trainable=bool(own_calls) and all(call.trainable for call in own_calls),
+                    judged_reward=judged.get(trajectory.id),
                 )
             offset += page_size
 
