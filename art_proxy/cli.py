@@ -150,17 +150,24 @@ async def _export_table(settings: ExportSettings) -> int:
         await store.aclose()
 
 
-def _exported(
+async def _exported(
     store: TrajectoryStore, settings: ExportSettings
 ) -> AsyncIterator[ExportedTrajectory]:
-    """The trajectories `settings` selects, whole, oldest first."""
-    return store.export(
+    """The trajectories `settings` selects, whole, oldest first; with `--redact-pii`, personal
+    data replaced consistently across the whole export."""
+    from art_proxy.pii import pii_redactor, redacted_export
+
+    placeholders = (
+        pii_redactor(settings.pii_spacy_model).placeholders() if settings.redact_pii else None
+    )
+    async for exported in store.export(
         scenario=settings.scenario,
         status=settings.status,
         split=settings.split,
         user=settings.user,
         tenant=settings.tenant,
-    )
+    ):
+        yield exported if placeholders is None else redacted_export(exported, placeholders)
 
 
 async def _export(settings: ExportSettings, out: IO[str]) -> int:

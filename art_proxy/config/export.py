@@ -6,11 +6,11 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from art_proxy.config.shared import StoreSettings
+from art_proxy.config.shared import PiiSettings, StoreSettings
 from art_proxy.records import Split
 
 
-class ExportSettings(StoreSettings):
+class ExportSettings(StoreSettings, PiiSettings):
     out: str = Field("-", description="File to write to (- = standard output, JSONL only).")
     format: Literal["jsonl", "parquet", "hf"] = Field(
         "jsonl",

@@ -9,7 +9,7 @@ from typing import Any
 
 from pydantic import Field, ValidationInfo, field_validator
 
-from art_proxy.config.shared import ReportSettings, Settings, StoreSettings
+from art_proxy.config.shared import PiiSettings, ReportSettings, Settings, StoreSettings
 from art_proxy.records import JudgeMode
 
 
@@ -70,7 +70,7 @@ class ProgrammaticFor(StrEnum):
 _SAMPLING_TEMPERATURE = 1.0
 
 
-class JudgeSettings(JudgeChoice, StoreSettings, ReportSettings):
+class JudgeSettings(JudgeChoice, StoreSettings, ReportSettings, PiiSettings):
     judge_api_key: str | None = Field(
         None, description="Key for the judge (unset = the provider's usual environment variable)."
     )

@@ -7,7 +7,7 @@ from enum import StrEnum
 
 from pydantic import Field, model_validator
 
-from art_proxy.config.shared import Settings, StoreSettings, UpstreamSettings
+from art_proxy.config.shared import PiiSettings, Settings, StoreSettings, UpstreamSettings
 from art_proxy.records import Split
 
 
@@ -63,7 +63,7 @@ class JournalSettings(Settings):
     )
 
 
-class ProxySettings(JournalSettings, UpstreamSettings, StoreSettings):
+class ProxySettings(JournalSettings, UpstreamSettings, StoreSettings, PiiSettings):
     host: str = Field("127.0.0.1", description="Address to bind.")
     port: int = Field(8100, description="Port to bind (0 = any free port).")
     api_key: str | None = Field(None, description="Key clients must send as Bearer (unset = open).")

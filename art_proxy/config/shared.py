@@ -80,6 +80,22 @@ class UpstreamSettings(Settings):
 TRACKERS = ("tensorboard", "wandb", "mlflow")
 
 
+class PiiSettings(Settings):
+    """Personal data kept out of what a command shows or sends on (art_proxy/pii.py)."""
+
+    redact_pii: bool = Field(
+        False,
+        description="Replace personal data (e-mail addresses, phone, card, IBAN and account "
+        "numbers, IP addresses; names with --pii-spacy-model) with placeholders in what is "
+        "shown or sent on; the training token ids are never altered. Needs art-proxy[pii].",
+    )
+    pii_spacy_model: str | None = Field(
+        None,
+        description="An installed spaCy model (en_core_web_lg) to find names, places and "
+        "groups too; without one, only the pattern recognisers run.",
+    )
+
+
 class ReportSettings(Settings):
     """Where a command's figures go besides its own output."""
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from importlib import resources
 from typing import Any
@@ -19,6 +19,13 @@ from urllib.parse import quote, urlencode
 import jinja2
 from aiohttp import web
 
+from art_proxy.pii import (
+    PiiRedactor,
+    Placeholders,
+    redacted_call,
+    redacted_judgment,
+    redacted_trajectory,
+)
 from art_proxy.records import (
     AGENT_METRIC_PREFIX,
     SPLITS,
@@ -30,13 +37,14 @@ from art_proxy.records import (
     TrajectoryRecord,
     TrajectoryScore,
 )
-from art_proxy.store.dashboard import GROUP_STATUSES, DashboardQueries, GroupFilter
+from art_proxy.store.dashboard import GROUP_STATUSES, DashboardQueries, GroupFilter, GroupSummary
 from art_proxy.store.trajectory_store import TrajectoryStore
 
 from .plots import Chart, Series, line_chart
 from .render import MessageView, call_view, conversation, message_view, shared_prefix
 
 StoreOf = Callable[[web.Request], TrajectoryStore]
+RedactorOf = Callable[[web.Request], PiiRedactor | None]
 
 PAGE_SIZE = 50
 STATIC_FILES = {"dashboard.css": "text/css", "dashboard.js": "text/javascript"}
@@ -56,15 +64,24 @@ class Column:
 
 
 class Dashboard:
-    def __init__(self, store_of: StoreOf) -> None:
+    def __init__(self, store_of: StoreOf, redactor_of: RedactorOf) -> None:
         self._store_of = store_of
+        self._redactor_of = redactor_of
         self._templates = _environment()
+
+    def _placeholders(self, request: web.Request) -> Placeholders | None:
+        """One page's scope of placeholders, when personal data is to be redacted (pii.py)."""
+        redactor = self._redactor_of(request)
+        return redactor.placeholders() if redactor is not None else None
 
     async def overview(self, request: web.Request) -> web.Response:
         store = self._store_of(request)
         where = _group_filter(request.query)
         queries = DashboardQueries(store.engine)
         groups = await queries.group_page(where)
+        placeholders = self._placeholders(request)
+        if placeholders is not None:
+            groups = [_redacted_summary(group, placeholders) for group in groups]
         runs = await queries.runs()
         run = runs[0] if runs else None
         reward = _reward_chart(await store.training_steps(run, MAX_STEPS)) if run else None
@@ -93,6 +110,14 @@ class Dashboard:
         )
         members = _in_judged_order(members, judgment)
         calls = await store.calls([member.id for member in members])
+        placeholders = self._placeholders(request)
+        if placeholders is not None:
+            calls = {
+                trajectory: [redacted_call(call, placeholders) for call in own]
+                for trajectory, own in calls.items()
+            }
+            judgments = [redacted_judgment(other, placeholders) for other in judgments]
+            judgment = next((j for j in judgments if judgment and j.id == judgment.id), None)
         conversations = [conversation(calls.get(member.id, [])) for member in members]
         shared = shared_prefix(conversations)
         scores = {score.trajectory_id: score for score in judgment.scores} if judgment else {}
@@ -123,6 +148,9 @@ class Dashboard:
         found = await store.trajectory(trajectory_id)
         if found is None:
             return self._not_found(f"No trajectory {trajectory_id!r} in the store.")
+        placeholders = self._placeholders(request)
+        if placeholders is not None:
+            found = redacted_trajectory(found, placeholders)
         calls = found.calls or []
         return self._page(
             "trajectory.html",
@@ -169,9 +197,12 @@ class Dashboard:
         return self._page("not_found.html", status=404, message=message)
 
 
-def add_routes(router: web.UrlDispatcher, store_of: StoreOf) -> None:
-    """Register the dashboard under /dashboard; `store_of` finds the store of a request's app."""
-    dashboard = Dashboard(store_of)
+def add_routes(
+    router: web.UrlDispatcher, store_of: StoreOf, redactor_of: RedactorOf = lambda _: None
+) -> None:
+    """Register the dashboard under /dashboard; `store_of` finds the store of a request's app,
+    `redactor_of` its redactor of personal data, if it has one."""
+    dashboard = Dashboard(store_of, redactor_of)
     router.add_get("/dashboard", dashboard.overview)
     router.add_get("/dashboard/", dashboard.overview)
     router.add_get("/dashboard/groups/{group}", dashboard.group)
@@ -216,6 +247,14 @@ def _group_filter(query: Mapping[str, str]) -> GroupFilter:
         tenant=query.get("tenant") or None,
         limit=PAGE_SIZE,
         offset=offset,
+    )
+
+
+def _redacted_summary(group: GroupSummary, placeholders: Placeholders) -> GroupSummary:
+    return replace(
+        group,
+        opening=placeholders.value(group.opening),
+        judge_reason=placeholders.value(group.judge_reason),
     )
 
 

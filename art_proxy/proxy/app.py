@@ -33,6 +33,7 @@ from art_proxy.errors import (
 from art_proxy.journal.directory import journal_directory
 from art_proxy.journal.ingester import Ingester
 from art_proxy.journal.segments import Journal
+from art_proxy.pii import pii_redactor
 from art_proxy.retention import PERIOD_S, expire
 from art_proxy.store.trajectory_store import TrajectoryStore, utcnow
 
@@ -82,6 +83,12 @@ def create_app(settings: ProxySettings) -> web.Application:
 
 def _lifecycle(settings: ProxySettings) -> Callable[[web.Application], AsyncIterator[None]]:
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
+        # Loaded first (seconds: spaCy): a missing install fails before anything is opened.
+        redactor = (
+            await asyncio.to_thread(pii_redactor, settings.pii_spacy_model)
+            if settings.redact_pii
+            else None
+        )
         directory = journal_directory(settings.journal, settings.store)
         # With a journal, calls need no store to be answered and recorded: one that cannot be
         # reached now is caught up with (schema first) once it answers.
@@ -187,7 +194,16 @@ def _lifecycle(settings: ProxySettings) -> Callable[[web.Application], AsyncIter
             )
             admin = Admin(store, tracker, aliases, journal)
             parts = ProxyParts(
-                settings, store, tracker, counters, relay, admin, aliases, journal, ingester
+                settings,
+                store,
+                tracker,
+                counters,
+                relay,
+                admin,
+                aliases,
+                journal,
+                ingester,
+                redactor,
             )
             app[PARTS] = parts
             background = [
@@ -308,7 +324,11 @@ def _add_routes(router: web.UrlDispatcher) -> None:
     router.add_get("/art/v1/alias_moves", via("admin", "alias_moves"))
     router.add_get("/art/v1/judgments", via("admin", "judgments"))
     router.add_get("/art/v1/training_steps", via("admin", "training_steps"))
-    dashboard.add_routes(router, lambda request: request.app[PARTS].store)
+    dashboard.add_routes(
+        router,
+        lambda request: request.app[PARTS].store,
+        lambda request: request.app[PARTS].redactor,
+    )
 
 
 # Seconds between merges of the store's open groups and aliases into memory (see

@@ -10,6 +10,7 @@ from aiohttp import web
 from art_proxy.config import ProxySettings
 from art_proxy.journal.ingester import Ingester
 from art_proxy.journal.segments import Journal
+from art_proxy.pii import PiiRedactor
 from art_proxy.store.trajectory_store import TrajectoryStore
 
 from .admin import Admin
@@ -30,6 +31,7 @@ class ProxyParts:
     aliases: Aliases
     journal: Journal | None = None
     ingester: Ingester | None = None
+    redactor: PiiRedactor | None = None  # personal data kept off the dashboard (--redact-pii)
 
     async def settled(self, timeout_s: float | None = None) -> None:
         """Return once every call recorded so far is in the store (at once with no journal);

@@ -28,6 +28,7 @@ from rich.table import Table
 from art_proxy.config import JudgeSettings
 from art_proxy.ids import short_id
 from art_proxy.journal.left_behind import open_for_reading
+from art_proxy.pii import pii_redactor
 from art_proxy.records import Judgment
 from art_proxy.ruler.ensemble import ensemble_name
 from art_proxy.ruler.judge import LitellmJudge, litellm_token_counter
@@ -73,7 +74,11 @@ def build_ruler(
     ]
     # One prompt for the whole ensemble: its budget is counted with the first judge's tokenizer.
     ruler = Ruler(
-        clients, store, ruler_settings, count_tokens=litellm_token_counter(settings.judge[0])
+        clients,
+        store,
+        ruler_settings,
+        count_tokens=litellm_token_counter(settings.judge[0]),
+        redactor=pii_redactor(settings.pii_spacy_model) if settings.redact_pii else None,
     )
     return ruler, clients
 

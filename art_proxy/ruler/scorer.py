@@ -16,10 +16,11 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from pydantic import BaseModel
 
+from art_proxy.pii import PiiRedactor, Placeholders
 from art_proxy.records import (
     EnsembleMember,
     JudgeMode,
@@ -111,6 +112,21 @@ class _Verdict:
     tally: _Tally
 
 
+def _redacted(members: Sequence[Member], placeholders: Placeholders) -> list[Member]:
+    """The members' conversations and users' comments as the judge may see them (pii.py)."""
+    return [
+        replace(
+            member,
+            messages=placeholders.value(list(member.messages)),
+            feedback=[
+                feedback.model_copy(update={"comment": placeholders.value(feedback.comment)})
+                for feedback in member.feedback
+            ],
+        )
+        for member in members
+    ]
+
+
 class Ruler:
     """Scores groups with one judge or an ensemble and one rubric; stores each judgment."""
 
@@ -121,7 +137,9 @@ class Ruler:
         settings: RulerSettings,
         *,
         count_tokens: TokenCounter = approx_tokens,
+        redactor: PiiRedactor | None = None,
     ) -> None:
+        self._redactor = redactor  # personal data replaced before the judge sees a group
         self.judges = list(judges) if isinstance(judges, Sequence) else [judges]
         if not self.judges:
             raise ValueError("a Ruler needs at least one judge")
@@ -142,6 +160,8 @@ class Ruler:
     async def _judge(self, group_id: str, members: Sequence[Member]) -> tuple[Judgment, bool]:
         """The judgment, and whether it is new (a cache hit on the same group is not)."""
         ids = [member.trajectory_id for member in members]
+        if self._redactor is not None:  # one scope a group: the same value, the same placeholder
+            members = await asyncio.to_thread(_redacted, members, self._redactor.placeholders())
         if len(members) < 2:
             count = f"{len(members)} finished trajectory" + ("" if len(members) == 1 else "s")
             reason = f"the group has {count}; RULER compares two or more"

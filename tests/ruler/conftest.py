@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from art_proxy.pii import PiiRedactor
 from art_proxy.ruler.judge import LitellmJudge
 from art_proxy.ruler.rubric import DEFAULT_RUBRIC
 from art_proxy.ruler.scorer import Ruler, RulerSettings
@@ -25,11 +26,17 @@ async def store(sqlite_url: str) -> AsyncIterator[TrajectoryStore]:
 
 @pytest.fixture
 async def make_ruler(store: TrajectoryStore) -> AsyncIterator[MakeRuler]:
-    """`make_ruler(judge, **settings)`: a Ruler over `store` asking the scripted `judge`; given
+    """`make_ruler(judge, redactor=None, **settings)`: a Ruler over `store` asking the scripted
+    `judge` (its groups redacted by `redactor`); given
     several judges, an ensemble of them named `JUDGE_MODEL-1`, `JUDGE_MODEL-2`..."""
     clients: list[LitellmJudge] = []
 
-    def make(judge: ScriptedJudge | str | Sequence[ScriptedJudge | str], **settings: Any) -> Ruler:
+    def make(
+        judge: ScriptedJudge | str | Sequence[ScriptedJudge | str],
+        *,
+        redactor: PiiRedactor | None = None,
+        **settings: Any,
+    ) -> Ruler:
         judges = [judge] if isinstance(judge, ScriptedJudge | str) else list(judge)
         ensemble = []
         for index, one in enumerate(judges, 1):
@@ -38,7 +45,7 @@ async def make_ruler(store: TrajectoryStore) -> AsyncIterator[MakeRuler]:
             ensemble.append(LitellmJudge(model, base_url=base_url, timeout=10))
         clients.extend(ensemble)
         settings = {"rubric": DEFAULT_RUBRIC, "backoff": 0.01, **settings}
-        return Ruler(ensemble, store, RulerSettings(**settings))
+        return Ruler(ensemble, store, RulerSettings(**settings), redactor=redactor)
 
     yield make
     for client in clients:

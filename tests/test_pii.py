@@ -1,0 +1,95 @@
+"""Personal data kept from the judge, the dashboard and export (`--redact-pii`), with Presidio.
+
+The redactor runs on Presidio's pattern recognisers with no spaCy model and nothing fetched (the
+network beyond loopback is off in tests). The judge is a scripted one on loopback that keeps
+what it was sent; the dashboard and export are a real proxy's and the CLI's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import aiohttp
+import openai
+
+from art_proxy.pii import pii_redactor
+from art_proxy.proxy.server import running_proxy
+from art_proxy.testing.fake_vllm import FakeVllm
+from tests.conftest import proxy_settings, trajectories
+from tests.test_export import export
+
+EMAIL, OTHER = "jane.doe@example.com", "bob@corp.io"
+CARD, PHONE = "4111 1111 1111 1111", "+1 415-555-0132"
+MODEL = "Qwen/Qwen2.5-0.5B-Instruct"
+
+
+def test_the_same_value_gets_the_same_placeholder_and_structure_is_kept() -> None:
+    placeholders = pii_redactor().placeholders()
+    first = placeholders.text(f"write to {EMAIL} or call {PHONE}, card {CARD}")
+    message = {
+        "role": "assistant",
+        "content": f"again {EMAIL}, and {OTHER}",
+        "tool_calls": [
+            {
+                "id": "call_1",
+                "type": "function",
+                "function": {"name": "send", "arguments": json.dumps({"to": EMAIL})},
+            }
+        ],
+    }
+    second = placeholders.value(message)
+
+    assert EMAIL not in first and PHONE not in first and CARD not in first
+    assert (
+        "<EMAIL_ADDRESS_1>" in first and "<PHONE_NUMBER_1>" in first and "<CREDIT_CARD_1>" in first
+    )
+    assert second["content"] == "again <EMAIL_ADDRESS_1>, and <EMAIL_ADDRESS_2>"
+    assert json.loads(second["tool_calls"][0]["function"]["arguments"]) == {
+        "to": "<EMAIL_ADDRESS_1>"
+    }
+    assert (second["role"], second["tool_calls"][0]["id"]) == ("assistant", "call_1")
+    assert second["tool_calls"][0]["function"]["name"] == "send"
+    assert placeholders.text("The table holds invoices.") == "The table holds invoices."
+
+
+async def test_the_dashboard_and_export_show_placeholders_and_keep_the_token_ids(
+    sqlite_url: str, vllm: FakeVllm, http: aiohttp.ClientSession, tmp_path: Path
+) -> None:
+    settings = proxy_settings(sqlite_url, vllm.base_url, redact_pii=True)
+    async with running_proxy(settings) as proxy:
+        async with openai.AsyncOpenAI(base_url=proxy.base_url, api_key="unused") as client:
+            await client.chat.completions.create(
+                model=MODEL,
+                messages=[{"role": "user", "content": f"my card is {CARD}, mail {EMAIL}"}],
+            )
+        [recorded] = await trajectories(proxy)
+        pages = []
+        for path in (
+            "/dashboard",
+            f"/dashboard/trajectories/{recorded.id}",
+            f"/dashboard/groups/{recorded.group_id}",
+        ):
+            async with http.get(proxy.root_url + path) as response:
+                assert response.status == 200
+                pages.append(await response.text())
+    result = await asyncio.to_thread(export, "--store", sqlite_url, "--redact-pii")
+
+    for page in pages:
+        assert EMAIL not in page and CARD not in page
+    assert "&lt;CREDIT_CARD_1&gt;" in pages[1] and "&lt;EMAIL_ADDRESS_1&gt;" in pages[1]
+    assert result.returncode == 0, result.stderr
+    [line] = [json.loads(text) for text in result.stdout.splitlines()]
+    assert EMAIL not in result.stdout and CARD not in result.stdout
+    assert "<EMAIL_ADDRESS_1>" in line["messages"][0]["content"]
+    [call] = line["trajectory"]["calls"]
+    assert recorded.calls is not None
+    assert call["prompt_token_ids"] == recorded.calls[0].prompt_token_ids  # never altered
+
+
+def test_a_spacy_model_that_is_not_installed_is_a_one_line_error(sqlite_url: str) -> None:
+    result = export("--store", sqlite_url, "--redact-pii", "--pii-spacy-model", "en_no_such_model")
+    assert result.returncode == 1
+    assert "--pii-spacy-model en_no_such_model: not installed" in result.stderr
+    assert "Traceback" not in result.stderr
