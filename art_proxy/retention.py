@@ -16,6 +16,7 @@ from datetime import timedelta
 from pathlib import Path
 
 from art_proxy.journal import rejected
+from art_proxy.store.erasure import BATCH
 from art_proxy.store.trajectory_store import TrajectoryStore, utcnow
 
 PERIOD_S = 600.0  # how often a proxy deletes what aged past its retention
@@ -43,6 +44,8 @@ async def expire(
         for table, count in batch.deleted.items():
             totals[table] = totals.get(table, 0) + count
         await asyncio.sleep(pause_s)
+    if totals.get("trajectories", 0) >= BATCH:
+        await store.refresh_statistics()
     if journal_directory is not None:
         totals["set_aside_records"] = await asyncio.to_thread(
             rejected.drop_older, journal_directory, before.timestamp()

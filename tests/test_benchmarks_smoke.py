@@ -94,3 +94,18 @@ def test_trainer_memory_benchmark_prints_the_peak_ratio_last() -> None:
         timeout=600,
     )
     assert done.stdout.strip().splitlines()[-1].startswith("peak RSS of the default step: ")
+
+
+def test_store_reads_benchmark_prints_the_steady_figures_last(tmp_path: Path) -> None:
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "store_reads.py"
+    done = subprocess.run(
+        [sys.executable, str(script), "--sizes", "400,2000", "--store-dir", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    last = done.stdout.strip().splitlines()[-1]
+    assert last.startswith("at 2,000 trajectories, steady: judge round, nothing new ")
+    assert "(target < 50 ms: " in last

@@ -55,9 +55,9 @@ def test_the_same_value_gets_the_same_placeholder_and_structure_is_kept() -> Non
 
 
 async def test_the_dashboard_and_export_show_placeholders_and_keep_the_token_ids(
-    sqlite_url: str, vllm: FakeVllm, http: aiohttp.ClientSession, tmp_path: Path
+    store_url: str, vllm: FakeVllm, http: aiohttp.ClientSession, tmp_path: Path
 ) -> None:
-    settings = proxy_settings(sqlite_url, vllm.base_url, redact_pii=True)
+    settings = proxy_settings(store_url, vllm.base_url, redact_pii=True)
     async with running_proxy(settings) as proxy:
         async with openai.AsyncOpenAI(base_url=proxy.base_url, api_key="unused") as client:
             await client.chat.completions.create(
@@ -74,7 +74,7 @@ async def test_the_dashboard_and_export_show_placeholders_and_keep_the_token_ids
             async with http.get(proxy.root_url + path) as response:
                 assert response.status == 200
                 pages.append(await response.text())
-    result = await asyncio.to_thread(export, "--store", sqlite_url, "--redact-pii")
+    result = await asyncio.to_thread(export, "--store", store_url, "--redact-pii")
 
     for page in pages:
         assert EMAIL not in page and CARD not in page

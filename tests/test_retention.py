@@ -111,3 +111,9 @@ async def test_a_proxy_with_retain_days_deletes_what_aged_past_it(
 
     assert kept.calls is not None
     assert kept.calls[0].request["messages"][0]["content"] == "NEW task"
+
+
+async def test_statistics_are_refreshed_after_many_deletions_where_the_store_keeps_them(
+    store: TrajectoryStore,
+) -> None:
+    await store.refresh_statistics()  # ANALYZE on PostgreSQL; SQLite keeps none on purpose

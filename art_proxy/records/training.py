@@ -108,3 +108,6 @@ class TrainableGroup(Record):
     judge_cost_usd: float = Field(
         0.0, description="What every judgment of the group cost (0 for finish rewards)."
     )
+    judged_at: datetime | None = Field(
+        default=None, description="When its newest scored judgment was written (None: finish)."
+    )

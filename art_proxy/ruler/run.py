@@ -10,6 +10,8 @@ per run, so a judge that keeps failing costs one `judge_failed` record per group
 from __future__ import annotations
 
 import asyncio
+import math
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -17,11 +19,14 @@ from datetime import datetime
 from art_proxy.records import ROLLOUT_ERROR, GroupRecord, Judgment
 from art_proxy.ruler.prompt import Member
 from art_proxy.ruler.scorer import Ruler
+from art_proxy.store.base import GroupPosition
 from art_proxy.store.trajectory_store import TrajectoryStore, final_messages, utcnow
 
 # Groups with more members than this are judged with their first ones only.
 _MAX_MEMBERS = 1000
 _PAGE = 1000
+# How often a watching judge's pass starts from the first group again (see `ready_groups`).
+FULL_PASS_S = 600.0
 
 
 @dataclass(frozen=True)
@@ -143,12 +148,24 @@ class GroupJudge:
         self._seen: set[str] = set()
         # Why each unjudged group the last pass found is not ready yet, by group id.
         self.waiting: dict[str, str] = {}
+        # Every group up to here is judged, or was sent to the judge: a pass starts after it.
+        self._floor: GroupPosition | None = None
+        self._full_pass_at = -math.inf  # time.monotonic() of the last pass from the beginning
 
     async def ready_groups(self) -> list[GroupRecord]:
+        """The unjudged groups ready to be judged (`waiting` says why the others are not).
+
+        A pass reads what is new: it starts after the floor, the point up to which every group
+        was judged in an earlier pass (a watching judge's round over a store of a million
+        judged groups reads none of them). Every `FULL_PASS_S` a pass starts from the beginning
+        again: a proxy's journal may bring in, late, groups that started before the floor."""
         now = utcnow()
+        full = time.monotonic() - self._full_pass_at >= FULL_PASS_S
+        newest = await self.ruler.store.newest_group()
         ready: list[GroupRecord] = []
         self.waiting = {}
-        last: GroupRecord | None = None
+        unresolved: GroupRecord | None = None  # the oldest group this pass leaves unjudged
+        last: GroupPosition | GroupRecord | None = None if full else self._floor
         while True:  # page by page: groups still filling must not hide the ready ones behind them
             page = await self.ruler.store.unjudged_groups(
                 judge_model=self.ruler.judge_model,
@@ -167,9 +184,17 @@ class GroupJudge:
                     ready.append(group)
                 else:
                     self.waiting[group.id] = reason
+                    unresolved = unresolved or group
             if len(page) < _PAGE:
-                return ready
+                break
             last = page[-1]
+        if full:
+            self._full_pass_at = time.monotonic()
+        if unresolved is not None:  # the next pass starts at it (ids sort after "")
+            self._floor = GroupPosition(unresolved.created_at, "")
+        elif newest is not None:  # the ready ones are sent to the judge now
+            self._floor = newest
+        return ready
 
     async def judge(
         self, groups: Sequence[GroupRecord], on_judgment: Callable[[Judgment], None]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -17,6 +18,28 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from art_proxy.errors import StoreError
 from art_proxy.records import GroupRecord, JsonObject
 from art_proxy.store import schema
+
+
+@dataclass(frozen=True)
+class GroupPosition:
+    """A place in the groups' order, oldest first: a page of groups starts after it."""
+
+    created_at: datetime
+    id: str
+
+
+def after_position(
+    page: sa.Select[Any], position: GroupPosition | GroupRecord | None
+) -> sa.Select[Any]:
+    """`page` (of groups, oldest first) from just after `position`, as a range the groups'
+    `(created_at, id)` index seeks to."""
+    if position is None:
+        return page
+    groups = schema.groups
+    return page.where(
+        groups.c.created_at >= position.created_at,
+        sa.or_(groups.c.created_at > position.created_at, groups.c.id > position.id),
+    )
 
 
 def group_split() -> sa.ColumnElement[Any]:

@@ -84,6 +84,8 @@ class ErasureRecords(StoreBase):
         async with self._transaction() as connection:
             deleted["groups"] = await _delete_orphan_groups(connection, lineage.groups)
             deleted["scenarios"] = await _clear_openings(connection, sorted(scenarios))
+        if len(ids) >= BATCH:
+            await self.refresh_statistics()
         return Erasure(subject=subject.describe(), lineage=lineage, deleted=deleted)
 
     async def expire(self, before: datetime, limit: int = BATCH) -> Expired:
@@ -104,6 +106,17 @@ class ErasureRecords(StoreBase):
             deleted["groups"] = await _delete_orphan_groups(connection, groups)
             deleted["scenarios"] = await _clear_openings(connection, sorted(scenarios))
         return Expired(ids, deleted)
+
+    async def refresh_statistics(self) -> None:
+        """After deleting many rows: PostgreSQL's planner statistics brought up to date at once
+        (autovacuum would, in its own time). SQLite keeps none, on purpose: every periodic
+        read is shaped so its index is the plan without statistics (tests/test_store.py checks
+        each plan), and statistics taken while a table was small would mislead it later."""
+        if self.engine.dialect.name != "postgresql":
+            return
+        async with self._transaction() as connection:
+            for table in ("trajectories", "calls", "groups", "judgments", "scenarios"):
+                await connection.execute(sa.text(f"ANALYZE {table}"))
 
     async def _steps_reading(self, groups: Sequence[str]) -> list[LearnedAt]:
         consumed: list[dict[str, Any]] = []

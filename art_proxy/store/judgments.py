@@ -6,7 +6,15 @@ import sqlalchemy as sa
 
 from art_proxy.records import GroupRecord, JsonObject, JudgeMode, Judgment
 from art_proxy.store import schema
-from art_proxy.store.base import StoreBase, aware, counted_page, group_record, has_member
+from art_proxy.store.base import (
+    GroupPosition,
+    StoreBase,
+    after_position,
+    aware,
+    counted_page,
+    group_record,
+    has_member,
+)
 
 G, J = schema.groups, schema.judgments
 
@@ -21,7 +29,7 @@ class JudgmentRecords(StoreBase):
         reward_rule: str = "ruler",
         retry_failed: bool = False,
         limit: int = 1000,
-        after: GroupRecord | None = None,
+        after: GroupPosition | GroupRecord | None = None,
     ) -> list[GroupRecord]:
         """Groups without a judgment by this judge, mode, rubric and reward rule, oldest first,
         from the one `after` (the last of the previous page); with `retry_failed`, groups whose
@@ -45,13 +53,21 @@ class JudgmentRecords(StoreBase):
             .order_by(G.c.created_at, G.c.id)
             .limit(limit)
         )
-        if after is not None:
-            page = page.where(
-                G.c.created_at >= after.created_at,  # a range the index seeks to
-                sa.or_(G.c.created_at > after.created_at, G.c.id > after.id),
-            )
-        query = counted_page(page, newest_first=False)
+        query = counted_page(after_position(page, after), newest_first=False)
         return [group_record(row) for row in await self._all(query)]
+
+    async def newest_group(self) -> GroupPosition | None:
+        """Where the groups end now (read from the end of their index)."""
+        row = await self._first(
+            sa.select(G.c.created_at, G.c.id)
+            .order_by(G.c.created_at.desc(), G.c.id.desc())
+            .limit(1)
+        )
+        if row is None:
+            return None
+        created = aware(row["created_at"])
+        assert created is not None  # groups.created_at is NOT NULL
+        return GroupPosition(created, row["id"])
 
     async def add_judgment(self, judgment: Judgment) -> None:
         row = judgment.model_dump(exclude={"scores", "members"})

@@ -154,6 +154,7 @@ class TrainingRecords(StoreBase):
         full_size: int = 0,
         settled_before: datetime | None = None,
         scenarios: Sequence[str] = (),
+        judged_since: datetime | None = None,
     ) -> list[TrainableGroup]:
         """Groups `run` has not consumed, oldest first, with their members' rewards; only those
         of `scenarios` when some are given.
@@ -164,6 +165,10 @@ class TrainingRecords(StoreBase):
         (ruler/run.py), either `full_size` finished members or a newest member that started before
         `settled_before`: rollouts run one after another leave a group with no open member between
         them, and a group taken then would lose every later member (neither given: no wait).
+
+        `judged_since` (judgment only): only groups judged since then, found through the
+        judgments' time index: a poll that costs what was judged lately, not every group ever
+        consumed (the trainer's loop keeps the cursor, trainer/art_proxy_trainer/loop.py).
         """
         not_consumed = ~sa.exists(
             sa.select(CG.c.group_id).where(CG.c.run == run, CG.c.group_id == G.c.id)
@@ -171,6 +176,9 @@ class TrainingRecords(StoreBase):
         if scenarios:
             not_consumed = sa.and_(not_consumed, G.c.scenario_id.in_(list(scenarios)))
         if source == "judgment":
+            if judged_since is not None:
+                lately = sa.select(J.c.group_id).where(J.c.created_at >= judged_since)
+                not_consumed = sa.and_(not_consumed, G.c.id.in_(lately))
             return await self._judged_groups(not_consumed, limit)
         return await self._finished_groups(not_consumed, limit, full_size, settled_before)
 
@@ -186,12 +194,13 @@ class TrainingRecords(StoreBase):
             .limit(limit)
         )
         judgments = await self._all(
-            sa.select(J.c.group_id, J.c.status, J.c.scores, J.c.cost_usd)
+            sa.select(J.c.group_id, J.c.status, J.c.scores, J.c.cost_usd, J.c.created_at)
             .where(J.c.group_id.in_([group["id"] for group in groups]))
             .order_by(J.c.created_at, J.c.id)
         )
         rewards: dict[str, dict[str, float]] = {}
         costs: dict[str, float] = {}
+        judged_at: dict[str, datetime | None] = {}
         for judgment in judgments:  # oldest first: the newest scored one is written last
             group_id = judgment["group_id"]
             costs[group_id] = costs.get(group_id, 0.0) + float(judgment["cost_usd"])
@@ -199,8 +208,14 @@ class TrainingRecords(StoreBase):
                 rewards[group_id] = rewards_by_trajectory(
                     TrajectoryScore.model_validate(score) for score in judgment["scores"]
                 )
+                judged_at[group_id] = aware(judgment["created_at"])
         return [
-            _trainable(group, rewards.get(group["id"], {}), costs.get(group["id"], 0.0))
+            _trainable(
+                group,
+                rewards.get(group["id"], {}),
+                costs.get(group["id"], 0.0),
+                judged_at.get(group["id"]),
+            )
             for group in groups
         ]
 
@@ -272,8 +287,14 @@ def _training_step(row: JsonObject) -> TrainingStep:
     return TrainingStep.model_validate({**row, "created_at": aware(row["created_at"])})
 
 
-def _trainable(group: JsonObject, rewards: dict[str, float], cost: float) -> TrainableGroup:
+def _trainable(
+    group: JsonObject,
+    rewards: dict[str, float],
+    cost: float,
+    judged_at: datetime | None = None,
+) -> TrainableGroup:
     return TrainableGroup(
+        judged_at=judged_at,
         group_id=group["id"],
         scenario_id=group["scenario_id"],
         split=group["split"],

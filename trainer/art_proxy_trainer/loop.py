@@ -18,12 +18,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import random
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 
-from art_proxy.config import TrainSettings
+from art_proxy.config import RewardSource, TrainSettings
 from art_proxy.records import TrainableGroup, TrainingStep
 from art_proxy.rewards import has_signal, mean_or_nan, rewards_by_trajectory
 from art_proxy.rollout import Agent, GroupReport, ready_for_judging, run_rollouts
@@ -101,7 +103,10 @@ async def run_sidecar(
     any); returns why it stopped."""
     if warm_start is not None:
         await run_warm_start(trainer, warm_start, events)
+    poll = JudgedSince()
     while (reason := stop_reason(trainer, settings)) is None:
+        started = utcnow()
+        since = poll.since() if settings.reward_source is RewardSource.judgment else None
         groups = await trainer.store.trainable_groups(
             settings.run_name,
             source=settings.reward_source.value,
@@ -109,7 +114,9 @@ async def run_sidecar(
             full_size=settings.group_size,
             settled_before=utcnow() - timedelta(seconds=settings.group_wait),
             scenarios=settings.scenario,
+            judged_since=since,
         )
+        poll.read(started, groups, full=since is None)
         with_signal = [g for g in groups if g.split != "val" and has_signal(g.rewards.values())]
         if len(with_signal) < settings.groups_per_step:
             await trainer.watch_production()  # production traffic goes on while we wait
@@ -125,7 +132,55 @@ async def run_sidecar(
         riders = [g for g in groups if g not in with_signal and g.created_at <= newest]
         events.status(f"training step {trainer.state.step + 1}")
         events.step(await trainer.train(chosen + riders))
+        poll.consumed(chosen + riders)
     return reason
+
+
+class JudgedSince:
+    """Where the sidecar's next poll of judged groups starts, so that it reads what was judged
+    lately rather than every group the run ever consumed (a million, in production).
+
+    A poll reads the groups judged since the cursor; the cursor then moves to the oldest
+    judgment among the groups it read and left for later (too few to train on yet), or, with
+    none left, to the poll's start less `MARGIN_S` (a judgment is dated by the judge's clock
+    before its commit). Every `FULL_POLL_S` a poll reads all groups again, which also brings
+    back a group judged long ago and never taken (its judgment kept from an earlier run)."""
+
+    MARGIN_S = 60.0
+    FULL_POLL_S = 600.0
+
+    def __init__(self) -> None:
+        self._cursor: datetime | None = None
+        self._full_at = -math.inf
+        self._left: dict[str, datetime] = {}  # group id -> judged at, read but not consumed
+        self._started: datetime | None = None  # the last poll's start
+
+    def since(self) -> datetime | None:
+        """The poll's cursor; None: read every group."""
+        if time.monotonic() - self._full_at >= self.FULL_POLL_S:
+            return None
+        return self._cursor
+
+    def read(self, started: datetime, groups: Sequence[TrainableGroup], *, full: bool) -> None:
+        if full:
+            self._full_at = time.monotonic()
+            self._left = {}
+        for group in groups:
+            if group.judged_at is not None:
+                self._left[group.group_id] = group.judged_at
+        self._started = started
+        self._move()
+
+    def consumed(self, groups: Sequence[TrainableGroup]) -> None:
+        for group in groups:
+            self._left.pop(group.group_id, None)
+        self._move()
+
+    def _move(self) -> None:
+        """Never past the last poll's start: what was judged since, it has not read."""
+        assert self._started is not None, "moved before a poll"
+        floor = self._started - timedelta(seconds=self.MARGIN_S)
+        self._cursor = min([floor, *self._left.values()])
 
 
 class WholeLoop:
