@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import signal
 import sys
@@ -34,6 +35,7 @@ from art_proxy.config import (
     ReplaySettings,
     RolloutSettings,
     ScenarioBankSettings,
+    ScenarioWriterSettings,
     TrainSettings,
     UpSettings,
 )
@@ -42,17 +44,19 @@ from art_proxy.errors import ConfigError, StoreError
 from art_proxy.local.cli import LocalLlmSettings
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator
+    from collections.abc import AsyncIterator, Callable, Sequence
 
     from art_proxy.records import (
         AliasMove,
         AliasRecord,
         AliasRequest,
         ExportedTrajectory,
+        JsonObject,
         Lineage,
         ScenarioRecord,
     )
     from art_proxy.rollout import Agent, RolloutReport
+    from art_proxy.scenario_writer import Written
     from art_proxy.scenarios import Scenario
     from art_proxy.store.trajectory_store import TrajectoryStore
 
@@ -254,6 +258,122 @@ def judge(settings: JudgeSettings) -> None:
         asyncio.run(run_judge(settings, rubric, Console(), stderr))
     except (RubricError, ConfigError, StoreError, OSError) as exc:
         _fail(str(exc))
+
+
+scenarios_app = typer.Typer(
+    help="Scenarios for rollouts and training: written by an LLM from an agent's tools or real "
+    "openings.",
+    no_args_is_help=True,
+    rich_markup_mode=None,
+)
+app.add_typer(scenarios_app, name="scenarios")
+
+
+@settings_command(
+    scenarios_app,
+    "generate",
+    ScenarioWriterSettings,
+    "Write scenarios with an LLM from an agent's tools (--mcp, --tools) or from real openings "
+    "in the store (--from-store).",
+)
+def scenarios_generate(settings: ScenarioWriterSettings) -> None:
+    try:
+        written = asyncio.run(_written_scenarios(settings))
+        with nullcontext(sys.stdout) if settings.out == "-" else open(settings.out, "w") as out:
+            out.writelines(s.model_dump_json() + "\n" for s in written.scenarios)
+    except (ConfigError, StoreError, OSError) as exc:
+        _fail(str(exc))
+    scenarios = written.scenarios
+    val = sum(1 for scenario in scenarios if scenario.split == "val")
+    short = (
+        f"; asked for {settings.count}: the writer's {written.rounds} answers ({written.lines} "
+        "lines) held no more distinct tasks"
+        if len(scenarios) < settings.count
+        else ""
+    )
+    where = "standard output" if settings.out == "-" else settings.out
+    stderr.print(
+        f"wrote {len(scenarios)} scenarios ({len(scenarios) - val} train, {val} val){short} "
+        f"to {escape(where)}"
+    )
+
+
+async def _written_scenarios(settings: ScenarioWriterSettings) -> Written:
+    from art_proxy.ruler.errors import JudgeRejected, JudgeUnavailable
+    from art_proxy.ruler.judge import LitellmJudge
+    from art_proxy.scenario_writer import (
+        openings_prompt,
+        tools_from_file,
+        tools_from_mcp,
+        tools_prompt,
+        write_scenarios,
+    )
+
+    prompt: Callable[[int, Sequence[str]], list[JsonObject]]
+    if settings.tools is not None:
+        source, tools = "tools", tools_from_file(Path(settings.tools))
+        prompt = functools.partial(tools_prompt, tools)
+    elif settings.mcp is not None:
+        with stderr.status("listing the MCP server's tools..."):
+            source, tools = "mcp", await tools_from_mcp(settings.mcp)
+        prompt = functools.partial(tools_prompt, tools)
+    else:
+        source = "store"
+        prompt = functools.partial(openings_prompt, await _bank_openings(settings))
+    writer = LitellmJudge(
+        settings.writer,
+        base_url=settings.writer_base_url,
+        api_key=settings.writer_api_key,
+        temperature=settings.temperature,
+    )
+    try:
+        await writer.check()
+        with stderr.status(f"writing {settings.count} scenarios with {escape(settings.writer)}..."):
+            return await write_scenarios(
+                writer,
+                prompt,
+                count=settings.count,
+                val_fraction=settings.val_fraction,
+                seed=settings.seed,
+                source=source,
+            )
+    except (JudgeUnavailable, JudgeRejected) as exc:
+        raise ConfigError(f"writer {settings.writer}: {exc}") from exc
+    finally:
+        await writer.aclose()
+
+
+async def _bank_openings(settings: ScenarioWriterSettings) -> list[str]:
+    """The text of the last user message of the newest openings of `--split`."""
+    from art_proxy.journal.left_behind import open_for_reading
+
+    store = await open_for_reading(settings.store)
+    try:
+        records = await store.bank_scenarios(settings.split, settings.examples)
+    finally:
+        await store.aclose()
+    openings = [text for record in records if (text := _asked(record.opening))]
+    if not openings:
+        raise ConfigError(
+            f"the store has no opening of a {settings.split} conversation to show the writer: "
+            "record some traffic first, or pass --tools or --mcp"
+        )
+    return openings
+
+
+def _asked(opening: list[JsonObject]) -> str | None:
+    """What the last user message of an opening says, as text."""
+    for message in reversed(opening):
+        if message.get("role") != "user":
+            continue
+        content = message.get("content")
+        if isinstance(content, list):
+            content = " ".join(
+                str(part.get("text", "")) for part in content if isinstance(part, dict)
+            )
+        if isinstance(content, str) and content.strip():
+            return " ".join(content.split())
+    return None
 
 
 journal_app = typer.Typer(

@@ -28,6 +28,7 @@ from art_proxy.config.proxy import (
     is_loopback,
 )
 from art_proxy.config.rollout import RolloutSettings
+from art_proxy.config.scenario_writer import ScenarioWriterSettings
 from art_proxy.config.shared import ARGUMENT, DEFAULT_STORE, StoreSettings, UpstreamSettings
 from art_proxy.config.train import RewardSource, TrainerConfig, TrainSettings
 from art_proxy.config.up import Engine, UpSettings
@@ -59,6 +60,7 @@ __all__ = [
     "RewardSource",
     "RolloutSettings",
     "ScenarioBankSettings",
+    "ScenarioWriterSettings",
     "StoreSettings",
     "TrainSettings",
     "TrainerConfig",
