@@ -123,3 +123,25 @@ async def test_the_api_export_and_dashboard_filter_by_user_and_tenant(
     assert users == ["alice", "bob"]
     assert "task of carol" in page and "task of alice" not in page
     assert "user <code>carol</code>" in page
+
+
+async def test_two_users_whose_conversations_read_alike_stay_in_their_own_trajectories(
+    proxy: RunningProxy,
+) -> None:
+    """The fake answers a question the same way every time: bob's second call extends alice's
+    first call and reply word for word, and still is not stitched into her trajectory."""
+    first: list[Any] = task("same question")
+    async with openai.AsyncOpenAI(base_url=proxy.base_url, api_key="unused") as client:
+        reply = await client.chat.completions.create(
+            model=MODEL, messages=first, extra_headers={"X-Art-User": "alice"}
+        )
+        follow_up = [*first, reply.choices[0].message.model_dump(exclude_none=True), *task("more")]
+        await client.chat.completions.create(
+            model=MODEL, messages=follow_up, extra_headers={"X-Art-User": "bob"}
+        )
+        await client.chat.completions.create(
+            model=MODEL, messages=follow_up, extra_headers={"X-Art-User": "alice"}
+        )
+    recorded = sorted((t.user_id, t.call_count) for t in await trajectories(proxy))
+
+    assert recorded == [("alice", 2), ("bob", 1)]

@@ -29,7 +29,13 @@ from .attribution import (
     same_meaning,
     verbatim,
 )
-from .open_trajectories import OpenTrajectories, OpenTrajectory, fits, sequences_of
+from .open_trajectories import (
+    OpenTrajectories,
+    OpenTrajectory,
+    fits,
+    sequences_of,
+    subject_of_row,
+)
 
 log = logging.getLogger(__name__)
 
@@ -116,7 +122,7 @@ def claimable(
 ) -> OpenTrajectory | None:
     """The trajectory of a store row, caught up with the row, unless it cannot take this call
     (another scenario or group, or a call continuing it is in flight here)."""
-    if not fits(explicit, row["scenario_id"], row["group_id"]):
+    if not fits(explicit, row["scenario_id"], row["group_id"], subject_of_row(row)):
         return None
     state = memory.get(row["id"])
     if state is not None and not state.tip_keys:
@@ -202,7 +208,10 @@ def _by_rerender(
             if row["id"] in seen or (known is not None and not known.tip_keys):
                 continue  # scored from memory, or a call continuing it is in flight here
             score = _resemblance(reply_messages(row["response"] or {}), echoed)
-            if fits(explicit, row["scenario_id"], row["group_id"]) and score > best_score:
+            if (
+                fits(explicit, row["scenario_id"], row["group_id"], subject_of_row(row))
+                and score > best_score
+            ):
                 best_score, best = score, row
         if isinstance(best, OpenTrajectory):
             return best

@@ -16,6 +16,7 @@ from art_proxy.records import JsonObject, Split
 from art_proxy.store.rows import NewTrajectoryRows
 
 from .attribution import Explicit
+from .subjects import NO_SUBJECT, Subject
 
 # Open trajectories kept in memory (each holds its last call's token ids for the stitch check);
 # production traffic opens many that never continue, and the store still has every one.
@@ -42,10 +43,11 @@ class OpenTrajectory:
     # Rows creating the trajectory, until a commit carried them (a lost first record must not
     # orphan the calls after it; the inserts are idempotent).
     unsaved_rows: NewTrajectoryRows | None = None
+    subject: Subject = NO_SUBJECT  # whose conversation it is (subjects.py)
 
     def fits(self, explicit: Explicit) -> bool:
         """Whether this trajectory can take a call that said `explicit`."""
-        return fits(explicit, self.scenario_id, self.group_id)
+        return fits(explicit, self.scenario_id, self.group_id, self.subject)
 
     @classmethod
     def of_row(cls, row: JsonObject) -> OpenTrajectory:
@@ -58,6 +60,7 @@ class OpenTrajectory:
             upstream=row["upstream"],
             next_seq=int(row["call_count"]),
             previous_sequences=sequences_of(row),
+            subject=subject_of_row(row),
         )
 
 
@@ -145,9 +148,28 @@ class OpenTrajectories:
         return [self._by_id[trajectory_id] for trajectory_id in self._prompts.owners(key)]
 
 
-def fits(explicit: Explicit, scenario_id: str, group_id: str) -> bool:
-    """Whether a trajectory of this scenario and group can take a call that said `explicit`."""
-    return explicit.scenario_id in (None, scenario_id) and explicit.group_id in (None, group_id)
+def fits(
+    explicit: Explicit, scenario_id: str, group_id: str, subject: Subject = NO_SUBJECT
+) -> bool:
+    """Whether a trajectory of this scenario, group and subject can take a call that said
+    `explicit`. Two users' conversations that read alike (the same greeting, answered alike) stay
+    apart: a call naming a user or tenant never continues another's trajectory, or erasing one
+    user would leave their calls under the other's name."""
+    said = explicit.subject
+    same_subject = all(
+        spoken is None or kept is None or spoken == kept
+        for spoken, kept in ((said.user, subject.user), (said.tenant, subject.tenant))
+    )
+    return (
+        explicit.scenario_id in (None, scenario_id)
+        and explicit.group_id in (None, group_id)
+        and same_subject
+    )
+
+
+def subject_of_row(row: JsonObject) -> Subject:
+    """The subject of a stored trajectory row (none before migration 0015)."""
+    return Subject(row.get("user_id"), row.get("tenant_id"))
 
 
 def sequences_of(row: JsonObject) -> list[list[int]]:

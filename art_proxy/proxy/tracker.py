@@ -244,6 +244,7 @@ class TrajectoryTracker:
             split=explicit.split,
             upstream=next(self._upstreams),
             next_seq=1,
+            subject=explicit.subject,
         )
         self._memory.remember(state)
         rows = NewTrajectoryRows(
