@@ -144,12 +144,16 @@ def _arguments(schema: JsonObject) -> str:
 
 
 def tasks_of(answer: str) -> list[str]:
-    """The tasks in a writer's answer: a line each, numbering, bullets and quotes removed, those
-    too short or too long to be a task left out."""
+    """The tasks in a writer's answer: a line each, bullets, numbering and quotes removed (a
+    bullet before a number too); a line that introduces the rest (it ends in a colon) or is too
+    short or too long to be a task is left out."""
     tasks = []
     for line in answer.splitlines():
-        task = _NUMBERING.sub("", line).strip().strip(_QUOTES).strip()
-        if MIN_CHARS <= len(task) <= MAX_CHARS:
+        task, before = line.strip(), None
+        while task != before:
+            before = task
+            task = _NUMBERING.sub("", task).strip().strip(_QUOTES).strip().strip("*_").strip()
+        if MIN_CHARS <= len(task) <= MAX_CHARS and not task.endswith(":"):
             tasks.append(task)
     return tasks
 

@@ -18,6 +18,7 @@ from typing import Any
 import openai
 
 from art_proxy.proxy.server import RunningProxy
+from art_proxy.scenario_writer import tasks_of
 from art_proxy.scenarios import load_scenarios
 from tests.ruler.scripted_judge import Reply, ScriptedJudge, running_scripted_judge
 
@@ -173,3 +174,20 @@ def test_without_exactly_one_source_or_with_a_bad_tools_file_it_is_a_one_line_er
         )
         assert done.returncode != 0, args
         assert message in done.stderr and "Traceback" not in done.stderr, (args, done.stderr)
+
+
+def test_a_line_is_a_task_once_its_bullets_numbering_quotes_and_preamble_are_gone() -> None:
+    answer = (
+        "You can use the following different requests:\n"
+        "- 1. How many pears are in stock today?\n"
+        '**2.** "What does a single mango cost?"\n'
+        "  3) What do 4 pears cost in total?\n"
+        "Task 4: Is there any lemon left?\n"
+        "short\n"
+    )
+    assert tasks_of(answer) == [
+        "How many pears are in stock today?",
+        "What does a single mango cost?",
+        "What do 4 pears cost in total?",
+        "Is there any lemon left?",
+    ]

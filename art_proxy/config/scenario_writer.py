@@ -29,7 +29,9 @@ class ScenarioWriterSettings(StoreSettings):
         None, description="Base URL of an OpenAI-compatible writer, ending in /v1."
     )
     writer_api_key: str | None = Field(None, description="The writer's key (else the provider's).")
-    temperature: float = Field(1.0, ge=0, le=2, description="The writer's sampling temperature.")
+    temperature: float = Field(
+        0.7, ge=0, le=2, description="The writer's sampling temperature (lower: more alike)."
+    )
     val_fraction: float = Field(
         0.2, ge=0, le=1, description="Share of the scenarios put in the val split."
     )
