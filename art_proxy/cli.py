@@ -353,6 +353,11 @@ async def _bank_openings(settings: ScenarioWriterSettings) -> list[str]:
     finally:
         await store.aclose()
     openings = [text for record in records if (text := _asked(record.opening))]
+    if settings.redact_pii:  # real users' words, on their way to the writer (often hosted)
+        from art_proxy.pii import pii_redactor
+
+        placeholders = pii_redactor(settings.pii_spacy_model).placeholders()
+        openings = [placeholders.text(opening) for opening in openings]
     if not openings:
         raise ConfigError(
             f"the store has no opening of a {settings.split} conversation to show the writer: "

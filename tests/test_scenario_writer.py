@@ -113,7 +113,11 @@ async def test_from_the_store_the_writer_sees_real_openings(
     async with openai.AsyncOpenAI(
         base_url=proxy.base_url, api_key="unused", default_headers={"X-Art-Split": "prod"}
     ) as client:
-        for question in ("Where is my parcel 7731?", "Cancel my order from Tuesday."):
+        for question in (
+            "Where is my parcel 7731?",
+            "Cancel my order from Tuesday.",
+            "Send the invoice to jane.doe@example.com please.",
+        ):
             messages: list[Any] = [{"role": "user", "content": question}]
             await client.chat.completions.create(
                 model="Qwen/Qwen2.5-0.5B-Instruct", messages=messages
@@ -128,12 +132,16 @@ async def test_from_the_store_the_writer_sees_real_openings(
             proxy.parts.settings.store,
             "--count",
             "1",
+            "--redact-pii",
             *writer_args(writer, out),
         )
 
     assert done.returncode == 0, done.stderr
     assert "Where is my parcel 7731?" in sent(writer, 0)
     assert "Cancel my order from Tuesday." in sent(writer, 0)
+    # Real users' words reach the writer with their personal data replaced.
+    assert "jane.doe@example.com" not in sent(writer, 0)
+    assert "Send the invoice to <EMAIL_ADDRESS_1> please." in sent(writer, 0)
     [scenario] = load_scenarios(out)
     assert scenario.metadata["source"] == "store"
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from pydantic import Field, field_validator, model_validator
 
-from art_proxy.config.shared import StoreSettings
+from art_proxy.config.shared import PiiSettings, StoreSettings
 from art_proxy.records import Split
 
 
-class ScenarioWriterSettings(StoreSettings):
+class ScenarioWriterSettings(StoreSettings, PiiSettings):
     mcp: str | None = Field(
         None, description="Command that starts the agent's MCP server (stdio): its tools."
     )
