@@ -142,16 +142,13 @@ def export(settings: ExportSettings) -> None:
 
 async def _export_table(settings: ExportSettings) -> int:
     from art_proxy.export_table import write_hf_dataset, write_parquet
-    from art_proxy.journal.left_behind import open_for_reading
+    from art_proxy.journal.left_behind import opened_for_reading
 
-    store = await open_for_reading(settings.store)
-    try:
+    async with opened_for_reading(settings.store) as store:
         with stderr.status("exporting..."):
             trajectories = _exported(store, settings)
             write = write_parquet if settings.format == "parquet" else write_hf_dataset
             return await write(trajectories, Path(settings.out))
-    finally:
-        await store.aclose()
 
 
 async def _exported(
@@ -175,18 +172,15 @@ async def _exported(
 
 
 async def _export(settings: ExportSettings, out: IO[str]) -> int:
-    from art_proxy.journal.left_behind import open_for_reading
+    from art_proxy.journal.left_behind import opened_for_reading
 
-    store = await open_for_reading(settings.store)
     count = 0
-    try:
+    async with opened_for_reading(settings.store) as store:
         with stderr.status("exporting...") as status:
             async for exported in _exported(store, settings):
                 out.write(exported.model_dump_json() + "\n")
                 count += 1
                 status.update(f"exported {count} trajectories")
-    finally:
-        await store.aclose()
     return count
 
 
@@ -213,13 +207,10 @@ def scenario_bank(settings: ScenarioBankSettings) -> None:
 
 async def _scenario_bank(settings: ScenarioBankSettings) -> tuple[list[str], int]:
     """The bank's JSONL lines, and how many scenarios could not become one."""
-    from art_proxy.journal.left_behind import open_for_reading
+    from art_proxy.journal.left_behind import opened_for_reading
 
-    store = await open_for_reading(settings.store)
-    try:
+    async with opened_for_reading(settings.store) as store:
         records = await store.bank_scenarios(settings.split, settings.limit)
-    finally:
-        await store.aclose()
     lines = [line for r in records if (line := _bank_line(r, settings.split)) is not None]
     return lines, len(records) - len(lines)
 
@@ -345,13 +336,10 @@ async def _written_scenarios(settings: ScenarioWriterSettings) -> Written:
 
 async def _bank_openings(settings: ScenarioWriterSettings) -> list[str]:
     """The text of the last user message of the newest openings of `--split`."""
-    from art_proxy.journal.left_behind import open_for_reading
+    from art_proxy.journal.left_behind import opened_for_reading
 
-    store = await open_for_reading(settings.store)
-    try:
+    async with opened_for_reading(settings.store) as store:
         records = await store.bank_scenarios(settings.split, settings.examples)
-    finally:
-        await store.aclose()
     openings = [text for record in records if (text := _asked(record.opening))]
     if settings.redact_pii:  # real users' words, on their way to the writer (often hosted)
         from art_proxy.pii import pii_redactor
@@ -480,14 +468,11 @@ def journal_drop(settings: DropSettings) -> None:
     "The training steps and adapters that learned from a user's, tenant's or trajectory's records.",
 )
 def lineage(settings: LineageSettings) -> None:
-    from art_proxy.journal.left_behind import open_for_reading
+    from art_proxy.journal.left_behind import opened_for_reading
 
     async def read() -> Lineage:
-        store = await open_for_reading(settings.store)
-        try:
+        async with opened_for_reading(settings.store) as store:
             return await store.lineage(settings.subject())
-        finally:
-            await store.aclose()
 
     try:
         found = asyncio.run(read())
@@ -507,7 +492,7 @@ def forget(settings: ForgetSettings) -> None:
     from art_proxy.erasure import deleted_text
     from art_proxy.erasure import forget as erase
     from art_proxy.journal.directory import journal_directory, live_slots
-    from art_proxy.journal.left_behind import open_for_reading
+    from art_proxy.journal.left_behind import opened_for_reading
     from art_proxy.records import Erasure
 
     subject = settings.subject()
@@ -519,13 +504,10 @@ def forget(settings: ForgetSettings) -> None:
         )
 
     async def run() -> Lineage | Erasure:
-        store = await open_for_reading(settings.store)
-        try:
+        async with opened_for_reading(settings.store) as store:
             if not settings.yes:
                 return await store.lineage(subject)
             return await erase(store, subject, directory)
-        finally:
-            await store.aclose()
 
     try:
         done = asyncio.run(run())
@@ -554,16 +536,13 @@ def forget(settings: ForgetSettings) -> None:
 def housekeeping(settings: HousekeepingSettings) -> None:
     from art_proxy.erasure import deleted_text
     from art_proxy.journal.directory import journal_directory
-    from art_proxy.journal.left_behind import open_for_reading
+    from art_proxy.journal.left_behind import opened_for_reading
     from art_proxy.retention import expire
 
     async def run() -> dict[str, int]:
-        store = await open_for_reading(settings.store)
-        try:
+        async with opened_for_reading(settings.store) as store:
             directory = journal_directory(settings.journal, settings.store)
             return await expire(store, settings.retain_days, directory)
-        finally:
-            await store.aclose()
 
     try:
         with stderr.status(f"deleting what is older than {settings.retain_days:g} days..."):

@@ -12,6 +12,8 @@ call id. A journal under another `--journal` directory is found only by a proxy 
 from __future__ import annotations
 
 import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 
 from art_proxy.config import JOURNAL_AUTO, Durability
 from art_proxy.errors import ConfigError, StoreError
@@ -26,16 +28,16 @@ log = logging.getLogger(__name__)
 _INGEST_TIMEOUT_S = 60.0
 
 
-async def open_for_reading(url: str) -> TrajectoryStore:
+@asynccontextmanager
+async def opened_for_reading(url: str) -> AsyncIterator[TrajectoryStore]:
     """The store at `url`, with what stopped proxies left in its journal ingested first (see the
-    module); raises as `TrajectoryStore.open`."""
+    module), closed when the block ends; raises as `TrajectoryStore.open`."""
     store = await TrajectoryStore.open(url, writer=False)
     try:
         await ingest_left_behind(store, url)
-    except BaseException:
+        yield store
+    finally:
         await store.aclose()
-        raise
-    return store
 
 
 async def ingest_left_behind(store: TrajectoryStore, url: str) -> int:

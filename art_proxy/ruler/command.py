@@ -27,7 +27,7 @@ from rich.table import Table
 
 from art_proxy.config import JudgeSettings
 from art_proxy.ids import short_id
-from art_proxy.journal.left_behind import open_for_reading
+from art_proxy.journal.left_behind import opened_for_reading
 from art_proxy.pii import pii_redactor
 from art_proxy.records import Judgment
 from art_proxy.ruler.ensemble import ensemble_name
@@ -85,30 +85,29 @@ def build_ruler(
 
 async def run_judge(settings: JudgeSettings, rubric: Rubric, out: Console, err: Console) -> Totals:
     """Raises `RubricError`, `ConfigError` or `StoreError` before judging anything."""
-    store = await open_for_reading(settings.store)
     clients: list[LitellmJudge] = []
-    try:
-        ruler, clients = build_ruler(settings, rubric, store)
-        for client in clients:
-            await client.check()
-        judge = GroupJudge(
-            ruler,
-            Readiness(settings.group_size, settings.wait),
-            concurrency=settings.concurrency,
-            retry_failed=settings.retry_failed,
-        )
-        trackers = open_trackers(
-            settings, JUDGE_RUN, tensorboard=f"runs/{JUDGE_RUN}", wandb_dir=Path.cwd()
-        )
+    async with opened_for_reading(settings.store) as store:
         try:
-            await _passes(judge, settings, err, trackers)
+            ruler, clients = build_ruler(settings, rubric, store)
+            for client in clients:
+                await client.check()
+            judge = GroupJudge(
+                ruler,
+                Readiness(settings.group_size, settings.wait),
+                concurrency=settings.concurrency,
+                retry_failed=settings.retry_failed,
+            )
+            trackers = open_trackers(
+                settings, JUDGE_RUN, tensorboard=f"runs/{JUDGE_RUN}", wandb_dir=Path.cwd()
+            )
+            try:
+                await _passes(judge, settings, err, trackers)
+            finally:
+                for tracker in trackers:
+                    tracker.close()
         finally:
-            for tracker in trackers:
-                tracker.close()
-    finally:
-        for client in clients:
-            await client.aclose()
-        await store.aclose()
+            for client in clients:
+                await client.aclose()
     out.print(summary(judge.totals, settings))
     return judge.totals
 

@@ -23,7 +23,7 @@ from rich.table import Table
 
 from art_proxy.config import JudgeSettings, TrainSettings
 from art_proxy.errors import ConfigError
-from art_proxy.journal.left_behind import open_for_reading
+from art_proxy.journal.left_behind import opened_for_reading
 from art_proxy.local.cli import set_torch_threads, usable_cores
 from art_proxy.records import TrainingStep
 from art_proxy.rollout import Agent, load_agent
@@ -129,92 +129,93 @@ async def _train(
     rubric: Rubric,
     out: Path,
 ) -> TrainSummary:
-    store = await open_for_reading(settings.store)
     judges: list[LitellmJudge] = []
     summary = TrainSummary(settings, settings.alias or policy.served_name)
-    try:
-        ruler: Ruler | None = None
-        if settings.judge:
-            ruler, judges = build_ruler(_judge_settings(settings), rubric, store)
-            for judge in judges:
-                await judge.check()  # a judge that cannot answer stops the run before it swaps
-        async with contextlib.AsyncExitStack() as stack:
-            swapper = None
-            promoter = None
-            if settings.swap:
-                swapper = await stack.enter_async_context(
-                    AdapterSwapper(
-                        upstreams=settings.upstream,
-                        upstream_api_key=settings.upstream_api_key,
-                        proxy=settings.proxy,
-                        admin_key=settings.admin_key,
-                        alias=settings.alias,
-                        keep=settings.keep_adapters,
-                    )
-                )
-                served_as = await swapper.check_base_model(policy.names)
-                swapper.alias = summary.alias = settings.alias or served_as
-                if settings.promote_alias is not None:
-                    if settings.promote_alias == swapper.alias:
-                        raise ConfigError(
-                            f"--promote-alias {settings.promote_alias} is the training alias, "
-                            "which moves every step: pass another --alias"
+    async with opened_for_reading(settings.store) as store:
+        try:
+            ruler: Ruler | None = None
+            if settings.judge:
+                ruler, judges = build_ruler(_judge_settings(settings), rubric, store)
+                for judge in judges:
+                    await judge.check()  # a judge that cannot answer stops the run before it swaps
+            async with contextlib.AsyncExitStack() as stack:
+                swapper = None
+                promoter = None
+                if settings.swap:
+                    swapper = await stack.enter_async_context(
+                        AdapterSwapper(
+                            upstreams=settings.upstream,
+                            upstream_api_key=settings.upstream_api_key,
+                            proxy=settings.proxy,
+                            admin_key=settings.admin_key,
+                            alias=settings.alias,
+                            keep=settings.keep_adapters,
                         )
-                    promoter = Promoter(
-                        settings.promote_alias,
-                        store,
-                        swapper,
-                        min_trajectories=settings.rollback_min_trajectories,
-                        margin=settings.rollback_margin,
                     )
-            sleeper = None
-            if settings.sleep_upstreams:
-                sleeper = await stack.enter_async_context(
-                    UpstreamSleep(settings.upstream, settings.upstream_api_key)
-                )
-                await sleeper.check()
-            sink = stack.enter_context(MetricsSink(out, settings))
-            trainer = Trainer(
-                settings,
-                store,
-                policy,
-                Checkpoints(out),
-                sink,
-                swapper,
-                promoter=promoter,
-                sleeper=sleeper,
-                on_warning=lambda text: console.print(f"[bold red]warning:[/] {escape(text)}"),
-            )
-            resumed = await trainer.resume()
-            if resumed:
-                console.print(f"resumed {settings.run_name!r} after step {resumed} from {out}")
-            warm_start = None
-            if settings.sft is not None:
-                with console.status("rendering the demonstrations"):
-                    warm_start = await load_warm_start(settings, store, policy, trainer.alias)
-                console.print(
-                    f"warm start: {len(warm_start.demonstrations)} demonstrations, "
-                    f"{warm_start.steps} steps ({settings.sft_epochs} "
-                    f"epoch{'s' if settings.sft_epochs != 1 else ''})"
-                )
-                for skipped in warm_start.skipped:
-                    console.print(f"[bold red]warning:[/] left out {escape(skipped)}")
-            if promoter is not None:
-                await promoter.start()
-            summary.trainer = trainer
-            with _Display(console, settings) as display:
-                events = Events(display.status, display.step, display.rollouts)
-                if agent is not None:
-                    loop = WholeLoop(trainer, settings, agent, scenarios, ruler, events, warm_start)
-                    summary.stopped = await _until_interrupted(loop.run())
-                else:
-                    summary.stopped = await _until_interrupted(
-                        run_sidecar(trainer, settings, events, warm_start)
+                    served_as = await swapper.check_base_model(policy.names)
+                    swapper.alias = summary.alias = settings.alias or served_as
+                    if settings.promote_alias is not None:
+                        if settings.promote_alias == swapper.alias:
+                            raise ConfigError(
+                                f"--promote-alias {settings.promote_alias} is the training alias, "
+                                "which moves every step: pass another --alias"
+                            )
+                        promoter = Promoter(
+                            settings.promote_alias,
+                            store,
+                            swapper,
+                            min_trajectories=settings.rollback_min_trajectories,
+                            margin=settings.rollback_margin,
+                        )
+                sleeper = None
+                if settings.sleep_upstreams:
+                    sleeper = await stack.enter_async_context(
+                        UpstreamSleep(settings.upstream, settings.upstream_api_key)
                     )
-    finally:
-        for judge in judges:
-            await judge.aclose()
-        await store.aclose()
+                    await sleeper.check()
+                sink = stack.enter_context(MetricsSink(out, settings))
+                trainer = Trainer(
+                    settings,
+                    store,
+                    policy,
+                    Checkpoints(out),
+                    sink,
+                    swapper,
+                    promoter=promoter,
+                    sleeper=sleeper,
+                    on_warning=lambda text: console.print(f"[bold red]warning:[/] {escape(text)}"),
+                )
+                resumed = await trainer.resume()
+                if resumed:
+                    console.print(f"resumed {settings.run_name!r} after step {resumed} from {out}")
+                warm_start = None
+                if settings.sft is not None:
+                    with console.status("rendering the demonstrations"):
+                        warm_start = await load_warm_start(settings, store, policy, trainer.alias)
+                    console.print(
+                        f"warm start: {len(warm_start.demonstrations)} demonstrations, "
+                        f"{warm_start.steps} steps ({settings.sft_epochs} "
+                        f"epoch{'s' if settings.sft_epochs != 1 else ''})"
+                    )
+                    for skipped in warm_start.skipped:
+                        console.print(f"[bold red]warning:[/] left out {escape(skipped)}")
+                if promoter is not None:
+                    await promoter.start()
+                summary.trainer = trainer
+                with _Display(console, settings) as display:
+                    events = Events(display.status, display.step, display.rollouts)
+                    if agent is not None:
+                        loop = WholeLoop(
+                            trainer, settings, agent, scenarios, ruler, events, warm_start
+                        )
+                        summary.stopped = await _until_interrupted(loop.run())
+                    else:
+                        summary.stopped = await _until_interrupted(
+                            run_sidecar(trainer, settings, events, warm_start)
+                        )
+        finally:
+            for judge in judges:
+                await judge.aclose()
     return summary
 
 
