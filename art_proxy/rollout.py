@@ -340,26 +340,35 @@ def _describe(exc: BaseException) -> str:
 
 
 def load_agent(spec: str) -> Agent:
-    """The async function named by `module.path:function` or `path/to/file.py:function`.
+    """The async function named by `module.path:function` or `path/to/file.py:function`
+    (see `load_function`)."""
+    agent = load_function(spec, "agent")
+    if not _is_async_callable(agent):
+        name = spec.rpartition(":")[2]
+        raise ConfigError(f"agent {spec!r} is not an async function (async def {name}(rollout))")
+    return cast(Agent, agent)
+
+
+def load_function(spec: str, what: str) -> object:
+    """What `module.path:function` or `path/to/file.py:function` names; `ConfigError`, naming
+    `what` (the agent, an option), when it cannot be loaded.
 
     As with `python -m module` and `python file.py`, the working directory (a module) or the
     file's directory (a file) is importable, so an agent's own helper modules are found.
     """
     where, _, name = spec.rpartition(":")
     if not where or not name.isidentifier():
-        raise ConfigError(f"agent {spec!r} is not MODULE:FUNCTION or FILE.py:FUNCTION")
+        raise ConfigError(f"{what} {spec!r} is not MODULE:FUNCTION or FILE.py:FUNCTION")
     try:
-        module = _load_file(Path(where)) if where.endswith(".py") else _load_module(where)
+        module = _load_file(Path(where), what) if where.endswith(".py") else _load_module(where)
     except ConfigError:
         raise
     except Exception as exc:
-        raise ConfigError(f"cannot load agent {spec!r}: {_describe(exc)}") from exc
-    agent = getattr(module, name, None)
-    if agent is None:
-        raise ConfigError(f"agent {spec!r}: {where} has no {name!r}")
-    if not _is_async_callable(agent):
-        raise ConfigError(f"agent {spec!r} is not an async function (async def {name}(rollout))")
-    return cast(Agent, agent)
+        raise ConfigError(f"cannot load {what} {spec!r}: {_describe(exc)}") from exc
+    found = getattr(module, name, None)
+    if found is None:
+        raise ConfigError(f"{what} {spec!r}: {where} has no {name!r}")
+    return found
 
 
 def _load_module(name: str) -> object:
@@ -368,9 +377,9 @@ def _load_module(name: str) -> object:
     return importlib.import_module(name)
 
 
-def _load_file(path: Path) -> object:
+def _load_file(path: Path, what: str) -> object:
     if not path.is_file():
-        raise ConfigError(f"agent file {str(path)!r} does not exist")
+        raise ConfigError(f"{what} file {str(path)!r} does not exist")
     directory = str(path.resolve().parent)
     if directory not in sys.path:
         sys.path.insert(0, directory)
@@ -378,7 +387,7 @@ def _load_file(path: Path) -> object:
     module_name = f"art_proxy_agent_{uuid.uuid5(uuid.NAMESPACE_URL, str(path.resolve())).hex}"
     spec = importlib.util.spec_from_file_location(module_name, path)
     if spec is None or spec.loader is None:
-        raise ConfigError(f"agent file {str(path)!r} cannot be imported")
+        raise ConfigError(f"{what} file {str(path)!r} cannot be imported")
     module = importlib.util.module_from_spec(spec)
     sys.modules[module_name] = module
     spec.loader.exec_module(module)

@@ -130,6 +130,49 @@ class ProxySettings(JournalSettings, UpstreamSettings, StoreSettings, PiiSetting
         "shadowed (counted as shadow_skipped on /health).",
     )
 
+    best_of: int = Field(
+        4,
+        ge=2,
+        le=16,
+        description="Candidates of a call --best-of-fraction draws (X-Art-Best-Of: N sets a "
+        "call's own).",
+    )
+    best_of_fraction: float = Field(
+        0.0,
+        ge=0,
+        le=1,
+        description="Share of prod calls that open a conversation answered best-of-N: --best-of "
+        "answers sampled, the best one answered, all of them recorded as one judged group "
+        "(0 = only calls that send X-Art-Best-Of).",
+    )
+    best_of_check: str | None = Field(
+        None,
+        description="Choose among best-of candidates with this function (module:function or "
+        "file.py:function): given the call's messages and one candidate ({message, "
+        "finish_reason}), it returns the candidate's score in [0, 1], sync or async.",
+    )
+    best_of_judge: str | None = Field(
+        None,
+        description="Choose among best-of candidates with RULER, this judge (any litellm model "
+        "name, a local one included).",
+    )
+    best_of_timeout: float = Field(
+        10.0,
+        gt=0,
+        description="Seconds the best-of chooser may take; then the first candidate is answered "
+        "and the group recorded unjudged.",
+    )
+
+    @model_validator(mode="after")
+    def _one_chooser(self) -> ProxySettings:
+        if self.best_of_check and self.best_of_judge:
+            raise ValueError("pass --best-of-check or --best-of-judge, not both")
+        if self.best_of_fraction and not (self.best_of_check or self.best_of_judge):
+            raise ValueError(
+                "--best-of-fraction needs a chooser: --best-of-check or --best-of-judge"
+            )
+        return self
+
     @model_validator(mode="after")
     def _admin_not_left_open(self) -> ProxySettings:
         exposed = not is_loopback(self.host)

@@ -39,6 +39,7 @@ from art_proxy.store.trajectory_store import TrajectoryStore, utcnow
 
 from .admin import Admin
 from .aliases import Aliases
+from .best_of import BestOf, best_of_chooser
 from .dialects import dialect_of_path, error_body
 from .health import health
 from .metrics import ProxyMetrics
@@ -89,6 +90,8 @@ def _lifecycle(settings: ProxySettings) -> Callable[[web.Application], AsyncIter
             if settings.redact_pii
             else None
         )
+        # A check that cannot be loaded fails before anything is opened, too.
+        chooser = best_of_chooser(settings)
         directory = journal_directory(settings.journal, settings.store)
         # With a journal, calls need no store to be answered and recorded: one that cannot be
         # reached now is caught up with (schema first) once it answers.
@@ -181,6 +184,14 @@ def _lifecycle(settings: ProxySettings) -> Callable[[web.Application], AsyncIter
                 samples=settings.shadow_samples,
                 max_in_flight=settings.shadow_max_in_flight,
             )
+            best_of = BestOf(
+                tracker,
+                recorder,
+                chooser,
+                candidates=settings.best_of,
+                fraction=settings.best_of_fraction,
+                timeout_s=settings.best_of_timeout,
+            )
             relay = Relay(
                 upstreams,
                 store,
@@ -188,6 +199,7 @@ def _lifecycle(settings: ProxySettings) -> Callable[[web.Application], AsyncIter
                 recorder,
                 aliases,
                 shadow,
+                best_of,
                 default_split=settings.default_split,
                 record_policy=settings.record,
                 read_your_writes=functools.partial(_settle_reads, journal),
@@ -220,6 +232,7 @@ def _lifecycle(settings: ProxySettings) -> Callable[[web.Application], AsyncIter
                 yield
             finally:
                 await shadow.aclose()  # while the store and the upstream session still serve
+                await best_of.aclose()
                 for task in background:
                     task.cancel()
                     with contextlib.suppress(asyncio.CancelledError):

@@ -9,8 +9,10 @@ from __future__ import annotations
 from aiohttp import web
 
 from art_proxy.journal.ingester import age_s
+from art_proxy.records import JsonObject
 
 from .parts import PARTS, ProxyParts
+from .recording import Counters
 
 
 def journal_health(parts: ProxyParts) -> dict[str, object] | None:
@@ -68,6 +70,7 @@ async def health(request: web.Request) -> web.Response:
             "shadow_samples": parts.counters.shadow_samples,
             "shadow_skipped": parts.counters.shadow_skipped,
             "unrecorded_calls": parts.counters.unrecorded_calls,
+            "best_of": best_of_health(parts.counters),
             "commits": writer.commits,
             "records_committed": writer.batches,
             "unreadable_rows": parts.store.unreadable_rows,
@@ -79,3 +82,18 @@ async def health(request: web.Request) -> web.Response:
         },
         status=200 if recording else 503,
     )
+
+
+def best_of_health(counters: Counters) -> JsonObject:
+    """Best-of-N's counts, and what it adds to a call it answers: the mean seconds spent choosing
+    and the judge's mean cost."""
+    calls = counters.best_of_calls
+    return {
+        "calls": calls,
+        "candidates": counters.best_of_candidates,
+        "unjudged": counters.best_of_unjudged,
+        "mean_choose_ms": round(1000 * counters.best_of_choose_seconds / calls, 2)
+        if calls
+        else None,
+        "mean_judge_cost_usd": counters.best_of_judge_cost_usd / calls if calls else None,
+    }

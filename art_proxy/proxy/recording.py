@@ -63,6 +63,11 @@ class Counters:
     shadow_samples: int = 0  # their extra samples recorded, failed ones included
     shadow_skipped: int = 0  # drawn for shadowing but over --shadow-max-in-flight
     unrecorded_calls: int = 0  # answered without a record, as --record or X-Art-Record said
+    best_of_calls: int = 0  # answered best-of-N (best_of.py)
+    best_of_candidates: int = 0  # their candidates, each recorded as its own trajectory
+    best_of_unjudged: int = 0  # whose chooser failed or ran out of time: the first answered
+    best_of_choose_seconds: float = 0.0  # spent choosing, summed over the calls
+    best_of_judge_cost_usd: float = 0.0  # what the judge charged for choosing, summed
 
 
 @dataclass

@@ -32,15 +32,16 @@ from art_proxy.store.trajectory_store import TrajectoryStore
 
 from .aliases import Aliases
 from .attribution import explicit_attribution
+from .best_of import BestOf, asked_candidates
 from .consent import records_call
 from .dialects import Rendering, anthropic, responses, responses_answer
 from .dialects.openai import ChatRendering
 from .recording import CallInProgress, Outcome, Recorder
 from .request_body import Rejection, body_too_large, check_body, load_body, parse_body
 from .shadow import ShadowSampler
-from .stream_relay import relay_stream
+from .stream_relay import answer_as_stream, relay_stream
 from .subjects import subject_of
-from .tracker import TrajectoryTracker
+from .tracker import Assignment, TrajectoryTracker
 from .upstream import PATHS, Upstreams, read_body
 
 log = logging.getLogger(__name__)
@@ -55,6 +56,7 @@ class Relay:
         recorder: Recorder,
         aliases: Aliases,
         shadow: ShadowSampler,
+        best_of: BestOf,
         *,
         default_split: Split = "train",
         record_policy: RecordPolicy = RecordPolicy.all,
@@ -67,6 +69,7 @@ class Relay:
         self._recorder = recorder
         self._aliases = aliases
         self._shadow = shadow
+        self._best_of = best_of
         self._default_split: Split = default_split
         self._record_policy = record_policy
 
@@ -166,8 +169,9 @@ class Relay:
         if not recorded:
             if isinstance(translated, Rejection):
                 raise translated.error
+            unrecorded = self._tracker.unrecorded(self._default_split)
             return await self._forward(
-                request, self._unrecorded(request, kind, dialect, translated)
+                request, self._call(request, kind, dialect, translated, unrecorded, recorded=False)
             )
         if not isinstance(translated, Rejection):
             try:
@@ -175,6 +179,7 @@ class Relay:
                     explicit_attribution(request.match_info, request.headers, self._default_split),
                     subject=subject_of(request.headers, translated.client or translated.body),
                 )
+                asked = asked_candidates(request.headers)
             except BadRequest as exc:
                 translated = Rejection(
                     exc,
@@ -187,36 +192,44 @@ class Relay:
         body = translated.body
         messages = body.get("messages") if kind == "chat" else None
         assignment = await self._tracker.assign(explicit, messages, continues=translated.continues)
-        model = body.get("model")
-        served = self._aliases.resolve(model) if isinstance(model, str) else None
-        call = CallInProgress(
-            kind,
-            body,
-            assignment,
-            stream=bool(body.get("stream")),
-            model=served,
-            dialect=dialect,
-            client_body=translated.client,
-            route=request.path,
-        )
+        call = self._call(request, kind, dialect, translated, assignment, recorded=True)
+        try:
+            candidates = self._best_of.candidates(call, asked)
+        except BadRequest as exc:  # a call best-of-N cannot answer: refused, in its trajectory
+            log.warning("%s %s refused: %s", request.method, request.path, exc.message)
+            with contextlib.suppress(StoreUnavailable):  # the client's mistake is the answer
+                await self._recorder.record(
+                    call, Outcome("rejected", exc.status, error=exc.message)
+                )
+            raise
+        if candidates:
+            return await self._answer_best_of(request, call, candidates)
         return await self._forward(request, call)
 
-    def _unrecorded(
-        self, request: web.Request, kind: CallKind, dialect: Dialect, translated: Translated
+    def _call(
+        self,
+        request: web.Request,
+        kind: CallKind,
+        dialect: Dialect,
+        translated: Translated,
+        assignment: Assignment,
+        *,
+        recorded: bool,
     ) -> CallInProgress:
-        """A call to forward and answer with nothing kept: no trajectory, no record."""
+        """The call to forward, its model resolved through the aliases; `recorded=False`: to
+        answer with nothing kept (no trajectory, no record)."""
         body = translated.body
         model = body.get("model")
         return CallInProgress(
             kind,
             body,
-            self._tracker.unrecorded(self._default_split),
+            assignment,
             stream=bool(body.get("stream")),
             model=self._aliases.resolve(model) if isinstance(model, str) else None,
             dialect=dialect,
             client_body=translated.client,
             route=request.path,
-            recorded=False,
+            recorded=recorded,
         )
 
     async def _forward(self, request: web.Request, call: CallInProgress) -> web.StreamResponse:
@@ -259,6 +272,34 @@ class Relay:
                 await self._recorder.record(call, Outcome("failed", exc.status, error=exc.message))
             raise
         return await relay_stream(request, call, response, rendering, self._recorder, self._shadow)
+
+    async def _answer_best_of(
+        self, request: web.Request, call: CallInProgress, n: int
+    ) -> web.StreamResponse:
+        """Sample `n` candidates in one upstream call, answer with the best (best_of.py)."""
+        upstream = call.assignment.upstream
+        sent, call.asks = call.upstream_body(token_ids=self._upstreams.returns_token_ids(upstream))
+        rendering = _rendering(call)
+        try:
+            response = await self._upstreams.post(
+                upstream, PATHS["chat"], BestOf.upstream_body(sent, n), _client_auth(request)
+            )
+            raw = await read_body(upstream, response)
+            outcome = Outcome.of_answer(upstream, response.status, raw, "chat")
+            if outcome.response is None:  # the upstream's refusal, answered as it is
+                return await self._answer(
+                    request, call, response.status, response.content_type, raw, rendering
+                )
+            chosen = await self._best_of.choose(call, outcome.response, n)
+        except ArtProxyError as exc:
+            log.warning("%s %s: %s", request.method, request.path, exc.message)
+            if not isinstance(exc, StoreUnavailable):
+                await self._recorder.record(call, Outcome("failed", exc.status, error=exc.message))
+            raise
+        await self._recorder.record(call, Outcome("ok", 200, response=chosen.response))
+        if not call.stream:
+            return _json(rendering.whole(chosen.response))
+        return await answer_as_stream(request, call, chosen.response, rendering)
 
     async def _translate(
         self, raw: bytes, kind: CallKind, dialect: Dialect

@@ -18,8 +18,9 @@ import orjson
 from aiohttp import web
 
 from art_proxy.errors import StoreUnavailable, UpstreamError
-from art_proxy.records import CallStatus
+from art_proxy.records import CallStatus, JsonObject
 
+from .best_of import stream_chunks
 from .capture import chunk_problem
 from .dialects import Rendering
 from .recording import CallInProgress, Outcome, Recorder
@@ -133,3 +134,23 @@ async def _flush(client: web.StreamResponse, out: list[bytes]) -> bool:
 async def _write_quietly(client: web.StreamResponse, data: bytes) -> None:
     with contextlib.suppress(ConnectionResetError, aiohttp.ClientConnectionResetError):
         await client.write(data)
+
+
+async def answer_as_stream(
+    request: web.Request, call: CallInProgress, response: JsonObject, rendering: Rendering
+) -> web.StreamResponse:
+    """Stream a whole answer, recorded already, as vLLM would have streamed it (best_of.py: the
+    chosen candidate, once the choice is made)."""
+    client = web.StreamResponse(
+        headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+    )
+    await client.prepare(request)
+    options = call.body.get("stream_options")
+    include_usage = isinstance(options, dict) and bool(options.get("include_usage"))
+    events = [
+        rendering.chunk(chunk, orjson.dumps(chunk))
+        for chunk in stream_chunks(response, include_usage)
+    ]
+    if not await _flush(client, [event for event in events if event]):
+        await _write_quietly(client, rendering.end(response))
+    return client

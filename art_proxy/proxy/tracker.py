@@ -10,7 +10,8 @@ A new trajectory joins a group (groups.py). A call never continues a trajectory 
 and an existing trajectory keeps its group.
 
 A shadow sample (shadow.py) is a new trajectory beside a served one, in its group and scenario,
-born finished: nothing continues it, so it is never kept in memory.
+born finished: nothing continues it, so it is never kept in memory. So is each candidate of a
+best-of-N call (best_of.py), in a group of the candidates only.
 """
 
 from __future__ import annotations
@@ -18,11 +19,12 @@ from __future__ import annotations
 import itertools
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
+from typing import Literal
 
 from art_proxy.errors import Conflict, StoreError
 from art_proxy.ids import new_id
 from art_proxy.records import Attribution, JsonObject, Split
-from art_proxy.store.rows import NewTrajectoryRows, TrajectoryRow
+from art_proxy.store.rows import GroupRow, NewTrajectoryRows, TrajectoryRow
 from art_proxy.store.trajectory_store import TrajectoryStore, utcnow
 
 from .attribution import (
@@ -289,34 +291,58 @@ class TrajectoryTracker:
         split and upstream, finished from the start, marked by `finish_reason` "shadow" and
         `metadata["shadow_of"]`."""
         assert served.seq == 0, "only a call that opened its trajectory is shadowed"
-        now = utcnow()
-        trajectory_id = new_id()
         self.groups.add_shadow((served.scenario_id, served.split), served.group_id)
         assert served.new_rows is not None
-        # The served call's creation rows: its scenario and group rows are idempotent inserts,
-        # which keeps the shadow recordable even if the served record was lost.
-        shadow: TrajectoryRow = {
-            **served.new_rows.trajectory,
-            "id": trajectory_id,
-            "status": "finished",
-            "finish_reason": "shadow",
-            "finished_at": now,
-            "created_at": now,
-            "updated_at": now,
-            "metadata": {"shadow_of": served.trajectory_id},
+        return _sibling(served, served.new_rows, "shadow", {"shadow_of": served.trajectory_id})
+
+    def best_of_group(self, served: Assignment, n: int) -> list[Assignment]:
+        """`n` new one-call trajectories, the candidates of a best-of-N call (best_of.py): a group
+        of their own in `served`'s scenario (which opened its trajectory), finished from the start,
+        marked by `finish_reason` "best_of" and `metadata["best_of"]` (the served trajectory)."""
+        assert served.seq == 0 and served.new_rows is not None, "only an opening call"
+        group: GroupRow = {
+            "id": new_id(),
+            "scenario_id": served.scenario_id,
+            "created_at": utcnow(),
         }
-        rows = replace(served.new_rows, trajectory=shadow)
-        return Assignment(
-            trajectory_id=trajectory_id,
-            scenario_id=served.scenario_id,
-            group_id=served.group_id,
-            split=served.split,
-            upstream=served.upstream,
-            seq=0,
-            attribution="shadow",
-            previous_sequences=[],
-            new_rows=rows,
-        )
+        rows = replace(served.new_rows, group=group)
+        marked = {"best_of": served.trajectory_id}
+        return [_sibling(served, rows, "best_of", marked) for _ in range(n)]
+
+
+def _sibling(
+    served: Assignment,
+    rows: NewTrajectoryRows,
+    finish_reason: Literal["shadow", "best_of"],
+    metadata: JsonObject,
+) -> Assignment:
+    """A finished one-call trajectory in `rows`' group, `served`'s scenario, split and upstream.
+    The served call's creation rows: its scenario and group rows are idempotent inserts, which
+    keeps the sibling recordable even if the served record was lost."""
+    now = utcnow()
+    trajectory_id = new_id()
+    trajectory: TrajectoryRow = {
+        **rows.trajectory,
+        "id": trajectory_id,
+        "group_id": rows.group["id"],
+        "status": "finished",
+        "finish_reason": finish_reason,
+        "finished_at": now,
+        "created_at": now,
+        "updated_at": now,
+        "metadata": metadata,
+    }
+    return Assignment(
+        trajectory_id=trajectory_id,
+        scenario_id=served.scenario_id,
+        group_id=rows.group["id"],
+        split=served.split,
+        upstream=served.upstream,
+        seq=0,
+        attribution=finish_reason,
+        previous_sequences=[],
+        new_rows=replace(rows, trajectory=trajectory),
+    )
 
 
 def _assignment(

@@ -15,6 +15,7 @@ from art_proxy.records.feedback import (
     Thumbs,
 )
 from art_proxy.records.judgments import (
+    BEST_OF_JUDGE_PREFIX,
     CriterionMark,
     EnsembleMember,
     JudgeMode,
@@ -58,6 +59,7 @@ from art_proxy.records.trajectories import (
 
 __all__ = [
     "AGENT_METRIC_PREFIX",
+    "BEST_OF_JUDGE_PREFIX",
     "MAX_COMMENT",
     "MAX_NOTE",
     "ROLLOUT_ERROR",

@@ -18,6 +18,9 @@ MemberStatus = Literal["scored", "judge_failed"]
 # What a score's reward was computed from. ruler: the RULER score alone. mix: a * the programmatic
 # reward + b * the RULER score (--reward-mix).
 RewardFormula = Literal["ruler", "mix"]
+# The judge_model of a group judged as it was served (best-of-N, proxy/best_of.py):
+# "best-of:<chooser>". Such a group is not judged again: that ranking chose the user's answer.
+BEST_OF_JUDGE_PREFIX = "best-of:"
 
 
 class CriterionMark(Record):

@@ -23,7 +23,8 @@ CallKind = Literal["chat", "completion"]
 CallStatus = Literal["ok", "upstream_error", "failed", "aborted", "rejected"]
 TrajectoryStatus = Literal["open", "finished"]
 # shadow: an extra sample the proxy drew beside a served prod call (proxy/shadow.py), one call long.
-FinishReason = Literal["client", "idle", "shadow"]
+# best_of: one of the candidates of a best-of-N call (proxy/best_of.py), one call long.
+FinishReason = Literal["client", "idle", "shadow", "best_of"]
 # The metadata key of a trajectory whose agent raised or timed out (the rollout runner sets it);
 # judging leaves such a trajectory out.
 ROLLOUT_ERROR = "rollout_error"
@@ -31,8 +32,10 @@ ROLLOUT_ERROR = "rollout_error"
 # `previous_response_id` named a call of it. continuation: the messages extend its last call's
 # messages and reply. rerendered: they extend its last call's messages, and the reply comes back
 # in another form (an agent that re-renders its history): its tokens are a new training sequence.
-# shadow: the proxy's own sample.
-Attribution = Literal["url", "header", "response", "continuation", "rerendered", "new", "shadow"]
+# shadow, best_of: the proxy's own sample.
+Attribution = Literal[
+    "url", "header", "response", "continuation", "rerendered", "new", "shadow", "best_of"
+]
 # The API a client spoke: openai (chat and legacy completions), responses (OpenAI's Responses API)
 # or anthropic (Anthropic's Messages API). The proxy speaks chat completions upstream for all three.
 Dialect = Literal["openai", "responses", "anthropic"]

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from typing import cast
+
 import sqlalchemy as sa
 
-from art_proxy.records import GroupRecord, JsonObject, JudgeMode, Judgment
+from art_proxy.records import BEST_OF_JUDGE_PREFIX, GroupRecord, JsonObject, JudgeMode, Judgment
 from art_proxy.store import schema
 from art_proxy.store.base import (
     GroupPosition,
@@ -15,6 +17,7 @@ from art_proxy.store.base import (
     group_record,
     has_member,
 )
+from art_proxy.store.rows import JudgmentRow
 
 G, J = schema.groups, schema.judgments
 
@@ -47,9 +50,14 @@ class JudgmentRecords(StoreBase):
         )
         if retry_failed:
             judged = judged.where(J.c.status != "judge_failed")
+        # A best-of group was judged as it was served (proxy/best_of.py): that ranking chose the
+        # user's answer, and is what the group trains on.
+        served = sa.select(J.c.id).where(
+            J.c.group_id == G.c.id, J.c.judge_model.startswith(BEST_OF_JUDGE_PREFIX)
+        )
         page = (
             sa.select(G)
-            .where(~sa.exists(judged), has_member())
+            .where(~sa.exists(judged), ~sa.exists(served), has_member())
             .order_by(G.c.created_at, G.c.id)
             .limit(limit)
         )
@@ -70,11 +78,8 @@ class JudgmentRecords(StoreBase):
         return GroupPosition(created, row["id"])
 
     async def add_judgment(self, judgment: Judgment) -> None:
-        row = judgment.model_dump(exclude={"scores", "members"})
-        row["scores"] = [score.model_dump() for score in judgment.scores]
-        row["members"] = [member.model_dump() for member in judgment.members]
         async with self._transaction() as connection:
-            await connection.execute(sa.insert(J).values(row))
+            await connection.execute(sa.insert(J).values(judgment_row(judgment)))
 
     async def judgments(self, *, group: str | None = None, limit: int = 100) -> list[Judgment]:
         """Newest first."""
@@ -92,6 +97,14 @@ class JudgmentRecords(StoreBase):
             .limit(1)
         )
         return None if row is None else _judgment(row)
+
+
+def judgment_row(judgment: Judgment) -> JudgmentRow:
+    """`judgment` as its table row (and a journaled record's: store/rows.py)."""
+    row = judgment.model_dump(exclude={"scores", "members"})
+    row["scores"] = [score.model_dump() for score in judgment.scores]
+    row["members"] = [member.model_dump() for member in judgment.members]
+    return cast(JudgmentRow, row)
 
 
 def _judgment(row: JsonObject) -> Judgment:

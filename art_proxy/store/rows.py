@@ -24,6 +24,7 @@ class RowKind(IntEnum):
     trajectory = 2
     call = 3
     touch = 4  # bump a trajectory's call_count and updated_at, move its tip when answered
+    judgment = 5  # a group judged as it was recorded (best-of-N at serve time, best_of.py)
 
 
 class ScenarioRow(TypedDict):
@@ -99,7 +100,31 @@ class TouchRow(TypedDict):
     b_prompt: str | None
 
 
-Row = ScenarioRow | GroupRow | TrajectoryRow | CallRow | TouchRow
+class JudgmentRow(TypedDict):
+    """records.Judgment as its table stores it (store/judgments.py `judgment_row`)."""
+
+    id: str
+    group_id: str
+    judge_model: str
+    mode: str
+    rubric_hash: str
+    cache_key: str
+    status: str
+    reason: str | None
+    trajectory_ids: list[str]
+    scores: list[JsonObject]
+    attempts: int
+    prompt_tokens: int
+    completion_tokens: int
+    cost_usd: float
+    cached_from: str | None
+    created_at: datetime
+    members: list[JsonObject]
+    rank_agreement: float | None
+    reward_rule: str
+
+
+Row = ScenarioRow | GroupRow | TrajectoryRow | CallRow | TouchRow | JudgmentRow
 
 # The datetime fields of each kind: JSON carries them as ISO 8601 text (the journal's frames).
 TIME_FIELDS: dict[RowKind, tuple[str, ...]] = {
@@ -108,21 +133,27 @@ TIME_FIELDS: dict[RowKind, tuple[str, ...]] = {
     RowKind.trajectory: ("created_at", "updated_at", "finished_at"),
     RowKind.call: ("created_at",),
     RowKind.touch: ("b_now",),
+    RowKind.judgment: ("created_at",),
 }
 
 
 @dataclass(frozen=True)
 class NewTrajectoryRows:
     """What creating a trajectory writes: its scenario and group rows (idempotent inserts: either
-    may exist already) and its own row."""
+    may exist already) and its own row; for a group judged as it was recorded, the judgment
+    (with one of its members: the group row is all it needs before it)."""
 
     scenario: ScenarioRow
     group: GroupRow
     trajectory: TrajectoryRow
+    judgment: JudgmentRow | None = None
 
     def pairs(self) -> list[tuple[RowKind, Row]]:
-        return [
+        pairs: list[tuple[RowKind, Row]] = [
             (RowKind.scenario, self.scenario),
             (RowKind.group, self.group),
             (RowKind.trajectory, self.trajectory),
         ]
+        if self.judgment is not None:
+            pairs.append((RowKind.judgment, self.judgment))
+        return pairs

@@ -83,6 +83,7 @@ def _statements(dialect: str) -> dict[RowKind, UpdateBase]:
         RowKind.trajectory: insert(schema.trajectories).on_conflict_do_nothing(),
         RowKind.call: sa.insert(schema.calls),
         RowKind.touch: touch,
+        RowKind.judgment: insert(schema.judgments).on_conflict_do_nothing(),
     }
 
 
