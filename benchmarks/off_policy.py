@@ -221,6 +221,8 @@ def main(argv: Sequence[str] | None = None) -> None:
             f"{result.seconds:.0f}",
         )
     console.print(table)
+    if len(results) < 2:
+        return  # no stale arm to set beside the reference
     best = max(results[1:], key=lambda r: statistics.fmean(r.rewards))
     gap = statistics.fmean(best.rewards) - fresh
     console.print(

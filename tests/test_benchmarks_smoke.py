@@ -84,6 +84,18 @@ def test_off_policy_benchmark_prints_the_stale_gap_last(
     assert last.startswith("stale data, best objective ")
 
 
+@pytest.mark.usefixtures("torch_threads")
+def test_best_of_benchmark_prints_the_gain_and_cost_last(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from benchmarks.best_of import main as best_of
+
+    best_of(["--quick"])
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert last.startswith("best-of-2 against as asked: reward ")
+    assert "latency x" in last and "tokens x" in last
+
+
 def test_trainer_memory_benchmark_prints_the_peak_ratio_last() -> None:
     done = subprocess.run(
         [sys.executable, "benchmarks/trainer_memory.py", "--quick"],

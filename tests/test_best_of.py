@@ -25,6 +25,7 @@ from art_proxy.proxy.server import RunningProxy, running_proxy
 from art_proxy.records import BEST_OF_JUDGE_PREFIX, TrajectoryRecord
 from art_proxy.testing.fake_vllm import FakeVllmConfig, running_fake_vllm
 from tests.conftest import proxy_settings, trajectories
+from tests.ruler.scripted_judge import answer_by_content, running_scripted_judge
 
 MODEL = "qwen-fake"
 REPLY = "Invoices live in the invoices table."
@@ -250,6 +251,37 @@ async def test_prod_calls_are_drawn_by_the_fraction(sqlite_url: str, check_file:
         assert reply.choices[0].message.content == REPLY  # 0.5, against 0.25 for "(1)"
         _, candidates = served_and_candidates(await trajectories(proxy))
         assert len(candidates) == 2
+
+
+async def test_ruler_ranks_the_candidates_against_each_other(sqlite_url: str) -> None:
+    """`--best-of-judge`: one judge call sees every candidate after the call's messages, and its
+    ranking both chooses the answer and is the group's judgment."""
+    async with (
+        running_scripted_judge(
+            answer_by_content(lambda text: 0.9 if "(2)" in text else 0.1)
+        ) as judge,
+        running_fake_vllm(FakeVllmConfig(model=MODEL, reply=REPLY)) as vllm,
+        running_proxy(
+            proxy_settings(
+                sqlite_url,
+                vllm.base_url,
+                best_of_judge="openai/judge",
+                best_of_judge_base_url=judge.base_url,
+            )
+        ) as proxy,
+        client(proxy, 3) as openai,
+    ):
+        reply = await openai.chat.completions.create(model=MODEL, messages=TASK)
+        _, candidates = served_and_candidates(await trajectories(proxy))
+        (judgment,) = await proxy.parts.store.judgments(group=candidates[0].group_id)
+
+    assert reply.choices[0].message.content == f"{REPLY} (2)"
+    assert len(judge.requests) == 1
+    shown = judge.prompt()
+    assert "Which table holds the invoices?" in shown and f"{REPLY} (1)" in shown
+    assert judgment.status == "scored"
+    assert judgment.judge_model == f"{BEST_OF_JUDGE_PREFIX}ruler:openai/judge"
+    assert sorted(score.reward for score in judgment.scores) == [0.1, 0.1, 0.9]
 
 
 def test_settings_refuse_a_fraction_without_a_chooser_and_two_choosers() -> None:

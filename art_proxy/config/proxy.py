@@ -156,6 +156,9 @@ class ProxySettings(JournalSettings, UpstreamSettings, StoreSettings, PiiSetting
         description="Choose among best-of candidates with RULER, this judge (any litellm model "
         "name, a local one included).",
     )
+    best_of_judge_base_url: str | None = Field(
+        None, description="The --best-of-judge's OpenAI-compatible base URL (a self-hosted judge)."
+    )
     best_of_timeout: float = Field(
         10.0,
         gt=0,

@@ -90,8 +90,6 @@ def _lifecycle(settings: ProxySettings) -> Callable[[web.Application], AsyncIter
             if settings.redact_pii
             else None
         )
-        # A check that cannot be loaded fails before anything is opened, too.
-        chooser = best_of_chooser(settings)
         directory = journal_directory(settings.journal, settings.store)
         # With a journal, calls need no store to be answered and recorded: one that cannot be
         # reached now is caught up with (schema first) once it answers.
@@ -109,6 +107,7 @@ def _lifecycle(settings: ProxySettings) -> Callable[[web.Application], AsyncIter
                 directory,
             )
         try:
+            chooser = best_of_chooser(settings, store)  # a check that cannot load: said here
             journal = (
                 Journal.open(
                     directory,

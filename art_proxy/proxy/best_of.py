@@ -25,17 +25,21 @@ import random
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Protocol, cast
+from typing import TYPE_CHECKING, Protocol, cast
 
 from art_proxy.config import ProxySettings
 from art_proxy.errors import BadRequest, ConfigError
 from art_proxy.ids import new_id
 from art_proxy.records import BEST_OF_JUDGE_PREFIX, JsonObject, Judgment, TrajectoryScore
 from art_proxy.store.judgments import judgment_row
-from art_proxy.store.trajectory_store import utcnow
+from art_proxy.store.trajectory_store import TrajectoryStore, utcnow
 
 from .recording import CallInProgress, Outcome, Recorder
 from .tracker import Assignment, TrajectoryTracker
+
+if TYPE_CHECKING:
+    from art_proxy.ruler.judge import LitellmJudge
+    from art_proxy.ruler.scorer import Ruler
 
 log = logging.getLogger(__name__)
 
@@ -139,6 +143,32 @@ class CheckChooser:
 
     async def aclose(self) -> None:
         return None
+
+
+class RulerChooser:
+    """Ranks the candidates against each other with RULER: each shown as the call's messages
+    and its answer."""
+
+    def __init__(self, ruler: Ruler, judges: Sequence[LitellmJudge]) -> None:
+        self.name = f"ruler:{ruler.judge_model}"
+        self._ruler = ruler
+        self._judges = list(judges)
+
+    async def judge(
+        self, group_id: str, messages: list[JsonObject], candidates: Sequence[Candidate]
+    ) -> Judgment:
+        from art_proxy.ruler.prompt import Member
+
+        members = [
+            Member(candidate.assignment.trajectory_id, [*messages, candidate.choice["message"]])
+            for candidate in candidates
+        ]
+        judgment = await self._ruler.judgment(group_id, members)
+        return judgment.model_copy(update={"judge_model": BEST_OF_JUDGE_PREFIX + self.name})
+
+    async def aclose(self) -> None:
+        for judge in self._judges:
+            await judge.aclose()
 
 
 @dataclass(frozen=True)
@@ -337,9 +367,24 @@ def stream_chunks(response: JsonObject, include_usage: bool) -> list[JsonObject]
     return chunks
 
 
-def best_of_chooser(settings: ProxySettings) -> Chooser | None:
+def best_of_chooser(settings: ProxySettings, store: TrajectoryStore) -> Chooser | None:
     """The chooser the settings name (None: best-of-N is off); `ConfigError` for a check that
     cannot be loaded."""
+    if settings.best_of_judge is not None:
+        # Imported here: litellm's import costs seconds a proxy without a judge does not pay.
+        from art_proxy.ruler.judge import LitellmJudge, litellm_token_counter
+        from art_proxy.ruler.rubric import DEFAULT_RUBRIC
+        from art_proxy.ruler.scorer import Ruler, RulerSettings
+
+        judge = LitellmJudge(
+            settings.best_of_judge,
+            base_url=settings.best_of_judge_base_url,
+            timeout=settings.best_of_timeout,
+        )
+        # One answer, no retry: the user is waiting (a late judge is --best-of-timeout's).
+        ruler_settings = RulerSettings(rubric=DEFAULT_RUBRIC, attempts=1, retries=0)
+        counter = litellm_token_counter(settings.best_of_judge)
+        return RulerChooser(Ruler(judge, store, ruler_settings, count_tokens=counter), [judge])
     if settings.best_of_check is not None:
         from art_proxy.rollout import load_function
 

@@ -157,7 +157,15 @@ class Ruler:
             await self.store.add_judgment(judgment)
         return judgment
 
-    async def _judge(self, group_id: str, members: Sequence[Member]) -> tuple[Judgment, bool]:
+    async def judgment(self, group_id: str, members: Sequence[Member]) -> Judgment:
+        """Judge `members` afresh, storing nothing and reading no cache: for a group judged as
+        it is served (best-of-N), whose record goes with its members' (proxy/best_of.py)."""
+        judgment, _ = await self._judge(group_id, members, cached=False)
+        return judgment
+
+    async def _judge(
+        self, group_id: str, members: Sequence[Member], *, cached: bool = True
+    ) -> tuple[Judgment, bool]:
         """The judgment, and whether it is new (a cache hit on the same group is not)."""
         ids = [member.trajectory_id for member in members]
         if self._redactor is not None:  # one scope a group: the same value, the same placeholder
@@ -179,11 +187,11 @@ class Ruler:
             return self._record(group_id, ids, "", outcome, _Tally()), True
         key = cache_key(self.judge_model, self.settings.mode, prompt)
         programmatic = {member.trajectory_id: member.reward for member in members}
-        cached = await self.store.cached_judgment(key)
-        if cached is not None and reusable(cached):
-            judgment = reuse(cached, group_id, prompt.labels, self.settings.reward, programmatic)
-            if cached.group_id == group_id and _same_result(cached, judgment):
-                return cached, False
+        earlier = await self.store.cached_judgment(key) if cached else None
+        if earlier is not None and reusable(earlier):
+            judgment = reuse(earlier, group_id, prompt.labels, self.settings.reward, programmatic)
+            if earlier.group_id == group_id and _same_result(earlier, judgment):
+                return earlier, False
             return judgment, True
         verdicts = await asyncio.gather(
             *(

@@ -13,6 +13,7 @@ it a base URL (its trajectory's) and the model name to call (the alias the train
 from __future__ import annotations
 
 import re
+from typing import Any
 
 from openai import AsyncOpenAI
 from openai.types.chat import ChatCompletion
@@ -35,6 +36,12 @@ def rate(answer: str | None, finish_reason: str) -> float:
     """The reward of one reply: `reward` of its text, 0 for one cut off by `max_tokens` (it did
     not stop after its words)."""
     return reward(answer or "") if finish_reason == "stop" else 0.0
+
+
+def check(messages: list[dict[str, Any]], choice: dict[str, Any]) -> float:
+    """`rate` as a best-of-N chooser, for the proxy to pick among answers as it serves them:
+    `art-proxy serve --best-of-check examples/single_word/agent.py:check`."""
+    return rate(choice["message"].get("content"), choice["finish_reason"])
 
 
 async def ask(client: AsyncOpenAI, model: str, question: str) -> ChatCompletion:
