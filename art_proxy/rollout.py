@@ -22,7 +22,7 @@ import os
 import sys
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
@@ -77,6 +77,8 @@ class Rollout:
     index: int  # 0 .. group_size - 1 within its group
     model: str  # the model name to call: the alias the trainer moves
     api_key: str = "unused"  # the proxy's client key
+    # A guided retry's hint: the proxy adds it to the prompt upstream, the trainer leaves it out.
+    guidance: str | None = None
 
     @property
     def base_url(self) -> str:
@@ -88,13 +90,17 @@ class Rollout:
 
     @property
     def headers(self) -> dict[str, str]:
-        """The attribution as `X-Art-*` headers; the split travels only here."""
-        return {
+        """The attribution as `X-Art-*` headers; the split and a guided retry's guidance travel
+        only here."""
+        headers = {
             "X-Art-Scenario": self.scenario.id,
             "X-Art-Group": self.group_id,
             "X-Art-Trajectory": self.trajectory_id,
             "X-Art-Split": self.scenario.split,
         }
+        if self.guidance is not None:
+            headers["X-Art-Guidance"] = quote(self.guidance, safe="")
+        return headers
 
     def openai_client(self, **options: Any) -> openai.AsyncOpenAI:
         """An `openai.AsyncOpenAI` for this rollout: its base URL, key and headers."""
@@ -175,11 +181,13 @@ async def run_rollouts(
     api_key: str | None = None,
     admin_key: str | None = None,
     progress: Callable[[int, int], None] | None = None,
+    guidance: Mapping[str, str] | None = None,
 ) -> RolloutReport:
     """Run `agent` `group_size` times on every scenario, at most `concurrency` at once.
 
     `timeout_s` bounds each rollout (0 = no bound). `progress(done, total)` is called as rollouts
-    end. Raises `ConfigError` before running anything when the proxy cannot be reached or refuses
+    end. `guidance` (scenario id -> text) makes the scenarios it names guided retries. Raises
+    `ConfigError` before running anything when the proxy cannot be reached or refuses
     `admin_key`.
     """
     if group_size < 1 or concurrency < 1:
@@ -201,6 +209,7 @@ async def run_rollouts(
                 index=index,
                 model=model,
                 api_key=api_key or "unused",
+                guidance=(guidance or {}).get(scenario.id),
             )
             for scenario, group in zip(scenarios, groups, strict=True)
             for index, trajectory in enumerate(group.trajectory_ids)

@@ -38,6 +38,11 @@ class Scenario(BaseModel):
         None, description="A reference answer, for programmatic rewards and validation."
     )
     metadata: JsonObject = Field(default_factory=dict)
+    hint: str | None = Field(
+        None,
+        description="Guidance for a guided retry (train --guided-retries): added to the prompt "
+        "when every rollout of the scenario's group failed, never trained on.",
+    )
 
     @field_validator("id")
     @classmethod

@@ -16,6 +16,7 @@ bfloat16 with the trainer's correction (`--objective tis`), and bfloat16 without
     .venv/bin/python benchmarks/learning_curve.py --engine vllm    # one of them
     .venv/bin/python benchmarks/learning_curve.py --judge          # SmolLM2 as a RULER judge
     .venv/bin/python benchmarks/learning_curve.py --bf16-study     # vLLM bf16, with/without
+    .venv/bin/python benchmarks/learning_curve.py --guided-study   # guided retries, with/without
     .venv/bin/python benchmarks/learning_curve.py --peers          # + TRL and an in-process loop
     .venv/bin/python benchmarks/learning_curve.py --task tools     # the LangGraph tool agent
 
@@ -87,9 +88,13 @@ class Arm:
     engine: str
     vllm_dtype: str = "auto"
     objective: str = "tis"
+    strict: bool = False  # reward 1 for exactly one word, else 0 (agent.py:rollout_strict)
+    guided: bool = False  # train --guided-retries --guide agent.HINT
 
     @property
     def label(self) -> str:
+        if self.strict:
+            return f"{self.engine}, strict, " + ("guided retries" if self.guided else "no retries")
         if self.engine != "vllm" or self.vllm_dtype == "auto":
             return self.engine
         return f"vllm {self.vllm_dtype}, {self.objective}"
@@ -101,6 +106,8 @@ class EngineRun:
     rows: list[StepRow]
     reached: tuple[int, float] | None  # (step, seconds) of the first task reward >= target
     best: float
+    guided_retries: float = 0.0  # all-fail groups run again guided, over the run
+    guided_rescued: float = 0.0  # of those, the ones whose retry had a reward spread
 
 
 @dataclass(frozen=True)
@@ -119,6 +126,12 @@ def main(args: argparse.Namespace) -> None:
     share_cpu_cores()  # the trainer here shares the cores with the stack; before torch loads
     if args.task == "tools":
         run_tool_agent(args)
+        return
+    if args.guided_study:
+        # A task whose groups mostly all fail, with and without guided retries, one run.
+        arms = [Arm("local", strict=True), Arm("local", strict=True, guided=True)]
+        runs = [run_engine(arm, args) for arm in arms]
+        summarize_guided(runs, args.target)
         return
     if args.bf16_study:
         # vLLM serving bf16 with and without the correction, beside float32 serving, one run.
@@ -207,13 +220,19 @@ async def _train(
             "judge_base_url": [llm],
             "judge_mode": "logprob",
         }
+    guided = {}
+    if arm.guided:
+        sys.path.insert(0, str(ROOT))  # run as a script, the repository root is not on the path
+        from examples.single_word.agent import HINT
+
+        guided = {"guided_retries": True, "guide": HINT}
     settings = TrainSettings.model_validate(
         {
             "store": store,
             "proxy": proxy,
             "upstream": [llm],
             "out": str(work / "train"),
-            "agent": f"{EXAMPLE / 'agent.py'}:rollout",
+            "agent": f"{EXAMPLE / 'agent.py'}:{'rollout_strict' if arm.strict else 'rollout'}",
             "scenarios": str(EXAMPLE / "scenarios.jsonl"),
             "steps": args.steps,
             "group_size": args.group_size,
@@ -224,6 +243,7 @@ async def _train(
             "threads": args.threads,
             "objective": arm.objective,
             **judge,
+            **guided,
         }
     )
     from art_proxy_trainer.command import run_train  # imports torch: after share_cpu_cores
@@ -255,7 +275,14 @@ async def _train(
             reached = (row.step, elapsed)
     console.print(_table(arm.label, rows))
     console.print(summary.table())
-    return EngineRun(arm.label, rows, reached, max(programmatic.values(), default=math.nan))
+    return EngineRun(
+        arm.label,
+        rows,
+        reached,
+        max(programmatic.values(), default=math.nan),
+        guided_retries=sum(r["metrics"].get("guided_retries", 0.0) for r in records),
+        guided_rescued=sum(r["metrics"].get("guided_rescued", 0.0) for r in records),
+    )
 
 
 def _table(engine: str, rows: list[StepRow]) -> Table:
@@ -314,6 +341,29 @@ def summarize(runs: list[EngineRun], peers: list[PeerResult], target: float) -> 
     console.print(f"task reward >= {target}: " + "; ".join(figures))  # the key figures, last
 
 
+def summarize_guided(runs: list[EngineRun], target: float) -> None:
+    """Validation (never guided) by step, the first step it reaches `target`, and the all-fail
+    groups each run retried with guidance and rescued (a retry with a reward spread)."""
+    table = Table(title=f"strict single-word task: to a validation reward >= {target}")
+    for column in ("run", "validation by step", "first step >= target", "retried", "rescued"):
+        table.add_column(column, justify="right")
+    figures = []
+    for run in runs:
+        vals = [(row.step, row.val) for row in run.rows if row.val is not None]
+        first = next((step for step, val in vals if val >= target), None)
+        table.add_row(
+            run.engine,
+            ", ".join(f"{step}: {val:.2f}" for step, val in vals),
+            "-" if first is None else str(first),
+            f"{run.guided_retries:.0f}",
+            f"{run.guided_rescued:.0f}",
+        )
+        reached = "not reached" if first is None else f"step {first}"
+        figures.append(f"{run.engine} {reached} (last {vals[-1][1]:.2f})" if vals else run.engine)
+    console.print(table)
+    console.print(f"validation >= {target}: " + "; ".join(figures))  # the key figures, last
+
+
 def _reached(reached: tuple[int, float] | None) -> str:
     return "not reached" if reached is None else f"step {reached[0]}, {reached[1]:.0f} s"
 
@@ -338,6 +388,11 @@ if __name__ == "__main__":
         "--bf16-study",
         action="store_true",
         help="vLLM only: bf16 serving with the correction (tis) and without (ppo), beside fp32",
+    )
+    parser.add_argument(
+        "--guided-study",
+        action="store_true",
+        help="local-llm only: the strict single-word task with and without guided retries",
     )
     parser.add_argument(
         "--peers", action="store_true", help="also TRL's GRPOTrainer and an in-process loop"

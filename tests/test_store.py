@@ -142,7 +142,11 @@ async def test_sqlite_rows_written_by_the_cursor_equal_those_sqlalchemy_execute_
     conversions compiled by SQLAlchemy; replaying the real relay's batches (a new trajectory, a
     continued one, a stream, a failed call) through `Connection.execute` must give the same rows."""
     written: list[Batch] = []
-    async with running_proxy(proxy_settings(sqlite_url, vllm.base_url)) as proxy:
+    (tmp_path / "checks.py").write_text("def longer(messages, choice):\n    return 0.5\n")
+    settings = proxy_settings(
+        sqlite_url, vllm.base_url, best_of_check=f"{tmp_path}/checks.py:longer"
+    )
+    async with running_proxy(settings) as proxy:
         writer = proxy.parts.store.writer
         commit = writer.commit
 
@@ -158,6 +162,14 @@ async def test_sqlite_rows_written_by_the_cursor_equal_those_sqlalchemy_execute_
         await chat_json(http, proxy.base_url, messages)  # continues: a call and a touch
         await chat_json(http, proxy.base_url, [{"role": "user", "content": "s"}], stream=True)
         await chat_json(http, proxy.base_url, [{"role": "user", "content": "x"}], max_tokens=-1)
+        # Best-of-N writes its judgment with a candidate; a guided call, where its guidance sits.
+        best_of = {"X-Art-Best-Of": "2", "X-Art-Guidance": "a%20hint"}
+        await chat_json(http, proxy.base_url, [{"role": "user", "content": "b"}], headers=best_of)
+        guided = {"X-Art-Guidance": "a%20hint"}
+        await chat_json(http, proxy.base_url, [{"role": "user", "content": "g"}], headers=guided)
+        await chat_json(
+            http, proxy.base_url, [{"role": "user", "content": "c"}], headers={"X-Art-Best-Of": "2"}
+        )
         await proxy.parts.settled()
     assert {kind for batch in written for kind, _ in batch.rows} == set(RowKind)
 
@@ -176,7 +188,7 @@ async def test_sqlite_rows_written_by_the_cursor_equal_those_sqlalchemy_execute_
         await connection.run_sync(replay)
     recorded = create_engine(sqlite_url)
     try:
-        for table in ("scenarios", "groups", "trajectories", "calls"):
+        for table in ("scenarios", "groups", "trajectories", "calls", "judgments"):
             query = f"SELECT * FROM {table} ORDER BY 1"
             async with recorded.connect() as a, replayed.connect() as b:
                 rows = (await a.exec_driver_sql(query)).all()
@@ -383,11 +395,15 @@ def test_the_writers_sqlite_datetime_text_is_sqlalchemys(value: datetime | None)
 
 
 async def chat_json(
-    http: aiohttp.ClientSession, base_url: str, messages: list[dict[str, Any]], **fields: Any
+    http: aiohttp.ClientSession,
+    base_url: str,
+    messages: list[dict[str, Any]],
+    headers: dict[str, str] | None = None,
+    **fields: Any,
 ) -> dict[str, Any]:
     """One chat call; the answer's JSON (a stream's last chunk; an error's body)."""
     body = {"model": FakeVllmConfig().model, "messages": messages, **fields}
-    async with http.post(f"{base_url}/chat/completions", json=body) as response:
+    async with http.post(f"{base_url}/chat/completions", json=body, headers=headers) as response:
         if not fields.get("stream"):
             answer: dict[str, Any] = await response.json()
             return answer

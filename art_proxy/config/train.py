@@ -143,6 +143,18 @@ class TrainSettings(JudgeChoice, UpstreamSettings, StoreSettings, ReportSettings
         description="When more groups are ready than a step takes, train the newest first "
         "(the least stale) instead of the oldest.",
     )
+    guided_retries: bool = Field(
+        False,
+        description="The whole loop: run a scenario's group again with guidance (its scenario's "
+        "hint, else --guide) when every rollout's reward is at most --guide-below; the trainer "
+        "scores the retry's tokens without the guidance, importance-weighted.",
+    )
+    guide: str | None = Field(
+        None, description="--guided-retries' guidance for scenarios without a hint of their own."
+    )
+    guide_below: float = Field(
+        0.0, description="--guided-retries: a group whose rewards are all at most this failed."
+    )
     reward_source: RewardSource = Field(
         RewardSource.judgment,
         description="judgment: RULER's stored scores; finish: the rewards agents reported at "

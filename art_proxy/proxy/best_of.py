@@ -227,6 +227,8 @@ class BestOf:
         """A chat call that opens its trajectory and samples one answer, not greedily."""
         if call.kind != "chat" or call.assignment.seq != 0 or call.assignment.new_rows is None:
             return False
+        if call.guidance is not None:  # a guided retry samples its own group
+            return False
         n, temperature = call.body.get("n"), call.body.get("temperature")
         if n not in (None, 1):
             return False

@@ -23,7 +23,7 @@ from art_proxy.errors import JournalError, StoreError, StoreUnavailable, Upstrea
 from art_proxy.ids import new_id
 from art_proxy.journal.entries import encode
 from art_proxy.journal.segments import Journal
-from art_proxy.records import CallKind, CallStatus, Dialect, JsonObject
+from art_proxy.records import CallKind, CallStatus, Dialect, Guidance, JsonObject
 from art_proxy.redaction import scrub, scrub_text
 from art_proxy.store.rows import CallRow, Row, RowKind, ScenarioRow, TouchRow, TrajectoryRow
 from art_proxy.store.trajectory_store import TrajectoryStore, utcnow
@@ -40,6 +40,7 @@ from .capture import (
     unreproduced_sampling,
     upstream_body,
 )
+from .guidance import NOT_LOCATED, guided_messages, located
 from .tracing import CallSpans
 from .tracker import Assignment, TrajectoryTracker
 
@@ -84,6 +85,9 @@ class CallInProgress:
     client_body: JsonObject | None = None  # the body in the client's dialect, if not openai
     route: str = ""  # the path the client called, for the log
     recorded: bool = True  # False: forwarded and answered, nothing kept (consent.py)
+    guidance: str | None = None  # added to the prompt upstream, not trained on (guidance.py)
+    unguided_messages: list[JsonObject] | None = None  # what went upstream, without it
+    unguided_prompt_ids: list[int] | None = None  # their ids, by the upstream's /tokenize
     id: str = field(default_factory=new_id)
     created_at: datetime = field(default_factory=utcnow)
     started: float = field(default_factory=time.perf_counter)
@@ -103,6 +107,9 @@ class CallInProgress:
                 message,
                 *sent["messages"][position + 1 :],
             ]
+        if self.guidance is not None:
+            self.unguided_messages = sent["messages"]
+            sent["messages"] = guided_messages(sent["messages"], self.guidance)
         return sent, asks
 
 
@@ -168,8 +175,12 @@ class Recorder:
             tokens_of(outcome.response, call.kind) if outcome.response is not None else NO_TOKENS
         )
         untrainable = None
+        guidance = None
         if outcome.status == "ok":
             untrainable = tokens.untrainable or unreproduced_sampling(call.body)
+            if call.guidance is not None:
+                guidance = _guidance(call, tokens.prompt_token_ids)
+                untrainable = untrainable or (NOT_LOCATED if guidance is None else None)
         stitched = _stitched(tokens.prompt_token_ids, assignment.previous_sequences)
         replies, prompt_key, keys = self._continuation(call, outcome)
         now = utcnow()
@@ -202,6 +213,7 @@ class Recorder:
             "continuation_key": keys[0] if keys else None,
             "dialect": call.dialect,
             "client_request": call.client_body,
+            "guidance": guidance.model_dump() if guidance is not None else None,
         }
         batch = Batch([*_creation_rows(assignment, now, keys, prompt_key), (RowKind.call, row)])
         if assignment.seq > 0 or not assignment.new_rows:
@@ -385,6 +397,14 @@ def _scrub_response(response: JsonObject | None) -> JsonObject | None:
 def _text(value: str) -> str:
     """A text column's value: PostgreSQL refuses the NUL character, so it is stored as U+FFFD."""
     return value.replace("\x00", "\ufffd")
+
+
+def _guidance(call: CallInProgress, prompt_ids: list[int] | None) -> Guidance | None:
+    """Where the call's guidance sits in the prompt ids the model saw; None when that cannot be
+    told (no ids either way, or the tokenizer merged it with its neighbours)."""
+    if call.guidance is None or call.unguided_prompt_ids is None or prompt_ids is None:
+        return None
+    return located(call.guidance, call.unguided_prompt_ids, prompt_ids)
 
 
 def _stitched(prompt_ids: list[int] | None, previous: list[list[int]]) -> bool:

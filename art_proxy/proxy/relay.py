@@ -36,6 +36,7 @@ from .best_of import BestOf, asked_candidates
 from .consent import records_call
 from .dialects import Rendering, anthropic, responses, responses_answer
 from .dialects.openai import ChatRendering
+from .guidance import guidance_of
 from .recording import CallInProgress, Outcome, Recorder
 from .request_body import Rejection, body_too_large, check_body, load_body, parse_body
 from .shadow import ShadowSampler
@@ -132,6 +133,25 @@ class Relay:
             return counted
         return _json({"object": "response.input_tokens", "input_tokens": counted})
 
+    async def _prompt_ids(
+        self, request: web.Request, upstream: str, body: JsonObject
+    ) -> list[int] | None:
+        """The ids a chat body's prompt renders to, by the upstream's `/tokenize` (None when it
+        cannot tell: a guided call is then recorded untrainable, guidance.py)."""
+        prompt: JsonObject = {k: body[k] for k in ("model", "messages", "tools") if k in body}
+        root = upstream.removesuffix("/v1")
+        try:
+            response = await self._upstreams.post(root, "/tokenize", prompt, _client_auth(request))
+            answer = orjson.loads(await read_body(root, response))
+        except (ArtProxyError, orjson.JSONDecodeError) as exc:
+            log.warning("the prompt of a guided call could not be tokenized: %s", exc)
+            return None
+        tokens = answer.get("tokens") if isinstance(answer, dict) else None
+        if response.status != 200 or not isinstance(tokens, list):
+            log.warning("the prompt of a guided call could not be tokenized: %s", answer)
+            return None
+        return [int(token) for token in tokens]
+
     async def _counted(
         self,
         request: web.Request,
@@ -180,6 +200,7 @@ class Relay:
                     subject=subject_of(request.headers, translated.client or translated.body),
                 )
                 asked = asked_candidates(request.headers)
+                guidance = guidance_of(request.headers) if kind == "chat" else None
             except BadRequest as exc:
                 translated = Rejection(
                     exc,
@@ -193,6 +214,7 @@ class Relay:
         messages = body.get("messages") if kind == "chat" else None
         assignment = await self._tracker.assign(explicit, messages, continues=translated.continues)
         call = self._call(request, kind, dialect, translated, assignment, recorded=True)
+        call.guidance = guidance
         try:
             candidates = self._best_of.candidates(call, asked)
         except BadRequest as exc:  # a call best-of-N cannot answer: refused, in its trajectory
@@ -240,6 +262,9 @@ class Relay:
         sent, asks = call.upstream_body(token_ids=token_ids)
         call.asks = asks
         rendering = _rendering(call)
+        if call.unguided_messages is not None:
+            unguided = {**sent, "messages": call.unguided_messages}
+            call.unguided_prompt_ids = await self._prompt_ids(request, upstream, unguided)
         try:
             response = await self._upstreams.post(
                 upstream, PATHS[kind], sent, _client_auth(request)

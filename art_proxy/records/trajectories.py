@@ -41,6 +41,16 @@ Attribution = Literal[
 Dialect = Literal["openai", "responses", "anthropic"]
 
 
+class Guidance(Record):
+    """Text a guided retry added to a call's prompt upstream (proxy/guidance.py): the model was
+    sampled with it, the trainer scores the tokens without it (the recorded logprobs, taken with
+    it, enter through the importance weight)."""
+
+    text: str
+    start: int = Field(description="Where the guidance's tokens begin in `prompt_token_ids`.")
+    end: int = Field(description="Where they end (exclusive): the trainer leaves [start, end) out.")
+
+
 class CallRecord(Record):
     """One request to the upstream, as the proxy saw it (never headers: they may hold secrets)."""
 
@@ -92,6 +102,11 @@ class CallRecord(Record):
         default=None,
         description="The body the client sent in the responses or anthropic dialect (None for "
         "openai, whose `request` is the client's own).",
+    )
+    guidance: Guidance | None = Field(
+        default=None,
+        description="Guidance added upstream (X-Art-Guidance): `request` is the body without it, "
+        "`prompt_token_ids` what the model saw, with it.",
     )
 
 

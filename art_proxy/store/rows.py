@@ -87,6 +87,8 @@ class CallRow(TypedDict):
     continuation_key: str | None
     dialect: str
     client_request: JsonObject | None
+    # Absent from a record journaled before guided calls were recorded (stored as NULL).
+    guidance: NotRequired[JsonObject | None]
 
 
 class TouchRow(TypedDict):

@@ -122,6 +122,8 @@ calls = sa.Table(
     # body the client sent; `request` holds the chat-completions body sent upstream (migration 0009).
     sa.Column("dialect", sa.String(16), nullable=False, server_default="openai"),
     sa.Column("client_request", Json),
+    # records.Guidance of a guided retry's call: the text and where its tokens sit (migration 0016).
+    sa.Column("guidance", Json),
     # Not indexed by `continuation_key`: stitching reaches a call through its trajectory's tip
     # (migration 0010).
     # Unique (migration 0013): two calls at one seq would train on a conversation never held.

@@ -21,6 +21,9 @@ from openai.types.chat import ChatCompletion
 from art_proxy.rollout import Rollout
 
 SYSTEM = "You are a helpful assistant. Answer with a single word."
+# A guided retry's hint (train --guided-retries --guide): what a teacher would say to a model that
+# answered every time with a sentence. The trainer never trains on it.
+HINT = "Reply with that one word only, for example: Apple"
 # Room for a word and its end-of-turn token, not for a sentence.
 MAX_TOKENS = 8
 _WORD = re.compile(r"[^\W_]+(?:['-][^\W_]+)*")
@@ -52,6 +55,15 @@ async def ask(client: AsyncOpenAI, model: str, question: str) -> ChatCompletion:
         max_tokens=MAX_TOKENS,
         temperature=1.0,
     )
+
+
+async def rollout_strict(run: Rollout) -> float:
+    """The same call, rewarded 1 for exactly one word and 0 otherwise: a task whose groups the
+    base model mostly fails outright (benchmarks/learning_curve.py --guided-study)."""
+    async with run.openai_client() as client:
+        reply = await ask(client, run.model, str(run.scenario.input))
+    choice = reply.choices[0]
+    return float(rate(choice.message.content, choice.finish_reason) == 1.0)
 
 
 async def rollout(run: Rollout) -> float:

@@ -50,3 +50,10 @@ async def scripted_validation_agent(run: Rollout) -> float:
     if run.scenario.split == "val":
         return SCRIPTED_VAL_REWARDS.get(untagged(reply.model), 0.0)
     return _length_reward(reply)
+
+
+async def fails_unless_guided(run: Rollout) -> float:
+    """Fails every unguided rollout; a guided retry's rollouts alternate 0 and 1 (a group with
+    signal): the loop's plumbing of guided retries, not learning."""
+    await _ask(run)
+    return float(run.guidance is not None and run.index % 2 == 1)

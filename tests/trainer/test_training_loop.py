@@ -317,3 +317,35 @@ async def test_a_trainer_refuses_to_resume_another_agents_run_without_resume(
     told = _settings(stack, out, steps=1, val_every=0, agent=None, scenarios=None, resume=True)
     resumed = await asyncio.wait_for(run_train(told, Console(quiet=True)), 120)
     assert resumed.stopped == "reached --steps 1"
+
+
+async def test_groups_that_all_failed_are_run_again_guided_and_trained_without_the_guidance(
+    stack: Stack, tmp_path: Path
+) -> None:
+    settings = _settings(
+        stack,
+        tmp_path / "run",
+        steps=1,
+        val_every=0,
+        agent=f"{HERE / 'agents.py'}:fails_unless_guided",
+        guided_retries=True,
+        guide="Answer in one word.",
+    )
+    summary = await asyncio.wait_for(run_train(settings, Console(quiet=True)), 300)
+    assert summary.stopped == "reached --steps 1"
+    async with TrajectoryStore.opened(stack.store_url, writer=False) as store:
+        (step,) = await store.training_steps(run="run")
+        trained = [g for g, outcome in step.groups.items() if outcome == "trained"]
+        guided = [
+            call
+            for group in trained
+            for t in await store.trajectories(group=group)
+            for call in (await store.calls([t.id]))[t.id]
+        ]
+    # Round 1's two groups all failed; each ran again guided, and those are what trained.
+    assert (step.metrics["guided_retries"], step.metrics["guided_rescued"]) == (2.0, 2.0)
+    assert len(trained) == 2 and guided
+    for call in guided:
+        assert call.trainable and call.guidance is not None
+        assert call.guidance.text == "Answer in one word."
+        assert "Answer in one word." not in str(call.request["messages"])

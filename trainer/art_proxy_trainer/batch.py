@@ -263,7 +263,7 @@ def sequences_from_calls(
             if not scorable:
                 skipped += 1
                 continue
-        prompt = call.prompt_token_ids
+        prompt = trained_prompt(call)
         current = sequences[-1] if sequences else None
         if current is not None and prompt[: len(current.tokens)] == current.tokens:
             current.add_context(prompt[len(current.tokens) :])
@@ -280,6 +280,18 @@ def sequences_from_calls(
             allowed_N_W,
         )
     return sequences, SequenceStats(len(sequences), stitch_misses, skipped)
+
+
+def trained_prompt(call: CallRecord) -> list[int]:
+    """The prompt ids the trainer scores a call's tokens after: those the model saw, less the
+    guidance a guided retry added (proxy/guidance.py), so the policy learns to answer so without
+    it. The same guidance sits at the same place in every call of a trajectory, so the calls
+    still stitch."""
+    assert call.prompt_token_ids is not None
+    if call.guidance is None:
+        return call.prompt_token_ids
+    ids = call.prompt_token_ids
+    return ids[: call.guidance.start] + ids[call.guidance.end :]
 
 
 def _continued_choice(call: CallRecord, later: Sequence[CallRecord]) -> int | None:

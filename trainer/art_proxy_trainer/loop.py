@@ -21,7 +21,7 @@ import logging
 import math
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -237,6 +237,9 @@ class WholeLoop:
 
     async def _training_groups(self, number: int) -> tuple[list[TrainableGroup], dict[str, float]]:
         groups: list[TrainableGroup] = []
+        metrics = (
+            {"guided_retries": 0.0, "guided_rescued": 0.0} if self.settings.guided_retries else {}
+        )
         rounds = 0
         while rounds < _MAX_REFILLS:
             with_signal = sum(has_signal(g.rewards.values()) for g in groups)
@@ -245,8 +248,33 @@ class WholeLoop:
                 break
             rounds += 1
             self.events.status(f"step {number}: rollouts, round {rounds}")
-            groups += await self._scored_groups(self._draw(missing))
-        return groups, {"rollout_rounds": float(rounds)}
+            drawn = await self._scored_groups(self._draw(missing))
+            groups += drawn
+            if self.settings.guided_retries:
+                retried = await self._guided_retries(drawn)
+                groups += retried
+                metrics["guided_retries"] += len(retried)
+                metrics["guided_rescued"] += sum(has_signal(g.rewards.values()) for g in retried)
+        metrics["rollout_rounds"] = float(rounds)
+        return groups, metrics
+
+    async def _guided_retries(self, groups: Sequence[TrainableGroup]) -> list[TrainableGroup]:
+        """The groups of `groups` whose rollouts all failed, run again with their guidance (the
+        scenario's hint, else --guide; none: not retried)."""
+        settings = self.settings
+        by_id = {scenario.id: scenario for scenario in self.train_scenarios}
+        guidance: dict[str, str] = {}
+        for group in groups:
+            rewards = list(group.rewards.values())
+            if len(rewards) < 2 or max(rewards) > settings.guide_below:
+                continue
+            scenario = by_id.get(group.scenario_id)
+            text = (scenario.hint if scenario is not None else None) or settings.guide
+            if scenario is not None and text:
+                guidance[scenario.id] = text
+        if not guidance:
+            return []
+        return await self._scored_groups([by_id[i] for i in guidance], guidance)
 
     def _draw(self, count: int) -> list[Scenario]:
         """The next training scenarios, each epoch in a new random order."""
@@ -258,7 +286,9 @@ class WholeLoop:
             drawn.append(self._draws.pop())
         return drawn
 
-    async def _scored_groups(self, scenarios: Sequence[Scenario]) -> list[TrainableGroup]:
+    async def _scored_groups(
+        self, scenarios: Sequence[Scenario], guidance: Mapping[str, str] | None = None
+    ) -> list[TrainableGroup]:
         settings = self.settings
         report = await run_rollouts(
             self.agent,
@@ -270,6 +300,7 @@ class WholeLoop:
             model=self.trainer.alias,
             admin_key=settings.admin_key,
             progress=self.events.rollouts,
+            guidance=guidance,
         )
         for warning in report.warnings:
             log.warning("%s", warning)
