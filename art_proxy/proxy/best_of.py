@@ -171,15 +171,6 @@ class RulerChooser:
             await judge.aclose()
 
 
-@dataclass(frozen=True)
-class Chosen:
-    """What a best-of call answers: the chosen candidate's response, and how it was chosen."""
-
-    response: JsonObject
-    judgment: Judgment | None  # None: the chooser failed or ran out of time (the first answered)
-    seconds: float  # spent choosing
-
-
 class BestOf:
     def __init__(
         self,
@@ -241,9 +232,9 @@ class BestOf:
         body = {key: value for key, value in sent.items() if key != "stream_options"}
         return body | {"n": n, "stream": False}
 
-    async def choose(self, call: CallInProgress, answer: JsonObject, n: int) -> Chosen:
+    async def choose(self, call: CallInProgress, answer: JsonObject, n: int) -> JsonObject:
         """Score the N choices of `answer`, record them as one judged group, and return the one
-        to answer `call` with."""
+        to answer `call` with (a one-choice response)."""
         assert self._chooser is not None
         group = self._tracker.best_of_group(call.assignment, n)
         candidates = [
@@ -273,7 +264,7 @@ class BestOf:
         else:
             self._counters.best_of_judge_cost_usd += judgment.cost_usd
         await self._record(call, candidates, judgment)
-        return Chosen(chosen.response, judgment, seconds)
+        return chosen.response
 
     async def _record(
         self, call: CallInProgress, candidates: list[Candidate], judgment: Judgment | None

@@ -292,9 +292,7 @@ class Relay:
                     request, call, response.status, response.content_type, raw, rendering
                 )
         except ArtProxyError as exc:
-            log.warning("%s %s: %s", request.method, request.path, exc.message)
-            if not isinstance(exc, StoreUnavailable):
-                await self._recorder.record(call, Outcome("failed", exc.status, error=exc.message))
+            await self._failed(request, call, exc)
             raise
         return await relay_stream(request, call, response, rendering, self._recorder, self._shadow)
 
@@ -317,14 +315,19 @@ class Relay:
                 )
             chosen = await self._best_of.choose(call, outcome.response, n)
         except ArtProxyError as exc:
-            log.warning("%s %s: %s", request.method, request.path, exc.message)
-            if not isinstance(exc, StoreUnavailable):
-                await self._recorder.record(call, Outcome("failed", exc.status, error=exc.message))
+            await self._failed(request, call, exc)
             raise
-        await self._recorder.record(call, Outcome("ok", 200, response=chosen.response))
+        await self._recorder.record(call, Outcome("ok", 200, response=chosen))
         if not call.stream:
-            return _json(rendering.whole(chosen.response))
-        return await answer_as_stream(request, call, chosen.response, rendering)
+            return _json(rendering.whole(chosen))
+        return await answer_as_stream(request, call, chosen, rendering)
+
+    async def _failed(self, request: web.Request, call: CallInProgress, exc: ArtProxyError) -> None:
+        """Log and record a call the upstream or the proxy failed (a store that is down has
+        nothing to record it in: the error says so)."""
+        log.warning("%s %s: %s", request.method, request.path, exc.message)
+        if not isinstance(exc, StoreUnavailable):
+            await self._recorder.record(call, Outcome("failed", exc.status, error=exc.message))
 
     async def _translate(
         self, raw: bytes, kind: CallKind, dialect: Dialect

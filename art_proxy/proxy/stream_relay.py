@@ -39,10 +39,7 @@ async def relay_stream(
     shadow: ShadowSampler,
 ) -> web.StreamResponse:
     """Relay an upstream stream to the client, record it, then end it (see the module's doc)."""
-    client = web.StreamResponse(
-        headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
-    )
-    await client.prepare(request)
+    client = await _event_stream(request)
     rebuilt = StreamRecorder(call.kind)
     outcome_status: CallStatus = "ok"
     error: str | None = None
@@ -141,10 +138,7 @@ async def answer_as_stream(
 ) -> web.StreamResponse:
     """Stream a whole answer, recorded already, as vLLM would have streamed it (best_of.py: the
     chosen candidate, once the choice is made)."""
-    client = web.StreamResponse(
-        headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
-    )
-    await client.prepare(request)
+    client = await _event_stream(request)
     options = call.body.get("stream_options")
     include_usage = isinstance(options, dict) and bool(options.get("include_usage"))
     events = [
@@ -153,4 +147,13 @@ async def answer_as_stream(
     ]
     if not await _flush(client, [event for event in events if event]):
         await _write_quietly(client, rendering.end(response))
+    return client
+
+
+async def _event_stream(request: web.Request) -> web.StreamResponse:
+    """The client's server-sent-events response, its headers sent."""
+    client = web.StreamResponse(
+        headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+    )
+    await client.prepare(request)
     return client
