@@ -25,7 +25,7 @@ from art_proxy.proxy.server import RunningProxy, running_proxy
 from art_proxy.records import BEST_OF_JUDGE_PREFIX, TrajectoryRecord
 from art_proxy.testing.fake_vllm import FakeVllmConfig, running_fake_vllm
 from tests.conftest import proxy_settings, trajectories
-from tests.ruler.scripted_judge import answer_by_content, running_scripted_judge
+from tests.ruler.scripted_judge import Reply, answer_by_content, running_scripted_judge
 
 MODEL = "qwen-fake"
 REPLY = "Invoices live in the invoices table."
@@ -282,6 +282,35 @@ async def test_ruler_ranks_the_candidates_against_each_other(sqlite_url: str) ->
     assert judgment.status == "scored"
     assert judgment.judge_model == f"{BEST_OF_JUDGE_PREFIX}ruler:openai/judge"
     assert sorted(score.reward for score in judgment.scores) == [0.1, 0.1, 0.9]
+
+
+async def test_a_group_whose_serve_time_judge_failed_is_left_to_the_offline_judge(
+    sqlite_url: str,
+) -> None:
+    """A scored best-of group is never judged again; one whose RULER answered nothing usable is
+    recorded with its failed judgment and stays open to `art-proxy judge`."""
+    async with (
+        running_scripted_judge(Reply("not a judgment")) as judge,
+        running_fake_vllm(FakeVllmConfig(model=MODEL, reply=REPLY)) as vllm,
+        running_proxy(
+            proxy_settings(
+                sqlite_url,
+                vllm.base_url,
+                best_of_judge="openai/judge",
+                best_of_judge_base_url=judge.base_url,
+            )
+        ) as proxy,
+        client(proxy, 2) as openai,
+    ):
+        reply = await openai.chat.completions.create(model=MODEL, messages=TASK)
+        _, candidates = served_and_candidates(await trajectories(proxy))
+        store = proxy.parts.store
+        (failed,) = await store.judgments(group=candidates[0].group_id)
+        open_to = await store.unjudged_groups(judge_model="m", mode="json", rubric_hash="r")
+
+    assert reply.choices[0].message.content == REPLY  # the first candidate
+    assert failed.status == "judge_failed"
+    assert candidates[0].group_id in {group.id for group in open_to}
 
 
 def test_settings_refuse_a_fraction_without_a_chooser_and_two_choosers() -> None:

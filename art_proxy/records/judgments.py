@@ -19,7 +19,7 @@ MemberStatus = Literal["scored", "judge_failed"]
 # reward + b * the RULER score (--reward-mix).
 RewardFormula = Literal["ruler", "mix"]
 # The judge_model of a group judged as it was served (best-of-N, proxy/best_of.py):
-# "best-of:<chooser>". Such a group is not judged again: that ranking chose the user's answer.
+# "best-of:<chooser>". Such a group, scored, is not judged again: that ranking chose the answer.
 BEST_OF_JUDGE_PREFIX = "best-of:"
 
 

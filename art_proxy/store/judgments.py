@@ -51,9 +51,12 @@ class JudgmentRecords(StoreBase):
         if retry_failed:
             judged = judged.where(J.c.status != "judge_failed")
         # A best-of group was judged as it was served (proxy/best_of.py): that ranking chose the
-        # user's answer, and is what the group trains on.
+        # user's answer, and is what the group trains on. One whose judge failed then is open to
+        # judging as any other.
         served = sa.select(J.c.id).where(
-            J.c.group_id == G.c.id, J.c.judge_model.startswith(BEST_OF_JUDGE_PREFIX)
+            J.c.group_id == G.c.id,
+            J.c.judge_model.startswith(BEST_OF_JUDGE_PREFIX),
+            J.c.status == "scored",
         )
         page = (
             sa.select(G)
