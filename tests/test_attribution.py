@@ -10,6 +10,7 @@ import aiohttp
 import pytest
 
 from art_proxy.proxy import groups, open_trajectories
+from art_proxy.proxy.attribution import as_sampled
 from art_proxy.proxy.server import RunningProxy, running_proxy
 from art_proxy.records import Split
 from art_proxy.store.trajectory_store import utcnow
@@ -224,12 +225,13 @@ async def test_two_proxies_on_one_store_stitch_one_conversation(
     assert [call.stitched for call in whole.calls] == [False, True, True]
 
 
-async def test_two_proxies_on_one_store_follow_an_agent_that_re_renders_its_replies(
+async def test_two_proxies_on_one_store_follow_an_agent_that_writes_its_calls_as_text(
     store_url: str, vllm: FakeVllm, http: aiohttp.ClientSession
 ) -> None:
     """smolagents' way: the reply's tool call comes back as text, its result as a user message.
     The proxy that serves the next call recognises it by the last call's messages, whichever
-    proxy served that one; of two identical runs, each continues its own."""
+    proxy served that one, and forwards the call as the model wrote it (stitched); of two
+    identical runs, each continues its own."""
     settings = proxy_settings(store_url, vllm.base_url)
     tools = [{"type": "function", "function": {"name": "look", "parameters": {}}}]
     opening = [{"role": "user", "content": "re-rendered"}]
@@ -249,7 +251,11 @@ async def test_two_proxies_on_one_store_follow_an_agent_that_re_renders_its_repl
                 {"role": "assistant", "content": as_text},
                 {"role": "user", "content": "Observation: done"},
             ]
-            await chat(http, second.base_url, echoed)
+            async with http.post(
+                f"{second.base_url}/chat/completions",
+                json={"model": MODEL, "messages": echoed, "tools": tools},
+            ) as response:
+                assert response.status == 200, await response.text()
         await second.parts.settled()
         calls = [
             call
@@ -262,7 +268,7 @@ async def test_two_proxies_on_one_store_follow_an_agent_that_re_renders_its_repl
         by_trajectory.setdefault(call.trajectory_id, []).append(call)
     assert len(by_trajectory) == 2
     for first_call, second_call in (sorted(c, key=lambda c: c.seq) for c in by_trajectory.values()):
-        assert second_call.attribution == "rerendered" and not second_call.stitched
+        assert (second_call.attribution, second_call.stitched) == ("continuation", True)
         tool_call_id = first_call.response["choices"][0]["message"]["tool_calls"][0]["id"]
         assert tool_call_id in second_call.request["messages"][1]["content"]
 
@@ -422,3 +428,58 @@ async def test_openings_after_one_assistant_greeting_are_different_scenarios(
     await proxy.parts.settled()
     [refund, _] = sorted(await proxy.parts.store.scenarios(), key=lambda s: s.id != scenarios[0])
     assert refund.opening[-1] == {"role": "user", "content": "Refund order 17"}
+
+
+REPLY = {
+    "role": "assistant",
+    "content": "Let me look.",
+    "tool_calls": [
+        {
+            "id": "call_7",
+            "type": "function",
+            "function": {"name": "look", "arguments": '{"city": "Lima", "days": 2}'},
+        }
+    ],
+}
+
+
+def as_text(text: str) -> dict[str, Any]:
+    return {"role": "assistant", "content": [{"type": "text", "text": text}]}
+
+
+CALLS = "[{'id': 'call_7', 'type': 'function', 'function': {'name': 'look', 'arguments': %s}}]"
+
+
+@pytest.mark.parametrize(
+    ("echoed", "restored"),
+    [
+        (as_text("Let me look.\nCalling tools:\n" + CALLS % "{'city': 'Lima', 'days': 2}"), True),
+        (as_text("Let me look.\nCalling tools:\n" + CALLS % '\'{"city":"Lima","days":2}\''), True),
+        (as_text("Calling tools:\n" + CALLS % "{'city': 'Lima', 'days': 2}"), False),  # text lost
+        (as_text("Let me look.\nCalling tools:\n" + CALLS % "{'city': 'Lima', 'days': 3}"), False),
+        (as_text("Let me look.\nCalling tools:\n" + CALLS % "{'city': 'Lima'"), False),  # cut off
+        (as_text("Let me look.\nCalling tools:\n__import__('os').system('true')"), False),
+        (as_text("Let me look.\nCalling tools:\n{'id': 'call_7'}"), False),  # not a list
+        ({"role": "user", "content": "Calling tools:\n" + CALLS % "{'city': 'Lima'}"}, False),
+    ],
+    ids=[
+        "parsed",
+        "json-string",
+        "text-lost",
+        "other-arguments",
+        "cut-off",
+        "code",
+        "no-list",
+        "user",
+    ],
+)
+def test_tool_calls_written_as_text_are_put_back_only_when_they_say_the_reply(
+    echoed: dict[str, Any], restored: bool
+) -> None:
+    """The reply as the model wrote it, only for text that carries the reply's own text and
+    calls (ids, names, arguments equal as JSON); a literal, never code, is read."""
+    assert as_sampled(REPLY, echoed) == (
+        {"role": "assistant", "content": REPLY["content"], "tool_calls": REPLY["tool_calls"]}
+        if restored
+        else None
+    )

@@ -20,8 +20,10 @@ from langchain_openai import ChatOpenAI
 from openai.types.chat import ChatCompletionFunctionToolParam
 from pydantic import SecretStr
 
-from art_proxy.proxy.server import RunningProxy
+from art_proxy.proxy.server import RunningProxy, running_proxy
 from art_proxy.records import CallRecord, TrajectoryRecord
+from art_proxy.testing.fake_vllm import FakeVllmConfig, ScriptedCall, running_fake_vllm
+from tests.conftest import proxy_settings
 
 MODEL = "Qwen/Qwen2.5-0.5B-Instruct"
 WEATHER_TOOL: ChatCompletionFunctionToolParam = {
@@ -383,3 +385,100 @@ async def test_tool_arguments_sent_back_changed_continue_as_rerendered(
         proxy, client, lambda arguments: json.dumps({**json.loads(arguments), "unit": "K"})
     )
     assert (second.attribution, second.stitched, second.trainable) == ("rerendered", False, True)
+
+
+Echo = Callable[[dict[str, Any]], list[dict[str, Any]]]
+
+
+@pytest.fixture
+async def three_tool_turns(store_url: str) -> AsyncIterator[RunningProxy]:
+    """A fake that calls the weather tool at the first three turns, then answers."""
+    lima = ScriptedCall(name="get_weather", arguments={"city": "Lima"})
+    config = FakeVllmConfig(model=MODEL, tool_script=(lima, lima, lima))
+    async with (
+        running_fake_vllm(config) as vllm,
+        running_proxy(proxy_settings(store_url, vllm.base_url)) as running,
+    ):
+        yield running
+
+
+async def tool_run(proxy: RunningProxy, echo: Echo) -> tuple[list[CallRecord], list[Any]]:
+    """An agent's run of four calls, each of the three tool calls sent back as `echo` writes the
+    reply and its result (each earlier turn kept as it was first sent): the run's calls, and the
+    messages the agent sent last."""
+    messages: list[Any] = [{"role": "user", "content": "Weather in Lima?"}]
+    async with openai.AsyncOpenAI(base_url=proxy.base_url, api_key="unused") as client:
+        for turn in range(4):
+            reply = await client.chat.completions.create(
+                model=MODEL, messages=messages, tools=[WEATHER_TOOL]
+            )
+            if turn < 3:
+                message = reply.choices[0].message.model_dump(exclude_none=True)
+                messages += echo(message)
+    trajectory = await only_trajectory(proxy)
+    assert trajectory.calls is not None and len(trajectory.calls) == 4
+    return trajectory.calls, messages
+
+
+def re_serialised(reply: dict[str, Any]) -> list[dict[str, Any]]:
+    """pydantic-ai on openai 3: the arguments compacted, the result a tool message."""
+    call = reply["tool_calls"][0]
+    compact = json.dumps(json.loads(call["function"]["arguments"]), separators=(",", ":"))
+    assert compact != call["function"]["arguments"]
+    echoed = {**call, "function": {**call["function"], "arguments": compact}}
+    return [
+        {**reply, "tool_calls": [echoed]},
+        {"role": "tool", "tool_call_id": call["id"], "content": "cold"},
+    ]
+
+
+def as_smolagents_writes_it(change: dict[str, Any] | None = None) -> Echo:
+    """smolagents' memory: the tool calls as text after `Calling tools:` (a Python list, the
+    arguments parsed), the result a user message; `change` rewrites the arguments."""
+
+    def echo(reply: dict[str, Any]) -> list[dict[str, Any]]:
+        calls = [
+            {
+                "id": call["id"],
+                "type": "function",
+                "function": {
+                    "name": call["function"]["name"],
+                    "arguments": {**json.loads(call["function"]["arguments"]), **(change or {})},
+                },
+            }
+            for call in reply["tool_calls"]
+        ]
+        text = "Calling tools:\n" + str(calls)
+        return [
+            {"role": "assistant", "content": [{"type": "text", "text": text}]},
+            {"role": "user", "content": [{"type": "text", "text": "Observation:\ncold"}]},
+        ]
+
+    return echo
+
+
+@pytest.mark.parametrize(
+    "echo",
+    [re_serialised, as_smolagents_writes_it()],
+    ids=["re-serialised", "smolagents-text"],
+)
+async def test_every_echo_in_another_form_is_forwarded_as_sampled_turn_after_turn(
+    three_tool_turns: RunningProxy, echo: Echo
+) -> None:
+    """Each call of a four-call run carries every earlier reply in the agent's form: each is
+    put back as the model wrote it (not only the last), so every call stitches onto the one
+    before; the record keeps the agent's body."""
+    calls, sent = await tool_run(three_tool_turns, echo)
+    assert [(c.attribution, c.stitched, c.trainable) for c in calls[1:]] == [
+        ("continuation", True, True)
+    ] * 3
+    assert calls[3].request["messages"] == sent
+
+
+async def test_tool_calls_written_back_as_text_with_other_arguments_stay_rerendered(
+    three_tool_turns: RunningProxy,
+) -> None:
+    calls, _ = await tool_run(three_tool_turns, as_smolagents_writes_it({"unit": "K"}))
+    assert [(c.attribution, c.stitched, c.trainable) for c in calls[1:]] == [
+        ("rerendered", False, True)
+    ] * 3

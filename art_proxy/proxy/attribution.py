@@ -17,6 +17,7 @@ the tool-call id a tool result answers, and nothing else.
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import hashlib
 from collections.abc import Mapping
@@ -98,12 +99,15 @@ def _canonical_content(content: Any) -> Any:
 
 
 def _canonical_tool_call(call: Any) -> JsonObject:
-    function = call.get("function") or {} if isinstance(call, dict) else {}
+    function = call.get("function") if isinstance(call, dict) else None
+    if not isinstance(function, dict):
+        function = {}
     arguments = function.get("arguments")
     if isinstance(arguments, str):
         with contextlib.suppress(orjson.JSONDecodeError):
             arguments = orjson.loads(arguments)
-    return {"id": call.get("id"), "name": function.get("name"), "arguments": arguments}
+    call_id = call.get("id") if isinstance(call, dict) else None
+    return {"id": call_id, "name": function.get("name"), "arguments": arguments}
 
 
 def _hasher(messages: list[JsonObject]) -> hashlib.blake2b:
@@ -259,32 +263,61 @@ def verbatim(reply: JsonObject, echoed: JsonObject) -> bool:
     return written(reply) == written(echoed)
 
 
-def same_meaning(reply: JsonObject, echoed: JsonObject) -> bool:
-    """Whether an echoed assistant message says what the reply said, in whatever form: the same
-    canonical message the conversation keys hash (same text, same tool-call ids and names,
-    arguments equal as JSON; pydantic-ai on openai 3 sends `{"city":"Paris"}` back for the
-    model's `{"city": "Paris"}`)."""
-    return canonical_message(reply) == canonical_message(echoed)
-
-
-def as_sampled(echoed: JsonObject, reply: JsonObject) -> JsonObject:
-    """The echoed message with the reply's own text and tool-call arguments put back: what the
-    model wrote, in the shape the agent sent it (so the upstream renders the tokens it sampled)."""
-    restored = {**echoed, "content": reply.get("content")}
+def as_sampled(reply: JsonObject, echoed: JsonObject) -> JsonObject | None:
+    """The echoed message as the model wrote it, when it says what the reply said in another
+    form (so the upstream renders the tokens the model sampled); None when it says something
+    else. The forms: the canonical message the conversation keys hash (same text, same tool-call
+    ids and names, arguments equal as JSON: pydantic-ai on openai 3 sends `{"city":"Paris"}` back
+    for the model's `{"city": "Paris"}`), and the tool calls written back as text (smolagents:
+    the reply's text, then `Calling tools:` and the calls as a Python list)."""
     replied = [call for call in reply.get("tool_calls") or [] if isinstance(call, dict)]
-    echoed_calls = [call for call in echoed.get("tool_calls") or [] if isinstance(call, dict)]
-    if echoed_calls:
-        restored["tool_calls"] = [
-            {
-                **call,
-                "function": {
-                    **(call.get("function") or {}),
-                    "arguments": (original.get("function") or {}).get("arguments"),
-                },
-            }
-            for call, original in zip(echoed_calls, replied, strict=False)
-        ]
-    return restored
+    if canonical_message(reply) == canonical_message(echoed):
+        restored = {**echoed, "content": reply.get("content")}
+        echoed_calls = [call for call in echoed.get("tool_calls") or [] if isinstance(call, dict)]
+        if echoed_calls:
+            restored["tool_calls"] = [
+                {
+                    **call,
+                    "function": {
+                        **(call.get("function") or {}),
+                        "arguments": (original.get("function") or {}).get("arguments"),
+                    },
+                }
+                for call, original in zip(echoed_calls, replied, strict=False)
+            ]
+        return restored
+    written = _calls_written_as_text(echoed)
+    if written is None or not replied or echoed.get("role") != "assistant":
+        return None
+    text, calls = written
+    reply_text = _canonical_content(reply.get("content"))
+    if not isinstance(reply_text, str) or text != reply_text.strip():
+        return None
+    if calls != [_canonical_tool_call(call) for call in replied]:
+        return None
+    return {"role": "assistant", "content": reply.get("content"), "tool_calls": replied}
+
+
+_CALLS_AS_TEXT = "Calling tools:\n"  # smolagents' memory writes a tool-call step so
+_MAX_CALLS_TEXT = 1 << 20  # a literal longer than this is not parsed (ast's cost grows with it)
+
+
+def _calls_written_as_text(echoed: JsonObject) -> tuple[str, list[JsonObject]] | None:
+    """An assistant message that writes tool calls as text: (the text before them, each call's
+    canonical form), or None when it is not one."""
+    text = _canonical_content(echoed.get("content"))
+    if echoed.get("tool_calls") or not isinstance(text, str):
+        return None
+    before, mark, literal = text.rpartition(_CALLS_AS_TEXT)
+    if not mark or len(literal) > _MAX_CALLS_TEXT:
+        return None
+    try:
+        calls = ast.literal_eval(literal.strip())
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        return None
+    if not isinstance(calls, list) or not all(isinstance(call, dict) for call in calls):
+        return None
+    return before.strip(), [_canonical_tool_call(call) for call in calls]
 
 
 def resemblance(reply: JsonObject, echoed: JsonObject) -> int:

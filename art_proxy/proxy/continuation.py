@@ -26,12 +26,12 @@ from .attribution import (
     as_sampled,
     reply_messages,
     resemblance,
-    same_meaning,
     verbatim,
 )
 from .open_trajectories import (
     OpenTrajectories,
     OpenTrajectory,
+    Restored,
     fits,
     sequences_of,
     subject_of_row,
@@ -65,10 +65,9 @@ class Continuation:
     state: OpenTrajectory
     attribution: Literal["continuation", "rerendered"]
     reason: str
-    # The echoed reply said the same in another form: (its index in the messages, the message
-    # as the model wrote it), forwarded upstream in its place so the call's prompt extends the
-    # tokens the trajectory sampled.
-    restored: tuple[int, JsonObject] | None = None
+    # Echoes that say a reply of the trajectory in another form, as the model wrote them:
+    # forwarded upstream in their place so the call's prompt extends the tokens it sampled.
+    restored: Restored = ()
 
 
 async def find_continuation(
@@ -110,11 +109,8 @@ async def find_continuation(
     rerendered = _by_rerender(memory, found, messages, explicit, prompted)
     if rerendered is None:
         return None
-    return Continuation(
-        rerendered,
-        "rerendered",
-        "the messages extend its last call; the reply came back in another form",
-    )
+    state, position = rerendered
+    return _continued(state, messages, position)
 
 
 def claimable(
@@ -138,48 +134,60 @@ def _continued(state: OpenTrajectory, messages: list[JsonObject], position: int)
     """`state` continued by a call that sends its last reply back as `messages[position]`: as
     the model wrote it, or saying the same in another form (a continuation either way: the
     latter is forwarded as the model wrote it), or else re-rendered."""
-    echoed = messages[position]
-    if not state.replies or any(verbatim(reply, echoed) for reply in state.replies):
-        return Continuation(state, "continuation", "the messages extend its last call and reply")
-    restored = _as_sampled(state, echoed, position)
-    if restored is not None:
+    restored, echoed = _restorations(state, messages, position)
+    if echoed == "verbatim":
+        return Continuation(
+            state, "continuation", "the messages extend its last call and reply", restored
+        )
+    if echoed == "restored":
         return Continuation(
             state,
             "continuation",
-            "the messages extend its last call and reply, the reply re-serialised "
+            "the messages extend its last call and reply, the reply in another form "
             "(forwarded as the model wrote it)",
             restored,
         )
     return Continuation(
         state,
         "rerendered",
-        "the messages extend its last call and reply, the reply re-rendered "
-        "(reformatted tool arguments)",
+        "the messages extend its last call; the reply came back in another form",
+        restored,
     )
 
 
-def restored_echo(
-    state: OpenTrajectory, messages: list[JsonObject] | None
-) -> tuple[int, JsonObject] | None:
-    """For a call that names its trajectory: where its last assistant message echoes the
-    trajectory's last reply re-serialised, that message as the model wrote it (to forward in
-    its place); None when it is verbatim, differs, or there is none."""
-    if not messages or not state.replies:
-        return None
+def restored_echo(state: OpenTrajectory, messages: list[JsonObject] | None) -> Restored:
+    """For a call that names its trajectory: the echoes to forward as the model wrote them (its
+    last assistant message, where it says the trajectory's last reply in another form, and the
+    earlier ones the trajectory's last call forwarded so)."""
+    if not messages:
+        return ()
     position = next(
         (n for n in range(len(messages) - 1, -1, -1) if messages[n].get("role") == "assistant"),
         None,
     )
-    if position is None or any(verbatim(reply, messages[position]) for reply in state.replies):
-        return None
-    return _as_sampled(state, messages[position], position)
+    return () if position is None else _restorations(state, messages, position)[0]
 
 
-def _as_sampled(
-    state: OpenTrajectory, echoed: JsonObject, position: int
-) -> tuple[int, JsonObject] | None:
-    meant = next((reply for reply in state.replies if same_meaning(reply, echoed)), None)
-    return None if meant is None else (position, as_sampled(echoed, meant))
+def _restorations(
+    state: OpenTrajectory, messages: list[JsonObject], position: int
+) -> tuple[Restored, Literal["verbatim", "restored", "other"]]:
+    """What to forward as the model wrote it when `messages[position]` echoes the trajectory's
+    last reply: the echoes its last call forwarded so (the messages before still hold them), and
+    this one where it says the reply in another form; and how it echoed the reply."""
+    carried = []
+    for earlier, sampled in state.restored:
+        if earlier < position:
+            again = as_sampled(sampled, messages[earlier])
+            if again is not None:
+                carried.append((earlier, again))
+    echoed = messages[position]
+    if not state.replies or any(verbatim(reply, echoed) for reply in state.replies):
+        return tuple(carried), "verbatim"
+    for reply in state.replies:
+        meant = as_sampled(reply, echoed)
+        if meant is not None:
+            return (*carried, (position, meant)), "restored"
+    return tuple(carried), "other"
 
 
 def _by_rerender(
@@ -188,11 +196,11 @@ def _by_rerender(
     messages: list[JsonObject],
     explicit: Explicit,
     prompted: dict[str, list[JsonObject]],
-) -> OpenTrajectory | None:
+) -> tuple[OpenTrajectory, int] | None:
     """The open trajectory whose last call's messages this call extends with that call's reply in
-    another form: of those answered and not being continued (in memory, or in the store's
-    `prompted` rows), the one whose reply the echoed message resembles most (its tool-call ids,
-    its text), oldest first on a tie; None when no reply left a mark."""
+    another form, and the position of the echo: of those answered and not being continued (in
+    memory, or in the store's `prompted` rows), the one whose reply the echoed message resembles
+    most (its tool-call ids, its text), oldest first on a tie; None when no reply left a mark."""
     for candidate in found:
         echoed = messages[candidate.position]
         best: OpenTrajectory | JsonObject | None = None  # a trajectory in memory, or a store row
@@ -214,9 +222,10 @@ def _by_rerender(
             ):
                 best_score, best = score, row
         if isinstance(best, OpenTrajectory):
-            return best
+            return best, candidate.position
         if best is not None:
-            return claimable(memory, best, explicit)
+            claimed = claimable(memory, best, explicit)
+            return None if claimed is None else (claimed, candidate.position)
     return None
 
 

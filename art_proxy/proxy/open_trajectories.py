@@ -23,6 +23,11 @@ from .subjects import NO_SUBJECT, Subject
 MAX_TRAJECTORIES_IN_MEMORY = 20_000
 
 
+# Echoed replies forwarded upstream as the model wrote them: (their index in the call's
+# messages, the message as sampled). A later call's messages start with the same messages.
+Restored = tuple[tuple[int, JsonObject], ...]
+
+
 @dataclass
 class OpenTrajectory:
     id: str
@@ -40,6 +45,7 @@ class OpenTrajectory:
     # agent that re-renders a reply is still recognised by the messages that preceded it.
     prompt_key: str | None = None
     replies: list[JsonObject] = field(default_factory=list)
+    restored: Restored = ()  # what the latest answered call forwarded as the model wrote it
     # Rows creating the trajectory, until a commit carried them (a lost first record must not
     # orphan the calls after it; the inserts are idempotent).
     unsaved_rows: NewTrajectoryRows | None = None

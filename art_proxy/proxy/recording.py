@@ -97,16 +97,13 @@ class CallInProgress:
         sent, asks = upstream_body(self.body, self.kind, token_ids=token_ids)
         if self.model is not None and self.model != self.body["model"]:
             sent["model"] = self.model  # an alias: the upstream serves its target
-        if self.assignment.restored is not None:
-            # The agent echoed its last reply re-serialised: the upstream gets it as the model
-            # wrote it (the record keeps the agent's body), so this call's prompt extends the
+        if self.assignment.restored:
+            # The agent echoed replies in another form: the upstream gets them as the model
+            # wrote them (the record keeps the agent's body), so this call's prompt extends the
             # tokens the trajectory sampled and stitches into one sequence.
-            position, message = self.assignment.restored
-            sent["messages"] = [
-                *sent["messages"][:position],
-                message,
-                *sent["messages"][position + 1 :],
-            ]
+            sent["messages"] = list(sent["messages"])
+            for position, message in self.assignment.restored:
+                sent["messages"][position] = message
         if self.guidance is not None:
             self.unguided_messages = sent["messages"]
             sent["messages"] = guided_messages(sent["messages"], self.guidance)

@@ -36,7 +36,12 @@ from .attribution import (
 )
 from .continuation import find_continuation, looked_up_in_memory_only, restored_echo
 from .groups import Groups
-from .open_trajectories import MAX_TRAJECTORIES_IN_MEMORY, OpenTrajectories, OpenTrajectory
+from .open_trajectories import (
+    MAX_TRAJECTORIES_IN_MEMORY,
+    OpenTrajectories,
+    OpenTrajectory,
+    Restored,
+)
 
 
 @dataclass(frozen=True)
@@ -56,8 +61,8 @@ class Assignment:
     reason: str = ""  # why the call was attributed so, for the debug log
     # The keys of the call's messages, hashed once for attribution and the record (a chat call).
     conversation: Conversation | None = None
-    # An echoed reply to forward as the model wrote it: (its index in the messages, the message).
-    restored: tuple[int, JsonObject] | None = None
+    # Echoed replies to forward as the model wrote them.
+    restored: Restored = ()
 
 
 class TrajectoryTracker:
@@ -172,6 +177,7 @@ class TrajectoryTracker:
             self._memory.move_tip(state, continuation_keys)
             self._memory.move_prompt(state, prompt_key)
             state.replies = replies or []
+            state.restored = assignment.restored
         elif not state.tip_keys:  # failed: the agent may retry from where it was
             self._memory.move_tip(state, assignment.claimed_tip)
 
