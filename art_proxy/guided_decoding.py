@@ -15,19 +15,25 @@ tool parsers and structured-output backends):
   `strict` and free JSON otherwise; under `"auto"` the model may write text until it opens a
   block. Strict tools under `"auto"` together with structured output (an either-or grammar) are
   not replayed.
-- `response_format` `json_schema`: its schema; `json_object`: `{"type": "object"}`.
+- `response_format` `json_schema`: its schema; `json_object`: `{"type": "object"}`;
+  `structural_tag`: the tag as vLLM dumps it (its legacy `structures` and `triggers`, or a
+  `format`).
 - `structured_outputs` `json` / `json_object` / `choice` (an EBNF grammar of the choices' literals)
   / `regex` (xgrammar's when it can read it, else vLLM goes to llguidance: the trainer then finds
-  it cannot compile it and leaves the call out).
+  it cannot compile it and leaves the call out) / `grammar` (EBNF, or Lark where no line defines
+  a rule with `::=`, as vLLM tells them) / `structural_tag`.
 - vLLM's `auto` backend compiles these with xgrammar, except a JSON schema that uses a feature
-  xgrammar does not support, which goes to llguidance: those, regexes, free grammars and
-  structural tags are not replayed, and the call stays untrainable with the reason.
+  xgrammar does not support, which goes to llguidance: that one is not replayed, and the call
+  stays untrainable with the reason. So do strict tools under `"auto"` with structured output.
+- The `guided_*` fields are gone from vLLM 0.32: it ignores them and samples unconstrained, so
+  a call that sends them is scored as one without.
 - JSON may have any whitespace between tokens (vLLM's default, `any_whitespace`).
 """
 
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -36,9 +42,10 @@ from art_proxy.records import JsonObject
 
 @dataclass(frozen=True)
 class Grammar:
-    """A grammar the trainer can replay: a JSON schema (as text) or an EBNF grammar."""
+    """A grammar the trainer can replay, as text: a JSON schema, an EBNF or Lark grammar, a
+    regex, a structural tag (JSON), or the hermes tool-call tag vLLM builds from the tools."""
 
-    kind: Literal["json_schema", "ebnf", "regex", "hermes_tools"]
+    kind: Literal["json_schema", "ebnf", "lark", "regex", "structural_tag", "hermes_tools"]
     spec: str  # hermes_tools: {"tools", "tool_choice", "parallel_tool_calls"} as JSON
 
 
@@ -68,7 +75,6 @@ _XGRAMMAR_FORMATS = frozenset(
         "relative-json-pointer",
     ]
 )
-_LEGACY_GUIDED = ("guided_json", "guided_regex", "guided_choice", "guided_grammar")
 
 
 def constraint(body: JsonObject) -> Grammar | Unreplayable | None:
@@ -104,11 +110,10 @@ def constraint(body: JsonObject) -> Grammar | Unreplayable | None:
                 if schema is not None
                 else _reason("response_format")
             )
+        if kind == "structural_tag":
+            return Grammar("structural_tag", json.dumps(response_format))
         if kind not in (None, "text"):
             return _reason("response_format")
-    for name in _LEGACY_GUIDED:
-        if body.get(name) is not None:
-            return _reason(name)
     return None
 
 
@@ -153,8 +158,23 @@ def _structured(structured: dict[str, Any]) -> Grammar | Unreplayable:
     regex = structured.get("regex")
     if isinstance(regex, str) and regex and "\x00" not in regex:
         return Grammar("regex", regex)
+    grammar = structured.get("grammar")
+    if isinstance(grammar, str) and grammar.strip():
+        return Grammar("lark" if _lark(grammar) else "ebnf", grammar)
+    tag = structured.get("structural_tag")
+    if isinstance(tag, str) and tag.strip():
+        return Grammar("structural_tag", tag)
     kinds = sorted(k for k, v in structured.items() if v not in (None, False, [], ""))
     return _reason("structured_outputs " + (", ".join(kinds) or "of no kind"))
+
+
+_COMMENT = re.compile(r"(#|//).*$")
+
+
+def _lark(grammar: str) -> bool:
+    """vLLM's reading of a free grammar: EBNF when a line (comments left out) defines a rule
+    with `::=`, else Lark."""
+    return not any("::=" in _COMMENT.sub("", line) for line in grammar.split("\n"))
 
 
 def _ebnf_literal(text: str) -> str:

@@ -17,6 +17,17 @@ STRICT_TOOL = {"type": "function", "function": {**FUNCTION, "strict": True}}
 NAMED = {"type": "function", "function": {"name": "get_weather"}}
 
 
+TAG = {
+    "type": "structural_tag",
+    "format": {"type": "tag", "begin": "<w>", "content": {"type": "any_text"}, "end": "</w>"},
+}
+LEGACY_TAG = {
+    "type": "structural_tag",
+    "structures": [{"begin": "<w>", "schema": {"type": "object"}, "end": "</w>"}],
+    "triggers": ["<w>"],
+}
+
+
 def _tools(tools: list[Any], choice: Any, *, parallel: bool | None = None) -> str:
     return json.dumps({"tools": tools, "tool_choice": choice, "parallel_tool_calls": parallel})
 
@@ -77,10 +88,23 @@ def _tools(tools: list[Any], choice: Any, *, parallel: bool | None = None) -> st
         ),
         ({"structured_outputs": {"regex": "[a-z]+"}}, Grammar("regex", "[a-z]+")),
         (
-            {"structured_outputs": {"grammar": 'root ::= "a"'}},
-            Unreplayable("guided decoding (structured_outputs grammar)"),
+            {"structured_outputs": {"grammar": '# EBNF\nroot ::= "a"'}},
+            Grammar("ebnf", '# EBNF\nroot ::= "a"'),
         ),
-        ({"guided_regex": "[a-z]+"}, Unreplayable("guided decoding (guided_regex)")),
+        (
+            {"structured_outputs": {"grammar": 'start: "a" // not ::= here'}},
+            Grammar("lark", 'start: "a" // not ::= here'),
+        ),
+        (
+            {"structured_outputs": {"structural_tag": json.dumps(TAG)}},
+            Grammar("structural_tag", json.dumps(TAG)),
+        ),
+        (
+            {"response_format": LEGACY_TAG},
+            Grammar("structural_tag", json.dumps(LEGACY_TAG)),
+        ),
+        # vLLM 0.32 ignores the removed `guided_*` fields and samples unconstrained.
+        ({"guided_regex": "[a-z]+"}, None),
     ],
     ids=[
         "none",
@@ -97,8 +121,11 @@ def _tools(tools: list[Any], choice: Any, *, parallel: bool | None = None) -> st
         "strict-tools-and-json",
         "llguidance-schema",
         "regex",
-        "free-grammar",
-        "legacy-guided",
+        "ebnf-grammar",
+        "lark-grammar",
+        "structural-tag",
+        "legacy-structural-tag-format",
+        "removed-guided-field",
     ],
 )
 def test_the_grammar_of_a_request_is_the_one_vllm_applies(

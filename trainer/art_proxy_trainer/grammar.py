@@ -119,7 +119,7 @@ class GrammarReplay:
 
         try:
             compiled = self._compiled(grammar)
-        except RuntimeError:  # xgrammar cannot read it, so vLLM compiled it with llguidance
+        except (RuntimeError, ValueError):  # xgrammar cannot read it: vLLM used llguidance
             return None
         # vLLM ends a constrained call on its sampling's stop ids: EOS and the model's
         # generation_config EOS ids besides (`SamplingParams.all_stop_token_ids`).
@@ -148,7 +148,31 @@ class GrammarReplay:
             return self._compiler.compile_structural_tag(hermes_tool_calls(grammar.spec))
         if grammar.kind == "regex":
             return self._compiler.compile_regex(grammar.spec)
+        if grammar.kind == "lark":
+            return self._compiler.compile_lark(grammar.spec)
+        if grammar.kind == "structural_tag":
+            return self._structural_tag(grammar.spec)
         return self._compiler.compile_grammar(grammar.spec)
+
+    def _structural_tag(self, spec: str) -> xgrammar.CompiledGrammar:
+        """As vLLM compiles a structural tag: its legacy `structures` (each schema re-dumped as
+        JSON) with their `triggers`, else the tag as it came."""
+        import xgrammar
+
+        assert self._compiler is not None
+        try:
+            tag = json.loads(spec)
+            if isinstance(tag, dict) and "structures" in tag:
+                items = [
+                    xgrammar.StructuralTagItem(
+                        begin=item["begin"], schema=json.dumps(item["schema"]), end=item["end"]
+                    )
+                    for item in tag["structures"]
+                ]
+                return self._compiler.compile_structural_tag(items, tag["triggers"])
+        except (ValueError, KeyError, TypeError) as exc:  # vLLM would have refused it
+            raise RuntimeError(f"not a structural tag: {exc}") from exc
+        return self._compiler.compile_structural_tag(spec)
 
 
 def hermes_tool_calls(spec: str) -> str:
