@@ -13,8 +13,8 @@ tool parsers and structured-output backends):
   `<tool_call>` blocks of `{"name": <a tool>, "arguments": <JSON>}` (one for a named tool or
   `parallel_tool_calls: false`), the arguments following the tool's schema when the tool is
   `strict` and free JSON otherwise; under `"auto"` the model may write text until it opens a
-  block. Strict tools under `"auto"` together with structured output (an either-or grammar) are
-  not replayed.
+  block. `parallel_tool_calls: false` constrains the calls too (one at most), unless structured
+  output under `"auto"` keeps its own grammar.
 - `response_format` `json_schema`: its schema; `json_object`: `{"type": "object"}`;
   `structural_tag`: the tag as vLLM dumps it (its legacy `structures` and `triggers`, or a
   `format`).
@@ -24,7 +24,8 @@ tool parsers and structured-output backends):
   a rule with `::=`, as vLLM tells them) / `structural_tag`.
 - vLLM's `auto` backend compiles these with xgrammar, except a JSON schema that uses a feature
   xgrammar does not support, which goes to llguidance: that one is not replayed, and the call
-  stays untrainable with the reason. So do strict tools under `"auto"` with structured output.
+  stays untrainable with the reason. Strict tools under `"auto"` with structured output are
+  constrained by either grammar: the tool calls (as under `"required"`) or the output.
 - The `guided_*` fields are gone from vLLM 0.32: it ignores them and samples unconstrained, so
   a call that sends them is scored as one without.
 - JSON may have any whitespace between tokens (vLLM's default, `any_whitespace`).
@@ -83,15 +84,30 @@ def constraint(body: JsonObject) -> Grammar | Unreplayable | None:
     tool_choice = body.get("tool_choice")
     if isinstance(tools, list) and tools and tool_choice != "none":
         forced = tool_choice == "required" or isinstance(tool_choice, dict)
-        if forced or any(_strict(tool) for tool in tools):
-            if not forced and _structured_output(body):
-                return _reason("strict tools with structured output")
-            call = {
+        structured = _structured_output(body)
+        # vLLM constrains the tool calls when they are forced, when a tool is strict, and when
+        # at most one call may be made (parallel_tool_calls false: its count is in the grammar)
+        # unless structured output under "auto" keeps its own grammar.
+        single = body.get("parallel_tool_calls") is False
+        if forced or any(_strict(tool) for tool in tools) or (single and not structured):
+            call: JsonObject = {
                 "tools": tools,
                 "tool_choice": tool_choice or "auto",
                 "parallel_tool_calls": body.get("parallel_tool_calls"),
             }
+            if not forced and structured:
+                # Under "auto", a tool call or the structured output (an either-or grammar);
+                # forced calls leave the structured output out.
+                output = _output_constraint(body)
+                if not isinstance(output, Grammar):
+                    return output  # vLLM then leaves the tools free: llguidance's grammar
+                call["output"] = {"kind": output.kind, "spec": output.spec}
             return Grammar("hermes_tools", json.dumps(call))
+    return _output_constraint(body)
+
+
+def _output_constraint(body: JsonObject) -> Grammar | Unreplayable | None:
+    """The grammar of the call's structured output (`structured_outputs`, `response_format`)."""
     structured = body.get("structured_outputs")
     if isinstance(structured, dict):
         return _structured(structured)

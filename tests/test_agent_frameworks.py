@@ -101,6 +101,7 @@ async def assert_two_runs(proxy: RunningProxy, calls: int) -> list[TrajectoryRec
 
 def assert_answered_with_ids(call: CallRecord) -> None:
     assert call.status == "ok", call.error
+    assert call.trainable, call.untrainable_reason
     assert call.prompt_token_ids and call.completion_token_ids and call.logprobs
     assert len(call.completion_token_ids[0]) == len(call.logprobs[0]) > 0
 

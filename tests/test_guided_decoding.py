@@ -66,9 +66,34 @@ def _tools(tools: list[Any], choice: Any, *, parallel: bool | None = None) -> st
         ),
         ({"tools": [STRICT_TOOL]}, Grammar("hermes_tools", _tools([STRICT_TOOL], "auto"))),
         # What vLLM constrains otherwise, or hands to another backend: recorded, not trained.
+        # Under "auto", strict tools with structured output: a tool call or the output.
         (
             {"tools": [STRICT_TOOL], "response_format": {"type": "json_object"}},
-            Unreplayable("guided decoding (strict tools with structured output)"),
+            Grammar(
+                "hermes_tools",
+                json.dumps(
+                    {
+                        "tools": [STRICT_TOOL],
+                        "tool_choice": "auto",
+                        "parallel_tool_calls": None,
+                        "output": {"kind": "json_schema", "spec": '{"type": "object"}'},
+                    }
+                ),
+            ),
+        ),
+        # One call at most: vLLM puts the count in the grammar, free tools or not ...
+        (
+            {"tools": [TOOL], "parallel_tool_calls": False},
+            Grammar("hermes_tools", _tools([TOOL], "auto", parallel=False)),
+        ),
+        # ... unless structured output under "auto" keeps its own.
+        (
+            {
+                "tools": [TOOL],
+                "parallel_tool_calls": False,
+                "response_format": {"type": "json_object"},
+            },
+            Grammar("json_schema", '{"type": "object"}'),
         ),
         (
             {
@@ -119,6 +144,8 @@ def _tools(tools: list[Any], choice: Any, *, parallel: bool | None = None) -> st
         "named-tool",
         "strict-tools",
         "strict-tools-and-json",
+        "one-call",
+        "one-call-and-json",
         "llguidance-schema",
         "regex",
         "ebnf-grammar",

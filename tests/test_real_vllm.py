@@ -533,9 +533,15 @@ GUIDED: dict[str, dict[str, Any]] = {
     },
     # Removed from vLLM 0.32, which ignores it and samples unconstrained.
     "guided_json": {"guided_json": _CITY},
+    # A tool call or the JSON.
+    "strict tool or json_schema": {
+        "tools": [_STRICT_WEATHER],
+        "response_format": {"type": "json_schema", "json_schema": {"name": "c", "schema": _CITY}},
+    },
+    "one call at most, auto": {"tools": [WEATHER_TOOL], "parallel_tool_calls": False},
 }
 # Kinds whose grammar leaves SmolLM2's answer free (text until a tool call or tag opens).
-_FREE = {"strict tool, auto", "legacy structural tag", "guided_json"}
+_FREE = {"strict tool, auto", "legacy structural tag", "guided_json", "one call at most, auto"}
 
 
 async def test_guided_decoding_is_scored_as_vllm_sampled_under_its_grammar(

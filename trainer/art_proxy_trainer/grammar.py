@@ -183,6 +183,7 @@ def hermes_tool_calls(spec: str) -> str:
     from xgrammar.structural_tag import (
         AnyTextFormat,
         JSONSchemaFormat,
+        OrFormat,
         TagFormat,
         TagsWithSeparatorFormat,
         TriggeredTagsFormat,
@@ -205,8 +206,15 @@ def hermes_tool_calls(spec: str) -> str:
             name = f'{begin}{{"name": "{tool.function.name}", "arguments": '
             tags.append(TagFormat(begin=name, content=arguments, end=end))
     single = call["parallel_tool_calls"] is False or choice == "forced"
+    output = call.get("output")
     tag_format: Any
-    if choice == "auto":
+    if output is not None:
+        # Either a tool call (as under "required") or the structured output.
+        calls = TagsWithSeparatorFormat(
+            tags=tags, separator="", at_least_one=True, stop_after_first=single
+        )
+        tag_format = OrFormat(elements=[calls, _output_format(output["kind"], output["spec"])])
+    elif choice == "auto":
         tag_format = (
             TriggeredTagsFormat(triggers=["<tool_call>"], tags=tags, stop_after_first=single)
             if tags
@@ -217,6 +225,42 @@ def hermes_tool_calls(spec: str) -> str:
             tags=tags, separator="", at_least_one=True, stop_after_first=single
         )
     return json.dumps(StructuralTag(format=tag_format).model_dump())
+
+
+def _output_format(kind: str, spec: str) -> Any:
+    """A structured output's grammar as a structural tag's format, as vLLM maps it."""
+    import xgrammar
+    from xgrammar import StructuralTag
+    from xgrammar.structural_tag import (
+        GrammarFormat,
+        JSONSchemaFormat,
+        RegexFormat,
+        TagFormat,
+        TriggeredTagsFormat,
+    )
+
+    if kind == "json_schema":
+        return JSONSchemaFormat(json_schema=json.loads(spec))
+    if kind == "regex":
+        return RegexFormat(pattern=spec)
+    if kind == "lark":  # a format's grammar is EBNF
+        return GrammarFormat(grammar=str(xgrammar.Grammar.from_lark(spec)))
+    if kind == "ebnf":
+        return GrammarFormat(grammar=spec)
+    tag = json.loads(spec)
+    if "structures" in tag:
+        return TriggeredTagsFormat(
+            triggers=tag["triggers"],
+            tags=[
+                TagFormat(
+                    begin=item["begin"],
+                    content=JSONSchemaFormat(json_schema=item["schema"]),
+                    end=item["end"],
+                )
+                for item in tag["structures"]
+            ],
+        )
+    return StructuralTag.model_validate(tag).format
 
 
 def packed(ids: torch.Tensor, vocabulary: int) -> torch.Tensor:
