@@ -19,13 +19,16 @@ tool parsers and structured-output backends):
   `structural_tag`: the tag as vLLM dumps it (its legacy `structures` and `triggers`, or a
   `format`).
 - `structured_outputs` `json` / `json_object` / `choice` (an EBNF grammar of the choices' literals)
-  / `regex` (xgrammar's when it can read it, else vLLM goes to llguidance: the trainer then finds
-  it cannot compile it and leaves the call out) / `grammar` (EBNF, or Lark where no line defines
+  / `regex` / `grammar` (EBNF, or Lark where no line defines
   a rule with `::=`, as vLLM tells them) / `structural_tag`.
-- vLLM's `auto` backend compiles these with xgrammar, except a JSON schema that uses a feature
-  xgrammar does not support, which goes to llguidance: that one is not replayed, and the call
-  stays untrainable with the reason. Strict tools under `"auto"` with structured output are
-  constrained by either grammar: the tool calls (as under `"required"`) or the output.
+- vLLM 0.32 runs one structured-output backend per engine: the one its `auto` choice picked for
+  the first constrained request the engine served (xgrammar, unless that request held what
+  xgrammar cannot read, such as a JSON schema with `multipleOf`, when it is llguidance), which
+  then compiles every later grammar (xgrammar drops the features it lacks). So the trainer
+  replays with xgrammar, and with llguidance where xgrammar refuses the sampled tokens; a call
+  neither accepts is left out of its batch. Strict tools under `"auto"` with structured output
+  are constrained by either grammar: the tool calls (as under `"required"`) or the output, unless
+  the output's is one xgrammar cannot read, when the output's alone applies.
 - The `guided_*` fields are gone from vLLM 0.32: it ignores them and samples unconstrained, so
   a call that sends them is scored as one without.
 - JSON may have any whitespace between tokens (vLLM's default, `any_whitespace`).
@@ -99,8 +102,8 @@ def constraint(body: JsonObject) -> Grammar | Unreplayable | None:
                 # Under "auto", a tool call or the structured output (an either-or grammar);
                 # forced calls leave the structured output out.
                 output = _output_constraint(body)
-                if not isinstance(output, Grammar):
-                    return output  # vLLM then leaves the tools free: llguidance's grammar
+                if not isinstance(output, Grammar) or not _xgrammar_reads(output):
+                    return output  # vLLM leaves the tools free: the output's grammar applies
                 call["output"] = {"kind": output.kind, "spec": output.spec}
             return Grammar("hermes_tools", json.dumps(call))
     return _output_constraint(body)
@@ -157,10 +160,14 @@ def _json(schema: Any, what: str) -> Grammar | Unreplayable:
             return _reason(what, "a schema that is not JSON")
     if not isinstance(schema, dict):
         return _reason(what, "a schema that is not an object")
-    if _needs_llguidance(schema):
-        return _reason(what, "a JSON schema vLLM compiles with llguidance")
     # vLLM hands the backend the schema as json.dumps writes it.
     return Grammar("json_schema", json.dumps(schema))
+
+
+def _xgrammar_reads(grammar: Grammar) -> bool:
+    """Whether vLLM's check of a request finds xgrammar can compile it (for a JSON schema, its
+    list of features xgrammar lacks; a regex or grammar it could not parse fails the call)."""
+    return grammar.kind != "json_schema" or not _needs_llguidance(json.loads(grammar.spec))
 
 
 def _structured(structured: dict[str, Any]) -> Grammar | Unreplayable:

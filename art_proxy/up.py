@@ -32,6 +32,7 @@ from art_proxy.errors import ConfigError
 from art_proxy.ids import short_id
 from art_proxy.local import missing_local_packages
 from art_proxy.local.errors import ModelLoadError
+from art_proxy.records import JsonObject
 from art_proxy.vllm_server import VllmLaunch
 
 # Soft wrap: commands, URLs and a part's log lines stay whole lines, to copy or grep.
@@ -60,6 +61,7 @@ class Part:
     ready_timeout_s: float
     color: str
     env: dict[str, str] = field(default_factory=dict)
+    first_request: tuple[str, JsonObject] | None = None  # (URL, body) posted once it is ready
     process: asyncio.subprocess.Process | None = None
     tail: deque[str] = field(default_factory=lambda: deque(maxlen=_TAIL_LINES))
 
@@ -157,6 +159,7 @@ def plan(settings: UpSettings) -> list[Part]:
             ready_timeout_s=900,  # a GPU machine may first download the model
             color="magenta",
             env=launch.env(),
+            first_request=launch.grammar_pin,
         )
     else:
         missing = missing_local_packages("up")
@@ -209,6 +212,15 @@ def trainer_command(settings: UpSettings) -> str | None:
         sleep_upstreams=settings.sleep_mode,
     )
     return shlex.join([art_proxy, "train", *train_flags])
+
+
+async def _post_once(part: Part, url: str, body: JsonObject) -> None:
+    """POST `body` to `url` (a part's first request); a StackError when it is refused."""
+    timeout = aiohttp.ClientTimeout(total=120)
+    async with aiohttp.ClientSession(timeout=timeout) as http, http.post(url, json=body) as got:
+        if got.status != 200:
+            text = (await got.text())[:300]
+            raise StackError(f"{part.name} refused its first request ({got.status}): {text}")
 
 
 async def _pipe_output(part: Part) -> None:
@@ -301,9 +313,12 @@ class Supervisor:
                     raise part.died()
                 try:
                     async with http.get(health_url) as response:
-                        if response.status == 200:
-                            console.print(f"[bold green]{part.name} ready[/]")
-                            return
+                        ready = response.status == 200
+                    if ready:
+                        if part.first_request is not None:
+                            await _post_once(part, *part.first_request)
+                        console.print(f"[bold green]{part.name} ready[/]")
+                        return
                 except (aiohttp.ClientError, TimeoutError):
                     pass
                 await asyncio.sleep(0.25)

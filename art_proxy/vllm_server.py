@@ -19,11 +19,13 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
 from art_proxy.errors import ConfigError
+from art_proxy.records import JsonObject
 from art_proxy.testing.loopback import answers_health
 
 VLLM_VENV = ".venv-vllm"
@@ -109,6 +111,21 @@ class VllmLaunch:
     def base_url(self) -> str:
         return f"http://{self.host}:{self.port}/v1"
 
+    @property
+    def grammar_pin(self) -> tuple[str, JsonObject]:
+        """The request (URL, body) to send first once the server answers. vLLM 0.32 runs one
+        structured-output backend per engine, the one its `auto` choice picked for the first
+        constrained request (llguidance when that one held what xgrammar cannot read); a
+        request xgrammar reads, sent first, makes it xgrammar for the engine's life: the
+        backend the trainer replays (art_proxy.guided_decoding)."""
+        body: JsonObject = {
+            "model": self.served_name or self.model,
+            "messages": [{"role": "user", "content": "a"}],
+            "max_tokens": 1,
+            "structured_outputs": {"choice": ["a"]},
+        }
+        return f"{self.base_url}/chat/completions", body
+
     @classmethod
     def of(
         cls,
@@ -175,6 +192,12 @@ class VllmProcess:
                     f"vLLM exited with status {self.process.returncode}:\n{self.tail()}"
                 )
             if answers_health(health):
+                url, body = self.launch.grammar_pin
+                request = urllib.request.Request(
+                    url, json.dumps(body).encode(), {"Content-Type": "application/json"}
+                )
+                with urllib.request.urlopen(request, timeout=60) as response:
+                    response.read()
                 return time.monotonic() - self.started
             if time.monotonic() >= deadline:
                 raise VllmStartFailed(

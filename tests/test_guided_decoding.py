@@ -107,9 +107,21 @@ def _tools(tools: list[Any], choice: Any, *, parallel: bool | None = None) -> st
                     },
                 }
             },
-            Unreplayable(
-                "guided decoding (response_format: a JSON schema vLLM compiles with llguidance)"
+            # The engine's backend compiles it (xgrammar drops multipleOf; llguidance keeps it).
+            Grammar(
+                "json_schema",
+                json.dumps(
+                    {"type": "object", "properties": {"n": {"type": "number", "multipleOf": 3}}}
+                ),
             ),
+        ),
+        # Strict tools with an output xgrammar cannot read: vLLM leaves the tools free.
+        (
+            {
+                "tools": [STRICT_TOOL],
+                "structured_outputs": {"json": {"type": "integer", "multipleOf": 3}},
+            },
+            Grammar("json_schema", '{"type": "integer", "multipleOf": 3}'),
         ),
         ({"structured_outputs": {"regex": "[a-z]+"}}, Grammar("regex", "[a-z]+")),
         (
@@ -147,6 +159,7 @@ def _tools(tools: list[Any], choice: Any, *, parallel: bool | None = None) -> st
         "one-call",
         "one-call-and-json",
         "llguidance-schema",
+        "strict-tools-and-llguidance-schema",
         "regex",
         "ebnf-grammar",
         "lark-grammar",

@@ -539,6 +539,20 @@ GUIDED: dict[str, dict[str, Any]] = {
         "response_format": {"type": "json_schema", "json_schema": {"name": "c", "schema": _CITY}},
     },
     "one call at most, auto": {"tools": [WEATHER_TOOL], "parallel_tool_calls": False},
+    # multipleOf, which xgrammar drops and llguidance keeps: the request alone would go to
+    # llguidance, but the engine runs the backend its first grammar picked, xgrammar (pinned
+    # at start), and the trainer replays that.
+    "json xgrammar lacks": {
+        "structured_outputs": {
+            "json": {
+                **_CITY,
+                "properties": {
+                    "city": {"type": "string"},
+                    "days": {"type": "integer", "multipleOf": 3},
+                },
+            }
+        }
+    },
 }
 # Kinds whose grammar leaves SmolLM2's answer free (text until a tool call or tag opens).
 _FREE = {"strict tool, auto", "legacy structural tag", "guided_json", "one call at most, auto"}

