@@ -59,16 +59,33 @@ class Arm:
     stale: bool  # sampled by the base model, not the adapter being trained
     objective: Objective
     is_cap: float = 2.0
+    scale_by_std: bool = False  # --scale-advantages-by-std
+    updates: int = 1  # --updates-per-batch
 
     @classmethod
     def parse(cls, spec: str) -> Arm:
-        """`fresh:tis`, `stale:mis:5`: who samples, the objective, and its --is-cap."""
-        who, objective, *cap = spec.split(":")
-        if who not in ("fresh", "stale") or objective not in ("tis", "mis", "ppo"):
-            raise SystemExit(f"--arms {spec}: expected fresh|stale:tis|mis|ppo[:cap]")
+        """`fresh:tis`, `stale:mis:5`, `stale:tis:2:std:u2`: who samples, the objective, its
+        --is-cap, `std` for --scale-advantages-by-std, `uN` for --updates-per-batch N."""
+        who, objective, *rest = spec.split(":")
+        scale_by_std = "std" in rest
+        updates = next((int(r[1:]) for r in rest if r[:1] == "u" and r[1:].isdigit()), 1)
+        cap = [r for r in rest if r != "std" and not (r[:1] == "u" and r[1:].isdigit())]
+        if who not in ("fresh", "stale") or objective not in ("tis", "mis", "ppo") or len(cap) > 1:
+            raise SystemExit(f"--arms {spec}: expected fresh|stale:tis|mis|ppo[:cap][:std][:uN]")
         is_cap = float(cap[0]) if cap else 2.0
-        suffix = f" cap {is_cap:g}" if cap else ""
-        return cls(f"{who} {objective}{suffix}", who == "stale", objective, is_cap)  # type: ignore[arg-type]  # checked above
+        suffix = (
+            (f" cap {is_cap:g}" if cap else "")
+            + (" std" if scale_by_std else "")
+            + (f" x{updates}" if updates > 1 else "")
+        )
+        return cls(
+            f"{who} {objective}{suffix}",
+            who == "stale",
+            objective,  # type: ignore[arg-type]  # checked above
+            is_cap,
+            scale_by_std,
+            updates,
+        )
 
 
 @dataclass
@@ -115,7 +132,9 @@ def run_arm(
     train, held_out = _split()
     loaded = loaded_base()
     torch.manual_seed(seed)
-    config = TrainerConfig(objective=arm.objective, is_cap=arm.is_cap)
+    config = TrainerConfig(
+        objective=arm.objective, is_cap=arm.is_cap, updates_per_batch=arm.updates
+    )
     model = lora_model(loaded.model, config)
     optimizer = make_optimizer(model, config)
     eos = int(loaded.tokenizer.eos_token_id)
@@ -137,7 +156,7 @@ def run_arm(
                 for i, (ids, _, f) in enumerate(drawn)
             }
             rewards += group.values()
-            advantages = group_advantages({"g": group}).by_trajectory
+            advantages = group_advantages({"g": group}, scale_by_std=arm.scale_by_std).by_trajectory
             samples += [
                 TrajectorySample(t, [recorded_call(t, prompt, ids, lp)], advantages[t])
                 for t, (ids, lp, _) in zip(group, drawn, strict=True)
@@ -181,7 +200,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument(
         "--arms",
         default="fresh:tis,stale:ppo,stale:tis,stale:mis",
-        help="comma-separated who:objective[:is_cap]; the first is the reference",
+        help="comma-separated who:objective[:is_cap][:std][:uN]; the first is the reference",
     )
     args = parser.parse_args(argv)
     if args.quick:

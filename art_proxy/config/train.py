@@ -50,6 +50,14 @@ class TrainerConfig(Settings):
         gt=1,
         description="tis/mis: the bound on a token's importance weight pi_trainer/pi_sampler.",
     )
+    updates_per_batch: int = Field(
+        1,
+        ge=1,
+        le=16,
+        description="tis/mis: optimiser steps on each batch, clipped against the trainer's "
+        "weights before the first (the proximal policy, as decoupled PPO does): more learning "
+        "from each batch, as production data that the trainer did not sample needs.",
+    )
     ratio_cap: float = Field(
         3.0,
         ge=0,

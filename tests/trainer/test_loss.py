@@ -55,9 +55,14 @@ def test_kl_to_the_reference_is_the_k3_estimator_over_trained_tokens() -> None:
 
 
 def _gradient(
-    ratio: float, advantage: float, ratio_cap: float = 0.0, correction: Correction | None = None
+    ratio: float,
+    advantage: float,
+    ratio_cap: float = 0.0,
+    correction: Correction | None = None,
+    prox: torch.Tensor | None = None,
 ) -> tuple[float, float]:
-    """(loss, d loss / d logprob) of one token whose pi_theta / mu is `ratio`."""
+    """(loss, d loss / d logprob) of one token whose pi_theta / mu is `ratio` (`prox`: the
+    proximal policy's logprobs, None: the weights now)."""
     logprobs_B_T = _logprobs([[ratio]]).requires_grad_()
     result = grpo_loss(
         logprobs_B_T,
@@ -65,6 +70,7 @@ def _gradient(
         torch.tensor([advantage]),
         torch.ones(1, 1),
         correction=correction or Correction("ppo", ratio_cap=ratio_cap),
+        prox_logprobs_B_T=prox,
     )
     torch.autograd.backward(result.loss)
     assert logprobs_B_T.grad is not None
@@ -210,3 +216,13 @@ def test_the_kl_is_importance_weighted_when_decoupled() -> None:
         ref_logprobs_B_T=ref_B_T,
     )
     assert result.metrics.kl == pytest.approx(1.5 * (1 - math.log(2.0)), abs=1e-6)
+
+
+def test_a_later_update_on_one_batch_is_clipped_against_the_weights_before_the_first() -> None:
+    """`--updates-per-batch`: the proximal policy is the trainer's weights before the batch's
+    first update. A token a first update moved up past 1 + eps_high (positive advantage) stops
+    pushing; clipped against the weights now (the breach) it would push again without bound."""
+    # The policy raised the token's probability 1.5x (from mu) since the batch's first update.
+    before_first = torch.full((1, 1), OLD)
+    assert _gradient(1.5, 1.0, correction=TIS, prox=before_first)[1] == 0.0  # clipped
+    assert _gradient(1.5, 1.0, correction=TIS)[1] == pytest.approx(-1.5)  # against itself

@@ -153,3 +153,23 @@ def test_a_bfloat16_base_is_refused_on_a_cpu() -> None:
     with pytest.raises(TrainerError, match="--base-dtype bfloat16 is for CUDA"):
         training_device("cpu", CONFIG.model_copy(update={"base_dtype": "bfloat16"}))
     assert training_device("cpu", CONFIG) == torch.device("cpu")
+
+
+def test_several_updates_per_batch_take_that_many_optimiser_steps_from_one_proximal() -> None:
+    config = CONFIG.model_copy(update={"updates_per_batch": 3})
+    model = _model(config)
+    optimizer = make_optimizer(model, config)
+    batch = _batch(model)
+    once = _model()
+    once.load_state_dict(model.state_dict())
+    result = train_step(model, optimizer, batch, config)
+    assert result.applied and result.loss == pytest.approx(0.0, abs=1e-5)  # the first update's
+    steps = {int(state["step"]) for state in optimizer.state.values()}
+    assert steps == {3}
+    # Each update moves the adapter (lora_B starts at zero): three went further than one.
+    train_step(once, make_optimizer(once, CONFIG), batch, CONFIG)
+
+    def moved(trained: PeftModel) -> float:
+        return sum(float(w.norm()) for n, w in _lora_weights(trained).items() if "lora_B" in n)
+
+    assert moved(model) > moved(once) > 0

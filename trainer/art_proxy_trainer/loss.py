@@ -93,18 +93,20 @@ def grpo_loss(
     kl_coef: float = 0.0,
     ref_logprobs_B_T: torch.Tensor | None = None,
     entropy_B_T: torch.Tensor | None = None,
+    prox_logprobs_B_T: torch.Tensor | None = None,
 ) -> LossResult:
     """The loss to minimise (minus the objective, plus kl_coef * KL). `old_logprobs_B_T` are the
-    sampler's (mu); `entropy_B_T` is measured, never trained."""
+    sampler's (mu); `prox_logprobs_B_T` the proximal policy's, the trainer's weights when the
+    batch's first update began (None: the weights now, the batch's only update);
+    `entropy_B_T` is measured, never trained."""
     mask_B_T = mask_B_T.float()
     trained_B_T = mask_B_T > 0
     tokens = mask_B_T.sum().clamp(min=1.0)
     logprobs_B_T = logprobs_B_T.float()
+    prox_B_T = logprobs_B_T.detach() if prox_logprobs_B_T is None else prox_logprobs_B_T.float()
     # Context and padding positions may hold anything: keep them out of exp, where an overflow
     # would turn into inf * 0 = nan.
-    behaviour_log_ratio_B_T = torch.where(
-        trained_B_T, logprobs_B_T.detach() - old_logprobs_B_T.float(), 0.0
-    )
+    behaviour_log_ratio_B_T = torch.where(trained_B_T, prox_B_T - old_logprobs_B_T.float(), 0.0)
     # pi_prox / mu; bounded so that a token the sampler nearly never drew cannot overflow.
     behaviour_ratio_B_T = torch.exp(behaviour_log_ratio_B_T.clamp(max=MAX_LOG_WEIGHT))
     advantages_B_1 = advantages_B.float().unsqueeze(-1)
@@ -121,7 +123,7 @@ def grpo_loss(
         weight_B_T = torch.ones_like(ratio_B_T)
     else:
         measured_ratio_B_T = behaviour_ratio_B_T
-        ratio_B_T = torch.exp(torch.where(trained_B_T, logprobs_B_T - logprobs_B_T.detach(), 0.0))
+        ratio_B_T = torch.exp(torch.where(trained_B_T, logprobs_B_T - prox_B_T, 0.0))
         cap = correction.is_cap
         if correction.objective == "tis":
             capped_B_T = behaviour_ratio_B_T > cap

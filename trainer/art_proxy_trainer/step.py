@@ -169,6 +169,7 @@ def _accumulate(
     config: TrainerConfig,
     max_tokens: int,
     lockstep: Lockstep | None = None,
+    proximal: _Proximal | None = None,
 ) -> tuple[float, LossMetrics]:
     """Backward every micro-batch; returns the batch loss and its metrics (token-weighted).
 
@@ -202,6 +203,7 @@ def _accumulate(
                 share * scale,
                 lockstep,
                 index == len(passes) - 1,
+                proximal if source is batch else None,
             )
         except torch.OutOfMemoryError as exc:
             if lockstep is not None:
@@ -229,6 +231,7 @@ def _backward_pass(
     weight: float,
     lockstep: Lockstep | None,
     last: bool,
+    proximal: _Proximal | None = None,
 ) -> tuple[float, LossMetrics]:
     """One micro-batch's forward and backward (its loss weighted by `weight`)."""
     length = int(source.attention_mask_B_T[rows].sum(dim=1).max())
@@ -247,6 +250,11 @@ def _backward_pass(
         if source.objective == "sft":
             result = sft_loss(scored.logprobs_B_T, mask_B_T, scored.entropy_B_T)
         else:
+            prox_B_T = None
+            if proximal is not None and proximal.filled:
+                prox_B_T = proximal.logprobs_B_T[rows, :length]
+            elif proximal is not None:
+                proximal.logprobs_B_T[rows, :length] = scored.logprobs_B_T.detach().float()
             result = grpo_loss(
                 scored.logprobs_B_T,
                 source.old_logprobs_B_T[rows, :length],
@@ -258,12 +266,22 @@ def _backward_pass(
                 kl_coef=config.kl_coef,
                 ref_logprobs_B_T=ref_logprobs_B_T,
                 entropy_B_T=scored.entropy_B_T,
+                prox_logprobs_B_T=prox_B_T,
             )
         loss = float(result.loss.detach())
         if not math.isfinite(loss) and lockstep is None:
             return loss, result.metrics
         torch.autograd.backward(result.loss * weight)
     return loss, result.metrics
+
+
+@dataclass
+class _Proximal:
+    """The batch's logprobs under the weights before its first update (decoupled PPO's proximal
+    policy): written by the first update's passes, read by the later ones."""
+
+    logprobs_B_T: torch.Tensor
+    filled: bool = False
 
 
 def train_step(
@@ -275,19 +293,52 @@ def train_step(
     *,
     micro_batch_tokens: int | None = None,
 ) -> StepResult:
-    """One optimiser step on `batch` (with `lockstep`: this rank's share of the whole batch),
+    """The optimiser steps on `batch` (`config.updates_per_batch` of them, each clipped against
+    the weights before the first; with `lockstep`: this rank's share of the whole batch),
     starting from `micro_batch_tokens` (None: the configured size; give back the result's to
-    start where the last step's fit)."""
+    start where the last step's fit). The result's loss and metrics are the first update's."""
     model.eval()
     for group in optimizer.param_groups:
         group["lr"] = config.learning_rate  # a warm start's steps take their own
     batch = batch.to(next(model.parameters()).device)
     max_tokens = config.micro_batch_tokens if micro_batch_tokens is None else micro_batch_tokens
+    updates = config.updates_per_batch if batch.objective == "grpo" else 1
+    if config.objective == "ppo":
+        updates = 1  # clipped against the sampler: a second update would not be bounded by it
+    proximal = (
+        _Proximal(torch.zeros_like(batch.old_logprobs_B_T, dtype=torch.float32))
+        if updates > 1
+        else None
+    )
+    first: StepResult | None = None
+    for _ in range(updates):
+        result, batch = _update(model, optimizer, batch, config, lockstep, max_tokens, proximal)
+        max_tokens = result.micro_batch_tokens or max_tokens
+        first = first or result
+        if not result.applied:
+            return replace(result, too_long=first.too_long + result.too_long)
+        if proximal is not None:
+            proximal.filled = True
+    assert first is not None
+    return replace(first, micro_batch_tokens=max_tokens)
+
+
+def _update(
+    model: PeftModel,
+    optimizer: torch.optim.Optimizer,
+    batch: TrainingBatch,
+    config: TrainerConfig,
+    lockstep: Lockstep | None,
+    max_tokens: int,
+    proximal: _Proximal | None,
+) -> tuple[StepResult, TrainingBatch]:
+    """One optimiser step on `batch`; the batch it was taken on (rows that did not fit alone
+    left out)."""
     too_long: list[str] = []
     while True:
         optimizer.zero_grad(set_to_none=True)
         try:
-            loss, metrics = _accumulate(model, batch, config, max_tokens, lockstep)
+            loss, metrics = _accumulate(model, batch, config, max_tokens, lockstep, proximal)
             break
         except _PassOutOfMemory as failed:
             # Smaller micro-batches give the same gradient in less memory: halve them until
@@ -303,20 +354,23 @@ def train_step(
             too_long.append(batch.trajectory_ids[rows.start] if batch.trajectory_ids else "")
             kept = [row for row in range(batch.tokens_B_T.shape[0]) if row != rows.start]
             if not kept or batch.take(kept).trained_tokens == 0:
-                return replace(_abandon(optimizer, "out_of_memory"), too_long=tuple(too_long))
+                abandoned = _abandon(optimizer, "out_of_memory")
+                return replace(abandoned, too_long=tuple(too_long)), batch
             batch = batch.take(kept)
+            if proximal is not None:
+                proximal.logprobs_B_T = proximal.logprobs_B_T[kept]
     if not math.isfinite(loss):
         abandoned = _abandon(optimizer, "nan_loss", loss, metrics=metrics)
-        return replace(abandoned, micro_batch_tokens=max_tokens, too_long=tuple(too_long))
+        return replace(abandoned, micro_batch_tokens=max_tokens, too_long=tuple(too_long)), batch
     trainable = [p for group in optimizer.param_groups for p in group["params"]]
     max_norm = config.max_grad_norm if config.max_grad_norm > 0 else math.inf
     grad_norm = _value(torch.nn.utils.clip_grad_norm_(trainable, max_norm))
     if not math.isfinite(grad_norm):
         abandoned = _abandon(optimizer, "nan_grad", loss, grad_norm, metrics)
-        return replace(abandoned, micro_batch_tokens=max_tokens, too_long=tuple(too_long))
+        return replace(abandoned, micro_batch_tokens=max_tokens, too_long=tuple(too_long)), batch
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-    return StepResult(True, None, loss, grad_norm, metrics, max_tokens, tuple(too_long))
+    return StepResult(True, None, loss, grad_norm, metrics, max_tokens, tuple(too_long)), batch
 
 
 def _value(norm: torch.Tensor) -> float:
