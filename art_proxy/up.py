@@ -215,12 +215,20 @@ def trainer_command(settings: UpSettings) -> str | None:
 
 
 async def _post_once(part: Part, url: str, body: JsonObject) -> None:
-    """POST `body` to `url` (a part's first request); a StackError when it is refused."""
+    """POST `body` to `url` (a part's first request). Refused or unanswered, the part still
+    serves: said in one line, not fatal."""
     timeout = aiohttp.ClientTimeout(total=120)
-    async with aiohttp.ClientSession(timeout=timeout) as http, http.post(url, json=body) as got:
-        if got.status != 200:
-            text = (await got.text())[:300]
-            raise StackError(f"{part.name} refused its first request ({got.status}): {text}")
+    try:
+        async with (
+            aiohttp.ClientSession(timeout=timeout) as http,
+            http.post(url, json=body) as got,
+        ):
+            if got.status == 200:
+                return
+            problem = f"{got.status}: {(await got.text())[:200]}"
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        problem = str(exc) or type(exc).__name__
+    console.print(f"[yellow]{part.name} did not take its first request ({escape(problem)})[/]")
 
 
 async def _pipe_output(part: Part) -> None:

@@ -117,14 +117,15 @@ class VllmLaunch:
         structured-output backend per engine, the one its `auto` choice picked for the first
         constrained request (llguidance when that one held what xgrammar cannot read); a
         request xgrammar reads, sent first, makes it xgrammar for the engine's life: the
-        backend the trainer replays (art_proxy.guided_decoding)."""
+        backend the trainer replays (art_proxy.guided_decoding). A completion, not a chat
+        call: a model without a chat template takes it too."""
         body: JsonObject = {
             "model": self.served_name or self.model,
-            "messages": [{"role": "user", "content": "a"}],
+            "prompt": "a",
             "max_tokens": 1,
             "structured_outputs": {"choice": ["a"]},
         }
-        return f"{self.base_url}/chat/completions", body
+        return f"{self.base_url}/completions", body
 
     @classmethod
     def of(

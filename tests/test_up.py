@@ -301,7 +301,7 @@ def test_plan_with_the_vllm_engine_serves_bf16_on_a_gpu_and_float32_on_vllm_cpu(
     # the one the trainer replays (a real vLLM proves it: tests/test_real_vllm.py).
     assert llm.first_request is not None
     url, body = llm.first_request
-    assert url == "http://127.0.0.1:8001/v1/chat/completions"
+    assert url == "http://127.0.0.1:8001/v1/completions"
     assert body["structured_outputs"] == {"choice": ["a"]} and body["max_tokens"] == 1
     # One GPU shared with the whole loop's trainer: vLLM takes what the trainer's step leaves
     # (test_a_one_gpu_loop_gives_vllm_what_the_trainer_leaves); half where the model's size or
@@ -464,3 +464,32 @@ def test_a_one_gpu_loop_gives_vllm_what_the_trainer_leaves(
         return
     argv = plan(settings)[0].argv
     assert argv[argv.index("--gpu-memory-utilization") + 1] == share
+
+
+async def test_a_part_that_refuses_its_first_request_still_serves(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """vLLM refusing the grammar pin (a build without structured output, say) is said in one
+    line; the stack goes on (only the grammar backend is then vLLM's own pick)."""
+    from aiohttp import web
+
+    from art_proxy.up import Part, _post_once
+
+    async def refuse(request: web.Request) -> web.Response:
+        return web.json_response({"error": {"message": "[no] structured outputs"}}, status=400)
+
+    app = web.Application()
+    app.router.add_post("/v1/completions", refuse)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    try:
+        part = Part("vllm", [], None, 1.0, "magenta")
+        await _post_once(part, f"http://127.0.0.1:{port}/v1/completions", {"prompt": "a"})
+        await _post_once(part, f"http://127.0.0.1:{free_port()}/v1/completions", {})  # no server
+    finally:
+        await runner.cleanup()
+    said = capsys.readouterr().err
+    assert said.count("vllm did not take its first request") == 2
+    assert "400" in said and "[no] structured outputs" in said
