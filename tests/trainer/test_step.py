@@ -131,6 +131,7 @@ def test_out_of_memory_even_one_sequence_at_a_time_abandons_the_step(
     out_of_memory_past(monkeypatch, rows=0)
     result = train_step(model, optimizer, _batch(model), CONFIG)
     assert (result.applied, result.reason) == (False, "out_of_memory")
+    assert len(result.too_long) == 2  # each row left out, named once
     after = _lora_weights(model)
     assert all(torch.equal(before[name], after[name]) for name in before)
 

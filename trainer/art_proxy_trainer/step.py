@@ -311,16 +311,19 @@ def train_step(
         else None
     )
     first: StepResult | None = None
+    too_long: tuple[str, ...] = ()  # every update's, each row named once
     for _ in range(updates):
         result, batch = _update(model, optimizer, batch, config, lockstep, max_tokens, proximal)
         max_tokens = result.micro_batch_tokens or max_tokens
-        first = first or result
+        too_long += result.too_long
         if not result.applied:
-            return replace(result, too_long=first.too_long + result.too_long)
+            return replace(result, too_long=too_long)
+        if first is None:
+            first = result
         if proximal is not None:
             proximal.filled = True
     assert first is not None
-    return replace(first, micro_batch_tokens=max_tokens)
+    return replace(first, micro_batch_tokens=max_tokens, too_long=too_long)
 
 
 def _update(
