@@ -8,6 +8,7 @@ The chooser is a check written to a file as a user would: it likes candidate 2 b
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -25,7 +26,13 @@ from art_proxy.proxy.server import RunningProxy, running_proxy
 from art_proxy.records import BEST_OF_JUDGE_PREFIX, TrajectoryRecord
 from art_proxy.testing.fake_vllm import FakeVllmConfig, running_fake_vllm
 from tests.conftest import proxy_settings, trajectories
-from tests.ruler.scripted_judge import Reply, answer_by_content, running_scripted_judge
+from tests.ruler.scripted_judge import (
+    Reply,
+    Script,
+    ScriptedJudge,
+    answer_by_content,
+    running_scripted_judge,
+)
 
 MODEL = "qwen-fake"
 REPLY = "Invoices live in the invoices table."
@@ -253,22 +260,32 @@ async def test_prod_calls_are_drawn_by_the_fraction(sqlite_url: str, check_file:
         assert len(candidates) == 2
 
 
-async def test_ruler_ranks_the_candidates_against_each_other(sqlite_url: str) -> None:
-    """`--best-of-judge`: one judge call sees every candidate after the call's messages, and its
-    ranking both chooses the answer and is the group's judgment."""
+@contextlib.asynccontextmanager
+async def judged_by_ruler(
+    store_url: str, script: Script
+) -> AsyncIterator[tuple[ScriptedJudge, RunningProxy]]:
+    """A proxy choosing with `--best-of-judge`, its RULER a scripted judge answering `script`."""
     async with (
-        running_scripted_judge(
-            answer_by_content(lambda text: 0.9 if "(2)" in text else 0.1)
-        ) as judge,
+        running_scripted_judge(script) as judge,
         running_fake_vllm(FakeVllmConfig(model=MODEL, reply=REPLY)) as vllm,
         running_proxy(
             proxy_settings(
-                sqlite_url,
+                store_url,
                 vllm.base_url,
                 best_of_judge="openai/judge",
                 best_of_judge_base_url=judge.base_url,
             )
         ) as proxy,
+    ):
+        yield judge, proxy
+
+
+async def test_ruler_ranks_the_candidates_against_each_other(sqlite_url: str) -> None:
+    """`--best-of-judge`: one judge call sees every candidate after the call's messages, and its
+    ranking both chooses the answer and is the group's judgment."""
+    script = answer_by_content(lambda text: 0.9 if "(2)" in text else 0.1)
+    async with (
+        judged_by_ruler(sqlite_url, script) as (judge, proxy),
         client(proxy, 3) as openai,
     ):
         reply = await openai.chat.completions.create(model=MODEL, messages=TASK)
@@ -290,16 +307,7 @@ async def test_a_group_whose_serve_time_judge_failed_is_left_to_the_offline_judg
     """A scored best-of group is never judged again; one whose RULER answered nothing usable is
     recorded with its failed judgment and stays open to `art-proxy judge`."""
     async with (
-        running_scripted_judge(Reply("not a judgment")) as judge,
-        running_fake_vllm(FakeVllmConfig(model=MODEL, reply=REPLY)) as vllm,
-        running_proxy(
-            proxy_settings(
-                sqlite_url,
-                vllm.base_url,
-                best_of_judge="openai/judge",
-                best_of_judge_base_url=judge.base_url,
-            )
-        ) as proxy,
+        judged_by_ruler(sqlite_url, Reply("not a judgment")) as (_, proxy),
         client(proxy, 2) as openai,
     ):
         reply = await openai.chat.completions.create(model=MODEL, messages=TASK)
