@@ -130,29 +130,29 @@ def claimable(
     return state
 
 
+# How the echo at the call's last assistant message said the trajectory's last reply: the
+# attribution it gives the call, and why.
+_ECHOED: dict[str, tuple[Literal["continuation", "rerendered"], str]] = {
+    "verbatim": ("continuation", "the messages extend its last call and reply"),
+    "restored": (
+        "continuation",
+        "the messages extend its last call and reply, the reply in another form "
+        "(forwarded as the model wrote it)",
+    ),
+    "other": (
+        "rerendered",
+        "the messages extend its last call; the reply came back in another form",
+    ),
+}
+
+
 def _continued(state: OpenTrajectory, messages: list[JsonObject], position: int) -> Continuation:
     """`state` continued by a call that sends its last reply back as `messages[position]`: as
     the model wrote it, or saying the same in another form (a continuation either way: the
     latter is forwarded as the model wrote it), or else re-rendered."""
     restored, echoed = _restorations(state, messages, position)
-    if echoed == "verbatim":
-        return Continuation(
-            state, "continuation", "the messages extend its last call and reply", restored
-        )
-    if echoed == "restored":
-        return Continuation(
-            state,
-            "continuation",
-            "the messages extend its last call and reply, the reply in another form "
-            "(forwarded as the model wrote it)",
-            restored,
-        )
-    return Continuation(
-        state,
-        "rerendered",
-        "the messages extend its last call; the reply came back in another form",
-        restored,
-    )
+    attribution, reason = _ECHOED[echoed]
+    return Continuation(state, attribution, reason, restored)
 
 
 def restored_echo(state: OpenTrajectory, messages: list[JsonObject] | None) -> Restored:
