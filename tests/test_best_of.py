@@ -22,6 +22,7 @@ from openai.types.chat import ChatCompletionMessageParam
 
 from art_proxy.config import ProxySettings
 from art_proxy.errors import ConfigError
+from art_proxy.proxy.best_of import BEST_OF_ANSWER
 from art_proxy.proxy.server import RunningProxy, running_proxy
 from art_proxy.records import BEST_OF_JUDGE_PREFIX, TrajectoryRecord
 from art_proxy.testing.fake_vllm import FakeVllmConfig, running_fake_vllm
@@ -122,6 +123,9 @@ async def test_the_agent_gets_the_best_candidate_and_the_group_is_recorded_judge
     (call,) = agent.calls
     assert call.response is not None
     assert call.response["choices"][0]["message"]["content"] == f"{REPLY} (2)"
+    # Chosen as the best of four, it was not sampled as any one sample is: it trains only as
+    # the candidate it is, in the candidates' group.
+    assert (call.trainable, call.untrainable_reason) == (False, BEST_OF_ANSWER)
     # The four candidates: one call each, a group of their own, finished, with ids and logprobs.
     assert len(candidates) == 4
     assert len({t.group_id for t in candidates}) == 1
@@ -148,6 +152,22 @@ async def test_the_agent_gets_the_best_candidate_and_the_group_is_recorded_judge
     assert group.rewards == rewards
     assert health["best_of"]["calls"] == 1 and health["best_of"]["candidates"] == 4
     assert health["best_of"]["unjudged"] == 0 and health["best_of"]["mean_choose_ms"] >= 0
+
+
+async def test_the_calls_after_a_best_of_answer_train_as_any(proxy: RunningProxy) -> None:
+    async with client(proxy) as openai:
+        reply = await openai.chat.completions.create(model=MODEL, messages=TASK)
+        answer = reply.choices[0].message.content
+        assert answer is not None
+        follow_up: list[ChatCompletionMessageParam] = [
+            *TASK,
+            {"role": "assistant", "content": answer},
+            {"role": "user", "content": "And the customers?"},
+        ]
+        await openai.chat.completions.create(model=MODEL, messages=follow_up)
+    (agent,), _ = served_and_candidates(await trajectories(proxy))
+    chosen, later = agent.calls or []
+    assert (chosen.trainable, later.trainable, later.stitched) == (False, True, True)
 
 
 async def test_a_stream_gets_the_chosen_candidate_with_its_usage(proxy: RunningProxy) -> None:

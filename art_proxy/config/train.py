@@ -89,6 +89,15 @@ class TrainerConfig(Settings):
         "bfloat16 is for CUDA only.",
     )
 
+    @model_validator(mode="after")
+    def _several_updates_need_a_proximal(self) -> TrainerConfig:
+        if self.objective == "ppo" and self.updates_per_batch > 1:
+            raise ValueError(
+                f"--updates-per-batch {self.updates_per_batch} is for --objective tis or mis: "
+                "ppo clips against the sampler, which does not bound a second update"
+            )
+        return self
+
 
 class RewardSource(StrEnum):
     """Where the trainer reads the reward of a group's members from."""
@@ -308,6 +317,17 @@ class TrainSettings(JudgeChoice, UpstreamSettings, StoreSettings, ReportSettings
         description="Stop after the warm start (a later `art-proxy train` with the same --out "
         "goes on with GRPO from it).",
     )
+
+    @model_validator(mode="after")
+    def _guided_retries_weighted_by_tis(self) -> TrainSettings:
+        # A hinted token's weight pi/mu is far from 1 by design (the hint changed mu): mis would
+        # leave most of them out, and ppo would clip around the hinted sampler.
+        if self.guided_retries and self.objective != "tis":
+            raise ValueError(
+                f"--guided-retries needs --objective tis (not {self.objective}): the guided "
+                "tokens are importance-weighted against the sampler that saw the hint"
+            )
+        return self
 
     @model_validator(mode="after")
     def _sft_never_on_validation(self) -> TrainSettings:

@@ -320,7 +320,9 @@ def _off_policy_chart(steps: Sequence[TrainingStep]) -> Chart | None:
         [
             _metric_series(steps, "mismatch", "mean |d logprob| sampler vs trainer"),
             _metric_series(steps, "is_capped", "tokens whose weight was capped"),
-            _metric_series(steps, "clip_fraction", "tokens clipped"),
+            _metric_series(steps, "clip_fraction", "tokens clipped (mean of the step's updates)"),
+            _metric_series(steps, "clip_fraction_last", "tokens clipped in the step's last update"),
+            _metric_series(steps, "update_drift_last", "|d logprob| the step's updates moved"),
         ],
     )
 

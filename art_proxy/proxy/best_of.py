@@ -8,8 +8,10 @@ prompt's prefix across the N samples). A chooser scores the N candidates: the us
 agent as an ordinary answer, streamed if it asked for a stream. All N are recorded, each as a
 one-call trajectory of a group of their own, together with the judgment that chose (its judge
 named `best-of:<chooser>`): the ranking that served the user is what the group trains on, and the
-offline judge leaves such a group alone. The agent's own trajectory records the answer it got, as
-any call, and goes on from it.
+offline judge leaves such a group alone. The agent's own trajectory records the answer it got and
+goes on from it, but that call is untrainable: the answer was chosen as the best of N samples, not
+drawn from the policy, so training it as sampled would bias the gradient (and train its tokens a
+second time, beside its candidate's); the trajectory's later calls train as any.
 
 A chooser that fails or outlasts `--best-of-timeout` costs the user nothing but the wait: the first
 candidate is answered and the group is recorded unjudged (the offline judge can still judge it).
@@ -44,6 +46,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 BEST_OF_HEADER = "X-Art-Best-Of"
+# The untrainable reason of the agent's own best-of call.
+BEST_OF_ANSWER = "chosen by best-of-N (trained in its candidate group, not as sampled)"
 MAX_CANDIDATES = 16
 
 # A check: (the call's messages, one candidate {message, finish_reason}) -> its score in [0, 1].

@@ -116,6 +116,9 @@ class Outcome:
     http_status: int
     response: JsonObject | None = None
     error: str | None = None
+    # Why the proxy itself will not have the answer trained on, whatever its tokens (None: no
+    # reason of its own), e.g. a best-of answer, which its candidate group trains.
+    untrainable: str | None = None
 
     @classmethod
     def of_answer(cls, upstream: str, status: int, raw: bytes, kind: CallKind) -> Outcome:
@@ -174,7 +177,9 @@ class Recorder:
         untrainable = None
         guidance = None
         if outcome.status == "ok":
-            untrainable = tokens.untrainable or unreproduced_sampling(call.body)
+            untrainable = (
+                outcome.untrainable or tokens.untrainable or unreproduced_sampling(call.body)
+            )
             if call.guidance is not None:
                 guidance = _guidance(call, tokens.prompt_token_ids)
                 untrainable = untrainable or (NOT_LOCATED if guidance is None else None)

@@ -32,7 +32,7 @@ from art_proxy.store.trajectory_store import TrajectoryStore
 
 from .aliases import Aliases
 from .attribution import explicit_attribution
-from .best_of import BestOf, asked_candidates
+from .best_of import BEST_OF_ANSWER, BestOf, asked_candidates
 from .consent import records_call
 from .dialects import Rendering, anthropic, responses, responses_answer
 from .dialects.openai import ChatRendering
@@ -317,7 +317,9 @@ class Relay:
         except ArtProxyError as exc:
             await self._failed(request, call, exc)
             raise
-        await self._recorder.record(call, Outcome("ok", 200, response=chosen))
+        await self._recorder.record(
+            call, Outcome("ok", 200, response=chosen, untrainable=BEST_OF_ANSWER)
+        )
         if not call.stream:
             return _json(rendering.whole(chosen))
         return await answer_as_stream(request, call, chosen, rendering)

@@ -89,8 +89,11 @@ class TrainingStep(Record):
     metrics: dict[str, float] = Field(
         default_factory=dict,
         description="reward_mean, reward_std, val_reward, loss, grad_norm, kl, clip_fraction, "
+        "update_drift (loss to update_drift: means over the step's updates; with several, "
+        "updates, loss_last, clip_fraction_last and update_drift_last are the last update's), "
         "mean_ratio, is_weight_std, is_capped, mismatch, mismatch_kl, entropy, staleness_mean, "
-        "staleness_max, tokens, too_long_rows, skipped_groups, stitch_misses, judge_cost_usd, "
+        "staleness_max, tokens, too_long_rows, fewer_updates_rows, skipped_groups, "
+        "stitch_misses, judge_cost_usd, "
         "seconds_<phase>, and agent/<name>: the mean of what the step's training rollouts "
         "reported as metrics (RolloutOutcome.metrics)...",
     )
@@ -110,4 +113,9 @@ class TrainableGroup(Record):
     )
     judged_at: datetime | None = Field(
         default=None, description="When its newest scored judgment was written (None: finish)."
+    )
+    baseline_group: str | None = Field(
+        default=None,
+        description="A guided retry's unguided group: the retry's advantages are taken against "
+        "both groups' rewards together, since the policy trained is the one without the hint.",
     )

@@ -57,3 +57,10 @@ async def fails_unless_guided(run: Rollout) -> float:
     signal): the loop's plumbing of guided retries, not learning."""
     await _ask(run)
     return float(run.guidance is not None and run.index % 2 == 1)
+
+
+async def rescued_when_guided(run: Rollout) -> float:
+    """Fails every unguided rollout and succeeds every guided one: a retry without spread of
+    its own, whose signal is against the unguided failures."""
+    await _ask(run)
+    return float(run.guidance is not None)

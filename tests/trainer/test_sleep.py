@@ -28,9 +28,11 @@ async def test_the_step_runs_while_vllm_sleeps_and_vllm_wakes_after(tmp_path: Pa
         seen_during_step: list[list[str]] = []
         real_train = trainer.policy.train
 
-        def train(batch: TrainingBatch, config: TrainerConfig) -> StepResult:
+        def train(
+            batch: TrainingBatch, config: TrainerConfig, *, fresh_optimizer: bool = False
+        ) -> StepResult:
             seen_during_step.append(list(vllm.sleeps))
-            return real_train(batch, config)
+            return real_train(batch, config, fresh_optimizer=fresh_optimizer)
 
         trainer.policy.train = train  # type: ignore[method-assign]  # observe the step
         async with UpstreamSleep([vllm.base_url]) as sleeper:

@@ -1,14 +1,19 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
+from typing import Any
 
 import pytest
 import torch
 from peft import LoraConfig, PeftModel
 
 from art_proxy.config import TrainerConfig
+from art_proxy_trainer import scoring
+from art_proxy_trainer import step as step_module
 from art_proxy_trainer.batch import SequenceStats, TrainingBatch
 from art_proxy_trainer.errors import TrainerError
+from art_proxy_trainer.loss import LossResult, grpo_loss
 from art_proxy_trainer.policy import training_device
 from art_proxy_trainer.scoring import token_logprobs
 from art_proxy_trainer.step import lora_model, make_optimizer, train_step
@@ -164,7 +169,7 @@ def test_several_updates_per_batch_take_that_many_optimiser_steps_from_one_proxi
     once = _model()
     once.load_state_dict(model.state_dict())
     result = train_step(model, optimizer, batch, config)
-    assert result.applied and result.loss == pytest.approx(0.0, abs=1e-5)  # the first update's
+    assert result.applied and result.updates == 3
     steps = {int(state["step"]) for state in optimizer.state.values()}
     assert steps == {3}
     # Each update moves the adapter (lora_B starts at zero): three went further than one.
@@ -174,3 +179,73 @@ def test_several_updates_per_batch_take_that_many_optimiser_steps_from_one_proxi
         return sum(float(w.norm()) for n, w in _lora_weights(trained).items() if "lora_B" in n)
 
     assert moved(model) > moved(once) > 0
+
+
+def _nan_loss_at_pass(monkeypatch: pytest.MonkeyPatch, failing: int) -> None:
+    """The loss of forward pass `failing` (1-based, one pass an update here) is NaN."""
+    real = grpo_loss
+    passes = [0]
+
+    def loss(*args: Any, **kwargs: Any) -> LossResult:
+        passes[0] += 1
+        result = real(*args, **kwargs)
+        if passes[0] == failing:
+            return LossResult(result.loss * math.nan, result.metrics)
+        return result
+
+    monkeypatch.setattr(step_module, "grpo_loss", loss)
+
+
+def test_a_step_abandoned_at_a_later_update_puts_the_adapter_and_optimiser_back(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    config = CONFIG.model_copy(update={"updates_per_batch": 3})
+    model = _model(config)
+    optimizer = make_optimizer(model, config)
+    batch = _batch(model)
+    assert train_step(model, optimizer, batch, config).applied  # Adam has state to put back
+    before = _lora_weights(model)
+    moments = {p: {k: v.clone() for k, v in s.items()} for p, s in optimizer.state.items()}
+    _nan_loss_at_pass(monkeypatch, failing=3)
+    result = train_step(model, optimizer, batch, config)
+    assert (result.applied, result.reason) == (False, "nan_loss")
+    after = _lora_weights(model)
+    assert all(torch.equal(before[name], after[name]) for name in before)
+    assert {int(s["step"]) for s in optimizer.state.values()} == {3}
+    for parameter, state in optimizer.state.items():
+        for name, value in state.items():
+            assert torch.equal(value, moments[parameter][name]), name
+
+
+def test_a_row_out_of_memory_alone_in_a_later_update_is_not_called_left_out(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    config = CONFIG.model_copy(update={"updates_per_batch": 2, "micro_batch_tokens": 12})
+    model = _model(config)
+    batch = replace(_batch(model), trajectory_ids=("t-first", "t-second"))
+    real = scoring.score_sampled
+    forwards = [0]
+
+    def scored(model: PeftModel, tokens_B_T: torch.Tensor, *args: Any) -> Any:
+        forwards[0] += 1
+        if forwards[0] == 4:  # the second update's second row: both rows fit in the first
+            raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+        return real(model, tokens_B_T, *args)
+
+    monkeypatch.setattr(step_module, "score_sampled", scored)
+    result = train_step(model, make_optimizer(model, config), batch, config)
+    assert result.applied and result.updates == 2
+    assert (result.too_long, result.fewer_updates) == ((), ("t-second",))
+
+
+def test_a_steps_figures_are_those_of_all_its_updates() -> None:
+    config = CONFIG.model_copy(update={"updates_per_batch": 4})
+    model = _model(config)
+    result = train_step(model, make_optimizer(model, config), _batch(model), config)
+    assert result.applied and result.updates == 4
+    assert result.metrics is not None and result.last_metrics is not None
+    # The first update starts at the proximal weights (nothing clipped, no drift); the later
+    # ones moved away from them, and the step reports them.
+    assert result.last_metrics.clip_fraction > 0 and result.last_metrics.update_drift > 0
+    assert 0 < result.metrics.clip_fraction < result.last_metrics.clip_fraction
+    assert result.last_loss != result.loss

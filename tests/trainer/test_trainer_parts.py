@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import os
 import re
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,7 @@ from art_proxy_trainer.checkpoint import Checkpoints, TrainerState
 from art_proxy_trainer.command import _Display
 from art_proxy_trainer.errors import CheckpointError
 from art_proxy_trainer.metrics import MetricsSink
-from art_proxy_trainer.policy import Policy
+from art_proxy_trainer.policy import Policy, trained_parameters
 from art_proxy_trainer.scoring import token_logprobs
 from art_proxy_trainer.step import make_optimizer, micro_batches, train_step
 from art_proxy_trainer.swap import _same_model, step_of
@@ -288,3 +289,77 @@ def test_a_step_line_is_one_line_where_output_is_not_a_terminal() -> None:
     header, line = out.getvalue().splitlines()[:2]
     assert header.split()[0] == "step" and header.split()[-1] == "swap"
     assert line.split()[0] == "7" and line.split()[-1] == "swapped"
+
+
+def test_a_guided_retry_is_measured_against_its_unguided_group(tmp_path: Path) -> None:
+    """The hint rescued every retry: as a group of its own it has no spread; pooled with the
+    failures of the policy being trained it has the most to teach."""
+    trainer = _trainer(tmp_path)
+    plain = _group([0.0, 0.0, 0.0, 0.0]).model_copy(update={"group_id": "plain"})
+    retry = TrainableGroup.model_validate(
+        {
+            **_group([1.0, 1.0, 1.0, 1.0]).model_dump(),
+            "group_id": "retry",
+            "rewards": {f"hinted{n}": 1.0 for n in range(4)},
+            "baseline_group": "plain",
+        }
+    )
+    calls = {
+        t: [call(0, [1, 2], [3], [-0.5], trajectory_id=t)]
+        for group in (plain, retry)
+        for t in group.rewards
+    }
+    outcomes: dict[str, GroupOutcome] = {}
+    samples = trainer._samples([plain, retry], calls, outcomes, {})
+    assert outcomes == {"plain": "trained", "retry": "trained"}
+    assert {s.trajectory_id: s.advantage for s in samples} == {
+        **{t: -0.5 for t in plain.rewards},
+        **{t: 0.5 for t in retry.rewards},
+    }
+    # Partly rescued: the successes count against the failures of the policy trained (3 of 8).
+    partly = retry.model_copy(update={"rewards": {"h0": 1.0, "h1": 1.0, "h2": 1.0, "h3": 0.0}})
+    samples = trainer._samples([plain, partly], calls, {}, {})
+    assert {s.trajectory_id: s.advantage for s in samples}["h0"] == pytest.approx(1 - 3 / 8)
+
+
+async def test_the_first_grpo_step_after_a_warm_start_has_an_optimiser_of_its_own(
+    tmp_path: Path,
+) -> None:
+    trainer = _trainer(tmp_path, learning_rate=1e-2)
+    policy = trainer.policy
+    sft = replace(build_batch(_samples()), objective="sft")
+    for _ in range(3):
+        assert await trainer._optimise_batch(sft, {}, trainer.settings, "sft") == ("applied", None)
+    grpo = build_batch(_samples())
+    weights = {n: p.detach().clone() for n, p in trained_parameters(policy.model)}
+    assert await trainer._optimise_batch(grpo, {}, trainer.settings, "grpo") == ("applied", None)
+    # What a fresh AdamW takes from the same weights on the same batch.
+    fresh = _model(TrainerConfig())
+    fresh.load_state_dict(policy.model.state_dict())
+    fresh.load_state_dict(weights, strict=False)
+    fresh_optimizer = make_optimizer(fresh, trainer.settings)
+    assert train_step(fresh, fresh_optimizer, grpo, trainer.settings).applied
+    assert {int(s["step"]) for s in policy.optimizer.state.values()} == {1}
+    for (name, got), (_, expected) in zip(
+        trained_parameters(policy.model), trained_parameters(fresh), strict=True
+    ):
+        torch.testing.assert_close(got, expected, msg=name)
+    # The state is the checkpoint's: a resumed run does not clear it again.
+    assert trainer.state.optimizer_kind == "grpo"
+    assert await trainer._optimise_batch(grpo, {}, trainer.settings, "grpo") == ("applied", None)
+    assert {int(s["step"]) for s in policy.optimizer.state.values()} == {2}
+
+
+@pytest.mark.parametrize(
+    ("settings", "refusal"),
+    [
+        ({"objective": "ppo", "updates_per_batch": 2}, "is for --objective tis or mis"),
+        ({"objective": "mis", "guided_retries": True}, "--guided-retries needs --objective tis"),
+        ({"objective": "ppo", "guided_retries": True}, "--guided-retries needs --objective tis"),
+    ],
+)
+def test_combinations_that_would_train_wrong_are_refused(
+    settings: dict[str, Any], refusal: str
+) -> None:
+    with pytest.raises(ValueError, match=refusal):
+        TrainSettings.model_validate(settings)

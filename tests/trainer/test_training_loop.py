@@ -319,20 +319,25 @@ async def test_a_trainer_refuses_to_resume_another_agents_run_without_resume(
     assert resumed.stopped == "reached --steps 1"
 
 
-async def test_groups_that_all_failed_are_run_again_guided_and_trained_without_the_guidance(
-    stack: Stack, tmp_path: Path
-) -> None:
+async def _one_guided_step(stack: Stack, tmp_path: Path, agent: str) -> None:
+    """One step of the whole loop with guided retries, the agent one of agents.py's."""
     settings = _settings(
         stack,
         tmp_path / "run",
         steps=1,
         val_every=0,
-        agent=f"{HERE / 'agents.py'}:fails_unless_guided",
+        agent=f"{HERE / 'agents.py'}:{agent}",
         guided_retries=True,
         guide="Answer in one word.",
     )
     summary = await asyncio.wait_for(run_train(settings, Console(quiet=True)), 300)
     assert summary.stopped == "reached --steps 1"
+
+
+async def test_groups_that_all_failed_are_run_again_guided_and_trained_without_the_guidance(
+    stack: Stack, tmp_path: Path
+) -> None:
+    await _one_guided_step(stack, tmp_path, "fails_unless_guided")
     async with TrajectoryStore.opened(stack.store_url, writer=False) as store:
         (step,) = await store.training_steps(run="run")
         trained = [g for g, outcome in step.groups.items() if outcome == "trained"]
@@ -342,10 +347,28 @@ async def test_groups_that_all_failed_are_run_again_guided_and_trained_without_t
             for t in await store.trajectories(group=group)
             for call in (await store.calls([t.id]))[t.id]
         ]
-    # Round 1's two groups all failed; each ran again guided, and those are what trained.
+    # Round 1's two groups all failed; each ran again guided, and each retry trained pooled
+    # with the group it retried.
     assert (step.metrics["guided_retries"], step.metrics["guided_rescued"]) == (2.0, 2.0)
-    assert len(trained) == 2 and guided
-    for call in guided:
-        assert call.trainable and call.guidance is not None
-        assert call.guidance.text == "Answer in one word."
+    assert step.metrics["rollout_rounds"] == 1.0
+    assert len(trained) == 4
+    hinted = [call for call in guided if call.guidance is not None]
+    assert len(hinted) == len(guided) // 2 == 8
+    for call in hinted:
+        assert call.trainable
+        assert call.guidance is not None and call.guidance.text == "Answer in one word."
         assert "Answer in one word." not in str(call.request["messages"])
+
+
+async def test_a_retry_the_guidance_rescued_entirely_trains_against_the_failures(
+    stack: Stack, tmp_path: Path
+) -> None:
+    """As a group of its own, a retry whose every rollout succeeded has no spread: its baseline
+    is the unguided policy's, whose rollouts all failed."""
+    await _one_guided_step(stack, tmp_path, "rescued_when_guided")
+    async with TrajectoryStore.opened(stack.store_url, writer=False) as store:
+        (step,) = await store.training_steps(run="run")
+    assert step.status == "applied" and step.metrics["rollout_rounds"] == 1.0
+    assert (step.metrics["guided_retries"], step.metrics["guided_rescued"]) == (2.0, 2.0)
+    assert list(step.groups.values()) == ["trained"] * 4
+    assert step.metrics["tokens"] > 0

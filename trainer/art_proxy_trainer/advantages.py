@@ -5,13 +5,19 @@ the division biases toward groups that are nearly all right or all wrong, so it 
 A group whose rewards are all equal (one member included; `art_proxy.rewards.has_signal`) carries
 no signal: it is skipped and counted, never turned into zero-advantage tokens that would only dilute
 the token-level mean.
+
+A guided retry (its group's `baseline_group` set) is pooled with the unguided group it retried:
+the policy being trained is the unguided one, so its baseline is the unguided rollouts' rewards
+and the hinted ones' together. A retry the hint rescued entirely then carries signal (+/- against
+the failures) instead of being a second group without spread.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from art_proxy.records import TrainableGroup
 from art_proxy.rewards import has_signal, mean_or_nan, population_std
 
 
@@ -37,3 +43,19 @@ def group_advantages(
         for trajectory_id, reward in rewards_G.items():
             by_trajectory[trajectory_id] = (reward - mean) / scale
     return Advantages(by_trajectory, used, skipped)
+
+
+def pooled(groups: Sequence[TrainableGroup]) -> dict[str, list[TrainableGroup]]:
+    """The groups by the group whose baseline they share: a guided retry with its unguided
+    group (when that is among `groups`), every other group on its own."""
+    ids = {group.group_id for group in groups}
+    pools: dict[str, list[TrainableGroup]] = {}
+    for group in groups:
+        baseline = group.baseline_group
+        pool = baseline if baseline is not None and baseline in ids else group.group_id
+        pools.setdefault(pool, []).append(group)
+    return pools
+
+
+def pooled_rewards(members: Sequence[TrainableGroup]) -> dict[str, float]:
+    return {t: r for group in members for t, r in group.rewards.items()}

@@ -26,7 +26,7 @@ from peft import PeftModel
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from safetensors.torch import load_file
 
-from art_proxy.records import TrainingStep
+from art_proxy.records import StepKind, TrainingStep
 from art_proxy_trainer.errors import CheckpointError
 from art_proxy_trainer.policy import Policy, PolicyState, trained_parameters
 
@@ -67,6 +67,9 @@ class TrainerState(BaseModel):
     # weights go on sampling.
     policy_step: int = 0
     sft_steps: int = 0  # of `step`, those of the warm start (they come first)
+    # The kind of the applied steps the optimiser's state comes from (None: none yet): the first
+    # GRPO step after a warm start clears it, so GRPO does not go on in the warm start's direction.
+    optimizer_kind: StepKind | None = None
     record: TrainingStep | None = None  # the last step's record, for the store
     best_val: float | None = None
     best_step: int | None = None

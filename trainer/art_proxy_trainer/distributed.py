@@ -167,7 +167,9 @@ class Replica:
                 model, device_ids=device_ids, forward_sync_buffers=False
             )
 
-    def train(self, batch: TrainingBatch, config: TrainerConfig) -> StepResult:
+    def train(
+        self, batch: TrainingBatch, config: TrainerConfig, fresh_optimizer: bool = False
+    ) -> StepResult:
         batch = batch.to(self.device)
         rows = shares(batch, self.ranks.world_size)[self.ranks.rank]
         mine = batch.take(rows)
@@ -185,7 +187,14 @@ class Replica:
             summed=functools.partial(_summed, device=self.device),
             world_size=self.ranks.world_size,
         )
-        return train_step(self.policy.model, self.policy.optimizer, mine, config, lockstep)
+        return train_step(
+            self.policy.model,
+            self.policy.optimizer,
+            mine,
+            config,
+            lockstep,
+            fresh_optimizer=fresh_optimizer,
+        )
 
     def gather(self) -> PolicyState | None:
         """The whole adapter and optimiser state, on rank 0 (None elsewhere)."""
@@ -288,10 +297,12 @@ class Leader:
         self._heartbeat = threading.Thread(target=self._beat, name="rank0-heartbeat", daemon=True)
         self._heartbeat.start()
 
-    def train(self, batch: TrainingBatch, config: TrainerConfig) -> StepResult:
+    def train(
+        self, batch: TrainingBatch, config: TrainerConfig, fresh_optimizer: bool = False
+    ) -> StepResult:
         with self._collective():
-            self._tell(("train", batch, config))
-            return self.replica.train(batch, config)
+            self._tell(("train", batch, config, fresh_optimizer))
+            return self.replica.train(batch, config, fresh_optimizer)
 
     def gather(self) -> PolicyState:
         with self._collective():
@@ -349,7 +360,7 @@ def follow(replica: Replica) -> None:
         dist.broadcast_object_list(received, src=0)
         command = received[0]
         if command[0] == "train":
-            replica.train(command[1], command[2])
+            replica.train(command[1], command[2], command[3])
         elif command[0] == "gather":
             replica.gather()
         elif command[0] == "load":

@@ -33,6 +33,7 @@ from art_proxy.ruler.run import finished_members
 from art_proxy.ruler.scorer import Ruler
 from art_proxy.scenarios import Scenario
 from art_proxy.store.trajectory_store import utcnow
+from art_proxy_trainer.advantages import pooled, pooled_rewards
 from art_proxy_trainer.trainer import Trainer
 from art_proxy_trainer.warm_start import WarmStart
 
@@ -242,7 +243,9 @@ class WholeLoop:
         )
         rounds = 0
         while rounds < _MAX_REFILLS:
-            with_signal = sum(has_signal(g.rewards.values()) for g in groups)
+            with_signal = sum(
+                has_signal(pooled_rewards(members).values()) for members in pooled(groups).values()
+            )
             missing = self.settings.groups_per_step - with_signal
             if missing <= 0:
                 break
@@ -254,7 +257,12 @@ class WholeLoop:
                 retried = await self._guided_retries(drawn)
                 groups += retried
                 metrics["guided_retries"] += len(retried)
-                metrics["guided_rescued"] += sum(has_signal(g.rewards.values()) for g in retried)
+                # Rescued: the retry, pooled with the group it retried, has a signal to train.
+                pools = pooled(drawn + retried)
+                metrics["guided_rescued"] += sum(
+                    has_signal(pooled_rewards(pools.get(retry.baseline_group or "", [])).values())
+                    for retry in retried
+                )
         metrics["rollout_rounds"] = float(rounds)
         return groups, metrics
 
@@ -264,6 +272,7 @@ class WholeLoop:
         settings = self.settings
         by_id = {scenario.id: scenario for scenario in self.train_scenarios}
         guidance: dict[str, str] = {}
+        retried: dict[str, str] = {}  # scenario id -> the unguided group
         for group in groups:
             rewards = list(group.rewards.values())
             if len(rewards) < 2 or max(rewards) > settings.guide_below:
@@ -272,9 +281,14 @@ class WholeLoop:
             text = (scenario.hint if scenario is not None else None) or settings.guide
             if scenario is not None and text:
                 guidance[scenario.id] = text
+                retried[scenario.id] = group.group_id
         if not guidance:
             return []
-        return await self._scored_groups([by_id[i] for i in guidance], guidance)
+        guided = await self._scored_groups([by_id[i] for i in guidance], guidance)
+        return [
+            group.model_copy(update={"baseline_group": retried[group.scenario_id]})
+            for group in guided
+        ]
 
     def _draw(self, count: int) -> list[Scenario]:
         """The next training scenarios, each epoch in a new random order."""

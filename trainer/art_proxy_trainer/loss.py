@@ -28,6 +28,7 @@ sampling at temperature 1 will then draw from.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from typing import Literal
 
@@ -51,6 +52,9 @@ class LossMetrics:
     mismatch_kl: float = 0.0  # k3 estimate of KL(mu || pi_prox) from mu's samples
     is_weight_sq: float = 0.0  # mean squared importance weight (with mean_ratio: their spread)
     is_capped: float = 0.0  # tokens whose weight was truncated (tis), masked (mis) or capped (ppo)
+    # |log pi_theta - log pi_prox|: how far the batch's updates have moved the weights so far (0
+    # in a batch's first update, where they are the proximal policy; and under ppo)
+    update_drift: float = 0.0
 
     @property
     def is_weight_std(self) -> float:
@@ -64,6 +68,18 @@ class LossMetrics:
     def from_means(cls, means: list[float], tokens: int) -> LossMetrics:
         names = [f.name for f in fields(cls) if f.name != "tokens"]
         return cls(tokens=tokens, **dict(zip(names, means, strict=True)))
+
+    @classmethod
+    def averaged(cls, updates: Sequence[LossMetrics]) -> LossMetrics:
+        """The token means over several updates of one batch (each weighted by its tokens: a
+        later update may have left out a row that ran out of memory)."""
+        tokens = sum(update.tokens for update in updates)
+        share = [update.tokens / tokens if tokens else 1 / len(updates) for update in updates]
+        means = [
+            math.fsum(weight * mean for weight, mean in zip(share, column, strict=True))
+            for column in zip(*(update.means() for update in updates), strict=True)
+        ]
+        return cls.from_means(means, round(tokens / len(updates)))
 
 
 @dataclass(frozen=True)
@@ -163,6 +179,9 @@ def grpo_loss(
             mismatch_kl=mean(behaviour_ratio_B_T - 1.0 - behaviour_log_ratio_B_T),
             is_weight_sq=mean(measured_ratio_B_T.square()),
             is_capped=mean(capped_B_T),
+            update_drift=mean(
+                torch.where(trained_B_T, logprobs_B_T.detach() - prox_B_T, 0.0).abs()
+            ),
         )
     return LossResult(loss, metrics)
 

@@ -56,12 +56,20 @@ class Policy:
     renderer: ChatRenderer | None = None
     end_of_turn: int = 0  # the token the model ends its turn with
 
-    def train(self, batch: TrainingBatch, config: TrainerConfig) -> StepResult:
-        """One optimiser step on `batch`, on every rank when there are several."""
+    def train(
+        self, batch: TrainingBatch, config: TrainerConfig, *, fresh_optimizer: bool = False
+    ) -> StepResult:
+        """One training step on `batch`, on every rank when there are several
+        (`fresh_optimizer`: from a cleared optimiser state, step.train_step)."""
         if self.leader is not None:
-            return self.leader.train(batch, config)
+            return self.leader.train(batch, config, fresh_optimizer)
         result = train_step(
-            self.model, self.optimizer, batch, config, micro_batch_tokens=self.micro_batch_tokens
+            self.model,
+            self.optimizer,
+            batch,
+            config,
+            micro_batch_tokens=self.micro_batch_tokens,
+            fresh_optimizer=fresh_optimizer,
         )
         if result.applied or result.reason != "out_of_memory":
             self.micro_batch_tokens = result.micro_batch_tokens

@@ -4,7 +4,10 @@ The reference policy for the KL is the base model, obtained by switching the ada
 no-grad forward pass, so no second copy of the weights is held. The forward passes run in eval mode:
 dropout would make pi_theta a different policy from the one that sampled the recorded logprobs. A
 step whose loss or gradient norm is not finite is abandoned before the optimiser moves and is
-returned as data with its reason; the adapter is left as it was.
+returned as data with its reason; the adapter is left as it was. With several updates per batch,
+an update abandoned after others moved the weights puts the adapter and the optimiser's state back
+where the step began (a LoRA adapter and its moments are small enough to copy), so an abandoned step
+never leaves weights in memory that differ from both the checkpoint and what the server serves.
 
 Memory adapts: a micro-batch that runs out of memory is halved until it fits, the size that fit is
 handed back for the next step to start from (so no step retries sizes that failed before), and a
@@ -40,13 +43,22 @@ AbandonReason = Literal["nan_loss", "nan_grad", "out_of_memory"]
 
 @dataclass(frozen=True)
 class StepResult:
-    applied: bool  # False: the optimiser did not move (see reason)
+    """A step's outcome. With several updates, `loss`, `grad_norm` and `metrics` are the means
+    over its updates and `last_*` the last update's."""
+
+    applied: bool  # False: the adapter is as it was before the step (see reason)
     reason: AbandonReason | None
     loss: float  # before the update; nan where it was the reason
     grad_norm: float  # before clipping; nan when not computed
     metrics: LossMetrics | None
     micro_batch_tokens: int = 0  # the micro-batch size that fit (0: the whole batch at once)
     too_long: tuple[str, ...] = ()  # trajectories of rows left out: one alone ran out of memory
+    # Trajectories of rows that ran out of memory alone in a later update: trained by the
+    # updates before it only.
+    fewer_updates: tuple[str, ...] = ()
+    updates: int = 1  # optimiser steps taken
+    last_loss: float = math.nan
+    last_metrics: LossMetrics | None = None
 
 
 def lora_model(base: PreTrainedModel, config: TrainerConfig) -> PeftModel:
@@ -292,12 +304,16 @@ def train_step(
     lockstep: Lockstep | None = None,
     *,
     micro_batch_tokens: int | None = None,
+    fresh_optimizer: bool = False,
 ) -> StepResult:
     """The optimiser steps on `batch` (`config.updates_per_batch` of them, each clipped against
     the weights before the first; with `lockstep`: this rank's share of the whole batch),
     starting from `micro_batch_tokens` (None: the configured size; give back the result's to
-    start where the last step's fit). The result's loss and metrics are the first update's."""
+    start where the last step's fit). `fresh_optimizer` clears the optimiser's state first (the
+    first GRPO step after a warm start: its moments point the way the demonstrations pulled)."""
     model.eval()
+    if fresh_optimizer:
+        optimizer.state.clear()
     for group in optimizer.param_groups:
         group["lr"] = config.learning_rate  # a warm start's steps take their own
     batch = batch.to(next(model.parameters()).device)
@@ -310,20 +326,83 @@ def train_step(
         if updates > 1
         else None
     )
-    first: StepResult | None = None
-    too_long: tuple[str, ...] = ()  # every update's, each row named once
+    start = _StepStart.of(optimizer) if updates > 1 else None
+    done: list[StepResult] = []
+    too_long: tuple[str, ...] = ()  # rows no update trained
+    fewer_updates: tuple[str, ...] = ()  # rows left out after the first update
     for _ in range(updates):
         result, batch = _update(model, optimizer, batch, config, lockstep, max_tokens, proximal)
         max_tokens = result.micro_batch_tokens or max_tokens
-        too_long += result.too_long
         if not result.applied:
-            return replace(result, too_long=too_long)
-        if first is None:
-            first = result
+            if start is not None and done:
+                start.restore(optimizer)
+            left_out = too_long + fewer_updates + result.too_long  # nothing kept was trained
+            return replace(result, too_long=left_out)
+        if done:
+            fewer_updates += result.too_long
+        else:
+            too_long += result.too_long
+        done.append(result)
         if proximal is not None:
             proximal.filled = True
-    assert first is not None
-    return replace(first, micro_batch_tokens=max_tokens, too_long=too_long)
+    return _combined(done, max_tokens, too_long, fewer_updates)
+
+
+def _combined(
+    updates: list[StepResult],
+    max_tokens: int,
+    too_long: tuple[str, ...],
+    fewer_updates: tuple[str, ...],
+) -> StepResult:
+    """One result for the updates of a step: the means over them, and the last one's."""
+    last = updates[-1]
+    measured = [update.metrics for update in updates if update.metrics is not None]
+    return StepResult(
+        applied=True,
+        reason=None,
+        loss=math.fsum(update.loss for update in updates) / len(updates),
+        grad_norm=math.fsum(update.grad_norm for update in updates) / len(updates),
+        metrics=LossMetrics.averaged(measured) if measured else None,
+        micro_batch_tokens=max_tokens,
+        too_long=too_long,
+        fewer_updates=fewer_updates,
+        updates=len(updates),
+        last_loss=last.loss,
+        last_metrics=last.metrics,
+    )
+
+
+@dataclass(frozen=True)
+class _StepStart:
+    """The trainable weights and the optimiser's state where a step began, to put back when an
+    update after the first is abandoned (sharded parameters copy shard by shard)."""
+
+    weights: list[torch.Tensor]
+    state: dict[torch.Tensor, dict[str, Any]]
+
+    @classmethod
+    def of(cls, optimizer: torch.optim.Optimizer) -> _StepStart:
+        return cls(
+            [p.detach().clone() for p in _trained(optimizer)],
+            {
+                parameter: {
+                    name: value.clone() if isinstance(value, torch.Tensor) else value
+                    for name, value in state.items()
+                }
+                for parameter, state in optimizer.state.items()
+            },
+        )
+
+    def restore(self, optimizer: torch.optim.Optimizer) -> None:
+        with torch.no_grad():
+            for parameter, weight in zip(_trained(optimizer), self.weights, strict=True):
+                parameter.copy_(weight)
+        optimizer.state.clear()
+        optimizer.state.update(self.state)
+
+
+def _trained(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+    return [parameter for group in optimizer.param_groups for parameter in group["params"]]
 
 
 def _update(
@@ -365,7 +444,7 @@ def _update(
     if not math.isfinite(loss):
         abandoned = _abandon(optimizer, "nan_loss", loss, metrics=metrics)
         return replace(abandoned, micro_batch_tokens=max_tokens, too_long=tuple(too_long)), batch
-    trainable = [p for group in optimizer.param_groups for p in group["params"]]
+    trainable = _trained(optimizer)
     max_norm = config.max_grad_norm if config.max_grad_norm > 0 else math.inf
     grad_norm = _value(torch.nn.utils.clip_grad_norm_(trainable, max_norm))
     if not math.isfinite(grad_norm):

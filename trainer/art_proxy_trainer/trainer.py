@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import math
 import time
@@ -34,15 +35,17 @@ from art_proxy.records import (
 from art_proxy.redaction import redact_url
 from art_proxy.rewards import agent_metrics, has_signal, mean_or_nan, population_std
 from art_proxy.store.trajectory_store import TrajectoryStore, utcnow
-from art_proxy_trainer.advantages import group_advantages
+from art_proxy_trainer.advantages import group_advantages, pooled, pooled_rewards
 from art_proxy_trainer.batch import TrainingBatch, TrajectorySample, build_batch
 from art_proxy_trainer.checkpoint import Checkpoints, RunIdentity, TrainerState
 from art_proxy_trainer.errors import CheckpointError, EmptyBatchError
+from art_proxy_trainer.loss import LossMetrics
 from art_proxy_trainer.memory import release_freed_memory
 from art_proxy_trainer.metrics import MetricsSink
 from art_proxy_trainer.policy import Policy
 from art_proxy_trainer.promoter import Promoter
 from art_proxy_trainer.sleep import UpstreamSleep
+from art_proxy_trainer.step import StepResult
 from art_proxy_trainer.swap import AdapterSwapper, adapter_name, step_of
 
 log = logging.getLogger(__name__)
@@ -193,7 +196,7 @@ class Trainer:
         settings = self.settings
         if settings.sft_learning_rate is not None:
             settings = settings.model_copy(update={"learning_rate": settings.sft_learning_rate})
-        status, reason = await self._optimise_batch(batch, metrics, settings)
+        status, reason = await self._optimise_batch(batch, metrics, settings, "sft")
         self.state.sft_steps += 1
         return await self._commit(number, "sft", status, reason, {}, metrics, started)
 
@@ -275,32 +278,40 @@ class Trainer:
     ) -> list[TrajectorySample]:
         # Age is counted from the weights trained now, not from the step number: after steps
         # abandoned for want of signal, the base model's new samples are still on-policy.
-        fresh: dict[str, dict[str, float]] = {}
-        staleness: list[float] = []
+        behind: dict[str, int] = {}
+        current: list[TrainableGroup] = []
         for group in groups:
             served = [c.model for t in group.rewards for c in calls.get(t, [])]
-            behind = max(
+            behind[group.group_id] = max(
                 (self.state.policy_step - step_of(model, self.alias) for model in served),
                 default=0,
             )
-            if self.settings.max_staleness and behind > self.settings.max_staleness:
+            if self.settings.max_staleness and behind[group.group_id] > self.settings.max_staleness:
                 outcomes[group.group_id] = "stale"
-            elif not has_signal(group.rewards.values()):
-                outcomes[group.group_id] = "zero_variance"
             else:
-                fresh[group.group_id] = dict(group.rewards)
-                staleness.append(float(max(behind, 0)))
+                current.append(group)
+        # A guided retry shares its unguided group's baseline (advantages.pooled).
+        fresh: dict[str, dict[str, float]] = {}
+        staleness: list[float] = []
+        for pool, members in pooled(current).items():
+            rewards = pooled_rewards(members)
+            if not has_signal(rewards.values()):
+                outcomes |= {group.group_id: "zero_variance" for group in members}
+                continue
+            fresh[pool] = rewards
+            outcomes |= {group.group_id: "trained" for group in members}
+            staleness += [float(max(behind[group.group_id], 0)) for group in members]
         if staleness:
             metrics["staleness_mean"] = math.fsum(staleness) / len(staleness)
             metrics["staleness_max"] = max(staleness)
         advantages = group_advantages(
             fresh, scale_by_std=self.settings.scale_advantages_by_std
         ).by_trajectory
-        samples: list[TrajectorySample] = []
-        for group_id, rewards in fresh.items():
-            outcomes[group_id] = "trained"
-            samples += [TrajectorySample(t, calls.get(t, []), advantages[t]) for t in rewards]
-        return samples
+        return [
+            TrajectorySample(t, calls.get(t, []), advantages[t])
+            for rewards in fresh.values()
+            for t in rewards
+        ]
 
     async def _optimise(
         self,
@@ -320,7 +331,7 @@ class Trainer:
                 if outcome == "trained":
                     outcomes[group_id] = "no_tokens"
             return "abandoned", "no_tokens"
-        status, reason = await self._optimise_batch(batch, metrics, self.settings)
+        status, reason = await self._optimise_batch(batch, metrics, self.settings, "grpo")
         if status == "abandoned":
             for group_id, outcome in outcomes.items():
                 if outcome == "trained":
@@ -328,18 +339,26 @@ class Trainer:
         return status, reason
 
     async def _optimise_batch(
-        self, batch: TrainingBatch, metrics: dict[str, float], settings: TrainSettings
+        self,
+        batch: TrainingBatch,
+        metrics: dict[str, float],
+        settings: TrainSettings,
+        kind: StepKind,
     ) -> tuple[StepStatus, str | None]:
-        """One optimiser step on `batch`, its measurements added to `metrics`."""
+        """One training step on `batch`, its measurements added to `metrics`."""
         training = time.perf_counter()
+        # Adam's moments after a warm start point the way the demonstrations pulled: GRPO starts
+        # its own (an abandoned first GRPO step leaves the kind, so the next one clears again).
+        fresh_optimizer = kind == "grpo" and self.state.optimizer_kind == "sft"
+        train = functools.partial(
+            self.policy.train, batch, settings, fresh_optimizer=fresh_optimizer
+        )
         async with self.sleeper.asleep() if self.sleeper else contextlib.nullcontext():
             # A thread: the event loop keeps serving progress and HTTP while torch computes. The
             # same one every step: glibc gives each thread its own heap, and a step's freed
             # tensors kept in a new heap each step grew a CPU trainer's memory step after step
             # until the kernel killed it.
-            result = await asyncio.get_running_loop().run_in_executor(
-                _TRAINING_THREAD, self.policy.train, batch, settings
-            )
+            result = await asyncio.get_running_loop().run_in_executor(_TRAINING_THREAD, train)
             release_freed_memory()
         metrics["seconds_train"] = time.perf_counter() - training
         metrics |= {
@@ -350,31 +369,58 @@ class Trainer:
             "stitch_misses": float(batch.stats.stitch_misses),
             "skipped_calls": float(batch.stats.skipped_calls),
         }
-        if result.too_long:
-            metrics["too_long_rows"] = float(len(result.too_long))
-            self._on_warning(
-                f"step {self.state.step + 1}: left out {len(result.too_long)} sequence(s) too "
-                f"long to fit in memory even alone (trajectories {', '.join(result.too_long)}): "
-                "lower --micro-batch-tokens, turn on --gradient-checkpointing, or shorten them"
-            )
+        self._warn_too_long(result, metrics)
         if result.metrics is not None and batch.objective == "sft":
             metrics["entropy"] = result.metrics.entropy
         elif result.metrics is not None:
-            loss_metrics = result.metrics
-            metrics |= {
-                "clip_fraction": loss_metrics.clip_fraction,
-                "mean_ratio": loss_metrics.mean_ratio,
-                "entropy": loss_metrics.entropy,
-                "mismatch": loss_metrics.mismatch,
-                "mismatch_kl": loss_metrics.mismatch_kl,
-                "is_weight_std": loss_metrics.is_weight_std,
-                "is_capped": loss_metrics.is_capped,
-            }
-            if self.settings.kl_coef > 0:  # measured only when it is part of the loss
-                metrics["kl"] = loss_metrics.kl
+            metrics |= self._loss_metrics(result.metrics)
+            if result.updates > 1 and result.last_metrics is not None:
+                # The means above are over the step's updates; the last update's clip and drift
+                # show how far the step went from the weights it began with.
+                metrics["updates"] = float(result.updates)
+                metrics["loss_last"] = result.last_loss
+                metrics |= {
+                    f"{name}_last": value
+                    for name, value in self._loss_metrics(result.last_metrics).items()
+                    if name in ("clip_fraction", "update_drift")
+                }
         if result.applied:
+            self.state.optimizer_kind = kind
             return "applied", None
         return "abandoned", result.reason
+
+    def _loss_metrics(self, loss_metrics: LossMetrics) -> dict[str, float]:
+        metrics = {
+            "clip_fraction": loss_metrics.clip_fraction,
+            "update_drift": loss_metrics.update_drift,
+            "mean_ratio": loss_metrics.mean_ratio,
+            "entropy": loss_metrics.entropy,
+            "mismatch": loss_metrics.mismatch,
+            "mismatch_kl": loss_metrics.mismatch_kl,
+            "is_weight_std": loss_metrics.is_weight_std,
+            "is_capped": loss_metrics.is_capped,
+        }
+        if self.settings.kl_coef > 0:  # measured only when it is part of the loss
+            metrics["kl"] = loss_metrics.kl
+        return metrics
+
+    def _warn_too_long(self, result: StepResult, metrics: dict[str, float]) -> None:
+        """Name the rows that did not fit in memory even alone."""
+        fix = "lower --micro-batch-tokens, turn on --gradient-checkpointing, or shorten them"
+        step = self.state.step + 1
+        if result.too_long:
+            metrics["too_long_rows"] = float(len(result.too_long))
+            self._on_warning(
+                f"step {step}: left out {len(result.too_long)} sequence(s) too long to fit in "
+                f"memory even alone (trajectories {', '.join(result.too_long)}): {fix}"
+            )
+        if result.fewer_updates:
+            metrics["fewer_updates_rows"] = float(len(result.fewer_updates))
+            self._on_warning(
+                f"step {step}: {len(result.fewer_updates)} sequence(s) ran out of memory alone "
+                f"in a later update and were trained by the updates before it only "
+                f"(trajectories {', '.join(result.fewer_updates)}): {fix}"
+            )
 
     async def _swap(self, record: TrainingStep) -> TrainingStep:
         assert self.swapper is not None
