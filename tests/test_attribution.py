@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import aiohttp
@@ -13,10 +13,12 @@ from art_proxy.proxy import groups, open_trajectories
 from art_proxy.proxy.attribution import as_sampled
 from art_proxy.proxy.server import RunningProxy, running_proxy
 from art_proxy.records import Split
-from art_proxy.store.trajectory_store import utcnow
+from art_proxy.store.trajectory_store import TrajectoryStore, utcnow
+from art_proxy.store.writer import Batch
 from art_proxy.testing.fake_vllm import FakeVllm
 from art_proxy_integrations import attribution_headers, scenario_base_url
 from tests.conftest import proxy_settings
+from tests.store_rows import call_row, group_row, scenario_row, trajectory_row
 from tests.wire_client import admin_get
 
 MODEL = "Qwen/Qwen2.5-0.5B-Instruct"
@@ -483,3 +485,37 @@ def test_tool_calls_written_as_text_are_put_back_only_when_they_say_the_reply(
         if restored
         else None
     )
+
+
+async def test_the_next_seq_follows_the_last_recorded_one_not_the_call_count(
+    store_url: str, vllm: FakeVllm, http: aiohttp.ClientSession
+) -> None:
+    """A trajectory whose first call was lost (the store refused its write) holds calls [1, 2]
+    and a call count of 2: a proxy that took the next seq from the count collided with seq 2,
+    answered 200 and set the record aside."""
+    at = datetime(2026, 1, 1, tzinfo=UTC)
+    lost_first = trajectory_row("lost-first", "s", "g", at, call_count=2)
+    lost_first[1]["upstream"] = vllm.base_url
+    async with TrajectoryStore.opened(store_url) as store:
+        await store.write(
+            Batch(
+                [
+                    scenario_row("s", at),
+                    group_row("g", "s", at),
+                    lost_first,
+                    call_row("lost-first", at, seq=1),
+                    call_row("lost-first", at, seq=2),
+                ]
+            )
+        )
+    async with running_proxy(proxy_settings(store_url, vllm.base_url)) as proxy:
+        await chat(
+            http,
+            proxy.base_url,
+            [{"role": "user", "content": "next"}],
+            {"X-Art-Trajectory": "lost-first"},
+        )
+        await proxy.parts.settled()
+        whole = await proxy.parts.store.trajectory("lost-first")
+    assert whole is not None and whole.calls is not None
+    assert [call.seq for call in whole.calls] == [1, 2, 3]

@@ -145,3 +145,46 @@ async def test_two_users_whose_conversations_read_alike_stay_in_their_own_trajec
     recorded = sorted((t.user_id, t.call_count) for t in await trajectories(proxy))
 
     assert recorded == [("alice", 2), ("bob", 1)]
+
+
+async def test_a_call_naming_another_subjects_trajectory_is_refused_not_joined(
+    proxy: RunningProxy, http: aiohttp.ClientSession
+) -> None:
+    alice = {"X-Art-User": "alice", "X-Art-Tenant": "acme"}
+    async with openai.AsyncOpenAI(base_url=proxy.base_url, api_key="unused") as client:
+        opened = await client.chat.completions.with_raw_response.create(
+            model=MODEL, messages=task("alice's secret"), extra_headers=alice
+        )
+        started = await client.responses.create(
+            model=MODEL, input="alice's question", extra_headers=alice
+        )
+    await proxy.parts.settled()
+    [theirs] = [t.id for t in await trajectories(proxy) if t.calls and "secret" in str(t.calls)]
+    body = {"model": MODEL, "messages": task("bob's words")}
+    bob = {"X-Art-User": "bob"}
+    header = await http.post(
+        f"{proxy.base_url}/chat/completions", json=body, headers={**bob, "X-Art-Trajectory": theirs}
+    )
+    url = await http.post(
+        f"{proxy.root_url}/scenario/s/trajectory/{theirs}/v1/chat/completions",
+        json=body,
+        headers={"X-Art-User": "bob", "X-Art-Tenant": "globex"},
+    )
+    async with openai.AsyncOpenAI(
+        base_url=proxy.base_url, api_key="unused", default_headers=bob
+    ) as client:
+        await client.responses.create(
+            model=MODEL, input="bob's follow-up", previous_response_id=started.id
+        )
+
+    for refused in (header, url):
+        assert refused.status == 409
+        error = (await refused.json())["error"]
+        assert "belongs to another user or tenant" in error["message"]
+    assert opened.http_response.status_code == 200
+    by_user: dict[str | None, list[str]] = {}
+    for trajectory in await trajectories(proxy):
+        for call in trajectory.calls or []:
+            by_user.setdefault(trajectory.user_id, []).append(json.dumps(call.request))
+    assert not any("bob" in request for request in by_user["alice"])
+    assert any("bob's follow-up" in request for request in by_user["bob"])

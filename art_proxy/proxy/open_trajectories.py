@@ -64,7 +64,7 @@ class OpenTrajectory:
             group_id=row["group_id"],
             split=row["split"],
             upstream=row["upstream"],
-            next_seq=int(row["call_count"]),
+            next_seq=_next_seq(row),
             previous_sequences=sequences_of(row),
             subject=subject_of_row(row),
         )
@@ -161,16 +161,26 @@ def fits(
     `explicit`. Two users' conversations that read alike (the same greeting, answered alike) stay
     apart: a call naming a user or tenant never continues another's trajectory, or erasing one
     user would leave their calls under the other's name."""
-    said = explicit.subject
-    same_subject = all(
-        spoken is None or kept is None or spoken == kept
-        for spoken, kept in ((said.user, subject.user), (said.tenant, subject.tenant))
-    )
     return (
         explicit.scenario_id in (None, scenario_id)
         and explicit.group_id in (None, group_id)
-        and same_subject
+        and same_subject(explicit.subject, subject)
     )
+
+
+def same_subject(said: Subject, kept: Subject) -> bool:
+    """Whether a call that said `said` may join a trajectory of `kept`: no user or tenant it
+    names differs from the trajectory's."""
+    return all(
+        spoken is None or known is None or spoken == known
+        for spoken, known in ((said.user, kept.user), (said.tenant, kept.tenant))
+    )
+
+
+def _next_seq(row: JsonObject) -> int:
+    """After the last recorded call: a lost call leaves the count short of the seqs."""
+    last = row.get("last_seq")
+    return int(row["call_count"]) if last is None else max(int(row["call_count"]), last + 1)
 
 
 def subject_of_row(row: JsonObject) -> Subject:

@@ -41,6 +41,7 @@ from .open_trajectories import (
     OpenTrajectories,
     OpenTrajectory,
     Restored,
+    same_subject,
 )
 
 
@@ -108,6 +109,14 @@ class TrajectoryTracker:
         conversation = conversation_of(messages) if messages else None
         if explicit.trajectory_id is not None:
             known = await self._open(explicit.trajectory_id, finished_is_conflict=True)
+            if known is not None and not same_subject(explicit.subject, known.subject):
+                # Joined, the call would be filed (and erased, and listed) under the other's
+                # name: an id is no proof of whose conversation it is.
+                raise Conflict(
+                    f"trajectory {explicit.trajectory_id!r} belongs to another user or tenant; "
+                    "start a new trajectory id",
+                    param="trajectory",
+                )
             if known is not None:
                 source: Attribution = "url" if explicit.source == "url" else "header"
                 assignment = self._next_call(

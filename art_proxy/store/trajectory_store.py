@@ -171,17 +171,19 @@ class TrajectoryStore(TrainingRecords, FeedbackRecords, JudgmentRecords, Erasure
         )
 
     async def trajectory_row(self, trajectory_id: str) -> JsonObject | None:
-        """A trajectory row plus its last call's token ids (for the stitch check)."""
+        """A trajectory row plus its last call's seq and token ids (the next seq follows it: the
+        call count lags it after a lost call; the ids are for the stitch check)."""
         row = await self._first(sa.select(T).where(T.c.id == trajectory_id))
         if row is None:
             return None
         last = await self._first(
-            sa.select(C.c.prompt_token_ids, C.c.completion_token_ids)
+            sa.select(C.c.seq.label("last_seq"), C.c.prompt_token_ids, C.c.completion_token_ids)
             .where(C.c.trajectory_id == trajectory_id)
             .order_by(C.c.seq.desc())
             .limit(1)
         )
-        return {**row, **(last or {"prompt_token_ids": None, "completion_token_ids": None})}
+        none = {"last_seq": None, "prompt_token_ids": None, "completion_token_ids": None}
+        return {**row, **(last or none)}
 
     async def call_row(self, call_id: str) -> JsonObject | None:
         """What a Responses call's `previous_response_id` and `GET /v1/responses/{id}` read of a
