@@ -32,6 +32,7 @@ def trajectory_row(
     split: str = "train",
     finished_at: datetime | None = None,
     call_count: int = 0,
+    upstream: str = UPSTREAM,
 ) -> tuple[RowKind, Row]:
     """An open trajectory, or one finished by its client at `finished_at`."""
     row: TrajectoryRow = {
@@ -44,7 +45,7 @@ def trajectory_row(
         "finished_at": finished_at,
         "created_at": at,
         "updated_at": finished_at or at,
-        "upstream": UPSTREAM,
+        "upstream": upstream,
         "call_count": call_count,
         "tip_key": None,
         "tip_prompt_key": None,

@@ -494,8 +494,7 @@ async def test_the_next_seq_follows_the_last_recorded_one_not_the_call_count(
     and a call count of 2: a proxy that took the next seq from the count collided with seq 2,
     answered 200 and set the record aside."""
     at = datetime(2026, 1, 1, tzinfo=UTC)
-    lost_first = trajectory_row("lost-first", "s", "g", at, call_count=2)
-    lost_first[1]["upstream"] = vllm.base_url
+    lost_first = trajectory_row("lost-first", "s", "g", at, call_count=2, upstream=vllm.base_url)
     async with TrajectoryStore.opened(store_url) as store:
         await store.write(
             Batch(

@@ -652,3 +652,38 @@ async def test_6_a_key_in_an_answer_with_logprobs_is_scrubbed_and_its_logprobs_k
     assert choice["message"]["content"] == "your key is [redacted] ok"
     assert call.completion_token_ids is not None
     assert len(choice["logprobs"]["content"]) == len(call.completion_token_ids[0])
+
+
+# --- 9. the admin routes: a NUL or an offset no store can take --------------------------------
+
+_NUL = "t%00x"
+ADMIN_NUL_REQUESTS: list[tuple[str, str, Any]] = [
+    ("POST", "/art/v1/forget", {"user": "a\x00b"}),
+    ("GET", f"/art/v1/lineage?trajectory={_NUL}", None),
+    ("GET", f"/art/v1/trajectories?user={_NUL}", None),
+    ("GET", f"/art/v1/trajectories/{_NUL}", None),
+    ("GET", f"/art/v1/trajectories/{_NUL}/feedback", None),
+    ("POST", "/art/v1/feedback", {"trajectory_id": "a\x00b", "score": 1}),
+    ("POST", f"/art/v1/trajectories/{_NUL}/finish", {}),
+    ("GET", f"/art/v1/groups?scenario={_NUL}", None),
+    ("GET", f"/art/v1/judgments?group={_NUL}", None),
+    ("GET", f"/art/v1/alias_moves?alias={_NUL}", None),
+    ("PUT", f"/art/v1/aliases/{_NUL}", {"model": "m"}),
+    ("GET", f"/art/v1/training_steps?run={_NUL}", None),
+    ("GET", "/art/v1/trajectories?offset=99999999999999999999", None),
+    ("GET", "/art/v1/groups?offset=99999999999999999999", None),
+]
+
+
+async def test_9_a_nul_in_an_id_or_an_offset_past_the_stores_is_400_on_every_admin_route(
+    proxy: RunningProxy, http: aiohttp.ClientSession
+) -> None:
+    statuses = {}
+    for method, path, body in ADMIN_NUL_REQUESTS:
+        async with http.request(method, proxy.root_url + path, json=body) as response:
+            statuses[path] = response.status
+            error = (await response.json())["error"]
+            assert "NUL" in error["message"] or "offset" in error["message"], path
+    assert statuses == {path: 400 for _, path, _ in ADMIN_NUL_REQUESTS}
+    async with http.get(proxy.root_url + "/art/v1/trajectories") as response:
+        assert response.status == 200  # and the proxy goes on answering

@@ -438,3 +438,54 @@ async def test_cli_export_from_a_store_in_a_missing_folder_exits_1_with_a_one_li
     line = the_error_line(stderr)
     assert "/nonexistent/dir" in line and "does not exist" in line
     assert stdout == ""
+
+
+async def test_a_web_page_cannot_drive_the_keyless_admin_api(
+    sqlite_proxy: RunningProxy, http: aiohttp.ClientSession
+) -> None:
+    """What a browser sends for a page on another site: a `text/plain` POST to the erasure route
+    (no CORS preflight), a JSON one with its Origin, and, after DNS rebinding, a same-origin read
+    naming the page's own host."""
+    root = sqlite_proxy.root_url
+    async with http.post(f"{root}/v1/chat/completions", json=CHAT) as answered:
+        assert answered.status == 200
+    await sqlite_proxy.parts.settled()
+    forget = f"{root}/art/v1/forget"
+    as_text = await http.post(
+        forget,
+        data=b'{"user": "alice"}',
+        headers={"Content-Type": "text/plain", "Origin": "https://evil.example"},
+    )
+    cross_origin = await http.post(
+        forget, json={"user": "alice"}, headers={"Origin": "https://evil.example"}
+    )
+    text_from_here = await http.post(
+        forget, data=b'{"user": "alice"}', headers={"Content-Type": "text/plain"}
+    )
+    rebound = await http.get(f"{root}/art/v1/trajectories", headers={"Host": "evil.example:8100"})
+    dashboard = await http.get(f"{root}/dashboard", headers={"Host": "evil.example:8100"})
+    same_origin = await http.post(forget, json={"user": "alice"}, headers={"Origin": root})
+    listed = await http.get(f"{root}/art/v1/trajectories", headers={"Host": "localhost"})
+
+    assert [r.status for r in (as_text, cross_origin, text_from_here)] == [403, 403, 400]
+    assert (rebound.status, dashboard.status) == (403, 403)
+    assert "evil.example" in (await rebound.json())["error"]["message"]
+    assert (same_origin.status, listed.status) == (200, 200)
+    assert len((await listed.json())["data"]) == 1  # nothing was erased by the refused ones
+
+
+async def test_allowed_hosts_name_what_the_admin_api_answers_to(
+    sqlite_url: str, vllm: FakeVllm, http: aiohttp.ClientSession
+) -> None:
+    settings = proxy_settings(sqlite_url, vllm.base_url, allowed_hosts=["art-proxy.internal"])
+    async with running_proxy(settings) as proxy:
+        named = await http.get(
+            f"{proxy.root_url}/art/v1/trajectories", headers={"Host": "art-proxy.internal:8100"}
+        )
+        other = await http.get(
+            f"{proxy.root_url}/art/v1/trajectories", headers={"Host": "evil.example"}
+        )
+        agents = await http.post(
+            f"{proxy.root_url}/v1/chat/completions", json=CHAT, headers={"Host": "evil.example"}
+        )
+    assert (named.status, other.status, agents.status) == (200, 403, 200)

@@ -118,6 +118,12 @@ class ProxySettings(JournalSettings, UpstreamSettings, StoreSettings, PiiSetting
     shadow_samples: int = Field(
         3, ge=1, description="Extra samples of each shadowed call, each its own trajectory."
     )
+    allowed_hosts: list[str] = Field(
+        default_factory=list,
+        description="Host names /art/ and the dashboard answer to without --admin-key, besides "
+        "loopback names and --host (a page that rebinds its own name to this address is "
+        "refused); * = any.",
+    )
     open_admin: bool = Field(
         False,
         description="Serve /art/ and the dashboard without a key beyond loopback although "

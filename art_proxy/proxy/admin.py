@@ -25,6 +25,7 @@ _MAX_PAGE = 1000
 # How long `forget` waits for this proxy's journaled calls to reach the store.
 FORGET_SETTLE_TIMEOUT_S = 30.0
 _MAX_NAME = 200  # the store's aliases.alias
+_MAX_OFFSET = 2**63 - 1  # the stores' largest integer (SQLite's and PostgreSQL's bigint)
 
 
 def json_response(payload: BaseModel | Sequence[BaseModel]) -> web.Response:
@@ -175,9 +176,32 @@ async def _body(
         parsed = {} if empty_ok and not raw.strip() else orjson.loads(raw)
         if not within_depth(parsed, MAX_DEPTH):
             raise BadRequest(f"invalid {what} body: nested deeper than {MAX_DEPTH} levels")
+        holding = _holding_nul(parsed)
+        if holding is not None:
+            raise BadRequest(f"invalid {what} body: {holding} holds a NUL character", param=holding)
         return model.model_validate(parsed)
     except (orjson.JSONDecodeError, ValidationError) as exc:
         raise BadRequest(f"invalid {what} body: {exc}") from exc
+
+
+def _holding_nul(value: object, where: str = "") -> str | None:
+    """The path of a string in a JSON value that holds a NUL (the store's text cannot), if any."""
+    if isinstance(value, str):
+        return (where or "body") if "\x00" in value else None
+    children = (
+        value.items()
+        if isinstance(value, dict)
+        else enumerate(value)
+        if isinstance(value, list)
+        else ()
+    )
+    for key, child in children:
+        if isinstance(key, str) and "\x00" in key:
+            return f"{where}.{key!r}".lstrip(".")
+        found = _holding_nul(child, f"{where}.{key}".lstrip("."))
+        if found is not None:
+            return found
+    return None
 
 
 def _paging(request: web.Request, *, default_limit: int = 100) -> tuple[int, int]:
@@ -186,6 +210,8 @@ def _paging(request: web.Request, *, default_limit: int = 100) -> tuple[int, int
         offset = int(request.query.get("offset", "0"))
     except ValueError as exc:
         raise BadRequest("limit and offset must be integers") from exc
-    if not 1 <= limit <= _MAX_PAGE or offset < 0:
-        raise BadRequest(f"limit must be 1..{_MAX_PAGE} and offset >= 0")
+    if not 1 <= limit <= _MAX_PAGE:
+        raise BadRequest(f"limit must be 1..{_MAX_PAGE}", param="limit")
+    if not 0 <= offset <= _MAX_OFFSET:
+        raise BadRequest(f"offset must be 0..{_MAX_OFFSET}", param="offset")
     return limit, offset

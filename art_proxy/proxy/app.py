@@ -38,6 +38,7 @@ from art_proxy.retention import PERIOD_S, expire
 from art_proxy.store.trajectory_store import TrajectoryStore, utcnow
 
 from .admin import Admin
+from .admin_guard import admin_guard
 from .aliases import Aliases
 from .best_of import BestOf, best_of_chooser
 from .dialects import dialect_of_path, error_body
@@ -75,7 +76,9 @@ DRAIN_TIMEOUT_S = 10.0
 def create_app(settings: ProxySettings) -> web.Application:
     app = web.Application(client_max_size=int(settings.max_body_mb * 1024 * 1024))
     metrics = ProxyMetrics(app)
-    app.middlewares.extend([metrics.timed, _errors, _auth(settings), _own_records_first])
+    app.middlewares.extend(
+        [metrics.timed, _errors, _auth(settings), admin_guard(settings), _own_records_first]
+    )
     app.cleanup_ctx.append(_lifecycle(settings))
     _add_routes(app.router)
     app.router.add_get("/metrics", metrics.scrape)

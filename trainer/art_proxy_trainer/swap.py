@@ -236,6 +236,8 @@ class AdapterSwapper:
     ) -> tuple[int, str]:
         assert self._session is not None, "use `async with AdapterSwapper(...)`"
         headers = self._upstream_headers if upstream else self._admin_headers
+        if body is not None:
+            headers = {**headers, "Content-Type": "application/json"}
         try:
             async with self._session.request(
                 method, url, data=None if body is None else orjson.dumps(body), headers=headers
