@@ -33,15 +33,17 @@ def trajectory_row(
     finished_at: datetime | None = None,
     call_count: int = 0,
     upstream: str = UPSTREAM,
+    finish_reason: str = "client",
+    metadata: JsonObject | None = None,
 ) -> tuple[RowKind, Row]:
-    """An open trajectory, or one finished by its client at `finished_at`."""
+    """An open trajectory, or one finished at `finished_at` (by its client, unless told)."""
     row: TrajectoryRow = {
         "id": trajectory_id,
         "scenario_id": scenario_id,
         "group_id": group_id,
         "split": split,
         "status": "open" if finished_at is None else "finished",
-        "finish_reason": None if finished_at is None else "client",
+        "finish_reason": None if finished_at is None else finish_reason,
         "finished_at": finished_at,
         "created_at": at,
         "updated_at": finished_at or at,
@@ -50,7 +52,7 @@ def trajectory_row(
         "tip_key": None,
         "tip_prompt_key": None,
         "metrics": {},
-        "metadata": {},
+        "metadata": metadata or {},
     }
     return RowKind.trajectory, row
 

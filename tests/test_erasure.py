@@ -24,13 +24,20 @@ import sqlalchemy as sa
 from art_proxy.journal import rejected
 from art_proxy.journal.entries import encode
 from art_proxy.proxy.server import RunningProxy, running_proxy
-from art_proxy.records import FeedbackRequest, Judgment, TrainingStep, TrajectoryScore
+from art_proxy.records import (
+    FeedbackRequest,
+    Judgment,
+    SubjectSelector,
+    TrainingStep,
+    TrajectoryScore,
+)
 from art_proxy.store import schema
 from art_proxy.store.rows import Row, RowKind
 from art_proxy.store.trajectory_store import TrajectoryStore, utcnow
 from art_proxy.store.writer import Batch
 from art_proxy.testing.fake_vllm import FakeVllm
 from tests.conftest import proxy_settings
+from tests.store_rows import call_row, group_row, scenario_row, trajectory_row
 
 MODEL = "Qwen/Qwen2.5-0.5B-Instruct"
 ALICE = "ALICE-7731"  # in everything alice says
@@ -200,3 +207,57 @@ def test_forget_without_exactly_one_subject_is_a_one_line_error(
     result = forget_cli("--store", sqlite_url, *args)
     assert result.returncode != 0
     assert message in result.stderr and "Traceback" not in result.stderr
+
+
+async def test_forgetting_a_trajectory_takes_its_best_of_candidates_and_shadow_samples(
+    store: TrajectoryStore,
+) -> None:
+    at = utcnow()
+    served = trajectory_row("served", "s", "g", at)
+    copies = [
+        trajectory_row(
+            "candidate", "s", "g-best", at, finished_at=at,
+            finish_reason="best_of", metadata={"best_of": "served"},
+        ),
+        trajectory_row(
+            "shadow", "s", "g", at, finished_at=at,
+            finish_reason="shadow", metadata={"shadow_of": "served"},
+        ),
+        trajectory_row(  # someone else's shadow
+            "another", "s", "g", at, finished_at=at,
+            finish_reason="shadow", metadata={"shadow_of": "other"},
+        ),
+    ]  # fmt: skip
+    rows = [scenario_row("s", at), group_row("g", "s", at), group_row("g-best", "s", at), served]
+    rows += [
+        *copies,
+        *(call_row(t, at, request={"said": ALICE}) for t in ("served", "candidate", "shadow")),
+    ]
+    await store.write(Batch(rows))
+
+    erased = await store.forget(SubjectSelector(trajectory="served"))
+
+    assert erased.lineage.trajectories == ["candidate", "served", "shadow"]
+    assert ALICE not in await store_text(store)
+    assert await store.trajectory("another") is not None
+
+
+async def test_a_user_is_erased_by_the_id_the_client_sent_whatever_it_holds(
+    proxy: RunningProxy, http: aiohttp.ClientSession
+) -> None:
+    """Body ids the store cannot keep as they are (a tab, over 200 characters) are kept hashed,
+    and padding is stripped as a header's is: erasure by the id as sent finds each."""
+    sent = ["  padded\t", "tab\tbed", "x" * 300]
+    async with openai.AsyncOpenAI(base_url=proxy.base_url, api_key="unused") as client:
+        for user in sent:
+            await client.chat.completions.create(
+                model=MODEL, messages=[{"role": "user", "content": f"{ALICE} {user!r}"}], user=user
+            )
+    await proxy.parts.settled()
+    erased = []
+    for user in sent:
+        async with http.post(f"{proxy.root_url}/art/v1/forget", json={"user": user}) as response:
+            assert response.status == 200, await response.text()
+            erased.append((await response.json())["deleted"]["trajectories"])
+    assert erased == [1, 1, 1]
+    assert ALICE not in await store_text(proxy.parts.store)

@@ -15,6 +15,7 @@ from art_proxy.erasure import forget
 from art_proxy.errors import BadRequest, NotFound, StoreUnavailable
 from art_proxy.journal.segments import Journal
 from art_proxy.records import AliasRequest, FeedbackRequest, FinishRequest, SubjectSelector
+from art_proxy.records.erasure import stored_subject_id
 from art_proxy.store.trajectory_store import TrajectoryStore
 
 from .aliases import Aliases
@@ -90,8 +91,8 @@ class Admin:
             status=query.get("status"),
             split=query.get("split"),
             group=query.get("group"),
-            user=query.get("user"),
-            tenant=query.get("tenant"),
+            user=_subject_id(query.get("user")),
+            tenant=_subject_id(query.get("tenant")),
             limit=limit,
             offset=offset,
         )
@@ -182,6 +183,11 @@ async def _body(
         return model.model_validate(parsed)
     except (orjson.JSONDecodeError, ValidationError) as exc:
         raise BadRequest(f"invalid {what} body: {exc}") from exc
+
+
+def _subject_id(value: str | None) -> str | None:
+    """A user or tenant filter, by the id as the client sent it (hashed as the store keeps it)."""
+    return stored_subject_id(value) if value is not None and value.strip() else value
 
 
 def _holding_nul(value: object, where: str = "") -> str | None:

@@ -8,15 +8,15 @@ opened it. Retention, erasure (`art-proxy forget`) and the lists' filters go by 
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from art_proxy.errors import BadRequest
+from art_proxy.records.erasure import MAX_SUBJECT_ID as _MAX_LENGTH
+from art_proxy.records.erasure import stored_subject_id
 
 USER_HEADER, TENANT_HEADER = "X-Art-User", "X-Art-Tenant"
-_MAX_LENGTH = 200  # the store's trajectories.user_id and tenant_id
 
 
 @dataclass(frozen=True)
@@ -48,9 +48,9 @@ def _header(headers: Mapping[str, str], name: str) -> str | None:
 
 
 def _body_user(body: Mapping[str, Any]) -> str | None:
-    """The body's user id. One the store cannot keep as it is (over the length, unprintable) is
-    kept as its hash: refusing a body the vendors accept would break the agent, and a hash still
-    finds the same user's trajectories."""
+    """The body's user id, stripped as a header's is. One the store cannot keep as it is (over
+    the length, unprintable) is kept as its hash: refusing a body the vendors accept would break
+    the agent, and erasure by the same id hashes it alike (`stored_subject_id`)."""
     metadata = body.get("metadata")
     candidates = (
         body.get("safety_identifier"),
@@ -58,8 +58,4 @@ def _body_user(body: Mapping[str, Any]) -> str | None:
         metadata.get("user_id") if isinstance(metadata, dict) else None,
     )
     value = next((c for c in candidates if isinstance(c, str) and c.strip()), None)
-    if value is None:
-        return None
-    if len(value) > _MAX_LENGTH or not value.isprintable():
-        return "blake2b:" + hashlib.blake2b(value.encode(), digest_size=16).hexdigest()
-    return value
+    return None if value is None else stored_subject_id(value)

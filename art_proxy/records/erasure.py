@@ -3,18 +3,42 @@ from). `art-proxy forget`, `POST /art/v1/forget` and `GET /art/v1/lineage` speak
 
 from __future__ import annotations
 
-from pydantic import Field, model_validator
+import hashlib
+
+from pydantic import Field, field_validator, model_validator
 
 from art_proxy.records.base import Record
 from art_proxy.records.training import GroupOutcome, StepKind, StepStatus
 
+MAX_SUBJECT_ID = 200  # the store's trajectories.user_id and tenant_id
+
+
+def stored_subject_id(value: str) -> str:
+    """A user or tenant id as the store keeps it: stripped, and where the store cannot keep it
+    as it is (over the length, unprintable), its hash. The proxy files a call's id so and erasure
+    looks the id up so, so erasure by the id a client sent finds what it sent."""
+    value = value.strip()
+    if len(value) > MAX_SUBJECT_ID or not value.isprintable():
+        return "blake2b:" + hashlib.blake2b(value.encode(), digest_size=16).hexdigest()
+    return value
+
 
 class SubjectSelector(Record):
-    """Exactly one of a user, a tenant and a trajectory."""
+    """Exactly one of a user, a tenant and a trajectory; a user or tenant by the id the client
+    sent or as stored (`stored_subject_id`)."""
 
-    user: str | None = Field(default=None, min_length=1, max_length=200)
-    tenant: str | None = Field(default=None, min_length=1, max_length=200)
+    user: str | None = Field(default=None, min_length=1)
+    tenant: str | None = Field(default=None, min_length=1)
     trajectory: str | None = Field(default=None, min_length=1, max_length=200)
+
+    @field_validator("user", "tenant")
+    @classmethod
+    def _as_stored(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        if not value.strip():
+            raise ValueError("an id of blanks names no one")
+        return stored_subject_id(value)
 
     @model_validator(mode="after")
     def _exactly_one(self) -> SubjectSelector:

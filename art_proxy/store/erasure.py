@@ -57,7 +57,11 @@ class Expired:
 class ErasureRecords(StoreBase):
     async def lineage(self, subject: SubjectSelector) -> Lineage:
         """The subject's trajectories and groups, and what learned from them."""
-        rows = await self._all(sa.select(T.c.id, T.c.group_id).where(_selects(subject)))
+        rows = await self._all(
+            sa.select(T.c.id, T.c.group_id, T.c.scenario_id).where(_selects(subject))
+        )
+        if subject.trajectory is not None and rows:
+            rows += await self._copies(subject.trajectory, rows[0]["scenario_id"])
         trajectories = sorted(row["id"] for row in rows)
         groups = sorted({row["group_id"] for row in rows})
         steps = await self._steps_reading(groups)
@@ -66,6 +70,21 @@ class ErasureRecords(StoreBase):
             groups=groups,
             steps=steps,
             derived_adapters=await self._derived_adapters(steps),
+        )
+
+    async def _copies(self, trajectory_id: str, scenario_id: str) -> list[dict[str, Any]]:
+        """A trajectory's copies: its best-of candidates and shadow samples hold its opening.
+        (A user's or tenant's carry its subject and go with it.) Both sit in its scenario."""
+        marked = sa.or_(
+            T.c.metadata["best_of"].as_string() == trajectory_id,
+            T.c.metadata["shadow_of"].as_string() == trajectory_id,
+        )
+        return await self._all(
+            sa.select(T.c.id, T.c.group_id, T.c.scenario_id).where(
+                T.c.scenario_id == scenario_id,
+                T.c.finish_reason.in_(("best_of", "shadow")),
+                marked,
+            )
         )
 
     async def forget(self, subject: SubjectSelector) -> Erasure:
