@@ -1076,3 +1076,35 @@ async def test_a_refused_first_call_still_creates_its_trajectory_for_the_calls_a
     assert whole is not None and whole.calls is not None
     assert [call.seq for call in whole.calls] == [1]
     assert whole.call_count == 1
+
+
+@pytest.mark.parametrize("written", ["", "\x00\x00\x00", "not a url"])
+def test_a_store_file_a_crash_left_unreadable_is_a_clear_error(
+    tmp_path: Path, written: str
+) -> None:
+    """The store file was written without a sync: a power loss could leave it empty, and every
+    start (and every reader) then failed in sqlalchemy's ArgumentError."""
+    (tmp_path / "store").write_text(written)
+    with pytest.raises(ConfigError, match=r"store file \S+/store is unreadable .* write that line"):
+        segments.Journal.open(tmp_path, "sqlite:///a.db", Durability.process)
+
+
+def test_the_store_file_is_written_whole_and_synced(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    synced: list[str] = []
+    real_fsync = os.fsync
+
+    def fsync(fd: int) -> None:
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    journal = segments.Journal.open(tmp_path, "sqlite:///a.db", Durability.process)
+    try:
+        assert (tmp_path / "store").read_text().startswith("sqlite:///")
+        assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".partial")] == []
+    finally:
+        journal.close()
+    # The file's bytes before its name, then the name in its directory.
+    assert any(path.endswith(".partial") for path in synced) and str(tmp_path) in synced

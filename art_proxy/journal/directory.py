@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError
 
 from art_proxy.config import JOURNAL_AUTO, JOURNAL_OFF
 from art_proxy.errors import ConfigError
@@ -56,25 +57,63 @@ def store_name(store: str) -> str:
 
 
 def claim_for_store(directory: Path, store_url: str) -> None:
-    """Frames of one store must never be ingested into another: the directory names its store."""
+    """Frames of one store must never be ingested into another: the directory names its store.
+    The name is written whole or not at all (a crash mid-write left an empty marker, which
+    stopped every later start), and durably before any frame is written under it."""
     store = store_name(store_url)
     marker = directory / _STORE_FILE
-    try:
-        with open(marker, "x", encoding="utf-8") as file:
-            file.write(store + "\n")
+    if _write_durably(marker, store + "\n", replace=False):
         return
-    except FileExistsError:
-        pass
-    owner = marker.read_text(encoding="utf-8").strip()
-    if owner != store and store_name(owner) == store:
+    owner = marker.read_text(encoding="utf-8", errors="replace").strip()
+    try:
+        named = store_name(owner)
+    except ArgumentError:
+        named = None
+    if named is None:
+        raise ConfigError(
+            f"journal {directory}: its store file {marker} is unreadable ({owner[:80]!r}); if "
+            f"this journal's records belong to {store}, write that line into it (or delete "
+            "the file) and start again"
+        )
+    if owner != store and named == store:
         # Written before SQLite files were named by their absolute path, from this directory.
-        marker.write_text(store + "\n", encoding="utf-8")
+        _write_durably(marker, store + "\n", replace=True)
         return
     if owner != store:
         raise ConfigError(
             f"journal {directory} holds records of store {owner}, not {store}: give this proxy "
             "its own --journal"
         )
+
+
+def _write_durably(path: Path, text: str, *, replace: bool) -> bool:
+    """`text` in `path`, whole: a temporary file synced, then linked (`replace` False: only where
+    `path` does not exist yet, two proxies starting at once) or renamed into place, and the
+    directory synced. Whether `path` now holds `text`."""
+    partial = path.with_name(f"{path.name}.{os.getpid()}.partial")
+    with open(partial, "w", encoding="utf-8") as file:
+        file.write(text)
+        file.flush()
+        os.fsync(file.fileno())
+    try:
+        if replace:
+            os.replace(partial, path)
+        else:
+            os.link(partial, path)
+    except FileExistsError:
+        return False
+    finally:
+        partial.unlink(missing_ok=True)
+    fsync_directory(path.parent)
+    return True
+
+
+def fsync_directory(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _try_lock(path: Path) -> Slot | None:

@@ -26,7 +26,7 @@ from art_proxy.store.writer import refuses_record
 
 from .entries import Entry, decode
 from .frames import frame_bytes, scan
-from .segments import fsync_directory
+from .directory import fsync_directory
 
 REJECTED_FILE = "rejected-records"
 _LOCK_SUFFIX = ".lock"

@@ -26,6 +26,7 @@ from .directory import (
     SEGMENT_SUFFIX,
     Slot,
     claim_for_store,
+    fsync_directory,
     remove_if_empty,
     remove_if_unused,
     take_slots,
@@ -412,14 +413,6 @@ def _sync_all(rotated: list[int], directory: Path | None, live: int) -> None:
         if directory is not None:
             fsync_directory(directory)
         os.fdatasync(live)
-
-
-def fsync_directory(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _recover(
