@@ -24,9 +24,9 @@ from art_proxy.store.rows import CallRow, RowKind, TrajectoryRow
 from art_proxy.store.trajectory_store import TrajectoryStore
 from art_proxy.store.writer import refuses_record
 
+from .directory import fsync_directory
 from .entries import Entry, decode
 from .frames import frame_bytes, scan
-from .directory import fsync_directory
 
 REJECTED_FILE = "rejected-records"
 _LOCK_SUFFIX = ".lock"
