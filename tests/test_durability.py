@@ -24,6 +24,7 @@ import threading
 import time
 import zlib
 from collections.abc import AsyncIterator, Callable, Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 
 import aiohttp
@@ -33,7 +34,8 @@ import sqlalchemy as sa
 
 from art_proxy.config import Durability, ProxySettings
 from art_proxy.errors import ConfigError, StoreError
-from art_proxy.journal import ingester, segments
+from art_proxy.journal import ingester, rejected, segments
+from art_proxy.journal.entries import encode
 from art_proxy.journal.frames import frame_bytes, scan
 from art_proxy.journal.ingester import Ingester
 from art_proxy.journal.rejected import REJECTED_FILE
@@ -41,6 +43,7 @@ from art_proxy.proxy import app
 from art_proxy.proxy.server import running_proxy
 from art_proxy.store import engine
 from art_proxy.store.trajectory_store import TrajectoryStore
+from art_proxy.store.writer import Batch
 from art_proxy.testing.fake_vllm import FakeVllm
 from art_proxy.testing.fault_tcp import FaultyTcp, faulty_tcp
 from art_proxy.testing.loopback import free_port
@@ -56,6 +59,7 @@ from tests.proxy_load import (
     until,
     wait_healthy,
 )
+from tests.store_rows import call_row
 from tests.test_metrics import scrape
 
 CLIENTS = 16
@@ -1108,3 +1112,36 @@ def test_the_store_file_is_written_whole_and_synced(
         journal.close()
     # The file's bytes before its name, then the name in its directory.
     assert any(path.endswith(".partial") for path in synced) and str(tmp_path) in synced
+
+
+def encode_entry(text: str) -> bytes:
+    """A journal entry holding one call that says `text`."""
+    return encode(Batch([call_row("t", datetime.now(UTC), request={"said": text})]))
+
+
+def test_a_record_the_full_disk_cut_short_hides_no_later_one_and_replay_keeps_what_it_cannot_read(
+    tmp_path: Path,
+) -> None:
+    """On a real full disk the append of a set-aside record fails half written; the next one,
+    once there is room, landed after the torn bytes, where readers (and `journal replay`, which
+    then rewrote the file with what it read) never saw it."""
+    first, big, third = encode_entry("first"), encode_entry("big" * 30000), encode_entry("third")
+    with small_disk(tmp_path / "disk", "size=256k,nr_inodes=64") as disk:
+        directory = disk / "journal"
+        directory.mkdir()
+        rejected.set_aside(directory, first)
+        taken = fill(disk)
+        os.truncate(taken[0], max(0, os.path.getsize(taken[0]) - 16384))  # a little room
+        with pytest.raises(OSError):
+            rejected.set_aside(directory, big)
+        for path in taken:
+            path.unlink()
+        rejected.set_aside(directory, third)
+        assert [r.payload for r in rejected.read(directory)] == [first, third]
+        assert rejected.count(directory) == 2
+        # Damage no reader can read stays through a rewrite (replay's, erasure's, retention's).
+        with (directory / REJECTED_FILE).open("ab") as file:
+            file.write(b"ARTJ" + bytes(40))
+        assert rejected.drop_older(directory, before=0.0) == 0
+        assert (directory / REJECTED_FILE).read_bytes().endswith(b"ARTJ" + bytes(40))
+        assert rejected.drop(directory) == 2 and not (directory / REJECTED_FILE).exists()

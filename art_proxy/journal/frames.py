@@ -112,6 +112,25 @@ def scan(buffer: bytes | memoryview, base: int = 0, *, max_frames: int | None = 
     return Scan(frames, base + position, False)
 
 
+def scan_past_damage(buffer: bytes | memoryview) -> tuple[list[Frame], list[tuple[int, int]]]:
+    """Every whole frame of `buffer`, resynchronising past bytes that are not frames (a frame a
+    full disk cut short, with whole ones appended after it); and those bytes' spans."""
+    window = _Window(buffer_reader(buffer), len(buffer))
+    frames: list[Frame] = []
+    damaged: list[tuple[int, int]] = []
+    position = 0
+    while position < len(buffer):
+        frame = parse(window.read, position)
+        if frame is None:
+            frame = _resync(window, position + 1, len(buffer))
+            damaged.append((position, len(buffer) if frame is None else frame.start))
+            if frame is None:
+                break
+        frames.append(frame)
+        position = frame.end
+    return frames, damaged
+
+
 @dataclass(frozen=True)
 class Damage:
     """Bytes in the middle of a file that are not frames, with whole frames after them."""

@@ -26,7 +26,7 @@ from art_proxy.store.writer import refuses_record
 
 from .directory import fsync_directory
 from .entries import Entry, decode
-from .frames import frame_bytes, scan
+from .frames import frame_bytes, scan_past_damage
 
 REJECTED_FILE = "rejected-records"
 _LOCK_SUFFIX = ".lock"
@@ -66,9 +66,17 @@ def set_aside(directory: Path, payload: bytes) -> None:
     with _locked(directory) as path:
         created = not path.exists()
         with open(path, "ab") as file:
-            file.write(frame_bytes(payload, _UNSEQUENCED))
-            file.flush()
-            os.fsync(file.fileno())
+            whole = file.tell()
+            try:
+                file.write(frame_bytes(payload, _UNSEQUENCED))
+                file.flush()
+                os.fsync(file.fileno())
+            except OSError:
+                # Cut back to the last whole frame: a torn one would sit before every later
+                # record (readers resynchronise past it all the same).
+                with contextlib.suppress(OSError):
+                    os.truncate(path, whole)
+                raise
         if created:
             fsync_directory(directory)
 
@@ -83,15 +91,22 @@ def count(directory: Path) -> int:
     if not (directory / REJECTED_FILE).exists():
         return 0
     with _locked(directory) as path:
-        return len(scan(path.read_bytes()).frames)
+        return len(scan_past_damage(path.read_bytes())[0])
 
 
 def _read(path: Path) -> list[SetAside]:
+    return _read_with_damage(path)[0]
+
+
+def _read_with_damage(path: Path) -> tuple[list[SetAside], bytes]:
+    """The whole records, read past damage, and the damaged bytes themselves."""
     try:
         data = path.read_bytes()
     except FileNotFoundError:
-        return []
-    return [SetAside(frame.payload, _entry(frame.payload)) for frame in scan(data).frames]
+        return [], b""
+    frames, damaged = scan_past_damage(data)
+    records = [SetAside(frame.payload, _entry(frame.payload)) for frame in frames]
+    return records, b"".join(data[start:end] for start, end in damaged)
 
 
 def _entry(payload: bytes) -> Entry | None:
@@ -131,7 +146,7 @@ async def replay(directory: Path, store: TrajectoryStore) -> Replayed:
 
 def drop(directory: Path) -> int:
     """Delete every set-aside record; how many there were."""
-    return _keep(directory, lambda _record: False)
+    return _keep(directory, lambda _record: False, keep_damage=False)
 
 
 def drop_subject(directory: Path, subject: SubjectSelector, trajectory_ids: Collection[str]) -> int:
@@ -177,18 +192,22 @@ def _belongs(row: TrajectoryRow, subject: SubjectSelector) -> bool:
     return row["id"] == subject.trajectory
 
 
-def _keep(directory: Path, kept: Callable[[SetAside], bool]) -> int:
+def _keep(directory: Path, kept: Callable[[SetAside], bool], *, keep_damage: bool = True) -> int:
     """Rewrite the file with the records `kept` says stay (read again under the lock: the
     ingester may have appended since), atomically; remove it when none do. How many went."""
     with _locked(directory) as path:
-        records = _read(path)
+        records, damaged = _read_with_damage(path)
+        damaged = damaged if keep_damage else b""
         staying = [record for record in records if kept(record)]
-        if not staying:
+        if not staying and not damaged:
             path.unlink(missing_ok=True)
             return len(records)
         partial = path.with_name(path.name + ".partial")
         with open(partial, "wb") as file:
             file.writelines(frame_bytes(r.payload, _UNSEQUENCED) for r in staying)
+            # Bytes no reader could read are no verdict on what they held: they stay, after the
+            # whole records (`art-proxy journal drop` removes them).
+            file.write(damaged)
             file.flush()
             os.fsync(file.fileno())
         os.replace(partial, path)
