@@ -504,7 +504,9 @@ def forget(settings: ForgetSettings) -> None:
         )
 
     async def run() -> Lineage | Erasure:
-        async with opened_for_reading(settings.store) as store:
+        # The journal given is taken in first: a stopped proxy's records in it would otherwise
+        # come back with the next proxy started on it.
+        async with opened_for_reading(settings.store, directory) as store:
             if not settings.yes:
                 return await store.lineage(subject)
             return await erase(store, subject, directory)

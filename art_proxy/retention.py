@@ -4,7 +4,8 @@ The proxy runs it every `PERIOD_S` (`serve --retain-days`), and `art-proxy house
 Each batch is one transaction over `store.erasure.BATCH` trajectories (calls, feedback, their
 groups' judgments, their scenarios' openings: as erasure deletes them), with a pause between
 batches, so a first run over months of records never holds up recording. Records the store refused,
-set aside in the journal directory, go once they are as old. A trajectory's age is its start.
+set aside in the journal directory, and damaged journal bytes quarantined, go once they are as
+old. A trajectory's age is its start.
 What training consumed stays listed by its steps (group ids, no text), as after erasure.
 """
 
@@ -15,7 +16,7 @@ from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 
-from art_proxy.journal import rejected
+from art_proxy.journal import quarantine, rejected
 from art_proxy.store.erasure import BATCH
 from art_proxy.store.trajectory_store import TrajectoryStore, utcnow
 
@@ -49,5 +50,8 @@ async def expire(
     if journal_directory is not None:
         totals["set_aside_records"] = await asyncio.to_thread(
             rejected.drop_older, journal_directory, before.timestamp()
+        )
+        totals["quarantined_files"] = await asyncio.to_thread(
+            quarantine.drop_older, journal_directory, before.timestamp()
         )
     return totals

@@ -1145,3 +1145,39 @@ def test_a_record_the_full_disk_cut_short_hides_no_later_one_and_replay_keeps_wh
         assert rejected.drop_older(directory, before=0.0) == 0
         assert (directory / REJECTED_FILE).read_bytes().endswith(b"ARTJ" + bytes(40))
         assert rejected.drop(directory) == 2 and not (directory / REJECTED_FILE).exists()
+
+
+async def test_forget_takes_in_the_journal_it_is_given_so_erasure_holds(
+    sqlite_url: str, vllm: FakeVllm, tmp_path: Path
+) -> None:
+    """A killed proxy's journal under `--journal DIR` held alice's call: `forget --journal DIR`
+    erased the store without it, and the next proxy started on DIR put her trajectory back."""
+    database = sqlite_url.removeprefix("sqlite:///")
+    journal = tmp_path / "elsewhere"
+    locker = sqlite3.connect(database, isolation_level=None)
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "alice's secret"}]}
+    try:
+        async with serve_process(sqlite_url, vllm.base_url, journal) as (process, port):
+            async with aiohttp.ClientSession() as http:
+                base = f"http://127.0.0.1:{port}/v1"
+                await one_call(http, base, 0)
+                await asyncio.sleep(0.5)  # in the store: the lock comes after it
+                locker.execute("BEGIN IMMEDIATE")
+                async with http.post(
+                    f"{base}/chat/completions", json=body, headers={"X-Art-User": "alice"}
+                ) as answered:
+                    assert answered.status == 200
+            await kill(process)
+        locker.execute("ROLLBACK")
+    finally:
+        locker.close()
+    status, _, err = await run_cli(
+        "forget", "--store", sqlite_url, "--journal", str(journal), "--user", "alice", "--yes"
+    )
+    assert status == 0, err
+    settings = proxy_settings(sqlite_url, vllm.base_url, journal=str(journal))
+    async with running_proxy(settings) as proxy:
+        await proxy.parts.settled()
+        back = await proxy.parts.store.trajectories(user="alice")
+    assert back == []
+    assert "deleted 1 trajectories" in " ".join(err.split())

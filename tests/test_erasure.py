@@ -117,6 +117,15 @@ async def store_text(store: TrajectoryStore) -> str:
     return "\n".join(text)
 
 
+def sqlite_files(store_url: str) -> bytes:
+    """What the files of a SQLite store hold, its write-ahead log's included (none elsewhere)."""
+    if not store_url.startswith("sqlite"):
+        return b""
+    database = store_url.removeprefix("sqlite:///")
+    paths = (Path(database + suffix) for suffix in ("", "-wal"))
+    return b"".join(path.read_bytes() for path in paths if path.exists())
+
+
 def journal_text(directory: Path) -> bytes:
     return b"".join(p.read_bytes() for p in directory.rglob("*") if p.is_file())
 
@@ -128,6 +137,10 @@ async def test_forget_a_user_through_the_proxy_erases_everything_and_names_what_
     settings = proxy_settings(store_url, vllm.base_url, journal=str(journal))
     async with running_proxy(settings) as proxy:
         ids = await recorded_and_trained(proxy)
+        # Damaged journal bytes a recovery quarantined: one holds a piece of alice's record.
+        (journal / "quarantine").mkdir()
+        (journal / "quarantine" / "0-alice.bytes").write_text(f'{ids["alice"]}","my card is ')
+        (journal / "quarantine" / "0-bob.bytes").write_text(f'{ids["bob"]}", "my card')
         async with http.get(f"{proxy.root_url}/art/v1/lineage?user=alice") as response:
             lineage = await response.json()
         async with http.post(f"{proxy.root_url}/art/v1/forget", json={"user": "alice"}) as done:
@@ -136,6 +149,8 @@ async def test_forget_a_user_through_the_proxy_erases_everything_and_names_what_
         store = proxy.parts.store
         text = await store_text(store)
         on_disk = journal_text(journal)
+        # What the files of a SQLite store hold, the write-ahead log's included, while it runs.
+        raw = sqlite_files(store_url)
         bob = await store.trajectory(ids["bob"])
         judgments = await store.judgments(group="shared")
         steps = await store.training_steps("r1")
@@ -149,7 +164,10 @@ async def test_forget_a_user_through_the_proxy_erases_everything_and_names_what_
     assert erased["deleted"]["trajectories"] == 2 and erased["deleted"]["calls"] == 4
     assert erased["deleted"]["judgments"] == 1 and erased["deleted"]["feedback"] == 1
     assert ALICE not in text and "alice" not in text
-    assert ALICE.encode() not in on_disk
+    assert ALICE.encode() not in on_disk and ids["alice"].encode() not in on_disk
+    assert erased["quarantined_files_dropped"] == 1
+    assert (journal / "quarantine" / "0-bob.bytes").exists()
+    assert ALICE.encode() not in raw
     # bob keeps his records; the consumed group and the steps stay, as lineage.
     assert bob is not None and bob.calls is not None and len(bob.calls) == 2
     assert BOB in text and judgments == [] and feedback == {}

@@ -8,6 +8,7 @@ some are then dated 40 days back in the store itself, as time would have.
 from __future__ import annotations
 
 import asyncio
+import os
 import subprocess
 import sys
 import time
@@ -21,6 +22,7 @@ import sqlalchemy as sa
 
 from art_proxy.journal import rejected
 from art_proxy.proxy.server import RunningProxy, running_proxy
+from art_proxy.retention import expire
 from art_proxy.store import schema
 from art_proxy.store.rows import RowKind
 from art_proxy.store.trajectory_store import TrajectoryStore, utcnow
@@ -117,3 +119,20 @@ async def test_statistics_are_refreshed_after_many_deletions_where_the_store_kee
     store: TrajectoryStore,
 ) -> None:
     await store.refresh_statistics()  # ANALYZE on PostgreSQL; SQLite keeps none on purpose
+
+
+async def test_quarantined_journal_bytes_age_out_with_the_retention(
+    store: TrajectoryStore, tmp_path: Path
+) -> None:
+    folder = tmp_path / "quarantine"
+    folder.mkdir()
+    old, recent = folder / "0-segment-1-4096.bytes", folder / "0-segment-2-0.bytes"
+    old.write_bytes(b"a user's words, cut short")
+    recent.write_bytes(b"yesterday's")
+    two_days_ago = time.time() - 2 * 86400
+    os.utime(old, (two_days_ago, two_days_ago))
+
+    totals = await expire(store, 1.0, tmp_path)
+
+    assert totals["quarantined_files"] == 1
+    assert not old.exists() and recent.exists()

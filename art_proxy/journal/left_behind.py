@@ -6,7 +6,8 @@ the next proxy of the store adopts. Until one starts, `art-proxy export`, the ju
 would read a store without those calls. So each of them, before it reads, ingests the slots no
 live proxy holds in the store's default journal directory (`--journal auto`: `FILE.journal` beside
 a SQLite store): the same adoption a proxy does at start, with the same exactly-once ingestion by
-call id. A journal under another `--journal` directory is found only by a proxy given it.
+call id. A journal under another `--journal` directory is found by a proxy or a reader given it
+(`art-proxy forget --journal DIR` takes it in before it erases).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 from art_proxy.config import JOURNAL_AUTO, Durability
 from art_proxy.errors import ConfigError, StoreError
@@ -29,23 +31,27 @@ _INGEST_TIMEOUT_S = 60.0
 
 
 @asynccontextmanager
-async def opened_for_reading(url: str) -> AsyncIterator[TrajectoryStore]:
+async def opened_for_reading(
+    url: str, journal: Path | None = None
+) -> AsyncIterator[TrajectoryStore]:
     """The store at `url`, with what stopped proxies left in its journal ingested first (see the
-    module), closed when the block ends; raises as `TrajectoryStore.open`."""
+    module; `journal`: a directory given with `--journal`, taken in too), closed when the block
+    ends; raises as `TrajectoryStore.open`."""
     store = await TrajectoryStore.open(url, writer=False)
     try:
-        await ingest_left_behind(store, url)
+        directories = {journal_directory(JOURNAL_AUTO, url), journal} - {None}
+        for directory in sorted(d for d in directories if d is not None):
+            await ingest_left_behind(store, url, directory)
         yield store
     finally:
         await store.aclose()
 
 
-async def ingest_left_behind(store: TrajectoryStore, url: str) -> int:
-    """Ingest the journal slots of `url`'s default journal directory that no live proxy holds;
-    how many records went in. A directory that cannot be taken is left as it is, with a warning:
-    reading goes on without those records."""
-    directory = journal_directory(JOURNAL_AUTO, url)
-    if directory is None or not any(directory.glob("*/*" + SEGMENT_SUFFIX)):
+async def ingest_left_behind(store: TrajectoryStore, url: str, directory: Path) -> int:
+    """Ingest the journal slots of `directory` that no live proxy holds; how many records went
+    in. A directory that cannot be taken is left as it is, with a warning: reading goes on
+    without those records."""
+    if not _holds_segments(directory):
         return 0
     try:
         journal = Journal.open(directory, url, Durability.process)
@@ -71,3 +77,7 @@ async def ingest_left_behind(store: TrajectoryStore, url: str) -> int:
             directory,
         )
     return ingester.state.ingested
+
+
+def _holds_segments(directory: Path) -> bool:
+    return any(directory.glob("*/*" + SEGMENT_SUFFIX))

@@ -32,6 +32,7 @@ from .directory import (
     take_slots,
 )
 from .frames import HEADER, MAX_PAYLOAD, Frame, Scan, header, parse, scan, survey
+from .quarantine import QUARANTINE
 
 log = logging.getLogger(__name__)
 
@@ -455,9 +456,6 @@ def _recover(
     holes = [(damage.start, damage.end) for damage in found.damage]
     segment = _Segment(order, path, found.end, found.frames, recovered=True, holes=holes)
     return segment, found.last_seq
-
-
-QUARANTINE = "quarantine"
 
 
 def _quarantine(fd: int, path: Path, start: int, end: int, directory: Path) -> Path:

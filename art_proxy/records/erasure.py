@@ -93,3 +93,8 @@ class Erasure(Record):
     journal_frames_dropped: int = Field(
         default=0, description="Records set aside in the journal's rejected-records, dropped."
     )
+    quarantined_files_dropped: int = Field(
+        default=0,
+        description="Files of damaged journal bytes (the journal's quarantine) that named the "
+        "subject, deleted.",
+    )

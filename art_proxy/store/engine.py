@@ -232,6 +232,9 @@ def _sqlite_pragmas(dbapi_connection: Any, _record: Any, synchronous: str = "NOR
     cursor.execute(f"PRAGMA busy_timeout={_SQLITE_BUSY_TIMEOUT_MS}")
     cursor.execute("PRAGMA foreign_keys=ON")
     cursor.execute(f"PRAGMA wal_autocheckpoint={_SQLITE_WAL_CHECKPOINT_PAGES}")
+    # Deleted rows' bytes zeroed, not left in free pages (erasure, retention): not every SQLite
+    # build has it on by default.
+    cursor.execute("PRAGMA secure_delete=ON")
     cursor.close()
 
 

@@ -105,7 +105,17 @@ class ErasureRecords(StoreBase):
             deleted["scenarios"] = await _clear_openings(connection, sorted(scenarios))
         if len(ids) >= BATCH:
             await self.refresh_statistics()
+        await self.checkpoint_wal()
         return Erasure(subject=subject.describe(), lineage=lineage, deleted=deleted)
+
+    async def checkpoint_wal(self) -> None:
+        """SQLite: the write-ahead log folded into the database and cut to nothing, so the page
+        images it held of deleted rows go (the database's own pages are zeroed by secure_delete).
+        Best effort: a reader holding an old snapshot keeps the log until it lets go."""
+        if self.engine.dialect.name != "sqlite":
+            return
+        async with self.engine.connect() as connection:
+            await connection.exec_driver_sql("PRAGMA wal_checkpoint(TRUNCATE)")
 
     async def expire(self, before: datetime, limit: int = BATCH) -> Expired:
         """Retention, one batch: up to `limit` trajectories started before `before` deleted, as
