@@ -41,7 +41,8 @@ PATTERN_ENTITIES = (
 NAMED_ENTITIES = ("PERSON", "LOCATION", "NRP")
 # Presidio's phone recogniser scores a bare number 0.4; below this a match is left as it is.
 SCORE_THRESHOLD = 0.35
-# JSON keys whose values are structure, not text anyone wrote.
+# JSON keys whose values are structure, not text anyone wrote. A message's `name` (who spoke:
+# an e-mail address, a person's name) is text; a function's or a tool's is structure.
 _STRUCTURE_KEYS = frozenset({"role", "type", "id", "tool_call_id", "name", "object", "model"})
 INSTALL = "pip install 'art-proxy[pii]'"
 
@@ -64,8 +65,11 @@ class Placeholders:
         if isinstance(value, list):
             return [self.value(item) for item in value]
         if isinstance(value, dict):
+            message = "role" in value
             return {
-                key: item if key in _STRUCTURE_KEYS else self.value(item)
+                key: item
+                if key in _STRUCTURE_KEYS and not (message and key == "name")
+                else self.value(item)
                 for key, item in value.items()
             }
         return value

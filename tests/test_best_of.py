@@ -282,7 +282,7 @@ async def test_prod_calls_are_drawn_by_the_fraction(sqlite_url: str, check_file:
 
 @contextlib.asynccontextmanager
 async def judged_by_ruler(
-    store_url: str, script: Script
+    store_url: str, script: Script, **settings: object
 ) -> AsyncIterator[tuple[ScriptedJudge, RunningProxy]]:
     """A proxy choosing with `--best-of-judge`, its RULER a scripted judge answering `script`."""
     async with (
@@ -294,6 +294,7 @@ async def judged_by_ruler(
                 vllm.base_url,
                 best_of_judge="openai/judge",
                 best_of_judge_base_url=judge.base_url,
+                **settings,
             )
         ) as proxy,
     ):
@@ -319,6 +320,21 @@ async def test_ruler_ranks_the_candidates_against_each_other(sqlite_url: str) ->
     assert judgment.status == "scored"
     assert judgment.judge_model == f"{BEST_OF_JUDGE_PREFIX}ruler:openai/judge"
     assert sorted(score.reward for score in judgment.scores) == [0.1, 0.1, 0.9]
+
+
+async def test_with_redact_pii_the_best_of_judge_sees_placeholders(sqlite_url: str) -> None:
+    script = answer_by_content(lambda text: 0.9 if "(2)" in text else 0.1)
+    email = "jane.doe@example.com"
+    task: list[ChatCompletionMessageParam] = [
+        {"role": "user", "content": f"Which table holds the invoices? Mail {email}"}
+    ]
+    async with (
+        judged_by_ruler(sqlite_url, script, redact_pii=True) as (judge, proxy),
+        client(proxy, 2) as openai,
+    ):
+        await openai.chat.completions.create(model=MODEL, messages=task)
+    shown = judge.prompt()
+    assert email not in shown and "<EMAIL_ADDRESS_1>" in shown
 
 
 async def test_a_group_whose_serve_time_judge_failed_is_left_to_the_offline_judge(

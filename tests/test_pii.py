@@ -62,9 +62,16 @@ async def test_the_dashboard_and_export_show_placeholders_and_keep_the_token_ids
         async with openai.AsyncOpenAI(base_url=proxy.base_url, api_key="unused") as client:
             await client.chat.completions.create(
                 model=MODEL,
-                messages=[{"role": "user", "content": f"my card is {CARD}, mail {EMAIL}"}],
+                messages=[
+                    {"role": "user", "content": f"my card is {CARD}, mail {EMAIL}", "name": OTHER}
+                ],
             )
         [recorded] = await trajectories(proxy)
+        admin = []
+        for path in ("/art/v1/trajectories", f"/art/v1/trajectories/{recorded.id}"):
+            async with http.get(proxy.root_url + path) as response:
+                assert response.status == 200
+                admin.append(await response.text())
         pages = []
         for path in (
             "/dashboard",
@@ -76,13 +83,15 @@ async def test_the_dashboard_and_export_show_placeholders_and_keep_the_token_ids
                 pages.append(await response.text())
     result = await asyncio.to_thread(export, "--store", store_url, "--redact-pii")
 
-    for page in pages:
-        assert EMAIL not in page and CARD not in page
-    assert "&lt;CREDIT_CARD_1&gt;" in pages[1] and "&lt;EMAIL_ADDRESS_1&gt;" in pages[1]
+    for page in [*pages, *admin]:
+        assert EMAIL not in page and CARD not in page and OTHER not in page
+    assert "<EMAIL_ADDRESS_" in admin[1]
+    assert "&lt;CREDIT_CARD_1&gt;" in pages[1] and "&lt;EMAIL_ADDRESS_" in pages[1]
     assert result.returncode == 0, result.stderr
     [line] = [json.loads(text) for text in result.stdout.splitlines()]
-    assert EMAIL not in result.stdout and CARD not in result.stdout
-    assert "<EMAIL_ADDRESS_1>" in line["messages"][0]["content"]
+    assert EMAIL not in result.stdout and CARD not in result.stdout and OTHER not in result.stdout
+    assert "<EMAIL_ADDRESS_" in line["messages"][0]["content"]
+    assert line["messages"][0]["name"].startswith("<EMAIL_ADDRESS_")  # who spoke is text
     [call] = line["trajectory"]["calls"]
     assert recorded.calls is not None
     assert call["prompt_token_ids"] == recorded.calls[0].prompt_token_ids  # never altered

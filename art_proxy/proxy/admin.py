@@ -14,6 +14,7 @@ from pydantic import BaseModel, ValidationError
 from art_proxy.erasure import forget
 from art_proxy.errors import BadRequest, NotFound, StoreUnavailable
 from art_proxy.journal.segments import Journal
+from art_proxy.pii import PiiRedactor, redacted_judgment, redacted_trajectory
 from art_proxy.records import AliasRequest, FeedbackRequest, FinishRequest, SubjectSelector
 from art_proxy.records.erasure import stored_subject_id
 from art_proxy.store.trajectory_store import TrajectoryStore
@@ -45,11 +46,14 @@ class Admin:
         tracker: TrajectoryTracker,
         aliases: Aliases,
         journal: Journal | None = None,
+        redactor: PiiRedactor | None = None,
     ) -> None:
         self._store = store
         self._tracker = tracker
         self._aliases = aliases
         self._journal = journal
+        # --redact-pii: what these routes show of recorded text is redacted, as on the dashboard.
+        self._redactor = redactor
 
     async def forget(self, request: web.Request) -> web.Response:
         """`POST /art/v1/forget`: delete a subject's records (erasure.py), once every call this
@@ -96,6 +100,9 @@ class Admin:
             limit=limit,
             offset=offset,
         )
+        if self._redactor is not None:
+            placeholders = self._redactor.placeholders()
+            found = [redacted_trajectory(trajectory, placeholders) for trajectory in found]
         return json_response(found)
 
     async def trajectory(self, request: web.Request) -> web.Response:
@@ -103,6 +110,10 @@ class Admin:
         found = await self._store.trajectory(trajectory_id)
         if found is None:
             raise NotFound(f"no trajectory {trajectory_id!r}", param="trajectory")
+        if self._redactor is not None:
+            found = await asyncio.to_thread(
+                redacted_trajectory, found, self._redactor.placeholders()
+            )
         return json_response(found)
 
     async def finish(self, request: web.Request) -> web.Response:
@@ -158,6 +169,9 @@ class Admin:
         """RULER's judgments, newest first: each trajectory's score and the judge's explanation."""
         limit, _ = _paging(request)
         found = await self._store.judgments(group=request.query.get("group"), limit=limit)
+        if self._redactor is not None:
+            placeholders = self._redactor.placeholders()
+            found = [redacted_judgment(judgment, placeholders) for judgment in found]
         return json_response(found)
 
     async def training_steps(self, request: web.Request) -> web.Response:

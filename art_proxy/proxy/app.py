@@ -110,7 +110,7 @@ def _lifecycle(settings: ProxySettings) -> Callable[[web.Application], AsyncIter
                 directory,
             )
         try:
-            chooser = best_of_chooser(settings, store)  # a check that cannot load: said here
+            chooser = best_of_chooser(settings, store, redactor)  # a bad check: said here
             journal = (
                 Journal.open(
                     directory,
@@ -206,7 +206,7 @@ def _lifecycle(settings: ProxySettings) -> Callable[[web.Application], AsyncIter
                 record_policy=settings.record,
                 read_your_writes=functools.partial(_settle_reads, journal),
             )
-            admin = Admin(store, tracker, aliases, journal)
+            admin = Admin(store, tracker, aliases, journal, redactor)
             parts = ProxyParts(
                 settings,
                 store,

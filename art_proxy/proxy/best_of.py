@@ -40,6 +40,7 @@ from .recording import CallInProgress, Outcome, Recorder
 from .tracker import Assignment, TrajectoryTracker
 
 if TYPE_CHECKING:
+    from art_proxy.pii import PiiRedactor
     from art_proxy.ruler.judge import LitellmJudge
     from art_proxy.ruler.scorer import Ruler
 
@@ -364,9 +365,12 @@ def stream_chunks(response: JsonObject, include_usage: bool) -> list[JsonObject]
     return chunks
 
 
-def best_of_chooser(settings: ProxySettings, store: TrajectoryStore) -> Chooser | None:
+def best_of_chooser(
+    settings: ProxySettings, store: TrajectoryStore, redactor: PiiRedactor | None = None
+) -> Chooser | None:
     """The chooser the settings name (None: best-of-N is off); `ConfigError` for a check that
-    cannot be loaded."""
+    cannot be loaded. `redactor` (`--redact-pii`): personal data replaced before a judge sees
+    the candidates, as the offline judge does."""
     if settings.best_of_judge is not None:
         # Imported here: litellm's import costs seconds a proxy without a judge does not pay.
         from art_proxy.ruler.judge import LitellmJudge, litellm_token_counter
@@ -381,7 +385,8 @@ def best_of_chooser(settings: ProxySettings, store: TrajectoryStore) -> Chooser 
         # One answer, no retry: the user is waiting (a late judge is --best-of-timeout's).
         ruler_settings = RulerSettings(rubric=DEFAULT_RUBRIC, attempts=1, retries=0)
         counter = litellm_token_counter(settings.best_of_judge)
-        return RulerChooser(Ruler(judge, store, ruler_settings, count_tokens=counter), [judge])
+        ruler = Ruler(judge, store, ruler_settings, count_tokens=counter, redactor=redactor)
+        return RulerChooser(ruler, [judge])
     if settings.best_of_check is not None:
         from art_proxy.rollout import load_function
 
