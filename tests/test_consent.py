@@ -140,3 +140,26 @@ async def test_a_consent_header_that_is_neither_on_nor_off_is_refused_and_not_re
     assert body["error"]["type"] == "BadRequestError"  # as vLLM names it
     assert "X-Art-Record must be on or off" in body["error"]["message"]
     assert await trajectories(sqlite_proxy) == []
+
+
+async def test_a_later_recorded_turn_carries_the_conversation_its_client_sends(
+    sqlite_url: str, vllm: FakeVllm
+) -> None:
+    """What the docs say of consent per call: the proxy keeps nothing of a call sent `off`, but
+    the next call of the conversation carries its client's whole history, the earlier turn's
+    words included, and is recorded unless it says `off` too."""
+    async with (
+        running_proxy(proxy_settings(sqlite_url, vllm.base_url)) as proxy,
+        openai.AsyncOpenAI(base_url=proxy.base_url, api_key="unused") as client,
+    ):
+        history = marked("UNRECORDED-TURN-5512")
+        reply = await client.chat.completions.create(
+            model=MODEL, messages=history, extra_headers=OFF
+        )
+        history += [reply.choices[0].message.model_dump(exclude_none=True), *marked("next")]
+        await client.chat.completions.create(model=MODEL, messages=history, extra_headers=OFF)
+        kept_out = await recorded_text(proxy)
+        await client.chat.completions.create(model=MODEL, messages=history)
+        recorded = await recorded_text(proxy)
+    assert "UNRECORDED-TURN-5512" not in kept_out
+    assert "UNRECORDED-TURN-5512" in recorded

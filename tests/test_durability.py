@@ -34,6 +34,7 @@ import sqlalchemy as sa
 
 from art_proxy.config import Durability, ProxySettings
 from art_proxy.errors import ConfigError, StoreError
+from art_proxy.journal import directory as journal_files
 from art_proxy.journal import ingester, rejected, segments
 from art_proxy.journal.entries import encode
 from art_proxy.journal.frames import frame_bytes, scan
@@ -1181,3 +1182,31 @@ async def test_forget_takes_in_the_journal_it_is_given_so_erasure_holds(
         back = await proxy.parts.store.trajectories(user="alice")
     assert back == []
     assert "deleted 1 trajectories" in " ".join(err.split())
+
+
+async def test_under_power_a_segment_deleted_is_deleted_durably(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The unlink of an ingested (or erased) segment survives a power loss only once its
+    directory is synced; under `process` no sync is spent on it."""
+    synced: list[Path] = []
+
+    def fsync_directory(path: Path) -> None:
+        synced.append(path)
+        journal_files.fsync_directory(path)
+
+    monkeypatch.setattr(segments, "fsync_directory", fsync_directory)
+    for durability in (Durability.process, Durability.power):
+        synced.clear()
+        journal = segments.Journal.open(tmp_path / durability.value, "sqlite:///a.db", durability)
+        try:
+            position = journal.append(b"a record")
+            await journal.synced(position)
+            journal.consume(position, 1)  # in the store
+            slot = journal.slot
+            synced.clear()
+            journal.seal()
+            assert [p.stat().st_size for p in slot.glob("*" + journal_files.SEGMENT_SUFFIX)] == [0]
+            assert (slot in synced) is (durability is Durability.power), durability
+        finally:
+            journal.close()

@@ -361,15 +361,22 @@ class Journal:
         self._cursor = end
         self._frames_consumed += frames
         self._backlog_bytes = self.backlog_bytes  # a sum over the segments: once a transaction
+        emptied: set[Path] = set()
         while self._segments:
             first = self._segments[0]
             if first.live or (first.order, first.end) > end:
                 break
             first.close()
             first.path.unlink(missing_ok=True)
+            emptied.add(first.path.parent)
             self._segments.pop(0)
             if self._segments:
                 self._cursor = max(end, (self._segments[0].order, 0))
+        if self.durability is Durability.power:
+            # An unlink is durable once its directory is synced: else a power loss could bring
+            # back a segment an erasure deleted (and re-ingest what it had erased).
+            for directory in sorted(emptied):
+                fsync_directory(directory)
         self._advanced.set()
         self._advanced = asyncio.Event()
 
