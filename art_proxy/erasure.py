@@ -45,6 +45,7 @@ async def forget(
         quarantined = await asyncio.to_thread(quarantine.drop_naming, journal_directory, names)
     if journal is not None:
         journal.seal()
+        await journal.deletions_synced()
     return erasure.model_copy(
         update={"journal_frames_dropped": dropped, "quarantined_files_dropped": quarantined}
     )

@@ -1206,6 +1206,8 @@ async def test_under_power_a_segment_deleted_is_deleted_durably(
             slot = journal.slot
             synced.clear()
             journal.seal()
+            assert synced == []  # never on the event loop
+            await journal.deletions_synced()  # as erasure does, after it seals
             assert [p.stat().st_size for p in slot.glob("*" + journal_files.SEGMENT_SUFFIX)] == [0]
             assert (slot in synced) is (durability is Durability.power), durability
         finally:

@@ -110,6 +110,7 @@ class Journal:
     # directory once a new segment's name is in it.
     _unsynced_fds: list[int] = field(default_factory=list)
     _directory_unsynced: bool = False
+    _deleted_in: set[Path] = field(default_factory=set)  # under power: to sync (`consume`)
     _sync_waiters: list[tuple[Position, asyncio.Future[None]]] = field(default_factory=list)
     _sync_task: asyncio.Task[None] | None = None
     _advanced: asyncio.Event = field(default_factory=asyncio.Event)
@@ -372,13 +373,22 @@ class Journal:
             self._segments.pop(0)
             if self._segments:
                 self._cursor = max(end, (self._segments[0].order, 0))
-        if self.durability is Durability.power:
-            # An unlink is durable once its directory is synced: else a power loss could bring
-            # back a segment an erasure deleted (and re-ingest what it had erased).
-            for directory in sorted(emptied):
-                fsync_directory(directory)
+        if self.durability is Durability.power and emptied:
+            # An unlink is durable once its directory is synced: the next sync does it, off the
+            # event loop (`deletions_synced` at once, for erasure).
+            self._deleted_in |= emptied
+            self._directory_unsynced = True
         self._advanced.set()
         self._advanced = asyncio.Event()
+
+    async def deletions_synced(self) -> None:
+        """Under `power`: the directories of the segments deleted so far synced, in a thread, so
+        the deletions survive a power loss (else one could bring back a segment an erasure
+        deleted, and the next start would ingest what it erased)."""
+        if self.durability is not Durability.power or not self._deleted_in:
+            return
+        directories, self._deleted_in = sorted(self._deleted_in), set()
+        await asyncio.to_thread(_sync_directories, directories)
 
     def seal(self) -> None:
         """Delete every segment whose records are all in the store, the live one too (appends
@@ -421,6 +431,11 @@ def _sync_all(rotated: list[int], directory: Path | None, live: int) -> None:
         if directory is not None:
             fsync_directory(directory)
         os.fdatasync(live)
+
+
+def _sync_directories(directories: list[Path]) -> None:
+    for directory in directories:
+        fsync_directory(directory)
 
 
 def _recover(
