@@ -39,8 +39,8 @@ async def opened_for_reading(
     ends; raises as `TrajectoryStore.open`."""
     store = await TrajectoryStore.open(url, writer=False)
     try:
-        directories = {journal_directory(JOURNAL_AUTO, url), journal} - {None}
-        for directory in sorted(d for d in directories if d is not None):
+        given = (journal_directory(JOURNAL_AUTO, url), journal)
+        for directory in sorted({d for d in given if d is not None}):
             await ingest_left_behind(store, url, directory)
         yield store
     finally:

@@ -1,7 +1,7 @@
 """What guards the admin API and the dashboard from a web page and from input the store cannot take.
 
-Without `--admin-key` (the default on loopback; with one, the key decides) anything that can reach the port can call
-`/art/v1`: a web page too, two ways. A cross-site form or `fetch` can POST a body without CORS's
+Without `--admin-key` (the default on loopback; with one, the key decides) anything that can
+reach the port can call `/art/v1`: a web page too, two ways. A cross-site form or `fetch` can POST a body without CORS's
 preflight when its type is `text/plain` or a form's, so a state-changing admin request must carry
 JSON (`Content-Type: application/json`, which no page can send cross-origin without a preflight
 this proxy never answers) and, when a browser names its `Origin`, come from the proxy's own. DNS

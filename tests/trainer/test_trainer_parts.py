@@ -363,3 +363,16 @@ def test_combinations_that_would_train_wrong_are_refused(
 ) -> None:
     with pytest.raises(ValueError, match=refusal):
         TrainSettings.model_validate(settings)
+
+
+async def test_a_step_of_several_updates_records_their_means_and_the_last(tmp_path: Path) -> None:
+    trainer = _trainer(tmp_path, learning_rate=1e-2, updates_per_batch=4)
+    metrics: dict[str, float] = {}
+    status = await trainer._optimise_batch(
+        build_batch(_samples()), metrics, trainer.settings, "grpo"
+    )
+    assert status == ("applied", None)
+    assert metrics["updates"] == 4.0
+    assert {"loss", "clip_fraction", "update_drift"} <= set(metrics)
+    assert {"loss_last", "clip_fraction_last", "update_drift_last"} <= set(metrics)
+    assert metrics["update_drift_last"] > metrics["update_drift"] > 0  # the first update: 0

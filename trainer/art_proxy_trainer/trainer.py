@@ -374,15 +374,15 @@ class Trainer:
             metrics["entropy"] = result.metrics.entropy
         elif result.metrics is not None:
             metrics |= self._loss_metrics(result.metrics)
-            if result.updates > 1 and result.last_metrics is not None:
+            last = result.last_metrics
+            if result.updates > 1 and last is not None:
                 # The means above are over the step's updates; the last update's clip and drift
                 # show how far the step went from the weights it began with.
-                metrics["updates"] = float(result.updates)
-                metrics["loss_last"] = result.last_loss
                 metrics |= {
-                    f"{name}_last": value
-                    for name, value in self._loss_metrics(result.last_metrics).items()
-                    if name in ("clip_fraction", "update_drift")
+                    "updates": float(result.updates),
+                    "loss_last": result.last_loss,
+                    "clip_fraction_last": last.clip_fraction,
+                    "update_drift_last": last.update_drift,
                 }
         if result.applied:
             self.state.optimizer_kind = kind
