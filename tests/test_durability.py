@@ -26,6 +26,7 @@ import zlib
 from collections.abc import AsyncIterator, Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import asyncpg
@@ -39,6 +40,7 @@ from art_proxy.journal import ingester, rejected, segments
 from art_proxy.journal.entries import encode
 from art_proxy.journal.frames import frame_bytes, scan
 from art_proxy.journal.ingester import Ingester
+from art_proxy.journal.left_behind import opened_for_reading
 from art_proxy.journal.rejected import REJECTED_FILE
 from art_proxy.proxy import app
 from art_proxy.proxy.server import running_proxy
@@ -1212,3 +1214,36 @@ async def test_under_power_a_segment_deleted_is_deleted_durably(
             assert (slot in synced) is (durability is Durability.power), durability
         finally:
             journal.close()
+
+
+async def test_a_reader_takes_in_a_stopped_proxys_journal_as_power_durability_keeps_it(
+    sqlite_url: str, vllm: FakeVllm, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`art-proxy export` (any reader) ingests what a stopped proxy left, then deletes the
+    segments: each commit must be on disk first (synchronous=FULL) and the deletions synced,
+    else a power loss right after loses answered calls or brings erased ones back."""
+    database = sqlite_url.removeprefix("sqlite:///")
+    journal = Path(database + ".journal")  # where readers look
+    completed, segment = await journaled_only(sqlite_url, vllm.base_url, journal, monkeypatch, 3)
+    synchronous: list[int] = []
+    synced: list[Path] = []
+
+    def full_sync_pragmas(connection: Any, record: Any) -> None:
+        real_full_sync(connection, record)
+        cursor = connection.cursor()
+        synchronous.append(cursor.execute("PRAGMA synchronous").fetchone()[0])
+        cursor.close()
+
+    def fsync_directory(path: Path) -> None:
+        synced.append(path)
+        journal_files.fsync_directory(path)
+
+    real_full_sync = engine._sqlite_full_sync_pragmas
+    monkeypatch.setattr(engine, "_sqlite_full_sync_pragmas", full_sync_pragmas)
+    monkeypatch.setattr(segments, "fsync_directory", fsync_directory)
+
+    async with opened_for_reading(sqlite_url) as store:
+        assert len(await store.trajectories()) == 3
+    assert_each_once(completed, await recorded_response_ids(sqlite_url))
+    assert synchronous == [2]  # the ingesting connection: FULL
+    assert segment.parent in synced and not segment.exists()

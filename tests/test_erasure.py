@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import sys
+from datetime import datetime
 from pathlib import Path
 from typing import Any, cast
 
@@ -35,8 +36,11 @@ from art_proxy.store import schema
 from art_proxy.store.rows import Row, RowKind
 from art_proxy.store.trajectory_store import TrajectoryStore, utcnow
 from art_proxy.store.writer import Batch
-from art_proxy.testing.fake_vllm import FakeVllm
+from art_proxy.testing.fake_config import FakeVllmConfig
+from art_proxy.testing.fake_vllm import FakeVllm, running_fake_vllm
+from art_proxy.testing.fault_tcp import faulty_tcp
 from tests.conftest import proxy_settings
+from tests.proxy_load import until
 from tests.store_rows import call_row, group_row, scenario_row, trajectory_row
 
 MODEL = "Qwen/Qwen2.5-0.5B-Instruct"
@@ -55,13 +59,19 @@ async def converse(proxy: RunningProxy, user: str, marker: str, group: str) -> N
     async with openai.AsyncOpenAI(
         base_url=proxy.base_url, api_key="unused", default_headers=headers
     ) as client:
-        messages: list[Any] = [{"role": "user", "content": f"my card is {marker}"}]
-        reply = await client.chat.completions.create(model=MODEL, messages=messages)
-        messages += [
-            reply.choices[0].message.model_dump(exclude_none=True),
-            {"role": "user", "content": f"and my phone is {marker}"},
-        ]
+        messages = await first_turn(client, marker)
         await client.chat.completions.create(model=MODEL, messages=messages)
+
+
+async def first_turn(client: openai.AsyncOpenAI, marker: str) -> list[Any]:
+    """The first call of a conversation that says `marker`; the messages of its second."""
+    messages: list[Any] = [{"role": "user", "content": f"my card is {marker}"}]
+    reply = await client.chat.completions.create(model=MODEL, messages=messages)
+    return [
+        *messages,
+        reply.choices[0].message.model_dump(exclude_none=True),
+        {"role": "user", "content": f"and my phone is {marker}"},
+    ]
 
 
 async def recorded_and_trained(proxy: RunningProxy) -> dict[str, str]:
@@ -279,3 +289,107 @@ async def test_a_user_is_erased_by_the_id_the_client_sent_whatever_it_holds(
             erased.append((await response.json())["deleted"]["trajectories"])
     assert erased == [1, 1, 1]
     assert ALICE not in await store_text(proxy.parts.store)
+
+
+async def test_a_call_in_flight_during_the_erasure_is_not_recorded_after_it(
+    store_url: str, tmp_path: Path, http: aiohttp.ClientSession
+) -> None:
+    """alice's second call is answered after the erasure's 200: its record is dropped on arrival
+    (before: it failed the foreign key and was set aside with her words). Her new conversation,
+    begun after the erasure, is recorded as any."""
+    journal = tmp_path / "journal"
+    async with running_fake_vllm(FakeVllmConfig(delay_s=1.5)) as slow:
+        settings = proxy_settings(store_url, slow.base_url, journal=str(journal))
+        async with running_proxy(settings) as proxy:
+            headers = {"X-Art-User": "alice"}
+            async with openai.AsyncOpenAI(
+                base_url=proxy.base_url, api_key="unused", default_headers=headers
+            ) as client:
+                messages = await first_turn(client, ALICE)
+                await proxy.parts.settled()
+                in_flight = asyncio.create_task(
+                    client.chat.completions.create(model=MODEL, messages=messages)
+                )
+                await until(lambda: len(slow.requests) == 2, 10, "the second call upstream")
+                async with http.post(
+                    f"{proxy.root_url}/art/v1/forget", json={"user": "alice"}
+                ) as done:
+                    assert done.status == 200, await done.text()
+                assert not in_flight.done()
+                answered = await in_flight
+                await proxy.parts.settled()
+                await client.chat.completions.create(
+                    model=MODEL, messages=[{"role": "user", "content": "hello again"}]
+                )
+            await proxy.parts.settled()
+            store = proxy.parts.store
+            text = await store_text(store)
+            back = await store.trajectories(user="alice")
+            dropped = store.writer.erased_on_arrival
+    # (A journal left empty removes its directory.)
+    set_aside = [record.payload for record in rejected.read(journal)] if journal.exists() else []
+
+    assert answered.choices[0].message.content
+    assert ALICE not in text and (
+        not journal.exists() or ALICE.encode() not in journal_text(journal)
+    )
+    assert set_aside == [] and dropped == 1
+    assert len(back) == 1 and "hello again" in text
+
+
+@pytest.mark.postgres
+async def test_another_proxys_backlog_of_an_erased_user_is_dropped_when_it_arrives(
+    postgres_url: str, vllm: FakeVllm, tmp_path: Path, http: aiohttp.ClientSession
+) -> None:
+    """Proxy B, cut off from the store, journals alice's calls; proxy A erases alice (200); B's
+    store comes back and B catches up: none of alice's records lands (before: all 3 did)."""
+    async with faulty_tcp("127.0.0.1", 5432) as relay:
+        cut_off = postgres_url.replace("127.0.0.1:5432", f"127.0.0.1:{relay.port}")
+        settings_a = proxy_settings(postgres_url, vllm.base_url, journal=str(tmp_path / "a"))
+        settings_b = proxy_settings(cut_off, vllm.base_url, journal=str(tmp_path / "b"))
+        async with running_proxy(settings_a) as a, running_proxy(settings_b) as b:
+            await converse(a, "alice", ALICE, "before")
+            await a.parts.settled()
+            await relay.refuse()
+            for group in ("b1", "b2", "b3"):
+                await converse(b, "alice", ALICE + "-" + group, group)
+            assert b.parts.journal is not None and b.parts.journal.backlog_frames == 6
+            async with http.post(f"{a.root_url}/art/v1/forget", json={"user": "alice"}) as done:
+                assert done.status == 200, await done.text()
+                assert (await done.json())["deleted"]["trajectories"] == 1
+            await relay.restore()
+            await asyncio.wait_for(b.parts.settled(), timeout=60)
+            text = await store_text(a.parts.store)
+            dropped = b.parts.store.writer.erased_on_arrival
+    assert ALICE not in text
+    assert dropped == 6
+
+
+async def test_a_record_set_aside_before_the_erasure_is_dropped_by_replay_and_a_later_one_lands(
+    store: TrajectoryStore, tmp_path: Path
+) -> None:
+    """`journal replay` of alice's records set aside before her erasure (in a journal the
+    erasure did not see) drops them, her later calls too; a conversation she begins afterwards
+    is recorded."""
+
+    def conversation(trajectory: str, at: datetime) -> list[Batch]:
+        kind, row = trajectory_row(trajectory, "s-" + trajectory, "g-" + trajectory, at)
+        first = [
+            scenario_row("s-" + trajectory, at),
+            group_row("g-" + trajectory, "s-" + trajectory, at),
+            (kind, cast(Row, {**row, "user_id": "alice"})),
+            call_row(trajectory, at, request={"said": ALICE}),
+        ]
+        return [Batch(first), Batch([call_row(trajectory, at, seq=1, request={"said": ALICE})])]
+
+    for batch in conversation("before", utcnow()):
+        rejected.set_aside(tmp_path, encode(batch))
+    await store.forget(SubjectSelector(user="alice"))
+    replayed = await rejected.replay(tmp_path, store)
+    for batch in conversation("after", utcnow()):
+        await store.write(batch)
+
+    assert replayed.landed == 2 and replayed.refused == [] and rejected.read(tmp_path) == []
+    assert await store.trajectory("before") is None
+    assert [t.id for t in await store.trajectories(user="alice")] == ["after"]
+    assert store.writer.erased_on_arrival == 2

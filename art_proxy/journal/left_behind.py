@@ -41,27 +41,33 @@ async def opened_for_reading(
     try:
         given = (journal_directory(JOURNAL_AUTO, url), journal)
         for directory in sorted({d for d in given if d is not None}):
-            await ingest_left_behind(store, url, directory)
+            await ingest_left_behind(url, directory)
         yield store
     finally:
         await store.aclose()
 
 
-async def ingest_left_behind(store: TrajectoryStore, url: str, directory: Path) -> int:
+async def ingest_left_behind(url: str, directory: Path) -> int:
     """Ingest the journal slots of `directory` that no live proxy holds; how many records went
     in. A directory that cannot be taken is left as it is, with a warning: reading goes on
-    without those records."""
+    without those records.
+
+    Taken in as `--durability power` keeps them, whatever the stopped proxy promised (the journal
+    does not say, and the cost is a reader's, once): each commit survives a power loss before the
+    segments it empties are deleted, and the deletions are synced before the reader reads."""
     if not _holds_segments(directory):
         return 0
     try:
-        journal = Journal.open(directory, url, Durability.process)
+        journal = Journal.open(directory, url, Durability.power)
     except ConfigError as exc:
         log.warning("records a stopped proxy journaled are not read: %s", exc)
         return 0
-    ingester = Ingester(journal, store)
     try:
-        ingester.start()
-        left = await ingester.aclose(_INGEST_TIMEOUT_S)
+        async with TrajectoryStore.opened(url, writer=False, power_safe=True) as power_safe:
+            ingester = Ingester(journal, power_safe)
+            ingester.start()
+            left = await ingester.aclose(_INGEST_TIMEOUT_S)
+            await journal.deletions_synced()
     finally:
         journal.close()
     if left:

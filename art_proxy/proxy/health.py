@@ -73,6 +73,7 @@ async def health(request: web.Request) -> web.Response:
             "best_of": best_of_health(parts.counters),
             "commits": writer.commits,
             "records_committed": writer.batches,
+            "records_erased_on_arrival": writer.erased_on_arrival,
             "unreadable_rows": parts.store.unreadable_rows,
             "alias_fallbacks": {
                 alias: {"target": fallback.target, "served": fallback.served}

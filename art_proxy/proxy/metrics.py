@@ -120,6 +120,11 @@ class _PartsCollector(Collector):
             ("unrecorded_calls", counters.unrecorded_calls, "Calls answered, not recorded."),
             ("store_commits", parts.store.writer.commits, "Transactions the store committed."),
             ("records_committed", parts.store.writer.batches, "Records the store committed."),
+            (
+                "records_erased_on_arrival",
+                parts.store.writer.erased_on_arrival,
+                "Records of an erased subject that arrived after its erasure, dropped.",
+            ),
             ("unreadable_rows", parts.store.unreadable_rows, "Stored rows that failed to parse."),
         ):
             yield _counter(name, text, value)

@@ -19,6 +19,7 @@ so those are the adapters to retrain.
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -28,14 +29,17 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from art_proxy.records import Erasure, LearnedAt, Lineage, SubjectSelector
-from art_proxy.store import schema
-from art_proxy.store.base import StoreBase
+from art_proxy.store import fences, schema
+from art_proxy.store.base import StoreBase, utcnow
 
 T, C, F, J = schema.trajectories, schema.calls, schema.feedback, schema.judgments
 G, S, CG, TS = schema.groups, schema.scenarios, schema.consumed_groups, schema.training_steps
 
 # Trajectories deleted per transaction: a tenant's thousands never hold the writer for long.
 BATCH = 200
+# Reads of a subject's trajectories an erasure deletes: the second finds what was committed
+# just as the fence went up; a third only a writer that ignores fences (an older proxy).
+_READS = 3
 
 
 def _selects(subject: SubjectSelector) -> sa.ColumnElement[bool]:
@@ -88,25 +92,51 @@ class ErasureRecords(StoreBase):
         )
 
     async def forget(self, subject: SubjectSelector) -> Erasure:
-        """Delete every record of `subject` (see the module), its lineage read first."""
-        lineage = await self.lineage(subject)
+        """Delete every record of `subject` (see the module), its lineage read first, behind a
+        fence that drops the subject's records arriving later (fences.py)."""
+        fence = fences.Fence(fences.FENCE_UP, uuid.uuid4().hex)
+        await self._fence(fences.subject_keys(subject), fence)
+        lineage = found = await self.lineage(subject)
         deleted = dict.fromkeys(("trajectories", "calls", "feedback", "judgments", "groups"), 0)
         scenarios: set[str] = set()
-        ids = lineage.trajectories
-        for start in range(0, len(ids), BATCH):
-            batch = ids[start : start + BATCH]
-            async with self._transaction() as connection:
-                counts, touched, _ = await _delete_trajectories(connection, batch)
-            scenarios |= touched
-            for table, count in counts.items():
-                deleted[table] += count
+        # Read again after deleting: a record committed between the fence and the first read (on
+        # SQLite a writer reads the fences just before it takes the write lock).
+        for _ in range(_READS):
+            ids = found.trajectories
+            for start in range(0, len(ids), BATCH):
+                batch = ids[start : start + BATCH]
+                async with self._transaction() as connection:
+                    await self._put(connection, fences.trajectory_keys(batch), fence)
+                    counts, touched, _ = await _delete_trajectories(connection, batch)
+                scenarios |= touched
+                for table, count in counts.items():
+                    deleted[table] += count
+            found = await self.lineage(subject)
+            if not found.trajectories:
+                break
+            lineage = _joined(lineage, found)
         async with self._transaction() as connection:
             deleted["groups"] = await _delete_orphan_groups(connection, lineage.groups)
             deleted["scenarios"] = await _clear_openings(connection, sorted(scenarios))
-        if len(ids) >= BATCH:
+            await connection.run_sync(fences.close, fence.erasure, utcnow())
+        if len(lineage.trajectories) >= BATCH:
             await self.refresh_statistics()
         await self.checkpoint_wal()
         return Erasure(subject=subject.describe(), lineage=lineage, deleted=deleted)
+
+    async def _fence(self, keys: list[str], fence: fences.Fence) -> None:
+        """The subject's fence put up. On PostgreSQL the fence table is locked first, which
+        waits for every writer transaction that read it without seeing the fence (their SELECT
+        holds the weakest lock to their commit); SQLite has one writer at a time."""
+        async with self._transaction() as connection:
+            if connection.dialect.name == "postgresql":
+                lock = "LOCK TABLE erasure_fences IN ACCESS EXCLUSIVE MODE"
+                await connection.execute(sa.text(lock))
+            await self._put(connection, keys, fence)
+
+    @staticmethod
+    async def _put(connection: AsyncConnection, keys: list[str], fence: fences.Fence) -> None:
+        await connection.run_sync(fences.put, dict.fromkeys(keys, fence), replace=True)
 
     async def checkpoint_wal(self) -> None:
         """SQLite: the write-ahead log folded into the database and cut to nothing, so the page
@@ -186,6 +216,17 @@ class ErasureRecords(StoreBase):
             )
             adapters += [row["adapter"] for row in rows]
         return adapters
+
+
+def _joined(first: Lineage, late: Lineage) -> Lineage:
+    """`first` with what a second read of the subject found."""
+    steps = {(step.run, step.step): step for step in [*first.steps, *late.steps]}
+    return Lineage(
+        trajectories=sorted({*first.trajectories, *late.trajectories}),
+        groups=sorted({*first.groups, *late.groups}),
+        steps=[steps[key] for key in sorted(steps)],
+        derived_adapters=list(dict.fromkeys([*first.derived_adapters, *late.derived_adapters])),
+    )
 
 
 async def _delete_trajectories(

@@ -229,3 +229,18 @@ feedback = sa.Table(
     sa.Column("created_at", Timestamp, nullable=False),
     sa.Index("ix_feedback_trajectory", "trajectory_id"),
 )
+
+# --- Erasure: what an erased subject's records meet when they arrive late (store/fences.py) ---
+
+# One row per erased user, tenant and trajectory, keyed by a hash of it (never the id): a record
+# of it whose call began before `fenced_before` is dropped on arrival (a call in flight during the
+# erasure, another proxy's backlog). Kept: a record may arrive any time later.
+erasure_fences = sa.Table(
+    "erasure_fences",
+    metadata,
+    sa.Column("key", sa.String(64), primary_key=True),
+    sa.Column("fenced_before", Timestamp, nullable=False),
+    # The erasure that put it up: its fences are closed together, those the writer added too.
+    sa.Column("erasure", sa.String(32), nullable=False),
+    sa.Index("ix_erasure_fences_erasure", "erasure"),
+)

@@ -119,9 +119,11 @@ class TrajectoryStore(TrainingRecords, FeedbackRecords, JudgmentRecords, Erasure
 
     @classmethod
     @contextlib.asynccontextmanager
-    async def opened(cls, url: str, *, writer: bool = True) -> AsyncIterator[TrajectoryStore]:
+    async def opened(
+        cls, url: str, *, writer: bool = True, power_safe: bool = False
+    ) -> AsyncIterator[TrajectoryStore]:
         """`open` for an `async with` block, which closes the store when it ends."""
-        store = await cls.open(url, writer=writer)
+        store = await cls.open(url, writer=writer, power_safe=power_safe)
         try:
             yield store
         finally:

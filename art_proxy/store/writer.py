@@ -33,6 +33,7 @@ from sqlalchemy.sql.dml import UpdateBase
 from art_proxy.errors import StoreError
 from art_proxy.store import schema
 from art_proxy.store.engine import TransactionRunner
+from art_proxy.store.fences import unfenced
 from art_proxy.store.rows import CallRow, Row, RowKind
 
 __all__ = ["Batch", "GroupCommitWriter", "Row", "RowKind"]
@@ -186,6 +187,8 @@ class GroupCommitWriter:
         self._task: asyncio.Task[None] | None = None
         self.commits = 0
         self.batches = 0
+        # Records of a subject erased before they arrived, dropped (fences.py).
+        self.erased_on_arrival = 0
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="art-proxy-store-writer")
@@ -252,11 +255,16 @@ class GroupCommitWriter:
             _succeed(pending)
 
     async def commit(self, batches: Sequence[Batch], *, skip_recorded: bool = False) -> None:
-        """Apply `batches` in one transaction. `skip_recorded` leaves out the batches whose call
-        is in the store already (the journal's ingester, replaying what may have landed)."""
+        """Apply `batches` in one transaction, but those an erasure fenced (fences.py).
+        `skip_recorded` leaves out the batches whose call is in the store already (the journal's
+        ingester, replaying what may have landed)."""
+
+        dropped = [0]
 
         def transaction(connection: sa.Connection) -> None:
-            kept = _unrecorded(connection, batches) if skip_recorded else batches
+            unrecorded = _unrecorded(connection, batches) if skip_recorded else batches
+            kept = unfenced(connection, unrecorded)
+            dropped[0] = len(unrecorded) - len(kept)
             by_kind: dict[RowKind, list[_Values]] = {}
             for batch in kept:
                 for kind, row in batch.rows:
@@ -270,6 +278,7 @@ class GroupCommitWriter:
         await self._runner.run(transaction)
         self.commits += 1
         self.batches += len(batches)
+        self.erased_on_arrival += dropped[0]
 
 
 # SQLSTATE classes of an error in the record itself: 22 data exception, 23 integrity violation.
