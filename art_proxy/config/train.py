@@ -147,6 +147,13 @@ class TrainSettings(JudgeChoice, UpstreamSettings, StoreSettings, ReportSettings
         "model differ from this command's (refused otherwise: it would be someone else's run).",
     )
     groups_per_step: int = Field(2, ge=1, description="Scored groups consumed by one step.")
+    max_off_policy_steps: int = Field(
+        0,
+        ge=0,
+        description="The whole loop: sample later steps' rollouts while a step trains, by "
+        "whichever adapter the alias serves, at most this many steps behind the weights they "
+        "are trained into (rollouts wait beyond it); 0 = alternate: sample, train, sample.",
+    )
     max_staleness: int = Field(
         16,
         ge=0,
@@ -326,6 +333,27 @@ class TrainSettings(JudgeChoice, UpstreamSettings, StoreSettings, ReportSettings
             raise ValueError(
                 f"--guided-retries needs --objective tis (not {self.objective}): the guided "
                 "tokens are importance-weighted against the sampler that saw the hint"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _overlap_within_staleness(self) -> TrainSettings:
+        # ppo clips around the sampler, which overlap makes an older policy: it stalls on such
+        # data (benchmarks/README.md, off_policy); the decoupled objectives correct for it.
+        if self.max_off_policy_steps and self.objective == "ppo":
+            raise ValueError(
+                "--max-off-policy-steps needs --objective tis or mis: rollouts sampled by "
+                "earlier weights are corrected by the decoupled objective"
+            )
+        if self.max_off_policy_steps and self.sleep_upstreams:
+            raise ValueError(
+                "--max-off-policy-steps samples while a step trains, and --sleep-upstreams puts "
+                "vLLM to sleep for each step: choose one"
+            )
+        if self.max_staleness and self.max_off_policy_steps > self.max_staleness:
+            raise ValueError(
+                f"--max-off-policy-steps {self.max_off_policy_steps} is past --max-staleness "
+                f"{self.max_staleness}: its groups would be consumed as stale, untrained"
             )
         return self
 

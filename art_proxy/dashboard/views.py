@@ -171,6 +171,8 @@ class Dashboard:
             ("kl", _metric_chart(shown, "kl", "KL to the base model")),
             ("off-policy", _off_policy_chart(shown)),
             ("staleness", _staleness_chart(shown)),
+            ("pipeline-wait", _pipeline_wait_chart(shown)),
+            ("pipeline-ahead", _pipeline_ahead_chart(shown)),
         ]
         return self._page(
             "training.html",
@@ -333,6 +335,28 @@ def _staleness_chart(steps: Sequence[TrainingStep]) -> Chart | None:
         [
             _metric_series(steps, "staleness_mean", "mean"),
             _metric_series(steps, "staleness_max", "max"),
+        ],
+    )
+
+
+def _pipeline_wait_chart(steps: Sequence[TrainingStep]) -> Chart | None:
+    """The overlapped loop (--max-off-policy-steps): who waited for whom. Absent for an
+    alternating run (no step carries the metrics)."""
+    return line_chart(
+        "Pipeline: seconds waited",
+        [
+            _metric_series(steps, "pipeline_trainer_wait_s", "the trainer, for its batch"),
+            _metric_series(steps, "pipeline_admission_wait_s", "the rollouts, for admission"),
+        ],
+    )
+
+
+def _pipeline_ahead_chart(steps: Sequence[TrainingStep]) -> Chart | None:
+    return line_chart(
+        "Pipeline: how far the rollouts ran ahead",
+        [
+            _metric_series(steps, "pipeline_lag_steps", "steps since the batch's rollouts began"),
+            _metric_series(steps, "pipeline_queue_depth", "batches ready when one was taken"),
         ],
     )
 

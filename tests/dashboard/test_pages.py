@@ -127,7 +127,7 @@ async def test_trajectory_page_shows_raw_calls_with_tokens_latency_upstream_and_
     assert escaped(HOSTILE_TASK) in html
 
 
-async def test_training_page_plots_reward_loss_agent_kl_off_policy_staleness_and_adapters(
+async def test_training_page_plots_reward_loss_agent_kl_off_policy_staleness_pipeline_adapters(
     sqlite_proxy: RunningProxy, http: aiohttp.ClientSession, recorded: Recorded
 ) -> None:
     status, html = await page(http, sqlite_proxy, "/dashboard/training")
@@ -140,6 +140,8 @@ async def test_training_page_plots_reward_loss_agent_kl_off_policy_staleness_and
         "KL to the base model",
         "Off-policy: mismatch and correction",
         "Staleness: steps between the sampling adapter and the trained one",
+        "Pipeline: seconds waited",
+        "Pipeline: how far the rollouts ran ahead",
     ]
     reward = svgs[0]
     assert reward.count('class="dot s0"') == 4 and reward.count('class="dot s1"') == 4
@@ -150,6 +152,8 @@ async def test_training_page_plots_reward_loss_agent_kl_off_policy_staleness_and
     assert "mean |d logprob| sampler vs trainer, step 2: 0.04" in off_policy
     assert "tokens whose weight was capped, step 3: 0.03" in off_policy
     assert "max, step 4: 4" in staleness
+    assert "the trainer, for its batch, step 2: 1" in svgs[6]
+    assert "batches ready when one was taken, step 3: 1" in svgs[7]
     moves = html.split('<table class="moves">')[1]
     assert moves.count("<tr><td") == 4 and "agent@3</code></td><td><code>agent@4" in moves
 

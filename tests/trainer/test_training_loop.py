@@ -372,3 +372,42 @@ async def test_a_retry_the_guidance_rescued_entirely_trains_against_the_failures
     assert (step.metrics["guided_retries"], step.metrics["guided_rescued"]) == (2.0, 2.0)
     assert list(step.groups.values()) == ["trained"] * 4
     assert step.metrics["tokens"] > 0
+
+
+async def test_overlapped_the_next_steps_rollouts_run_while_a_step_trains_within_k(
+    stack: Stack, tmp_path: Path
+) -> None:
+    """--max-off-policy-steps 1: step n+1's rollouts are sampled while step n trains (they
+    began before step n was recorded), by an adapter at most 1 step behind; every step's
+    groups are its own, and validation rides along without a step of its own."""
+    settings = _settings(stack, tmp_path / "run", max_off_policy_steps=1)
+    summary = await asyncio.wait_for(run_train(settings, Console(quiet=True)), 600)
+    async with TrajectoryStore.opened(stack.store_url, writer=False) as store:
+        steps = await store.training_steps(run="run")
+        began = {}  # when each step's first trained rollout began
+        for step in steps:
+            trained = [g for g, outcome in step.groups.items() if outcome == "trained"]
+            began[step.step] = min(
+                [t.created_at for g in trained for t in await store.trajectories(group=g)]
+            )
+    assert summary.stopped == "reached --steps 3"
+    assert [(s.step, s.status, s.swap) for s in steps] == [
+        (n, "applied", "swapped") for n in (1, 2, 3)
+    ]
+    assert began[2] < steps[0].created_at  # sampled while step 1 trained
+    for step in steps:
+        assert step.metrics["pipeline_lag_steps"] <= 1
+        assert step.metrics.get("staleness_max", 0) <= 1
+    assert "val_reward" in steps[1].metrics and "validation" in steps[1].groups.values()
+    consumed = [g for s in steps for g in s.groups]
+    assert len(consumed) == len(set(consumed))
+
+
+def test_overlap_is_refused_with_ppo_or_past_the_staleness_bound(tmp_path: Path) -> None:
+    base = {"store": "sqlite:///x.db", "agent": AGENT, "scenarios": SCENARIOS}
+    for extra, message in (
+        ({"objective": "ppo"}, "needs --objective tis or mis"),
+        ({"max_staleness": 1, "max_off_policy_steps": 2}, "past --max-staleness 1"),
+    ):
+        with pytest.raises(ValueError, match=message):
+            TrainSettings.model_validate({**base, "max_off_policy_steps": 2, **extra})

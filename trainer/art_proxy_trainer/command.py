@@ -54,6 +54,10 @@ _COLUMNS = (
     ("|dlogp|", "mismatch", "{:.3f}"),
     ("tokens", "tokens", "{:.0f}"),
     ("s", "seconds_step", "{:.1f}"),
+    # --max-off-policy-steps: steps taken since the batch's rollouts began, and the seconds the
+    # trainer waited for it.
+    ("lag", "pipeline_lag_steps", "{:.0f}"),
+    ("wait s", "pipeline_trainer_wait_s", "{:.1f}"),
 )
 _SUMMARY_ROWS = 20
 

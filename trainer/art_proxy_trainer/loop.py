@@ -34,6 +34,7 @@ from art_proxy.ruler.scorer import Ruler
 from art_proxy.scenarios import Scenario
 from art_proxy.store.trajectory_store import utcnow
 from art_proxy_trainer.advantages import pooled, pooled_rewards
+from art_proxy_trainer.pipeline import Pipeline
 from art_proxy_trainer.trainer import Trainer
 from art_proxy_trainer.warm_start import WarmStart
 
@@ -215,19 +216,60 @@ class WholeLoop:
             self.events.status(f"validation reward of the base model: {reward:.3f}")
         if self.warm_start is not None:
             await run_warm_start(trainer, self.warm_start, self.events)
+        if settings.max_off_policy_steps:
+            return await self._run_overlapped()
         while (reason := stop_reason(trainer, settings)) is None:
             number = trainer.state.step + 1
             groups, rollout_metrics = await self._training_groups(number)
-            # The first GRPO step after a warm start validates always: its reward is the warm
-            # start's (a step's validation is that of the policy that sampled its rollouts).
-            after_warm_start = trainer.state.sft_steps > 0 and number == trainer.state.sft_steps + 1
-            if validating and (number % settings.val_every == 0 or after_warm_start):
+            if self._validates(number):
                 val_reward, val_groups = await self.validate()
                 rollout_metrics["val_reward"] = val_reward
                 groups += val_groups
             self.events.status(f"training step {number}")
             self.events.step(await trainer.train(groups, extra_metrics=rollout_metrics))
         return reason
+
+    def _validates(self, number: int) -> bool:
+        """Whether step `number` is validated. The first GRPO step after a warm start is,
+        always: its reward is the warm start's (a step's validation is that of the policy that
+        sampled its rollouts)."""
+        state, settings = self.trainer.state, self.settings
+        if not (self.val_scenarios and settings.val_every > 0):
+            return False
+        after_warm_start = state.sft_steps > 0 and number == state.sft_steps + 1
+        return number % settings.val_every == 0 or after_warm_start
+
+    async def _run_overlapped(self) -> str:
+        """Steps trained while later steps' rollouts run (pipeline.py)."""
+        trainer, settings = self.trainer, self.settings
+        taken = trainer.state.step - trainer.state.sft_steps
+        pipeline = Pipeline(
+            self._overlapped_batch,
+            first=trainer.state.step + 1,
+            max_off_policy_steps=settings.max_off_policy_steps,
+            batches=max(settings.steps - taken, 0) if settings.steps else None,
+        )
+        pipeline.start()
+        try:
+            while (reason := stop_reason(trainer, settings)) is None:
+                batch = await pipeline.take()
+                self.events.status(f"training step {batch.number}")
+                record = await trainer.train(batch.groups, extra_metrics=batch.metrics)
+                pipeline.stepped()
+                self.events.step(record)
+        finally:
+            await pipeline.aclose()
+        return reason
+
+    async def _overlapped_batch(self, number: int) -> tuple[list[TrainableGroup], dict[str, float]]:
+        """Step `number`'s groups, its validation sampled beside them (by the same adapter,
+        unless a step lands meanwhile: the trainer reads which served each call)."""
+        if not self._validates(number):
+            return await self._training_groups(number)
+        (groups, metrics), (val_reward, val_groups) = await asyncio.gather(
+            self._training_groups(number), self.validate()
+        )
+        return groups + val_groups, metrics | {"val_reward": val_reward}
 
     async def validate(self) -> tuple[float, list[TrainableGroup]]:
         """Mean reward of the current policy on the validation scenarios."""
