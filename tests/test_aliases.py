@@ -15,6 +15,7 @@ from typing import Any
 import aiohttp
 import pytest
 
+from art_proxy.proxy import upstream_models
 from art_proxy.proxy.server import RunningProxy, running_proxy
 from art_proxy.records import TrainingStep
 from art_proxy.store.trajectory_store import utcnow
@@ -214,3 +215,76 @@ async def test_training_steps_are_read_back_oldest_first_per_run(
     ]
     assert len((await admin_get(http, proxy, "/training_steps"))["data"]) == 3
     assert len((await admin_get(http, proxy, "/training_steps?limit=1"))["data"]) == 1
+
+
+async def served_by(
+    http: aiohttp.ClientSession, proxy: RunningProxy, trajectory: str, content: str
+) -> str:
+    """What served one call of `trajectory` to the alias (the model the upstream was sent)."""
+    headers = {"X-Art-Trajectory": trajectory}
+    async with http.post(
+        f"{proxy.base_url}/chat/completions", json=chat_body(content), headers=headers
+    ) as response:
+        assert response.status == 200, await response.text()
+        return str((await response.json())["model"])
+
+
+async def test_a_trajectory_keeps_the_adapter_of_its_first_call_across_two_alias_moves(
+    proxy: RunningProxy, vllm: FakeVllm, http: aiohttp.ClientSession, tmp_path: Path
+) -> None:
+    """An episode is one policy's: `kept`'s calls stay on step 1's adapter while the alias
+    moves to 2 and 3; a trajectory begun after a move gets the alias's target then."""
+    served: dict[str, list[str]] = {"kept": [], "later": [], "last": []}
+    for step in (1, 2, 3):
+        await load_adapter(http, vllm, f"{ALIAS}@{step}", tmp_path)
+        status, _ = await put_alias(http, proxy, {"model": f"{ALIAS}@{step}", "step": step})
+        assert status == 200
+        served["kept"].append(await served_by(http, proxy, "kept", f"turn {step}"))
+        if step >= 2:
+            served["later"].append(await served_by(http, proxy, "later", f"turn {step}"))
+    served["last"].append(await served_by(http, proxy, "last", "turn 1"))
+    await proxy.parts.settled()
+    leases = await admin_get(http, proxy, "/leases")
+    async with http.get(f"{proxy.root_url}/health") as response:
+        health = await response.json()
+
+    assert served == {
+        "kept": [f"{ALIAS}@1"] * 3,
+        "later": [f"{ALIAS}@2"] * 2,
+        "last": [f"{ALIAS}@3"],
+    }
+    assert [(lease["model"], lease["trajectories"]) for lease in leases["data"]] == [
+        (f"{ALIAS}@1", 1),
+        (f"{ALIAS}@2", 1),
+        (f"{ALIAS}@3", 1),
+    ]
+    assert health["leases"] == {
+        "held": {f"{ALIAS}@1": 1, f"{ALIAS}@2": 1, f"{ALIAS}@3": 1},
+        "broken": 0,
+    }
+
+
+async def test_a_lease_on_an_adapter_no_longer_served_moves_to_the_alias(
+    store_url: str,
+    vllm: FakeVllm,
+    http: aiohttp.ClientSession,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The upstream lost step 1's adapter (a restart, an operator): the trajectory on it goes on
+    with what the alias serves, and the break is counted."""
+    monkeypatch.setattr(upstream_models, "WATCH_PERIOD_S", 0.05)
+    async with running_proxy(proxy_settings(store_url, vllm.base_url)) as proxy:
+        for step in (1, 2):
+            await load_adapter(http, vllm, f"{ALIAS}@{step}", tmp_path)
+        await put_alias(http, proxy, {"model": f"{ALIAS}@1", "step": 1})
+        first = await served_by(http, proxy, "moved", "turn 1")
+        await put_alias(http, proxy, {"model": f"{ALIAS}@2", "step": 2})
+        status, _ = await post(
+            http, f"{vllm.base_url}/unload_lora_adapter", {"lora_name": f"{ALIAS}@1"}
+        )
+        assert status == 200
+        await asyncio.sleep(0.5)  # the proxy's watch asks the upstream what it serves
+        second = await served_by(http, proxy, "moved", "turn 2")
+        broken = proxy.parts.tracker.lease_counters.broken
+    assert (first, second, broken) == (f"{ALIAS}@1", f"{ALIAS}@2", 1)

@@ -152,6 +152,11 @@ class Admin:
     async def aliases(self, request: web.Request) -> web.Response:
         return json_response(await self._store.aliases())
 
+    async def leases(self, request: web.Request) -> web.Response:
+        """The models open trajectories hold (every proxy's, from the store): the trainer unloads
+        none of them."""
+        return json_response(await self._store.leases())
+
     async def set_alias(self, request: web.Request) -> web.Response:
         """Move an alias; the trainer calls it once every upstream has loaded the adapter."""
         alias = request.match_info["alias"]

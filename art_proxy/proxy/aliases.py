@@ -42,10 +42,21 @@ class Aliases:
         self._records: list[AliasRecord] = []
         self._moves = 0  # moves made here: a reload that started before one is stale
         self._fallbacks: dict[str, Fallback] = {}
+        self._everywhere: frozenset[str] | None = None  # what every upstream served, last asked
+        self._moved_to: dict[str, datetime] = {}  # model -> when an alias moved to it, since
+        self._asked_at: datetime | None = None
 
     def resolve(self, model: str) -> str:
         """The name to send upstream for a request's `model` (itself when it is no alias)."""
         return self._targets.get(model, model)
+
+    def is_alias(self, model: str) -> bool:
+        return model in self._targets
+
+    def is_served(self, model: str) -> bool:
+        """Whether every upstream serves `model`: it did when last asked (yes, before any
+        answer), or an alias moved to it since (the trainer loads an adapter everywhere first)."""
+        return self._everywhere is None or model in self._everywhere or model in self._moved_to
 
     @property
     def records(self) -> list[AliasRecord]:
@@ -67,6 +78,9 @@ class Aliases:
         have been loaded after the upstream answered."""
         if not served:
             return
+        self._everywhere = served[0].names.intersection(*(models.names for models in served[1:]))
+        self._moved_to = {m: at for m, at in self._moved_to.items() if at > asked_at}
+        self._asked_at = asked_at
         for record in self._records:
             if record.updated_at > asked_at:
                 continue
@@ -118,6 +132,9 @@ class Aliases:
         return move
 
     def _set(self, records: list[AliasRecord]) -> None:
+        for record in records:
+            if self._asked_at is None or record.updated_at > self._asked_at:
+                self._moved_to.setdefault(record.model, record.updated_at)
         self._records = sorted(records, key=lambda record: record.alias)
         self._targets = {record.alias: self._served(record) for record in self._records}
 

@@ -75,6 +75,10 @@ async def health(request: web.Request) -> web.Response:
             "records_committed": writer.batches,
             "records_erased_on_arrival": writer.erased_on_arrival,
             "unreadable_rows": parts.store.unreadable_rows,
+            "leases": {
+                "held": parts.tracker.held_leases(),
+                "broken": parts.tracker.lease_counters.broken,
+            },
             "alias_fallbacks": {
                 alias: {"target": fallback.target, "served": fallback.served}
                 for alias, fallback in parts.aliases.fallbacks.items()

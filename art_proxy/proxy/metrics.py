@@ -126,6 +126,11 @@ class _PartsCollector(Collector):
                 "Records of an erased subject that arrived after its erasure, dropped.",
             ),
             ("unreadable_rows", parts.store.unreadable_rows, "Stored rows that failed to parse."),
+            (
+                "leases_broken",
+                parts.tracker.lease_counters.broken,
+                "Trajectories moved off their leased adapter: no upstream served it any more.",
+            ),
         ):
             yield _counter(name, text, value)
         _, recording = health_status(parts)

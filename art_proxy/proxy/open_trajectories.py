@@ -50,6 +50,8 @@ class OpenTrajectory:
     # orphan the calls after it; the inserts are idempotent).
     unsaved_rows: NewTrajectoryRows | None = None
     subject: Subject = NO_SUBJECT  # whose conversation it is (subjects.py)
+    # Its leases: alias -> the model the alias served its first call through it (leases.py).
+    leases: dict[str, str] = field(default_factory=dict)
 
     def fits(self, explicit: Explicit) -> bool:
         """Whether this trajectory can take a call that said `explicit`."""
@@ -107,6 +109,9 @@ class OpenTrajectories:
 
     def get(self, trajectory_id: str) -> OpenTrajectory | None:
         return self._by_id.get(trajectory_id)
+
+    def all(self) -> list[OpenTrajectory]:
+        return list(self._by_id.values())
 
     def remember(self, state: OpenTrajectory) -> OpenTrajectory:
         """Keep `state`, dropping the least recently used beyond the bound."""

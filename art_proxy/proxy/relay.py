@@ -247,12 +247,20 @@ class Relay:
             body,
             assignment,
             stream=bool(body.get("stream")),
-            model=self._aliases.resolve(model) if isinstance(model, str) else None,
+            model=self._served_model(model, assignment) if isinstance(model, str) else None,
             dialect=dialect,
             client_body=translated.client,
             route=request.path,
             recorded=recorded,
         )
+
+    def _served_model(self, model: str, assignment: Assignment) -> str:
+        """What serves a call to `model`: an alias's target, or the adapter the trajectory's
+        lease holds (leases.py)."""
+        aliases = self._aliases
+        if not aliases.is_alias(model):
+            return model
+        return self._tracker.lease(assignment, model, aliases.resolve(model), aliases.is_served)
 
     async def _forward(self, request: web.Request, call: CallInProgress) -> web.StreamResponse:
         """Send `call` upstream and answer the client, recording it as it says."""

@@ -36,6 +36,7 @@ from .attribution import (
 )
 from .continuation import find_continuation, looked_up_in_memory_only, restored_echo
 from .groups import Groups
+from .leases import LeaseCounters, Served, held, leased_model
 from .open_trajectories import (
     MAX_TRAJECTORIES_IN_MEMORY,
     OpenTrajectories,
@@ -87,6 +88,7 @@ class TrajectoryTracker:
             window=group_window,
             max_explicit=MAX_TRAJECTORIES_IN_MEMORY,
         )
+        self.lease_counters = LeaseCounters()
         self._memory = OpenTrajectories(
             on_forget=lambda state: self.groups.member_finished(
                 (state.scenario_id, state.split), state.id
@@ -96,6 +98,17 @@ class TrajectoryTracker:
     @property
     def open_count(self) -> int:
         return len(self._memory)
+
+    def lease(self, assignment: Assignment, alias: str, target: str, served: Served) -> str:
+        """The model a call of `assignment`'s trajectory to `alias` goes to (leases.py)."""
+        trajectory = (
+            self._memory.get(assignment.trajectory_id) if assignment.trajectory_id else None
+        )
+        return leased_model(trajectory, alias, target, served, self.lease_counters)
+
+    def held_leases(self) -> dict[str, int]:
+        """This proxy's open trajectories by the model each lease holds."""
+        return held(self._memory.all())
 
     async def assign(
         self,

@@ -38,6 +38,13 @@ class AliasRecord(Record):
     updated_at: datetime
 
 
+class Lease(Record):
+    """A model open trajectories hold (proxy/leases.py): the trainer keeps it loaded."""
+
+    model: str
+    trajectories: int = Field(description="Open trajectories whose calls it served.")
+
+
 class AliasMove(Record):
     """One move of an alias: the adapter history (which step each alias served when)."""
 

@@ -23,6 +23,7 @@ from art_proxy.records import (
     AliasRecord,
     AliasRequest,
     JsonObject,
+    Lease,
     SwapStatus,
     TrainableGroup,
     TrainingStep,
@@ -33,7 +34,7 @@ from art_proxy.store import schema
 from art_proxy.store.base import StoreBase, aware, group_split, utcnow
 
 A, M, TS, CG = schema.aliases, schema.alias_moves, schema.training_steps, schema.consumed_groups
-G, T, J = schema.groups, schema.trajectories, schema.judgments
+G, T, J, C = schema.groups, schema.trajectories, schema.judgments, schema.calls
 
 # Where a trainable group's rewards come from: RULER's judgment, or what the agent reported at finish.
 TrainableSource = Literal["judgment", "finish"]
@@ -69,6 +70,19 @@ class TrainingRecords(StoreBase):
             AliasRecord.model_validate({**row, "updated_at": aware(row["updated_at"])})
             for row in rows
         ]
+
+    async def leases(self) -> list[Lease]:
+        """The models that served open trajectories' calls, with how many hold each: what the
+        trainer keeps loaded (proxy/leases.py). Read from the store: every proxy's."""
+        trajectories = sa.func.count(sa.distinct(T.c.id)).label("trajectories")
+        query = (
+            sa.select(C.c.model, trajectories)
+            .select_from(T.join(C, C.c.trajectory_id == T.c.id))
+            .where(schema.IS_OPEN, C.c.model.is_not(None))
+            .group_by(C.c.model)
+            .order_by(C.c.model)
+        )
+        return [Lease.model_validate(row) for row in await self._all(query)]
 
     async def alias_moves(self, alias: str | None = None, limit: int = 100) -> list[AliasMove]:
         """Newest first."""

@@ -6,8 +6,10 @@ proxy's alias, so no request can name an adapter some replica lacks. Adapters ol
 `keep` are unloaded afterwards; a request still running on one finishes (the local server and vLLM
 both keep an adapter alive for the rows that use it), and a proxy that has not yet seen the move
 (they refresh every second) still names one of the kept ones. An adapter some alias on the proxy
-points at (a production alias serving an older step), or one in `pinned` (a rollback target), is
-never unloaded: it stays until it is neither and older than the last `keep`. A trainer unloads only
+points at (a production alias serving an older step), one an open trajectory's lease holds (the
+proxy's `/art/v1/leases`: its calls stay on the adapter its first call got), or one in `pinned` (a
+rollback target), is never unloaded: it stays until it is none of these and older than the last
+`keep`. A trainer unloads only
 adapters of its own run (named with the run's tag): an upstream shared by several proxies and stores
 serves aliases this trainer cannot see, and an adapter of another run may be what one of them
 serves. The tag also keeps this run's `alias@1` from meeting another run's. An upstream that
@@ -26,7 +28,7 @@ from typing import Any
 import aiohttp
 import orjson
 
-from art_proxy.records import AliasRecord, AliasRequest, SwapStatus
+from art_proxy.records import AliasRecord, AliasRequest, Lease, SwapStatus
 from art_proxy_trainer.errors import BaseModelMismatch, SwapError
 
 _TIMEOUT = aiohttp.ClientTimeout(total=120)
@@ -118,6 +120,13 @@ class AdapterSwapper:
             raise SwapError(f"the proxy answered {status} to GET /art/v1/aliases: {body}")
         return [AliasRecord.model_validate(item) for item in orjson.loads(body).get("data", [])]
 
+    async def leased(self) -> set[str]:
+        """The models open trajectories hold (the proxy's leases, every proxy's)."""
+        status, body = await self._request("GET", self._proxy + "/art/v1/leases", None)
+        if status != 200:
+            raise SwapError(f"the proxy answered {status} to GET /art/v1/leases: {body}")
+        return {Lease.model_validate(item).model for item in orjson.loads(body).get("data", [])}
+
     async def alias_target(self) -> AliasRecord | None:
         return next((r for r in await self.aliases() if r.alias == self.alias), None)
 
@@ -195,12 +204,14 @@ class AdapterSwapper:
                 self._loaded.append(name)
 
     async def _unload_beyond_keep(self) -> None:
-        """Unload adapters older than the last `keep`, except those an alias or `pinned` holds."""
+        """Unload adapters older than the last `keep`, except those an alias, an open
+        trajectory's lease or `pinned` holds."""
         beyond = list(self._loaded)[: max(0, len(self._loaded) - self._keep)]
         if not beyond:
             return
         try:
-            pinned = self.pinned | {record.model for record in await self.aliases()}
+            aliased = {record.model for record in await self.aliases()}
+            pinned = self.pinned | aliased | await self.leased()
         except SwapError:
             return  # pins unknown: a spare adapter costs memory, a pinned one gone fails calls
         for name in beyond:
