@@ -90,6 +90,9 @@ class Arm:
     objective: str = "tis"
     strict: bool = False  # reward 1 for exactly one word, else 0 (agent.py:rollout_strict)
     guided: bool = False  # train --guided-retries --guide agent.HINT
+    max_off_policy_steps: int = 0  # train --max-off-policy-steps (benchmarks/pipelined.py)
+    agent: str | None = None  # another rollout function (FILE:FUNCTION) on the same task
+    seed: int | None = None  # train --seed (None: its default)
 
     @property
     def label(self) -> str:
@@ -232,7 +235,8 @@ async def _train(
             "proxy": proxy,
             "upstream": [llm],
             "out": str(work / "train"),
-            "agent": f"{EXAMPLE / 'agent.py'}:{'rollout_strict' if arm.strict else 'rollout'}",
+            "agent": arm.agent
+            or f"{EXAMPLE / 'agent.py'}:{'rollout_strict' if arm.strict else 'rollout'}",
             "scenarios": str(EXAMPLE / "scenarios.jsonl"),
             "steps": args.steps,
             "group_size": args.group_size,
@@ -242,6 +246,8 @@ async def _train(
             "learning_rate": args.learning_rate,
             "threads": args.threads,
             "objective": arm.objective,
+            "max_off_policy_steps": arm.max_off_policy_steps,
+            **({} if arm.seed is None else {"seed": arm.seed}),
             **judge,
             **guided,
         }
