@@ -23,7 +23,7 @@ from art_proxy_trainer.demonstrations import (
     demonstration_sequences,
     read_demonstrations,
 )
-from art_proxy_trainer.errors import DemonstrationError
+from art_proxy_trainer.errors import CheckpointError, DemonstrationError
 from art_proxy_trainer.loss import sft_loss
 from art_proxy_trainer.scoring import score_sampled
 from art_proxy_trainer.step import lora_model, make_optimizer, train_step
@@ -195,3 +195,22 @@ async def test_a_warm_start_is_recorded_and_swapped_in_and_grpo_goes_on_from_it(
     # The base model validated before the warm start; the first GRPO step, sampled by the warm
     # start's adapter, validated it.
     assert [s for s, _ in summary.trainer.state.val_history] == [0, 3]
+
+
+async def test_a_warm_start_run_without_an_agent_goes_on_with_grpo_on_the_same_out(
+    stack: Stack, tmp_path: Path
+) -> None:
+    """The warm start alone names no agent (`--sft ... --sft-only`); GRPO on the same `--out`
+    names one: that is the run going on, as --sft-only promises, not another run."""
+    demos = _lines(tmp_path / "demos.jsonl", [{"messages": CONVERSATION, "tools": TOOLS}] * 2)
+    out = tmp_path / "run"
+    warm = {"sft": str(demos), "sft_batch_size": 2, "sft_epochs": 1, "val_every": 0}
+    alone = _settings(stack, out, **warm, sft_only=True, agent=None, scenarios=None)
+    assert (await run_train(alone, Console(quiet=True))).stopped.startswith("warm start done")
+    summary = await run_train(_settings(stack, out, **warm, steps=1), Console(quiet=True))
+    assert summary.stopped == "reached --steps 1"
+    # Once GRPO has run with an agent, another agent is another run.
+    agents = Path(__file__).parent / "agents.py"
+    other = _settings(stack, out, **warm, steps=2, agent=f"{agents}:scripted_validation_agent")
+    with pytest.raises(CheckpointError, match="holds step 2 of another run"):
+        await run_train(other, Console(quiet=True))

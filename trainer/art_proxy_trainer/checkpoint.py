@@ -44,12 +44,20 @@ class RunIdentity(BaseModel):
     agent: str | None = None
     scenarios: str | None = None
 
-    def differences(self, other: RunIdentity) -> list[str]:
+    def differences(self, other: RunIdentity, *, warm_start_only: bool = False) -> list[str]:
+        """What differs in `other`. `warm_start_only`: this identity's run has taken warm-start
+        steps only, and GRPO may go on with it naming the agent and scenarios it had none of
+        (`--sft-only`'s promise); the base model and the store must still be the same."""
         return [
             f"{name} {getattr(self, name)!r} (now {getattr(other, name)!r})"
             for name in type(self).model_fields
             if getattr(self, name) != getattr(other, name)
+            and not (warm_start_only and name in _GRPO_NAMES and getattr(self, name) is None)
         ]
+
+
+# What a warm start's run has none of, and GRPO on it names first.
+_GRPO_NAMES = ("agent", "scenarios")
 
 
 class TrainerState(BaseModel):

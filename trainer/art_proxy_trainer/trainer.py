@@ -122,7 +122,12 @@ class Trainer:
             raise CheckpointError(
                 f"{self.checkpoints.out} holds run {state.run!r}, not {self.settings.run_name!r}"
             )
-        differences = state.identity.differences(self.identity) if state.identity else []
+        warm_start_only = state.step == state.sft_steps
+        differences = (
+            state.identity.differences(self.identity, warm_start_only=warm_start_only)
+            if state.identity
+            else []
+        )
         if differences and not self.settings.resume:
             raise CheckpointError(
                 f"{self.checkpoints.out} holds step {state.step} of another run "
