@@ -36,6 +36,14 @@ class JudgeChoice(Settings):
         description="json: a score and explanation per trajectory; logprob: one digit each, "
         "scored by the digits' probabilities (small local judges).",
     )
+    judge_orders: int = Field(
+        2,
+        ge=1,
+        le=8,
+        description="Orders each group is shown to the judge in (the given, the reversed, then "
+        "rotations); a trajectory's score is its mean over them, so a judge that favours a "
+        "position cannot reward it. 1 = the given order only (half the judge calls).",
+    )
 
     @field_validator("judge", "judge_base_url", mode="before")
     @classmethod

@@ -69,10 +69,14 @@ class EnsembleMember(Record):
 
     judge_model: str
     sample: int = Field(description="1 to the number of samples asked of this judge.")
+    order: int = Field(
+        default=1, description="Which of the orders the group was shown in (1: as given)."
+    )
     status: MemberStatus
     reason: str | None = None
     scores: dict[str, float] = Field(
-        default_factory=dict, description="Label the judge saw (t1...) -> its score."
+        default_factory=dict,
+        description="Label (t1..., as the first order shows them) -> its score.",
     )
     attempts: int = Field(description="Judge calls made (0 for a cache hit).")
     prompt_tokens: int = 0
@@ -112,6 +116,12 @@ class Judgment(Record):
         default=None,
         description="Mean Kendall tau-b between every two scored members' rankings: 1 = all "
         "rank alike, 0 = unrelated (None: fewer than two scored).",
+    )
+    order_agreement: float | None = Field(
+        default=None,
+        description="Mean Kendall tau-b between every two orders' scores of the group "
+        "(--judge-orders): near 1 the judge scored the trajectories, near 0 or below their "
+        "positions (None: one order).",
     )
     reward_rule: str = Field(
         default="ruler",

@@ -57,6 +57,7 @@ def build_ruler(
         retries=settings.judge_retries,
         backoff=settings.judge_backoff,
         samples=settings.judge_samples,
+        orders=settings.judge_orders,
         reward=RewardRule(
             mix=settings.reward_weights,
             programmatic_for_validation=settings.programmatic_for is not None,

@@ -40,7 +40,7 @@ def consensus(
         answers = [(name, by_label[label]) for name, by_label in members]
         scores[label] = ParsedScore(
             fmean(answer.score for _, answer in answers),
-            "\n".join(f"[{name}] {answer.explanation}" for name, answer in answers),
+            "\n".join(f"[{name}] {a.explanation}" for name, a in answers if a.explanation),
             _mean_marks(answers),
         )
     std = {label: pstdev(by_label[label].score for _, by_label in members) for label in labels}

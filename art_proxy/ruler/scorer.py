@@ -40,6 +40,7 @@ from art_proxy.ruler.errors import (
     RubricError,
 )
 from art_proxy.ruler.logprob import digit_after_label, parse_logprob_answer, score_of
+from art_proxy.ruler.orders import order_agreement, permutations, relabelled
 from art_proxy.ruler.parse import JudgeAnswer, ParsedScore, parse_answer
 from art_proxy.ruler.prompt import JudgePrompt, Member, TokenCounter, approx_tokens, build_prompt
 from art_proxy.ruler.reward import RewardRule
@@ -59,6 +60,7 @@ class RulerSettings:
     retries: int = 4  # extra tries of an unreachable or rate-limited call
     backoff: float = 1.0  # seconds before the first retry; doubles each time
     samples: int = 1  # answers asked of each judge (several: sample at a temperature above 0)
+    orders: int = 1  # orders each group is shown in (orders.py): position debiasing
     reward: RewardRule = field(default_factory=RewardRule)
 
     def __post_init__(self) -> None:
@@ -99,6 +101,7 @@ class _Outcome:
     scores: dict[str, ParsedScore] = field(default_factory=dict)
     std: dict[str, float] = field(default_factory=dict)  # an ensemble's spread, by label
     rank_agreement: float | None = None
+    order_agreement: float | None = None
     members: list[EnsembleMember] = field(default_factory=list)
 
 
@@ -110,6 +113,7 @@ class _Verdict:
     sample: int
     outcome: _Outcome
     tally: _Tally
+    order: int = 1  # which of the group's orders it was shown (orders.py)
 
 
 def _redacted(members: Sequence[Member], placeholders: Placeholders) -> list[Member]:
@@ -146,6 +150,12 @@ class Ruler:
         self.store = store
         self.settings = settings
         self.judge_model = ensemble_name([judge.model for judge in self.judges], settings.samples)
+        # What the cache keys answers by: an answer over one order is not one over several.
+        self._cached_as = (
+            self.judge_model
+            if settings.orders == 1
+            else f"{self.judge_model} in {settings.orders} orders"
+        )
         self.rubric_hash = rubric_hash(settings.rubric)
         self._count_tokens = count_tokens
         self._not_prefillable: set[str] = set()  # judges that refused continue_final_message
@@ -175,17 +185,21 @@ class Ruler:
             reason = f"the group has {count}; RULER compares two or more"
             return self._record(group_id, ids, "", _Outcome("skipped", reason), _Tally()), True
         try:
-            prompt = build_prompt(
-                members,
-                self.settings.rubric,
-                self.settings.mode,
-                max_tokens=self.settings.max_prompt_tokens,
-                count_tokens=self._count_tokens,
-            )
+            prompts = [
+                build_prompt(
+                    [members[index] for index in order],
+                    self.settings.rubric,
+                    self.settings.mode,
+                    max_tokens=self.settings.max_prompt_tokens,
+                    count_tokens=self._count_tokens,
+                )
+                for order in permutations(len(members), self.settings.orders)
+            ]
         except PromptTooLong as exc:
             outcome = _Outcome("judge_failed", str(exc))
             return self._record(group_id, ids, "", outcome, _Tally()), True
-        key = cache_key(self.judge_model, self.settings.mode, prompt)
+        prompt = prompts[0]
+        key = cache_key(self._cached_as, self.settings.mode, prompt)
         programmatic = {member.trajectory_id: member.reward for member in members}
         earlier = await self.store.cached_judgment(key) if cached else None
         if earlier is not None and reusable(earlier):
@@ -195,18 +209,39 @@ class Ruler:
             return judgment, True
         verdicts = await asyncio.gather(
             *(
-                self._member(judge, sample, prompt)
+                self._member(judge, sample, order, prompts)
+                for order in range(1, len(prompts) + 1)
                 for judge in self.judges
                 for sample in range(1, self.settings.samples + 1)
             )
         )
-        outcome, tally = self._combined(verdicts, list(prompt.labels))
+        labels = list(prompt.labels)
+        outcome, tally = self._combined(verdicts, labels)
+        if len(prompts) > 1 and outcome.status == "scored":
+            by_order = [
+                [
+                    v.outcome.scores
+                    for v in verdicts
+                    if v.order == o and v.outcome.status == "scored"
+                ]
+                for o in range(1, len(prompts) + 1)
+            ]
+            outcome.order_agreement = order_agreement(by_order, labels)
         return self._record(group_id, ids, key, outcome, tally, prompt, programmatic), True
 
-    async def _member(self, judge: JudgeClient, sample: int, prompt: JudgePrompt) -> _Verdict:
+    async def _member(
+        self, judge: JudgeClient, sample: int, order: int, prompts: Sequence[JudgePrompt]
+    ) -> _Verdict:
+        """One judge's answer (one sample of it) over the group shown in order `order`, its
+        scores under the first order's labels."""
         tally = _Tally()
-        outcome = await self._ask(judge, prompt, tally)
-        return _Verdict(judge.model, sample, outcome, tally)
+        shown = prompts[order - 1]
+        outcome = await self._ask(judge, shown, tally)
+        if order > 1:
+            outcome.scores = relabelled(
+                outcome.scores, shown.labels, prompts[0].labels, keep_explanations=False
+            )
+        return _Verdict(judge.model, sample, outcome, tally, order)
 
     async def _ask(self, judge: JudgeClient, prompt: JudgePrompt, tally: _Tally) -> _Outcome:
         if self.settings.mode == "logprob" and judge.model not in self._not_prefillable:
@@ -349,9 +384,12 @@ class Ruler:
         return outcome, tally
 
     def _member_name(self, verdict: _Verdict) -> str:
-        if self.settings.samples == 1:
-            return verdict.judge_model
-        return f"{verdict.judge_model} #{verdict.sample}"
+        name = verdict.judge_model
+        if self.settings.samples > 1:
+            name += f" #{verdict.sample}"
+        if self.settings.orders > 1:
+            name += f" (order {verdict.order})"
+        return name
 
     def _record(
         self,
@@ -393,6 +431,7 @@ class Ruler:
             cost_usd=tally.cost_usd,
             members=outcome.members,
             rank_agreement=outcome.rank_agreement,
+            order_agreement=outcome.order_agreement,
             reward_rule=self.settings.reward.name,
             created_at=utcnow(),
         )
@@ -403,6 +442,7 @@ def _member_record(verdict: _Verdict, labels: Sequence[str]) -> EnsembleMember:
     return EnsembleMember(
         judge_model=verdict.judge_model,
         sample=verdict.sample,
+        order=verdict.order,
         status="scored" if verdict.outcome.status == "scored" else "judge_failed",
         reason=verdict.outcome.reason,
         scores={label: scores[label].score for label in labels if label in scores},

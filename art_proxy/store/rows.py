@@ -124,6 +124,8 @@ class JudgmentRow(TypedDict):
     members: list[JsonObject]
     rank_agreement: float | None
     reward_rule: str
+    # Absent from a record journaled before judgments in several orders (stored as NULL).
+    order_agreement: NotRequired[float | None]
 
 
 Row = ScenarioRow | GroupRow | TrajectoryRow | CallRow | TouchRow | JudgmentRow

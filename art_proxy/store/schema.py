@@ -154,6 +154,7 @@ judgments = sa.Table(
     sa.Column("members", Json),  # records.EnsembleMember; NULL before migration 0003
     sa.Column("rank_agreement", sa.Float),
     sa.Column("reward_rule", sa.String(200), nullable=False, server_default="ruler"),
+    sa.Column("order_agreement", sa.Float),  # migration 0018
     sa.Index("ix_judgments_group_judge", "group_id", "judge_model", "rubric_hash"),
     sa.Index("ix_judgments_cache_key", "cache_key"),
     sa.Index("ix_judgments_created", "created_at", "id"),

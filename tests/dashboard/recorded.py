@@ -174,5 +174,6 @@ def judgment(group_id: str, trajectory_ids: list[str]) -> Judgment:
             for index, trajectory_id in enumerate(trajectory_ids, 1)
         ],
         attempts=1,
+        order_agreement=0.5,
         created_at=utcnow(),
     )

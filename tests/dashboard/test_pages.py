@@ -94,6 +94,7 @@ async def test_group_page_shows_each_trajectory_with_score_explanation_and_rewar
     assert "t2" in evil and "0.250" in evil and "programmatic reward</span> 0" in evil
     assert escaped(HOSTILE_EXPLANATION) in evil
     assert "openai/test-judge" in html and "badge-scored" in html
+    assert re.search(r"order agreement</dt><dd>0\.5", html)  # the judge read, not placed
     assert 'run <a href="/dashboard/training?run=run-1">run-1</a>, step 1' in html
 
 

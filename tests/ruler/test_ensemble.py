@@ -167,6 +167,7 @@ async def test_the_judge_command_asks_each_sample_at_a_temperature_above_zero(
             judge=["openai/scripted"],
             judge_base_url=[judge.base_url],
             judge_samples=2,
+            judge_orders=1,
         )
         quiet = Console(file=io.StringIO())
         totals = await run_judge(settings, DEFAULT_RUBRIC, quiet, quiet)
@@ -214,6 +215,7 @@ async def test_the_summary_counts_ensemble_members_that_failed(
             store=sqlite_url,
             judge=["openai/good", "openai/bad"],
             judge_base_url=[good.base_url, bad.base_url],
+            judge_orders=1,
         )
         output = io.StringIO()
         totals = await run_judge(

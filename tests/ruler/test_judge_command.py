@@ -68,7 +68,8 @@ async def test_judge_scores_recorded_groups_and_skips_a_group_of_one(
         again = await asyncio.to_thread(judge_command, *args, "--judge-base-url", judge.base_url)
 
     assert first.returncode == 0, first.stderr
-    assert len(judge.requests) == 1, "one call for the group of three, none for the group of one"
+    # The group of three shown in two orders (the default), none for the group of one.
+    assert len(judge.requests) == 2, "two calls for the group of three, none for the group of one"
     assert "Task of trip: plan a trip." in judge.prompt()
     assert re.search(r"1 │ scored", first.stdout) and re.search(r"1 │ skipped", first.stdout)
     assert "has 1 finished trajectory" in first.stdout
@@ -86,12 +87,20 @@ async def test_judge_scores_recorded_groups_and_skips_a_group_of_one(
         "middle": 0.8,
     }
     assert scored.judge_model == "openai/scripted" and scored.prompt_tokens > 0
+    assert scored.order_agreement == 1.0  # it scores the conversations, not their places
     assert judgments["skipped"].trajectory_ids == ["alone"]
 
 
 def settings(store_url: str, judge_url: str, **overrides: Any) -> JudgeSettings:
+    """Judge settings, each group shown in one order: one call a group."""
     return JudgeSettings.model_validate(
-        {"store": store_url, "judge": "openai/scripted", "judge_base_url": judge_url, **overrides}
+        {
+            "store": store_url,
+            "judge": "openai/scripted",
+            "judge_base_url": judge_url,
+            "judge_orders": 1,
+            **overrides,
+        }
     )
 
 
@@ -223,6 +232,7 @@ async def test_watch_judges_groups_as_they_become_ready_until_interrupted(
         watcher = await asyncio.create_subprocess_exec(
             str(Path(sys.executable).parent / "art-proxy"),
             *("judge", "--store", store_url, "--judge", "openai/scripted", "--watch"),
+            *("--judge-orders", "1"),
             *("--judge-base-url", judge.base_url, "--group-size", "2", "--poll", "0.1"),
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,

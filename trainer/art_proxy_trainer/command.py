@@ -229,6 +229,7 @@ def _judge_settings(settings: TrainSettings) -> JudgeSettings:
         judge=settings.judge,
         judge_base_url=settings.judge_base_url,
         judge_mode=settings.judge_mode,
+        judge_orders=settings.judge_orders,
         rubric=settings.rubric,
         judge_max_prompt_tokens=0,
     )
