@@ -106,7 +106,8 @@ class JudgeSettings(JudgeChoice, StoreSettings, ReportSettings, PiiSettings):
         32_000,
         ge=0,
         description="Judge prompt budget in tokens; long texts are trimmed in the middle to fit "
-        "(0 = no limit).",
+        "(0 = no limit). A judge whose server says its context (vLLM, local-llm: /v1/models "
+        "max_model_len) also gets prompts that leave room in it for the answer and a re-ask.",
     )
     judge_attempts: int = Field(
         3, ge=1, description="Answers asked of the judge for a group before it is judge_failed."

@@ -24,6 +24,7 @@ class JudgeRequest:
     # The last message is the judge's answer begun for it: a token or two more are wanted, read
     # by their logprobs (vLLM's `continue_final_message`).
     continue_final: bool = False
+    max_tokens: int | None = None  # the answer's room in the judge's context (None: no cap)
 
 
 @dataclass(frozen=True)
@@ -37,7 +38,15 @@ class JudgeReply:
 
 class JudgeClient(Protocol):
     model: str
+    # The judge's context in tokens where its server says (`/v1/models` `max_model_len`), after
+    # `check()`; None: unknown (a hosted model: `--judge-max-prompt-tokens` bounds the prompt).
+    context_tokens: int | None
 
     async def complete(self, request: JudgeRequest) -> JudgeReply: ...
+
+    async def prompt_tokens(self, messages: list[JsonObject]) -> int | None:
+        """`messages` counted by the judge's own tokenizer, where its server counts (vLLM's
+        and local-llm's `/tokenize`); None where it cannot."""
+        ...
 
     async def aclose(self) -> None: ...

@@ -17,6 +17,7 @@ from typing import Any
 import aiohttp
 
 from art_proxy.errors import ConfigError
+from art_proxy.records import JsonObject
 from art_proxy.ruler.client import JudgeReply, JudgeRequest
 from art_proxy.ruler.errors import JudgeRejected, JudgeUnavailable
 from art_proxy.ruler.logprob import TOP_LOGPROBS, TokenChoice
@@ -61,6 +62,7 @@ class LitellmJudge:
         self._timeout = timeout
         self._structured = True
         self._session: aiohttp.ClientSession | None = None
+        self.context_tokens: int | None = None
 
     async def check(self) -> None:
         """Before any group is judged: ConfigError for a model litellm cannot route (no
@@ -81,13 +83,17 @@ class LitellmJudge:
         try:
             async with self._session.get(
                 self._base_url + "/models", timeout=aiohttp.ClientTimeout(total=_CHECK_TIMEOUT_S)
-            ):
-                pass  # any answer: a server is there (a hosted one may want a key for /models)
+            ) as response:
+                # Any answer: a server is there (a hosted one may want a key for /models).
+                listed = await response.json(content_type=None) if response.status == 200 else {}
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise ConfigError(
                 f"judge base URL {self._base_url} does not answer ({type(exc).__name__}: {exc}): "
                 "is the judge's server running there? (--judge-base-url, ending in /v1)"
             ) from exc
+        except ValueError:  # not JSON: a server, but not one that says its context
+            listed = {}
+        self.context_tokens = _context_of(listed, self.model)
 
     async def complete(self, request: JudgeRequest) -> JudgeReply:
         structured = request.answer_schema is not None and self._structured
@@ -98,6 +104,24 @@ class LitellmJudge:
                 raise
             self._structured = False
             return await self._complete(request, structured=False)
+
+    async def prompt_tokens(self, messages: list[JsonObject]) -> int | None:
+        if self._base_url is None or self.context_tokens is None:
+            return None  # a hosted judge: no /tokenize, and --judge-max-prompt-tokens bounds it
+        if self._session is None:
+            self._session = aiohttp.ClientSession()
+        root = self._base_url.removesuffix("/v1")
+        body = {"model": self.model.split("/", 1)[-1], "messages": messages}
+        try:
+            async with self._session.post(
+                root + "/tokenize", json=body, timeout=aiohttp.ClientTimeout(total=_CHECK_TIMEOUT_S)
+            ) as response:
+                if response.status != 200:
+                    return None
+                counted = (await response.json(content_type=None)).get("count")
+        except (aiohttp.ClientError, TimeoutError, ValueError, AttributeError):
+            return None
+        return counted if isinstance(counted, int) else None
 
     async def aclose(self) -> None:
         if self._session is not None:
@@ -118,6 +142,8 @@ class LitellmJudge:
                 top_logprobs=TOP_LOGPROBS,
                 max_tokens=_LOGPROB_TOKENS_PER_LABEL * request.labels + 8,
             )
+        elif request.max_tokens is not None:
+            options["max_tokens"] = request.max_tokens
         if request.continue_final:
             options.update(
                 max_tokens=_PREFILLED_TOKENS,
@@ -191,6 +217,19 @@ def _cost(response: Any) -> float:
         except Exception:  # litellm raises a plain Exception for an unpriced model
             cost = 0.0
     return float(cost or 0.0)
+
+
+def _context_of(listed: Any, model: str) -> int | None:
+    """The `max_model_len` vLLM and local-llm give each model in `/v1/models`, for `model`
+    (litellm's name: its provider prefix off), or the only one listed."""
+    entries = listed.get("data") if isinstance(listed, dict) else None
+    if not isinstance(entries, list):
+        return None
+    served = model.split("/", 1)[1] if "/" in model else model
+    found = [e for e in entries if isinstance(e, dict) and e.get("id") in (served, model)]
+    entry = found[0] if found else entries[0] if len(entries) == 1 else None
+    context = entry.get("max_model_len") if isinstance(entry, dict) else None
+    return context if isinstance(context, int) and context > 0 else None
 
 
 def litellm_token_counter(model: str) -> TokenCounter:

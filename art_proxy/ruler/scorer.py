@@ -49,6 +49,16 @@ from art_proxy.store.trajectory_store import TrajectoryStore, utcnow
 
 # Backoff doubles from `backoff` up to this many seconds between two tries.
 _MAX_BACKOFF_S = 60.0
+# Room for a json answer in the judge's context: a score and a sentence or two a trajectory.
+_ANSWER_TOKENS_PER_LABEL = 120
+# A checklist's answer: a mark and a sentence for each criterion of each trajectory.
+_CRITERION_TOKENS = 60
+# Logprob mode reads a digit a trajectory ("t12: 7\n", about 5 tokens).
+_DIGIT_TOKENS_PER_LABEL = 8
+# What a re-ask adds besides the invalid answer: the message saying what was wrong.
+_REASK_TOKENS = 64
+# Rebuilds of a prompt the judge's own tokenizer found longer than the estimate allowed.
+_FITS = 3
 
 
 @dataclass(frozen=True)
@@ -185,16 +195,7 @@ class Ruler:
             reason = f"the group has {count}; RULER compares two or more"
             return self._record(group_id, ids, "", _Outcome("skipped", reason), _Tally()), True
         try:
-            prompts = [
-                build_prompt(
-                    [members[index] for index in order],
-                    self.settings.rubric,
-                    self.settings.mode,
-                    max_tokens=self.settings.max_prompt_tokens,
-                    count_tokens=self._count_tokens,
-                )
-                for order in permutations(len(members), self.settings.orders)
-            ]
+            prompts = await self._fitted_prompts(members)
         except PromptTooLong as exc:
             outcome = _Outcome("judge_failed", str(exc))
             return self._record(group_id, ids, "", outcome, _Tally()), True
@@ -229,6 +230,74 @@ class Ruler:
             outcome.order_agreement = order_agreement(by_order, labels)
         return self._record(group_id, ids, key, outcome, tally, prompt, programmatic), True
 
+    async def _fitted_prompts(self, members: Sequence[Member]) -> list[JudgePrompt]:
+        """The group's prompt in each order, fitted to `--judge-max-prompt-tokens` and to the
+        judges' context where their servers say it: room is left for the answer twice and a
+        note, since a re-ask sends the prompt, the invalid answer and what was wrong. The prompt
+        is counted by the estimate, then by the judge's own tokenizer where its server counts,
+        and built again smaller while the judge's count is over. Raises PromptTooLong."""
+        room = self._context_room(len(members))
+        budget = self.settings.max_prompt_tokens
+        if room is not None:
+            budget = min(budget, room) if budget else room
+        for _ in range(_FITS):
+            prompts = [
+                build_prompt(
+                    [members[index] for index in order],
+                    self.settings.rubric,
+                    self.settings.mode,
+                    max_tokens=budget,
+                    count_tokens=self._count_tokens,
+                )
+                for order in permutations(len(members), self.settings.orders)
+            ]
+            if room is None:
+                return prompts
+            counted = [await self._judge_count(prompt) for prompt in prompts]
+            longest = max((c for c in counted if c is not None), default=None)
+            if longest is None or longest <= room:
+                return prompts
+            # The estimate undercounted this judge's tokens: shrink by what it missed.
+            budget = max(1, int(budget * room / longest * 0.95))
+        raise PromptTooLong(
+            f"the group does not fit the judge's context of {self._context()} tokens with room "
+            "for its answer, even with long texts trimmed: judge smaller groups, or a judge with "
+            "a longer context"
+        )
+
+    def _context(self) -> int | None:
+        contexts = [judge.context_tokens for judge in self.judges if judge.context_tokens]
+        return min(contexts) if contexts else None
+
+    def _context_room(self, labels: int) -> int | None:
+        """Prompt tokens the judges' smallest known context leaves (None: none is known)."""
+        context = self._context()
+        if context is None:
+            return None
+        return max(1, context - 2 * self._answer_room(labels) - _REASK_TOKENS)
+
+    def _answer_room(self, labels: int) -> int:
+        """Tokens an answer over `labels` trajectories may take (a checklist's: a mark and a
+        sentence for each criterion of each)."""
+        rubric = self.settings.rubric
+        if self.settings.mode == "logprob":
+            per_label = _DIGIT_TOKENS_PER_LABEL
+        elif isinstance(rubric, str):
+            per_label = _ANSWER_TOKENS_PER_LABEL
+        else:
+            per_label = _CRITERION_TOKENS * len(rubric.criteria)
+        return per_label * labels + 16
+
+    async def _judge_count(self, prompt: JudgePrompt) -> int | None:
+        counts = [await judge.prompt_tokens(prompt.messages) for judge in self.judges]
+        known = [count for count in counts if count is not None]
+        return max(known) if known else None
+
+    def _answer_tokens(self, labels: int) -> int | None:
+        """The cap on an answer where a judge's context is known (the room `_context_room`
+        leaves it), else none."""
+        return None if self._context() is None else self._answer_room(labels)
+
     async def _member(
         self, judge: JudgeClient, sample: int, order: int, prompts: Sequence[JudgePrompt]
     ) -> _Verdict:
@@ -253,7 +322,13 @@ class Ruler:
         messages = prompt.messages
         problem = ""
         for _ in range(self.settings.attempts):
-            request = JudgeRequest(messages, self.settings.mode, len(labels), self._answer_schema())
+            request = JudgeRequest(
+                messages,
+                self.settings.mode,
+                len(labels),
+                self._answer_schema(),
+                max_tokens=self._answer_tokens(len(labels)),
+            )
             reply = await self._answer(judge, request, tally)
             if isinstance(reply, _Outcome):
                 return reply

@@ -46,15 +46,39 @@ class ScriptedJudge:
         return str(next(m["content"] for m in messages if m["role"] == "user"))
 
 
+def tokens_in(messages: Sequence[Body]) -> int:
+    """A context-bound scripted judge's token count: a token every 3 characters, more than
+    the common tokenizers' 4 (what a judge with another tokenizer than litellm's counts)."""
+    return sum(len(str(m.get("content", ""))) for m in messages) // 3 + 4 * len(messages)
+
+
 @asynccontextmanager
-async def running_scripted_judge(*script: Script) -> AsyncIterator[ScriptedJudge]:
+async def running_scripted_judge(
+    *script: Script, context_tokens: int | None = None
+) -> AsyncIterator[ScriptedJudge]:
+    """`context_tokens`: the judge says its context in `/v1/models` (`max_model_len`), counts
+    prompts at `/tokenize` (`tokens_in`) and refuses a prompt longer than it, as vLLM does."""
     entries = list(script) or [Reply("{}")]
     app = web.Application()
     judge = ScriptedJudge(base_url="")
 
+    async def models(_request: web.Request) -> web.Response:
+        entry = {"id": "scripted", "object": "model", "max_model_len": context_tokens}
+        return web.json_response({"object": "list", "data": [entry]})
+
+    async def tokenize(request: web.Request) -> web.Response:
+        return web.json_response({"count": tokens_in((await request.json())["messages"])})
+
     async def chat(request: web.Request) -> web.StreamResponse:
         body = await request.json()
         judge.requests.append(body)
+        if context_tokens is not None and (used := tokens_in(body["messages"])) > context_tokens:
+            message = (
+                f"This model's maximum context length is {context_tokens} tokens. However, "
+                f"your prompt contains {used} input tokens."
+            )
+            error = {"message": message, "type": "BadRequestError", "code": 400}
+            return web.json_response({"error": error}, status=400)
         entry = entries[min(len(judge.requests), len(entries)) - 1]
         reply = entry(body) if callable(entry) else entry
         if reply.status != 200:
@@ -86,6 +110,9 @@ async def running_scripted_judge(*script: Script) -> AsyncIterator[ScriptedJudge
         )
 
     app.router.add_post("/v1/chat/completions", chat)
+    if context_tokens is not None:
+        app.router.add_get("/v1/models", models)
+        app.router.add_post("/tokenize", tokenize)
     async with serving(app) as root_url:
         judge.base_url = f"{root_url}/v1"
         yield judge

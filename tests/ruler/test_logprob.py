@@ -6,6 +6,7 @@ import math
 
 import pytest
 
+from art_proxy.records import JsonObject
 from art_proxy.ruler.client import JudgeReply, JudgeRequest
 from art_proxy.ruler.errors import InvalidAnswer, JudgeRejected
 from art_proxy.ruler.logprob import (
@@ -81,10 +82,14 @@ class _HostedJudge:
     """A judge that returns logprobs but cannot continue a begun answer (a hosted API)."""
 
     model = "hosted/judge"
+    context_tokens: int | None = None  # a hosted API does not say
 
     def __init__(self, answer: list[TokenChoice]) -> None:
         self.answer = answer
         self.requests: list[JudgeRequest] = []
+
+    async def prompt_tokens(self, messages: list[JsonObject]) -> int | None:
+        return None
 
     async def complete(self, request: JudgeRequest) -> JudgeReply:
         self.requests.append(request)
