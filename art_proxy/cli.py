@@ -100,8 +100,9 @@ def _configure_logging(level: str = "info") -> None:
     )
     # aiohttp's access log would print every request; secrets never reach it, but noise would.
     # Alembic narrates every migration check at start-up; litellm logs every judge call at INFO
-    # (twice: through its own handler and ours).
-    for chatty in ("aiohttp.access", "alembic", "LiteLLM", "LiteLLM Router"):
+    # (twice: through its own handler and ours); httpx (the OpenAI SDK's, so every agent's) logs
+    # every request at INFO: 3,280 of the 3,362 lines of a `make demo` log were its.
+    for chatty in ("aiohttp.access", "alembic", "LiteLLM", "LiteLLM Router", "httpx"):
         logging.getLogger(chatty).setLevel(logging.WARNING)
 
 

@@ -458,6 +458,7 @@ async def test_rollout_command_runs_an_agent_file_and_prints_a_summary(
 
     assert done.returncode == 0, done.stderr
     assert "rollouts in" in done.stdout
+    assert "HTTP Request" not in done.stderr  # the agent's SDK does not log each call
     rows = [line.split("│")[1:-1] for line in done.stdout.splitlines() if line.startswith("│")]
     # split, groups, judgeable, rollouts, failed, timed out, mean reward
     assert [[cell.strip() for cell in row] for row in rows] == [
