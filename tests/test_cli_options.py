@@ -4,12 +4,15 @@ switched off (`--no-swap`, `--no-gradient-checkpointing`)."""
 from __future__ import annotations
 
 import logging
+import re
 
+import pytest
 import typer
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 from typer.testing import CliRunner
 
 from art_proxy.cli_options import settings_command
+from art_proxy.config.shared import StoreSettings
 
 
 class Switches(BaseModel):
@@ -55,3 +58,24 @@ def test_commands_that_log_leave_out_each_request_of_the_agents_http_client() ->
     finally:
         root.setLevel(levels[0])
         httpx.setLevel(levels[1])
+
+
+@pytest.mark.parametrize(
+    ("given", "hint"),
+    [
+        ("mine.db", "sqlite:///mine.db"),
+        ("sqlite:/mine.db", "sqlite:///mine.db"),  # once: sqlite:///sqlite:/mine.db
+        ("mysql://u@h/db", "sqlite:///FILE"),
+    ],
+)
+def test_a_store_that_is_no_database_url_is_told_the_sqlite_url_it_meant(
+    given: str, hint: str
+) -> None:
+    with pytest.raises(ValidationError, match=f"{re.escape(hint)} for a SQLite file"):
+        StoreSettings(store=given)
+
+
+def test_a_postgres_url_as_hosts_hand_them_out_is_taken() -> None:
+    assert StoreSettings(store="postgres://u@h/db").store == "postgresql://u@h/db"
+    taken = StoreSettings(store="postgres+asyncpg://u@h/db").store
+    assert taken == "postgresql+asyncpg://u@h/db"

@@ -33,17 +33,27 @@ class StoreSettings(Settings):
     @field_validator("store")
     @classmethod
     def _store_is_a_database_url(cls, url: str) -> str:
+        # `postgres://` is what Heroku, Render and libpq hand out; SQLAlchemy 1.4 dropped the name.
+        if url.startswith(("postgres://", "postgres+")):
+            url = "postgresql" + url.removeprefix("postgres")
         try:
             backend = make_url(url).get_backend_name()
         except ArgumentError:
             backend = None
         if backend not in ("sqlite", "postgresql"):
-            hint = f"sqlite:///{url}" if "://" not in url else "sqlite:///FILE"
             raise ValueError(
-                f"store {redact_url(url)!r} is not a SQLite or PostgreSQL URL: {hint} for a "
-                "SQLite file, postgresql+asyncpg://USER@HOST/DB for PostgreSQL"
+                f"store {redact_url(url)!r} is not a SQLite or PostgreSQL URL: {_sqlite_hint(url)} "
+                "for a SQLite file, postgresql+asyncpg://USER@HOST/DB for PostgreSQL"
             )
         return url
+
+
+def _sqlite_hint(url: str) -> str:
+    """The SQLite URL a malformed store most likely meant: `art.db` and `sqlite:/art.db` (one
+    slash) both mean `sqlite:///art.db`."""
+    if "://" in url:
+        return "sqlite:///FILE"
+    return "sqlite:///" + url.removeprefix("sqlite:").lstrip("/")
 
 
 class UpstreamSettings(Settings):
