@@ -176,6 +176,10 @@ class GroupJudge:
                 limit=_PAGE,
                 after=last,
             )
+            # A group a trainer consumed is done with: judging it anew (a new rubric, a new
+            # judge) would cost calls no step reads.
+            consumed = await self.ruler.store.consumed_among([group.id for group in page])
+            self._seen |= consumed
             for group in page:
                 if group.id in self._seen:
                     continue

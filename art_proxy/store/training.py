@@ -153,6 +153,15 @@ class TrainingRecords(StoreBase):
         )
         return None if row is None else _training_step(row)
 
+    async def consumed_among(self, group_ids: Sequence[str]) -> set[str]:
+        """Those of `group_ids` some run's step has consumed (trained, validated or passed)."""
+        if not group_ids:
+            return set()
+        rows = await self._all(
+            sa.select(CG.c.group_id).where(CG.c.group_id.in_(list(group_ids))).distinct()
+        )
+        return {str(row["group_id"]) for row in rows}
+
     async def consumed_group_ids(self, run: str) -> set[str]:
         rows = await self._all(sa.select(CG.c.group_id).where(CG.c.run == run))
         return {str(row["group_id"]) for row in rows}

@@ -20,11 +20,12 @@ from rich.console import Console
 
 from art_proxy.config import JudgeSettings
 from art_proxy.proxy.server import RunningProxy
-from art_proxy.records import ROLLOUT_ERROR
+from art_proxy.records import ROLLOUT_ERROR, TrainingStep
 from art_proxy.ruler.command import run_judge
 from art_proxy.ruler.rubric import DEFAULT_RUBRIC
 from art_proxy.ruler.run import Totals
-from art_proxy.store.trajectory_store import TrajectoryStore
+from art_proxy.store.trajectory_store import TrajectoryStore, utcnow
+from tests.ruler.recorded import answered, record_group
 from tests.ruler.scripted_judge import Reply, answer_by_content, running_scripted_judge
 
 MODEL = "Qwen/Qwen2.5-0.5B-Instruct"
@@ -324,3 +325,23 @@ def test_a_judge_that_cannot_work_stops_the_command_at_start(tmp_path: Path) -> 
     )
     for result in (unprefixed, nowhere):
         assert "Traceback" not in result.stderr and "Provider List" not in result.stdout
+
+
+async def test_a_group_a_trainer_consumed_is_not_judged_again_under_a_new_rubric(
+    sqlite_url: str,
+) -> None:
+    """A new rubric makes every group unjudged by it; those already trained on cost calls that
+    no step would read."""
+    async with TrajectoryStore.opened(sqlite_url) as store:
+        trained, _ = await record_group(store, [answered("Paris"), answered("Lyon")])
+        fresh, _ = await record_group(store, [answered("Nice"), answered("Lille")])
+        await store.record_step(
+            TrainingStep(
+                run="r", step=1, status="applied", groups={trained: "trained"}, created_at=utcnow()
+            )
+        )
+    async with running_scripted_judge(answer_by_content(lambda _text: 0.5)) as judge:
+        totals = await judge_in_process(settings(sqlite_url, judge.base_url, wait=0))
+    async with TrajectoryStore.opened(sqlite_url, writer=False) as store:
+        judged = {judgment.group_id for judgment in await store.judgments()}
+    assert totals.scored == 1 and judged == {fresh} and len(judge.requests) == 1
