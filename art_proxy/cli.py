@@ -814,6 +814,22 @@ async def _rollouts(
         )
 
 
+def _agent_metrics_table(report: RolloutReport) -> Table | None:
+    """The mean of each metric the agent reported, by split (None: it reported none)."""
+    names = sorted({name for g in report.groups for m in g.metrics.values() for name in m})
+    if not names:
+        return None
+    table = Table("split", *names, title="agent metrics (mean per rollout that reported it)")
+    for split in sorted({group.split for group in report.groups}):
+        reported = [m for g in report.groups if g.split == split for m in g.metrics.values()]
+        cells = []
+        for name in names:
+            values = [m[name] for m in reported if name in m]
+            cells.append(f"{sum(values) / len(values):.3f}" if values else "-")
+        table.add_row(split, *cells)
+    return table
+
+
 # Failures listed under the summary; the rest are counted (each is in the trajectory's metadata).
 _LISTED_FAILURES = 5
 
@@ -845,6 +861,9 @@ def _print_rollout_summary(report: RolloutReport) -> None:
         )
     console = Console()
     console.print(table)
+    metrics = _agent_metrics_table(report)
+    if metrics is not None:
+        console.print(metrics)
     # The agent's error, else why a rollout that returned is not in the store.
     failures = [
         f"{trajectory}: {group.errors.get(trajectory) or group.unrecorded[trajectory]}"

@@ -124,6 +124,8 @@ class GroupReport:
     split: Split
     trajectory_ids: list[str]
     rewards: dict[str, float | None] = field(default_factory=dict)
+    # What the agent reported of each rollout besides its reward (tool calls, turns...).
+    metrics: dict[str, dict[str, float]] = field(default_factory=dict)
     errors: dict[str, str] = field(default_factory=dict)  # the agent raised or timed out
     timed_out: list[str] = field(default_factory=list)  # of `errors`, those cut by the timeout
     # Finished trajectories the store did not get: the agent made no call, or the finish failed.
@@ -286,6 +288,7 @@ class _Runner:
                 "metadata": outcome.metadata,
             }
             group.rewards[trajectory] = outcome.reward
+            group.metrics[trajectory] = dict(outcome.metrics)
         await self._finish(rollout, group, body)
 
     async def _call_agent(self, rollout: Rollout) -> tuple[RolloutOutcome, str | None]:

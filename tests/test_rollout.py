@@ -388,15 +388,16 @@ def test_a_missing_scenarios_file_is_an_error(tmp_path: Path) -> None:
 # --- loading the agent --------------------------------------------------------------------------
 
 AGENT_FILE = """
-from art_proxy.rollout import Rollout
+from art_proxy.rollout import Rollout, RolloutOutcome
 
 
-async def agent(rollout: Rollout) -> float:
+async def agent(rollout: Rollout) -> RolloutOutcome:
     async with rollout.openai_client() as client:
         reply = await client.chat.completions.create(
             model=rollout.model, messages=[{"role": "user", "content": str(rollout.scenario.input)}]
         )
-    return 1.0 if reply.choices[0].message.content else 0.0
+    reward = 1.0 if reply.choices[0].message.content else 0.0
+    return RolloutOutcome(reward=reward, metrics={"tool_calls": 2.0, "turns": 1.0})
 
 
 def not_async(rollout: Rollout) -> float:
@@ -462,8 +463,10 @@ async def test_rollout_command_runs_an_agent_file_and_prints_a_summary(
     rows = [line.split("│")[1:-1] for line in done.stdout.splitlines() if line.startswith("│")]
     # split, groups, judgeable, rollouts, failed, timed out, mean reward
     assert [[cell.strip() for cell in row] for row in rows] == [
-        ["val", "1", "1", "2", "0", "0", "1.000"]
+        ["val", "1", "1", "2", "0", "0", "1.000"],
+        ["val", "2.000", "1.000"],  # what the agent reported: tool calls, turns
     ]
+    assert "tool_calls" in done.stdout and "turns" in done.stdout
     await sqlite_proxy.parts.settled()
     recorded = await sqlite_proxy.parts.store.trajectories()
     assert [(t.scenario_id, t.split, t.reward) for t in recorded] == [("quiz", "val", 1.0)] * 2
