@@ -61,8 +61,16 @@ class Chart:
     plot_bottom: float = HEIGHT - BOTTOM
 
 
-def line_chart(title: str, series: Sequence[Series]) -> Chart | None:
-    """None when no series has a finite point (the page says there is nothing yet)."""
+def line_chart(
+    title: str,
+    series: Sequence[Series],
+    *,
+    floor: float | None = None,
+    ceiling: float | None = None,
+) -> Chart | None:
+    """None when no series has a finite point (the page says there is nothing yet). `floor`
+    and `ceiling`: what the values cannot pass (a reward in [0, 1], a count from 0): neither a
+    band nor the axis goes beyond them."""
     drawn = [_finite(one) for one in series]
     points = [point for one in drawn for point in one.points]
     if not points:
@@ -70,10 +78,10 @@ def line_chart(title: str, series: Sequence[Series]) -> Chart | None:
     xs = [x for x, _ in points]
     ys = [y for _, y in points]
     for one in drawn:
-        for (_, y), spread in zip(one.points, one.spread or [0.0] * len(one.points), strict=True):
-            ys.extend((y - spread, y + spread))
+        for low, high in _band(one, floor, ceiling):
+            ys.extend((low, high))
     x_low, x_high = _span(min(xs), max(xs))
-    y_low, y_high = _span(min(ys), max(ys))
+    y_low, y_high, y_ticks = _nice_axis(min(ys), max(ys), floor, ceiling)
 
     def to_x(x: float) -> float:
         return LEFT + (x - x_low) / (x_high - x_low) * (WIDTH - LEFT - RIGHT)
@@ -88,23 +96,22 @@ def line_chart(title: str, series: Sequence[Series]) -> Chart | None:
         at = [(to_x(x), to_y(y)) for x, y in one.points]
         band = None
         if one.spread and any(one.spread):
-            pairs = list(zip(one.points, one.spread, strict=True))
-            upper = [(to_x(x), to_y(y + s)) for (x, y), s in pairs]
-            lower = [(to_x(x), to_y(y - s)) for (x, y), s in pairs]
+            pairs = list(zip(one.points, _band(one, floor, ceiling), strict=True))
+            upper = [(to_x(x), to_y(high)) for (x, _), (_, high) in pairs]
+            lower = [(to_x(x), to_y(low)) for (x, _), (low, _) in pairs]
             band = _path(upper + lower[::-1]) + " Z"
         dots = [
             Dot(px, py, f"{one.name}, step {x:g}: {y:.4g}")
             for (px, py), (x, y) in zip(at, one.points, strict=True)
         ]
         lines.append(Line(one.name, index, _path(at), band, dots))
-    y_ticks = [y_low + i * (y_high - y_low) / (Y_TICKS - 1) for i in range(Y_TICKS)]
     return Chart(
         title=title,
         width=WIDTH,
         height=HEIGHT,
         lines=lines,
         x_ticks=[Tick(to_x(x), f"{x:g}") for x in _x_ticks(min(xs), max(xs))],
-        y_ticks=[Tick(to_y(y), f"{y:.3g}") for y in y_ticks],
+        y_ticks=[Tick(to_y(y), f"{y:.6g}") for y in y_ticks],
     )
 
 
@@ -121,6 +128,38 @@ def _finite(series: Series) -> Series:
         [point for point, _ in kept],
         [s for _, s in kept] if series.spread is not None else None,
     )
+
+
+def _band(series: Series, floor: float | None, ceiling: float | None) -> list[tuple[float, float]]:
+    """Each point's band (its value +- its spread), within the bounds."""
+    low_bound = -math.inf if floor is None else floor
+    high_bound = math.inf if ceiling is None else ceiling
+    spread = series.spread or [0.0] * len(series.points)
+    return [
+        (max(y - s, low_bound), min(y + s, high_bound))
+        for (_, y), s in zip(series.points, spread, strict=True)
+    ]
+
+
+def _nice_axis(
+    low: float, high: float, floor: float | None, ceiling: float | None
+) -> tuple[float, float, list[float]]:
+    """An axis around [low, high] whose ticks fall on round values (a step of 1, 2 or 5 times a
+    power of ten), never beyond `floor` and `ceiling`."""
+    low, high = _span(low, high)
+    if floor is not None:
+        low = max(low, floor)
+    if ceiling is not None:
+        high = min(high, ceiling)
+    if high <= low:
+        high = low + 1.0
+    raw = (high - low) / (Y_TICKS - 1)
+    power = 10 ** math.floor(math.log10(raw))
+    step = next(m * power for m in (1, 2, 5, 10) if m * power >= raw)
+    first = math.floor(low / step + 1e-9) * step
+    last = math.ceil(high / step - 1e-9) * step
+    ticks = [first + i * step for i in range(round((last - first) / step) + 1)]
+    return first, last, [round(tick, 12) for tick in ticks]
 
 
 def _span(low: float, high: float) -> tuple[float, float]:

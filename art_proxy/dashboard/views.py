@@ -286,17 +286,18 @@ def _in_judged_order(
 def _reward_chart(steps: Sequence[TrainingStep]) -> Chart | None:
     """Mean reward per step with its within-group spread as a band, and the validation reward."""
     trained = [step for step in steps if "reward_mean" in step.metrics]
-    return line_chart(
-        "Reward",
-        [
-            Series(
-                "reward mean",
-                [(step.step, step.metrics["reward_mean"]) for step in trained],
-                [step.metrics.get("reward_std", 0.0) for step in trained],
-            ),
-            _metric_series(steps, "val_reward", "validation reward"),
-        ],
-    )
+    series = [
+        Series(
+            "reward mean",
+            [(step.step, step.metrics["reward_mean"]) for step in trained],
+            [step.metrics.get("reward_std", 0.0) for step in trained],
+        ),
+        _metric_series(steps, "val_reward", "validation reward"),
+    ]
+    # Rewards all in [0, 1] (RULER's, most agents'): the band stays in it.
+    values = [value for one in series for _, value in one.points]
+    unit = bool(values) and all(0.0 <= value <= 1.0 for value in values)
+    return line_chart("Reward", series, floor=0.0 if unit else None, ceiling=1.0 if unit else None)
 
 
 def _loss_chart(steps: Sequence[TrainingStep]) -> Chart | None:
@@ -336,6 +337,7 @@ def _staleness_chart(steps: Sequence[TrainingStep]) -> Chart | None:
             _metric_series(steps, "staleness_mean", "mean"),
             _metric_series(steps, "staleness_max", "max"),
         ],
+        floor=0.0,
     )
 
 
@@ -348,6 +350,7 @@ def _pipeline_wait_chart(steps: Sequence[TrainingStep]) -> Chart | None:
             _metric_series(steps, "pipeline_trainer_wait_s", "the trainer, for its batch"),
             _metric_series(steps, "pipeline_admission_wait_s", "the rollouts, for admission"),
         ],
+        floor=0.0,
     )
 
 
@@ -358,6 +361,7 @@ def _pipeline_ahead_chart(steps: Sequence[TrainingStep]) -> Chart | None:
             _metric_series(steps, "pipeline_lag_steps", "steps since the batch's rollouts began"),
             _metric_series(steps, "pipeline_queue_depth", "batches ready when one was taken"),
         ],
+        floor=0.0,
     )
 
 

@@ -57,3 +57,31 @@ def test_series_keep_their_colour_when_an_earlier_one_is_empty() -> None:
     chart = line_chart("Reward", [Series("train", []), Series("validation", [(1, 0.4)])])
     assert chart is not None
     assert [(line.name, line.index) for line in chart.lines] == [("validation", 1)]
+
+
+def test_y_ticks_fall_on_round_values() -> None:
+    """Once: ticks at 0.0424, 0.736 and the like (the range split in four)."""
+    chart = line_chart("KL", [Series("kl", [(1, 0.0424), (2, 0.736)])])
+    assert chart is not None
+    labels = [float(tick.label) for tick in chart.y_ticks]
+    assert labels == [0.0, 0.2, 0.4, 0.6, 0.8]
+
+
+def test_a_reward_band_stays_within_the_rewards_bounds() -> None:
+    """A mean of 0.1 with a spread of 0.3 once drew the band (and the axis) down to -0.2."""
+    series = [Series("reward", [(1, 0.1), (2, 0.9)], [0.3, 0.3])]
+    chart = line_chart("Reward", series, floor=0.0, ceiling=1.0)
+    assert chart is not None
+    labels = [float(tick.label) for tick in chart.y_ticks]
+    assert min(labels) == 0.0 and max(labels) == 1.0
+    (line,) = chart.lines
+    assert line.band is not None
+    ys = [float(point.split(",")[1]) for point in line.band.removesuffix(" Z").split(" ")]
+    assert chart.plot_top <= min(ys) and max(ys) <= chart.plot_bottom
+
+
+def test_a_count_flat_at_zero_is_drawn_from_zero_up() -> None:
+    """Staleness 0 at every step once drew its axis from -1."""
+    chart = line_chart("Staleness", [Series("max", [(1, 0.0), (2, 0.0)])], floor=0.0)
+    assert chart is not None
+    assert float(chart.y_ticks[0].label) == 0.0
