@@ -33,6 +33,7 @@ from art_proxy.ids import short_id
 from art_proxy.local import missing_local_packages
 from art_proxy.local.errors import ModelLoadError
 from art_proxy.records import JsonObject
+from art_proxy.redaction import redact_url
 from art_proxy.vllm_server import VllmLaunch
 
 # Soft wrap: commands, URLs and a part's log lines stay whole lines, to copy or grep.
@@ -367,7 +368,7 @@ async def run_stack(settings: UpSettings) -> int:
             command = settings.run or trainer_command(settings)
             if command:
                 status = await _run_command(command, f"{proxy_root}/v1", stack)
-                await summarize(proxy_root, table=settings.show_trajectories)
+                await summarize(proxy_root, settings.store, table=settings.show_trajectories)
                 return status
             console.print("Ctrl-C stops everything.")
             await stack.serve()
@@ -401,18 +402,21 @@ async def _run_command(command: str, base_url: str, stack: Supervisor) -> int:
     return status
 
 
-async def summarize(proxy_root: str, *, table: bool) -> None:
+async def summarize(proxy_root: str, store: str, *, table: bool) -> None:
     """What the proxy recorded, in a line of counts (`table`: the newest trajectories above it);
-    short, so that a trainer's summary above stays on the screen."""
+    short, so that a trainer's summary above stays on the screen. The stack stops after it, so
+    it says how to read the store then, not the dashboard's address."""
     async with aiohttp.ClientSession() as http:
         async with http.get(f"{proxy_root}/health") as response:
             health = await response.json()
         if table:
             console.print(await _trajectory_table(http, proxy_root))
+    store = escape(redact_url(store))  # a PostgreSQL URL may hold its password
     console.print(
         f"{health['calls']} calls recorded, {health['failed_calls']} failed, "
-        f"{health['stitch_misses']} stitch misses, {health['lost_records']} lost records "
-        f"(trajectories: art-proxy export, or {proxy_root}/dashboard)"
+        f"{health['stitch_misses']} stitch misses, {health['lost_records']} lost records. "
+        f"The stack stops now; they stay in {store}: art-proxy export --store {store}, or "
+        f"art-proxy up --store {store} for the dashboard"
     )
 
 

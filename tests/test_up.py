@@ -198,6 +198,8 @@ async def test_up_run_exits_with_the_commands_status_after_summarizing_the_recor
     assert "recorded trajectories" in output
     # The line of counts comes under the table: under a trainer's summary, it keeps that in view.
     assert output.index("1 calls recorded, 0 failed") > output.index("recorded trajectories")
+    # The stack stops next: the summary says how to read the store, not a dashboard gone.
+    assert "The stack stops now" in output and "/dashboard)" not in output
     up.assert_nothing_left_running()
 
 

@@ -376,3 +376,15 @@ async def test_a_step_of_several_updates_records_their_means_and_the_last(tmp_pa
     assert {"loss", "clip_fraction", "update_drift"} <= set(metrics)
     assert {"loss_last", "clip_fraction_last", "update_drift_last"} <= set(metrics)
     assert metrics["update_drift_last"] > metrics["update_drift"] > 0  # the first update: 0
+
+
+def test_the_summarys_reward_row_fits_a_line_for_a_long_run() -> None:
+    """`make demo`'s summary cut 20 steps' rewards after 16, with a dangling `->`."""
+    from art_proxy_trainer.command import _reward_row
+
+    rewards = [(step, step / 20) for step in range(1, 21)]
+    row = _reward_row(rewards)
+    assert row == ("0.05@1 -> ... -> 0.85@17 -> 0.90@18 -> 0.95@19 -> 1.00@20 (best 1.00@20)")
+    assert len(row) <= 76 and not row.rstrip().endswith("->")
+    assert _reward_row([(1, 0.1), (2, 0.3)]) == "0.10@1 -> 0.30@2"
+    assert _reward_row([]) == "-"

@@ -59,7 +59,7 @@ _COLUMNS = (
     ("lag", "pipeline_lag_steps", "{:.0f}"),
     ("wait s", "pipeline_trainer_wait_s", "{:.1f}"),
 )
-_SUMMARY_ROWS = 20
+_REWARDS_SHOWN = 6  # the summary's reward row: longer runs show the first and the last few
 
 
 async def run_train(settings: TrainSettings, console: Console) -> TrainSummary:
@@ -304,6 +304,20 @@ def step_line(record: TrainingStep) -> str:
     return " ".join(cells) + f"  {swap}"
 
 
+def _reward_row(rewards: list[tuple[int, float]]) -> str:
+    """The training reward by step, short enough for one line of the summary: every step's
+    when there are few, else the first, the last few and the best (metrics.jsonl has all)."""
+    if not rewards:
+        return "-"
+    if len(rewards) <= _REWARDS_SHOWN:
+        return " -> ".join(f"{r:.2f}@{s}" for s, r in rewards)
+    shown = [rewards[0], *rewards[-(_REWARDS_SHOWN - 2) :]]
+    best_step, best = max(rewards, key=lambda sr: sr[1])
+    curve = f"{shown[0][1]:.2f}@{shown[0][0]} -> ... -> "
+    curve += " -> ".join(f"{r:.2f}@{s}" for s, r in shown[1:])
+    return f"{curve} (best {best:.2f}@{best_step})"
+
+
 class TrainSummary:
     def __init__(self, settings: TrainSettings, alias: str) -> None:
         self.settings = settings
@@ -324,7 +338,7 @@ class TrainSummary:
             rewards = state.reward_history
             rows += [
                 ("steps", str(state.step)),
-                ("reward", " -> ".join(f"{r:.2f}" for _, r in rewards[-_SUMMARY_ROWS:]) or "-"),
+                ("reward", _reward_row(rewards)),
                 ("validation", ", ".join(f"{v:.2f}@{s}" for s, v in state.val_history) or "-"),
                 ("best", "-" if state.best_step is None else f"step {state.best_step}"),
                 ("serving", state.loaded_adapters[-1] if state.loaded_adapters else "base model"),
