@@ -9,7 +9,7 @@ VLLM_VENV := .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed
 CHROMIUM := /usr/bin/chromium
 
-.PHONY: setup browser demo test lint docs bench clean
+.PHONY: setup browser demo demo-ports test lint docs bench clean
 
 setup: $(STAMP) $(VLLM_STAMP) browser
 
@@ -59,8 +59,12 @@ browser:
 	    $$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; } \
 	  || echo "browser: apt-get could not install chromium: browser tests will skip"; }
 
-demo: $(STAMP)
+# The ports are checked before the setup, which takes minutes on a fresh clone.
+demo: demo-ports $(STAMP)
 	$(BIN)/art-proxy up --agent examples/single_word/agent.py:rollout --scenarios examples/single_word/scenarios.jsonl --steps 20
+
+demo-ports:
+	@python3 scripts/ports_free.py
 
 lint: $(STAMP)
 	$(BIN)/ruff format --check .

@@ -127,9 +127,11 @@ def refuse_taken_port(host: str, port: int, flag: str) -> None:
     with socket.socket() as probe:
         probe.settimeout(1.0)
         if probe.connect_ex((host, port)) == 0:
+            variable = "ART_PROXY_" + flag.removeprefix("--").replace("-", "_").upper()
             raise ConfigError(
                 f"port {port} on {host} is taken (another art-proxy, vLLM or local-llm still "
-                f"running?): stop it, or pass {flag} with a free port"
+                f"running?): stop it, or pass {flag} with a free port (or set {variable}, "
+                f"e.g. {variable}={port + 1} make demo)"
             )
 
 

@@ -9,7 +9,9 @@ no `--version`.
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
+import subprocess
 from pathlib import Path
 
 import aiohttp
@@ -217,3 +219,23 @@ def test_local_llm_keeps_library_notes_out_of_its_output(capfd: pytest.CaptureFi
         transformers_logging.set_verbosity(verbosity)
     assert [str(w.message) for w in caught] == ["a warning of art-proxy's own"]
     assert "cache_params" not in capfd.readouterr().err
+
+
+def test_make_demo_says_a_port_is_taken_before_its_setup() -> None:
+    """The port error once came after the 4-minute setup; it names the variable that moves it."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = subprocess.run(
+            ["make", "-s", "demo-ports"],
+            cwd=Path(__file__).parent.parent,
+            env={**os.environ, "ART_PROXY_PORT": str(port), "ART_PROXY_LLM_PORT": "1"},
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=30,
+        )
+    assert done.returncode != 0
+    assert f"port {port} is taken" in done.stderr
+    assert f"ART_PROXY_PORT={port + 1} make demo" in done.stderr
