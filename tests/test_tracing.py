@@ -48,6 +48,10 @@ async def collector() -> AsyncIterator[tuple[str, list[dict[str, Any]]]]:
                             "status": span.status.code,
                             "seconds": (span.end_time_unix_nano - span.start_time_unix_nano) / 1e9,
                             "attributes": attributes,
+                            "trace_id": span.trace_id.hex(),
+                            "span_id": span.span_id.hex(),
+                            "parent": span.parent_span_id.hex(),
+                            "links": [link.span_id.hex() for link in span.links],
                             "raw": export.SerializeToString(),
                         }
                     )
@@ -114,3 +118,32 @@ async def test_each_recorded_call_is_a_genai_span_with_its_trajectory_and_no_con
 def test_tracing_is_off_unless_a_collector_is_named() -> None:
     assert CallSpans.from_environment({}) is None
     assert CallSpans.from_environment({"OTEL_SERVICE_NAME": "x"}) is None
+
+
+async def test_a_calls_span_joins_the_clients_trace_and_a_trajectory_links_to_its_first(
+    sqlite_url: str,
+    vllm: FakeVllm,
+    collector: tuple[str, list[dict[str, Any]]],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An agent framework's trace (W3C `traceparent`) holds the proxy's span of its call; the
+    calls of one trajectory link to its first call's span."""
+    endpoint, spans = collector
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint)
+    trace_id, client_span = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
+    headers = {
+        "traceparent": f"00-{trace_id}-{client_span}-01",
+        "X-Art-Trajectory": "traced",
+    }
+    body = {"model": vllm.config.model, "messages": [{"role": "user", "content": "hi"}]}
+    settings = proxy_settings(sqlite_url, vllm.base_url)
+    async with running_proxy(settings) as proxy, aiohttp.ClientSession() as http:
+        for _ in range(2):
+            async with http.post(
+                proxy.base_url + "/chat/completions", json=body, headers=headers
+            ) as r:
+                assert r.status == 200
+    first, second = spans
+    assert first["trace_id"] == second["trace_id"] == trace_id
+    assert first["parent"] == second["parent"] == client_span
+    assert first["links"] == [] and second["links"] == [first["span_id"]]

@@ -88,6 +88,7 @@ class CallInProgress:
     guidance: str | None = None  # added to the prompt upstream, not trained on (guidance.py)
     unguided_messages: list[JsonObject] | None = None  # what went upstream, without it
     unguided_prompt_ids: list[int] | None = None  # their ids, by the upstream's /tokenize
+    trace: dict[str, str] = field(default_factory=dict)  # the client's traceparent (tracing.py)
     id: str = field(default_factory=new_id)
     created_at: datetime = field(default_factory=utcnow)
     started: float = field(default_factory=time.perf_counter)
@@ -244,7 +245,7 @@ class Recorder:
                 "" if stitched or assignment.seq == 0 else ", not stitched",
             )
         if self._spans is not None:
-            self._spans.emit(row, assignment, call.created_at, utcnow())
+            self._spans.emit(row, assignment, call.created_at, utcnow(), call.trace)
         if outcome.status != "ok":
             self.counters.failed_calls += 1
         elif untrainable is not None:

@@ -42,6 +42,7 @@ from .request_body import Rejection, body_too_large, check_body, load_body, pars
 from .shadow import ShadowSampler
 from .stream_relay import answer_as_stream, relay_stream
 from .subjects import subject_of
+from .tracing import TRACE_HEADERS
 from .tracker import Assignment, TrajectoryTracker
 from .upstream import PATHS, Upstreams, read_body
 
@@ -252,6 +253,9 @@ class Relay:
             client_body=translated.client,
             route=request.path,
             recorded=recorded,
+            trace={
+                name: request.headers[name] for name in TRACE_HEADERS if name in request.headers
+            },
         )
 
     def _served_model(self, model: str, assignment: Assignment) -> str:

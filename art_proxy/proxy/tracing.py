@@ -8,11 +8,16 @@ conventions for a model call (operation, request and response model, sampling, t
 finish reasons, the upstream as the server) and carries the call's trajectory, group, scenario and
 attribution, so a trace backend can be joined with the store. Message content is never put on a
 span: prompts and replies stay in the store, behind its keys.
+
+A call that carries a W3C `traceparent` (the Agents SDK's, LangGraph's, any instrumented client's)
+gets its span in that trace, under the client's span; and every later call of a trajectory links
+to its first call's span, so a backend shows an episode's calls together.
 """
 
 from __future__ import annotations
 
 import os
+from collections import OrderedDict
 from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
@@ -22,13 +27,20 @@ from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExport
 from opentelemetry.sdk.resources import SERVICE_NAME, Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
-from opentelemetry.trace import SpanKind, Status, StatusCode
+from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from art_proxy.records import JsonObject
 
 from .tracker import Assignment
 
 ENDPOINT_VARIABLES = ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT")
+# The headers of W3C Trace Context a client's trace arrives in.
+TRACE_HEADERS = ("traceparent", "tracestate")
+_PROPAGATOR = TraceContextTextMapPropagator()
+# First spans of trajectories kept for their later calls to link to (as many as the open
+# trajectories a proxy keeps in memory).
+_FIRST_SPANS_KEPT = 20_000
 # The call's kind -> the GenAI convention's operation.
 _OPERATIONS = {"chat": "chat", "completion": "text_completion"}
 # Sampling fields the client set -> their GenAI request attributes.
@@ -51,6 +63,7 @@ class CallSpans:
     def __init__(self, provider: TracerProvider) -> None:
         self._provider = provider
         self._tracer = provider.get_tracer("art_proxy")
+        self._first: OrderedDict[str, SpanContext] = OrderedDict()  # trajectory -> its first
 
     @classmethod
     def from_environment(cls, environ: Mapping[str, str] = os.environ) -> CallSpans | None:
@@ -68,8 +81,10 @@ class CallSpans:
         assignment: Assignment,
         started: datetime,
         ended: datetime,
+        trace: Mapping[str, str] | None = None,
     ) -> None:
-        """The span of one call record (`recording.CallRow`), from its arrival to its answer."""
+        """The span of one call record (`recording.CallRow`), from its arrival to its answer;
+        `trace`: the client's Trace Context headers, whose span is its parent."""
         operation = _OPERATIONS.get(row["kind"], row["kind"])
         request: JsonObject = row["request"]
         requested = request.get("model")
@@ -96,12 +111,20 @@ class CallSpans:
             attributes["gen_ai.request.model"] = requested
         if row["model"] is not None and row["model"] != requested:
             attributes["art_proxy.served_model"] = row["model"]  # an alias's target
+        trajectory = assignment.trajectory_id
+        first = self._first.get(trajectory) if trajectory else None
         span = self._tracer.start_span(
             f"{operation} {requested}" if isinstance(requested, str) else operation,
+            context=_PROPAGATOR.extract(trace) if trace else None,
             kind=SpanKind.CLIENT,
             attributes=attributes,
+            links=[Link(first, {"art_proxy.link": "trajectory's first call"})] if first else [],
             start_time=_ns(started),
         )
+        if trajectory and first is None:
+            self._first[trajectory] = span.get_span_context()
+            while len(self._first) > _FIRST_SPANS_KEPT:
+                self._first.popitem(last=False)
         if row["status"] != "ok":
             span.set_attribute("error.type", str(row["http_status"] or row["status"]))
             span.set_status(Status(StatusCode.ERROR, row["error"]))
