@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
 from art_proxy.proxy.server import RunningProxy, running_proxy
 from art_proxy.testing.fake_vllm import FakeVllm
-from tests.conftest import proxy_settings
+from tests.conftest import proxy_settings, trajectories
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
@@ -72,3 +74,46 @@ async def test_metrics_need_no_key_and_say_nothing_of_content(
         'art_proxy_request_seconds_count{method="POST",route="/v1/chat/completions",status="401"} 1.0'
         in text
     )
+
+
+async def test_metrics_count_tokens_and_time_calls_by_served_model_and_alias(
+    proxy: RunningProxy, vllm: FakeVllm, http: aiohttp.ClientSession
+) -> None:
+    """What vLLM and LiteLLM export: tokens by model, a call's seconds and a stream's first
+    chunk; with them requests in flight, the process's own, best-of and alias fallbacks."""
+    model = vllm.config.model
+    answered = []
+    for stream in (False, True):
+        body: dict[str, Any] = {
+            "model": model,
+            "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": 4,
+            "stream": stream,
+            "stream_options": {"include_usage": True},
+        }
+        if not stream:
+            del body["stream_options"]
+        async with http.post(proxy.base_url + "/chat/completions", json=body) as response:
+            assert response.status == 200
+            answered.append(await response.text())
+    await proxy.parts.settled()
+    recorded = [
+        call.response["usage"]
+        for trajectory in await trajectories(proxy)
+        for call in trajectory.calls or []
+        if call.response
+    ]
+    samples = await scrape(http, proxy)
+    labels = (("alias", ""), ("model", model))
+
+    assert samples[("art_proxy_prompt_tokens_total", labels)] == sum(
+        usage["prompt_tokens"] for usage in recorded
+    )
+    assert samples[("art_proxy_completion_tokens_total", labels)] == sum(
+        usage["completion_tokens"] for usage in recorded
+    )
+    assert samples[("art_proxy_call_seconds_count", labels)] == 2
+    assert samples[("art_proxy_time_to_first_chunk_seconds_count", labels)] == 1
+    assert ("art_proxy_requests_in_flight", ()) in samples
+    assert ("process_cpu_seconds_total", ()) in samples
+    assert samples[("art_proxy_best_of_calls_total", ())] == 0

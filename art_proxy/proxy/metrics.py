@@ -2,10 +2,13 @@
 
 The counters are read at scrape time from what `/health` reports (a collector, not a second set
 of counters kept in step with the first): calls by dialect and attribution, failed calls, lost and
-rejected records, stitch misses, untrainable and shadow calls, the store's commits, the journal's
-backlog and its oldest frame's age, whether the store is reachable and calls are recorded. A
+rejected records, stitch misses, untrainable and shadow calls, best-of's calls and candidates, the
+aliases falling back to the base model, the store's commits, the journal's backlog and its oldest
+frame's age, whether the store is reachable and calls are recorded; by served model and alias,
+tokens in and out and each call's seconds to its last byte and first chunk (call_metrics.py). A
 middleware times every request by route (the route's pattern, so the series stay few), method and
-status. Each application has its own registry: two proxies in one process share no series. Like
+status, and counts those in flight; the process's own (CPU, memory, open files) come with them.
+Each application has its own registry: two proxies in one process share no series. Like
 `/health`, it needs no key: it holds counts, never content.
 """
 
@@ -16,15 +19,22 @@ from collections.abc import Iterator, Mapping
 
 from aiohttp import web
 from aiohttp.typedefs import Handler
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Histogram, generate_latest
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Gauge,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+    generate_latest,
+)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from .health import health_status, journal_health
+from .call_metrics import CALL_BUCKETS
+from .health import best_of_health, health_status, journal_health
 from .parts import PARTS
 
-# Model calls take seconds to minutes; the admin API milliseconds.
-_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 # /health's journal fields -> (metric, help, counter or gauge).
 _JOURNAL: Mapping[str, tuple[str, str, bool]] = {
     "backlog_frames": ("journal_backlog_frames", "Records journaled, not yet in the store.", False),
@@ -63,15 +73,23 @@ class ProxyMetrics:
             "art_proxy_request_seconds",
             "Time to answer a request, to its last byte for a stream.",
             ["route", "method", "status"],
-            buckets=_BUCKETS,
+            buckets=CALL_BUCKETS,
             registry=self.registry,
         )
+        self.in_flight = Gauge(
+            "art_proxy_requests_in_flight",
+            "Requests being answered now (a stream until its last byte).",
+            registry=self.registry,
+        )
+        ProcessCollector(registry=self.registry)
+        PlatformCollector(registry=self.registry)
         self.registry.register(_PartsCollector(app))
 
     @web.middleware
     async def timed(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         started = time.perf_counter()
         status = 500
+        self.in_flight.inc()
         try:
             response = await handler(request)
             status = response.status
@@ -80,6 +98,7 @@ class ProxyMetrics:
             status = exc.status
             raise
         finally:
+            self.in_flight.dec()
             resource = request.match_info.route.resource
             route = resource.canonical if resource is not None else "unmatched"
             self.requests.labels(route, request.method, str(status)).observe(
@@ -133,6 +152,28 @@ class _PartsCollector(Collector):
             ),
         ):
             yield _counter(name, text, value)
+        yield from counters.by_model.collect()
+        best_of = best_of_health(counters)
+        for field, text in (
+            ("calls", "Calls answered best-of-N."),
+            ("candidates", "Candidates sampled for best-of-N calls, each recorded."),
+            ("unjudged", "Best-of-N calls whose chooser failed or ran out of time."),
+        ):
+            yield _counter(f"best_of_{field}", text, best_of[field])
+        yield _counter(
+            "best_of_choose_seconds",
+            "Seconds spent choosing among best-of-N candidates, summed.",
+            counters.best_of_choose_seconds,
+        )
+        fallbacks = GaugeMetricFamily(
+            "art_proxy_alias_fallback",
+            "1 for each alias whose target an upstream does not serve, served meanwhile by the "
+            "model labelled `served`.",
+            labels=["alias", "target", "served"],
+        )
+        for alias, fallback in sorted(parts.aliases.fallbacks.items()):
+            fallbacks.add_metric([alias, fallback.target, fallback.served], 1.0)
+        yield fallbacks
         _, recording = health_status(parts)
         yield _gauge("recording", "1 while answered calls are recorded, else 0.", recording)
         yield _gauge(

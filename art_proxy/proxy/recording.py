@@ -30,6 +30,7 @@ from art_proxy.store.trajectory_store import TrajectoryStore, utcnow
 from art_proxy.store.writer import Batch
 
 from .attribution import call_keys, reply_messages
+from .call_metrics import CallMetrics
 from .capture import (
     NO_TOKENS,
     ClientAsks,
@@ -69,6 +70,7 @@ class Counters:
     best_of_unjudged: int = 0  # whose chooser failed or ran out of time: the first answered
     best_of_choose_seconds: float = 0.0  # spent choosing, summed over the calls
     best_of_judge_cost_usd: float = 0.0  # what the judge charged for choosing, summed
+    by_model: CallMetrics = field(default_factory=CallMetrics)  # tokens and times (/metrics)
 
 
 @dataclass
@@ -92,6 +94,7 @@ class CallInProgress:
     id: str = field(default_factory=new_id)
     created_at: datetime = field(default_factory=utcnow)
     started: float = field(default_factory=time.perf_counter)
+    first_chunk_at: float | None = None  # a stream's first chunk from the upstream (perf_counter)
 
     def upstream_body(self, *, token_ids: bool) -> tuple[JsonObject, ClientAsks]:
         """The body to send upstream (capture's asks added) and what the client itself asked."""
@@ -228,6 +231,8 @@ class Recorder:
             }
             batch = Batch([*batch.rows, (RowKind.touch, touch)])
         self.counters.calls += 1
+        if outcome.status == "ok" and call.model is not None:
+            self._observe(call, outcome, row["latency_ms"] / 1000.0)
         by_attribution, by_dialect = self.counters.by_attribution, self.counters.by_dialect
         by_attribution[assignment.attribution] = by_attribution.get(assignment.attribution, 0) + 1
         by_dialect[call.dialect] = by_dialect.get(call.dialect, 0) + 1
@@ -326,6 +331,17 @@ class Recorder:
                 self._journal_refusals,
             )
             self._journal_refusal_logged, self._journal_refusals = now, 0
+
+    def _observe(self, call: CallInProgress, outcome: Outcome, seconds: float) -> None:
+        """`/metrics`' figures of an answered call (call_metrics.py)."""
+        assert call.model is not None  # the caller checked
+        requested = call.body.get("model")
+        alias = requested if isinstance(requested, str) and requested != call.model else ""
+        usage = outcome.response.get("usage") if outcome.response else None
+        first = None if call.first_chunk_at is None else call.first_chunk_at - call.started
+        self.counters.by_model.observe(
+            call.model, alias, usage if isinstance(usage, dict) else None, seconds, first
+        )
 
     @staticmethod
     def _continuation(

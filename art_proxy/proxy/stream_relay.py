@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 
 import aiohttp
 import orjson
@@ -44,7 +45,7 @@ async def relay_stream(
     outcome_status: CallStatus = "ok"
     error: str | None = None
     try:
-        outcome_status, error = await _pump(client, response, rebuilt, rendering)
+        outcome_status, error = await _pump(client, response, rebuilt, rendering, call)
     finally:
         response.close()  # an aborted client closes the upstream request too
     if rebuilt.error is not None and outcome_status == "ok":
@@ -69,6 +70,7 @@ async def _pump(
     response: aiohttp.ClientResponse,
     rebuilt: StreamRecorder,
     rendering: Rendering,
+    call: CallInProgress,
 ) -> tuple[CallStatus, str | None]:
     """Relay chunks until `[DONE]`; returns the call's status and error. A stream that breaks
     off or sends what the proxy cannot read ends with an error event (then `[DONE]`).
@@ -79,6 +81,8 @@ async def _pump(
     pending = b""
     try:
         async for data in response.content.iter_any():
+            if call.first_chunk_at is None:
+                call.first_chunk_at = time.perf_counter()
             lines = (pending + data).split(b"\n")
             pending = lines.pop()  # an incomplete line waits for the next read
             out: list[bytes] = []
