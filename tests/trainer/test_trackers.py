@@ -109,7 +109,11 @@ def test_the_latest_step_is_a_prometheus_textfile(tmp_path: Path) -> None:
                     step=step,
                     status="applied",
                     swap=swap,
-                    metrics={"reward_mean": step / 4, "clip_fraction": 0.0},
+                    metrics={
+                        "reward_mean": step / 4,
+                        "seconds_train": 1.5,
+                        "agent/tool_calls": 2.0,
+                    },
                     created_at=utcnow(),
                 )
             )
@@ -118,13 +122,17 @@ def test_the_latest_step_is_a_prometheus_textfile(tmp_path: Path) -> None:
         for family in text_string_to_metric_families(sink.prometheus_path.read_text())
         for sample in family.samples
     }
-    assert samples[("art_proxy_trainer_step", ())] == 2
-    assert samples[("art_proxy_trainer_metric", (("name", "reward_mean"),))] == 0.5
-    assert samples[("art_proxy_trainer_steps_total", (("status", "applied"),))] == 2
-    assert samples[("art_proxy_trainer_swaps_total", (("swap", "swapped"),))] == 1
-    assert samples[("art_proxy_trainer_swaps_total", (("swap", "rejected"),))] == 1
-    last_swap = samples[("art_proxy_trainer_last_swap_timestamp_seconds", ())]
-    assert 0 < last_swap <= samples[("art_proxy_trainer_last_step_timestamp_seconds", ())]
+    run = (("run", "run"),)
+    assert samples[("art_proxy_trainer_step", run)] == 2
+    # One name per quantity, its unit last, each labelled with the run.
+    assert samples[("art_proxy_trainer_step_reward_mean", run)] == 0.5
+    assert samples[("art_proxy_trainer_step_train_seconds", run)] == 1.5
+    assert samples[("art_proxy_trainer_step_agent_tool_calls", run)] == 2.0
+    assert samples[("art_proxy_trainer_steps_total", (*run, ("status", "applied")))] == 2
+    assert samples[("art_proxy_trainer_swaps_total", (*run, ("swap", "swapped")))] == 1
+    assert samples[("art_proxy_trainer_swaps_total", (*run, ("swap", "rejected")))] == 1
+    last_swap = samples[("art_proxy_trainer_last_swap_timestamp_seconds", run)]
+    assert 0 < last_swap <= samples[("art_proxy_trainer_last_step_timestamp_seconds", run)]
 
 
 def test_an_unknown_tracker_is_refused_in_one_line() -> None:

@@ -5,21 +5,27 @@ One JSON object per line, the step's record as stored (metrics, groups and their
 appended and flushed per step, so a crash loses nothing already trained. `metrics.prom` is the
 latest step in Prometheus' text format, replaced whole each step, for node_exporter's textfile
 collector (or any scraper of files): the step, the time of the last step and of the last swap,
-steps and swaps counted, and every metric of the step as `art_proxy_trainer_metric{name=...}`.
+steps and swaps counted, and every metric of the step under a name of its own with its unit
+(`art_proxy_trainer_step_reward_mean`, `..._step_train_seconds`, `..._step_judge_cost_usd`), all
+labelled with the run.
 A tracker (`art_proxy.trackers`) gets each step's metrics under their own names, at the step's
 number.
 """
 
 from __future__ import annotations
 
+import re
 import time
 from pathlib import Path
 from types import TracebackType
-from typing import IO
+from typing import IO, TYPE_CHECKING
 
 from art_proxy.config import TrainSettings
 from art_proxy.records import TrainingStep
 from art_proxy.trackers import Tracker, open_trackers
+
+if TYPE_CHECKING:
+    from prometheus_client import Gauge
 
 
 class MetricsSink:
@@ -90,39 +96,63 @@ class _PrometheusFile:
         self._path = path
         self._registry = CollectorRegistry(auto_describe=False)
         prefix = "art_proxy_trainer_"
-        self._step = Gauge(prefix + "step", "The last step's number.", registry=self._registry)
+        self._step = Gauge(
+            prefix + "step", "The last step's number.", ["run"], registry=self._registry
+        )
         self._steps = Counter(
-            prefix + "steps", "Steps taken by this process, by status.", ["status"],
+            prefix + "steps", "Steps taken by this process, by status.", ["run", "status"],
             registry=self._registry,
         )  # fmt: skip
         self._swaps = Counter(
-            prefix + "swaps", "Adapter swaps by what the upstream answered.", ["swap"],
+            prefix + "swaps", "Adapter swaps by what the upstream answered.", ["run", "swap"],
             registry=self._registry,
         )  # fmt: skip
         self._last_step = Gauge(
-            prefix + "last_step_timestamp_seconds", "When the last step was recorded.",
+            prefix + "last_step_timestamp_seconds", "When the last step was recorded.", ["run"],
             registry=self._registry,
         )  # fmt: skip
         self._last_swap = Gauge(
             prefix + "last_swap_timestamp_seconds", "When an adapter was last swapped in.",
-            registry=self._registry,
+            ["run"], registry=self._registry,
         )  # fmt: skip
-        self._metric = Gauge(
-            prefix + "metric", "The last step's metrics (reward_mean, loss, clip_fraction...).",
-            ["name"], registry=self._registry,
-        )  # fmt: skip
+        self._metrics: dict[str, Gauge] = {}  # a step metric's name -> its gauge
 
     def log(self, record: TrainingStep) -> None:
         from prometheus_client import write_to_textfile
 
         now = time.time()
-        self._step.set(record.step)
-        self._steps.labels(record.status).inc()
-        self._last_step.set(now)
+        run = record.run
+        self._step.labels(run).set(record.step)
+        self._steps.labels(run, record.status).inc()
+        self._last_step.labels(run).set(now)
         if record.swap is not None:
-            self._swaps.labels(record.swap).inc()
+            self._swaps.labels(run, record.swap).inc()
             if record.swap == "swapped":
-                self._last_swap.set(now)
+                self._last_swap.labels(run).set(now)
         for name, value in record.metrics.items():
-            self._metric.labels(name).set(value)
+            self._gauge(name).labels(run).set(value)
         write_to_textfile(str(self._path), self._registry)
+
+    def _gauge(self, metric: str) -> Gauge:
+        from prometheus_client import Gauge  # at run time, as in __init__
+
+        gauge = self._metrics.get(metric)
+        if gauge is None:
+            gauge = Gauge(
+                "art_proxy_trainer_step_" + prometheus_name(metric),
+                f"The last step's {metric}.",
+                ["run"],
+                registry=self._registry,
+            )
+            self._metrics[metric] = gauge
+        return gauge
+
+
+def prometheus_name(metric: str) -> str:
+    """A step metric's name as Prometheus names a quantity: its unit last (`seconds_train` ->
+    `train_seconds`), and only letters, digits and underscores (`agent/tool_calls` ->
+    `agent_tool_calls`)."""
+    name = re.sub(r"[^a-zA-Z0-9_]", "_", metric)
+    if name.startswith("seconds_"):
+        name = name.removeprefix("seconds_") + "_seconds"
+    return name
