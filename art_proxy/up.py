@@ -152,6 +152,7 @@ def plan(settings: UpSettings) -> list[Part]:
             dtype=settings.vllm_dtype,
             gpu_memory_utilization=settings.gpu_memory_utilization or None,
             sleep_mode=settings.sleep_mode,
+            reasoning_parser=settings.reasoning_parser,
         )
         if settings.agent and not launch.cpu and not settings.gpu_memory_utilization:
             launch = replace(launch, gpu_memory_utilization=one_gpu_share(settings, launch.model))

@@ -67,6 +67,7 @@ class VllmLaunch:
     dtype: Literal["float32", "bfloat16"] = "float32"
     gpu_memory_utilization: float | None = None  # None: vLLM's own (0.9 of the GPU)
     sleep_mode: bool = False  # /sleep and /wake_up for the whole loop's trainer
+    reasoning_parser: str | None = None  # a reasoning model's (qwen3, deepseek_r1...)
     # The model's own template behind local-llm's tool preamble, for a model whose template has
     # no place for tools; None: the model's own.
     chat_template: Path | None = None
@@ -89,6 +90,7 @@ class VllmLaunch:
             "--enable-auto-tool-choice",
             *["--tool-call-parser", self.tool_call_parser],
             *(["--chat-template", str(self.chat_template)] if self.chat_template else []),
+            *(["--reasoning-parser", self.reasoning_parser] if self.reasoning_parser else []),
         ]
         if self.max_model_len:
             flags += ["--max-model-len", str(self.max_model_len)]
@@ -140,6 +142,7 @@ class VllmLaunch:
         dtype: Literal["auto", "float32", "bfloat16"] = "auto",
         gpu_memory_utilization: float | None = None,
         sleep_mode: bool = False,
+        reasoning_parser: str | None = None,
     ) -> VllmLaunch:
         """The launch of `model` (None: the bundled SmolLM2) by the vLLM `find_vllm_python`
         finds; converts a .gguf file once, as local-llm does. dtype auto: bfloat16 on a GPU,
@@ -159,6 +162,7 @@ class VllmLaunch:
             dtype=("float32" if cpu else "bfloat16") if dtype == "auto" else dtype,
             gpu_memory_utilization=gpu_memory_utilization,
             sleep_mode=sleep_mode,
+            reasoning_parser=reasoning_parser,
             chat_template=tool_aware_template_file(Path(directory)),
         )
 

@@ -315,6 +315,9 @@ def test_plan_with_the_vllm_engine_serves_bf16_on_a_gpu_and_float32_on_vllm_cpu(
     assert told[told.index("--gpu-memory-utilization") + 1] == "0.7"
     as_fp32 = plan(settings.model_copy(update={"vllm_dtype": "float32"}))[0].argv
     assert as_fp32[as_fp32.index("--dtype") + 1] == "float32"
+    # A reasoning model: its parser splits the reasoning off, and the grammar holds after it.
+    reasoning = plan(settings.model_copy(update={"reasoning_parser": "qwen3"}))[0].argv
+    assert reasoning[reasoning.index("--reasoning-parser") + 1] == "qwen3"
     assert proxy.argv == [
         ART_PROXY,
         "serve",

@@ -61,6 +61,12 @@ class UpSettings(JournalSettings, StoreSettings):
     tool_call_parser: str = Field(
         "hermes", description="vLLM --tool-call-parser (vLLM engine only)."
     )
+    reasoning_parser: str | None = Field(
+        None,
+        description="vLLM --reasoning-parser (vLLM engine only) for a reasoning model "
+        "(qwen3, deepseek_r1...): its reasoning comes apart from the answer, and structured "
+        "output constrains the answer only, which the trainer replays so.",
+    )
     host: str = Field("127.0.0.1", description="Address the proxy binds.")
     port: int = Field(8100, description="Port of the proxy.")
     llm_port: int = Field(8000, description="Port of the inference server.")

@@ -121,3 +121,46 @@ def test_a_packed_id_unpacks_to_itself_whichever_bit_it_takes(token_id: int) -> 
     assert allowed_mask(only[None], 101)[0].nonzero()[:, 0].tolist() == [token_id]
     every_but = packed(torch.arange(101), 101) & ~only
     assert allowed_mask(every_but[None], 101)[0].sum().item() == 100
+
+
+@pytest.fixture(scope="module")
+def reasoning_replay() -> GrammarReplay:
+    """A tokenizer with a reasoning model's `<think>` and `</think>` as tokens of their own."""
+    tokenizer = load_model(None).tokenizer
+    tokenizer.add_special_tokens({"additional_special_tokens": ["<think>", "</think>"]})
+    return GrammarReplay(tokenizer, len(tokenizer))
+
+
+def test_a_reasoning_models_reply_is_constrained_only_after_its_reasoning_ends(
+    reasoning_replay: GrammarReplay,
+) -> None:
+    """vLLM with a reasoning parser masks the answer, not the reasoning before it: the replay
+    once refused `<think>` under the JSON grammar and left the call out."""
+    tokenizer = reasoning_replay.tokenizer
+    think, end = tokenizer.convert_tokens_to_ids(["<think>", "</think>"])
+    reasoning = tokenizer.encode("a city of France", add_special_tokens=False)
+    answer = _ids(reasoning_replay, '{"city": "Paris"}')
+    ids = [think, *reasoning, end, *answer]
+    reply = {"role": "assistant", "content": '{"city": "Paris"}', "reasoning": "a city of France"}
+    constrained = call(0, [1, 2], ids, [-0.1] * len(ids)).model_copy(
+        update={
+            "request": JSON_OBJECT,
+            "response": {"choices": [{"index": 0, "message": reply, "finish_reason": "stop"}]},
+        }
+    )
+    batch = build_batch([TrajectorySample("t1", [constrained], 1.0)], grammars=reasoning_replay)
+    assert batch.stats.skipped_calls == 0
+    assert batch.transforms.allowed_K_W is not None
+    allowed = allowed_mask(batch.transforms.allowed_K_W, reasoning_replay.vocab_size)
+    answer_at = len(reasoning) + 2
+    assert bool(allowed[:answer_at].all())  # the reasoning and its end: every id
+    opening = allowed[answer_at].nonzero()[:, 0].tolist()
+    assert answer[0] in opening and think not in opening  # the answer: the grammar's
+    # Without the parser's split (no reasoning on the reply), vLLM masked from the first token.
+    plain = constrained.model_copy(
+        update={"response": {"choices": [{"index": 0, "message": {**reply, "reasoning": None}}]}}
+    )
+    other = call(0, [1, 2], [3, 4], [-0.5, -0.5], trajectory_id="other")
+    samples = [TrajectorySample("t2", [plain], 1.0), TrajectorySample("other", [other], 1.0)]
+    unsplit = build_batch(samples, grammars=reasoning_replay)
+    assert unsplit.stats.skipped_calls == 1 and unsplit.trajectory_ids == ("other",)

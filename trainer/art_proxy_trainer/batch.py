@@ -29,7 +29,7 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from art_proxy.proxy.attribution import canonical_message, reply_messages
-from art_proxy.records import CallRecord, StepKind
+from art_proxy.records import CallRecord, JsonObject, StepKind
 from art_proxy_trainer.errors import EmptyBatchError
 from art_proxy_trainer.grammar import GrammarReplay, leaves_ids_out
 from art_proxy_trainer.scoring import NO_TRANSFORMS, SamplingTransforms
@@ -259,7 +259,8 @@ def sequences_from_calls(
             scorable = False
             if grammars is not None:
                 ids = call.completion_token_ids[choice]
-                scorable, allowed_N_W = grammars.allowed_tokens(call.request, ids)
+                start = grammars.reasoning_end(_reply(call, choice), ids)
+                scorable, allowed_N_W = grammars.allowed_tokens(call.request, ids, start)
             if not scorable:
                 skipped += 1
                 continue
@@ -280,6 +281,18 @@ def sequences_from_calls(
             allowed_N_W,
         )
     return sequences, SequenceStats(len(sequences), stitch_misses, skipped)
+
+
+def _reply(call: CallRecord, choice: int) -> JsonObject | None:
+    """The recorded message of choice `choice` (its reasoning, where a parser split it off)."""
+    choices = (call.response or {}).get("choices")
+    if not isinstance(choices, list):
+        return None
+    for entry in choices:
+        if isinstance(entry, dict) and entry.get("index", 0) == choice:
+            message = entry.get("message")
+            return message if isinstance(message, dict) else None
+    return None
 
 
 def trained_prompt(call: CallRecord) -> list[int]:

@@ -40,6 +40,10 @@ def leaves_ids_out(request: JsonObject) -> bool:
     )
 
 
+# The tokens reasoning models end their reasoning with (vLLM's qwen3, deepseek_r1 parsers).
+REASONING_END_TOKENS = ("</think>",)
+
+
 class GrammarReplay:
     """Compiles grammars for one tokenizer (cached) and replays recorded tokens through them."""
 
@@ -51,16 +55,21 @@ class GrammarReplay:
         self._ll_tokenizer: Any = None  # llguidance's, made at the first grammar it replays
 
     def allowed_tokens(
-        self, request: JsonObject, completion_ids: Sequence[int]
+        self, request: JsonObject, completion_ids: Sequence[int], grammar_from: int | None = 0
     ) -> tuple[bool, torch.Tensor | None]:
         """(whether the call can be scored, the bitmask of what vLLM allowed before each of its
-        tokens: None where it allowed every id)."""
+        tokens: None where it allowed every id). `grammar_from`: the first token the grammar
+        constrained (`reasoning_end`; None: it cannot be told, and the call is not scored)."""
         guided = constraint(request)
         if isinstance(guided, Unreplayable):
             return False, None
-        bitmask = None if guided is None else self.allowed(guided, completion_ids)
-        if guided is not None and bitmask is None:
-            return False, None
+        bitmask = None
+        if guided is not None:
+            if grammar_from is None:
+                return False, None
+            bitmask = self._from(guided, completion_ids, grammar_from)
+            if bitmask is None:
+                return False, None
         listed = request.get("allowed_token_ids")
         if isinstance(listed, list) and listed:
             only = packed(torch.tensor([int(i) for i in listed]), self.vocab_size)
@@ -87,6 +96,47 @@ class GrammarReplay:
             empty = ~(without_stops != 0).any(dim=-1, keepdim=True)
             bitmask[:min_tokens] = torch.where(empty & (guided is not None), early, without_stops)
         return True, bitmask
+
+    def reasoning_end(self, reply: JsonObject | None, completion_ids: Sequence[int]) -> int | None:
+        """Where a reply's grammar began: vLLM with a reasoning parser constrains only what the
+        model writes after its reasoning ends (the end token itself is free). 0 for a reply
+        without reasoning (the grammar held from its first token); the position after the end
+        token; the reply's length when the reasoning never ended (nothing was constrained);
+        None when the tokenizer has no single end token to find it by."""
+        reasoning = (reply or {}).get("reasoning") or (reply or {}).get("reasoning_content")
+        if not reasoning:
+            return 0
+        ends = self._reasoning_end_ids()
+        if not ends:
+            return None
+        for position, token in enumerate(completion_ids):
+            if token in ends:
+                return position + 1
+        return len(completion_ids)
+
+    def _reasoning_end_ids(self) -> set[int]:
+        """The ids that end a reasoning model's reasoning (`</think>`, as vLLM's qwen3 and
+        deepseek_r1 parsers read it), where the tokenizer has them as one token."""
+        found = set()
+        unknown = getattr(self.tokenizer, "unk_token_id", None)
+        for text in REASONING_END_TOKENS:
+            token = self.tokenizer.convert_tokens_to_ids(text)
+            if isinstance(token, int) and token >= 0 and token != unknown:
+                found.add(token)
+        return found
+
+    def _from(
+        self, grammar: Grammar, completion_ids: Sequence[int], start: int
+    ) -> torch.Tensor | None:
+        """`allowed` for the tokens from `start` on, every id allowed before it."""
+        if start == 0:
+            return self.allowed(grammar, completion_ids)
+        tail = self.allowed(grammar, completion_ids[start:])
+        if tail is None:
+            return None
+        bitmask = self._every_id(len(completion_ids))
+        bitmask[start:] = tail
+        return bitmask
 
     def _bad_word_ends(
         self, words: list[Any], completion_ids: Sequence[int]
