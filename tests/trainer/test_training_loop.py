@@ -18,7 +18,7 @@ from rich.console import Console
 from art_proxy.config import TrainSettings
 from art_proxy.errors import ConfigError
 from art_proxy.rollout import load_agent, run_rollouts
-from art_proxy.scenarios import Scenario
+from art_proxy.scenarios import Scenario, load_scenarios
 from art_proxy.store.trajectory_store import TrajectoryStore
 from art_proxy.testing.fake_vllm import FakeVllmConfig, running_fake_vllm
 from art_proxy_trainer import policy as policy_module
@@ -411,3 +411,34 @@ def test_overlap_is_refused_with_ppo_or_past_the_staleness_bound(tmp_path: Path)
     ):
         with pytest.raises(ValueError, match=message):
             TrainSettings.model_validate({**base, "max_off_policy_steps": 2, **extra})
+
+
+async def test_a_resumed_overlapped_run_trains_first_on_what_it_sampled_and_never_trained(
+    stack: Stack, tmp_path: Path
+) -> None:
+    """A killed overlapped loop leaves up to K + 1 batches sampled by its adapters and never
+    trained; the resumed run takes them first (none lost), and no group twice."""
+    out = tmp_path / "run"
+    first = _settings(stack, out, steps=2, val_every=0, max_off_policy_steps=1)
+    await asyncio.wait_for(run_train(first, Console(quiet=True)), 600)
+    # What a killed run had sampled ahead: rollouts served by its newest adapter, never trained.
+    train = [s for s in load_scenarios(SCENARIOS) if s.split == "train"][:2]
+    report = await run_rollouts(
+        load_agent(AGENT),
+        train,
+        proxy_url=stack.proxy.root_url,
+        group_size=4,
+        concurrency=8,
+        timeout_s=60,
+        model=TINY_NAME,
+    )
+    sampled = {group.group_id for group in report.groups}
+    resumed = _settings(stack, out, steps=3, val_every=0, max_off_policy_steps=1)
+    await asyncio.wait_for(run_train(resumed, Console(quiet=True)), 600)
+    async with TrajectoryStore.opened(stack.store_url, writer=False) as store:
+        steps = await store.training_steps(run="run")
+    assert [s.step for s in steps] == [1, 2, 3]
+    assert set(steps[2].groups) == sampled  # the step after the restart took them
+    assert steps[2].metrics["resumed_groups"] == 2.0
+    consumed = [g for s in steps for g in s.groups]
+    assert len(consumed) == len(set(consumed))

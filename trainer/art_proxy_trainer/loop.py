@@ -240,8 +240,17 @@ class WholeLoop:
         return number % settings.val_every == 0 or after_warm_start
 
     async def _run_overlapped(self) -> str:
-        """Steps trained while later steps' rollouts run (pipeline.py)."""
+        """Steps trained while later steps' rollouts run (pipeline.py); a resumed run first
+        trains on what its killed predecessor sampled and did not train (`_left_behind`)."""
         trainer, settings = self.trainer, self.settings
+        left = await self._left_behind() if trainer.state.step > trainer.state.sft_steps else []
+        if left and (reason := stop_reason(trainer, settings)) is None:
+            self.events.status(
+                f"training step {trainer.state.step + 1} on {len(left)} groups "
+                "sampled before the restart"
+            )
+            record = await trainer.train(left, extra_metrics={"resumed_groups": float(len(left))})
+            self.events.step(record)
         taken = trainer.state.step - trainer.state.sft_steps
         pipeline = Pipeline(
             self._overlapped_batch,
@@ -260,6 +269,36 @@ class WholeLoop:
         finally:
             await pipeline.aclose()
         return reason
+
+    async def _left_behind(self) -> list[TrainableGroup]:
+        """The groups this run sampled ahead of its trainer and never trained, before it was
+        killed: training groups of its scenarios, finished with rewards (or judged, with a
+        judge), every call served by one of this run's adapters (named with its tag: another
+        run's groups, or the base model's before the first step, cannot be told to be this
+        run's), none guided (a retry's baseline group is not recorded)."""
+        trainer = self.trainer
+        found = await trainer.store.trainable_groups(
+            self.settings.run_name,
+            source="finish" if self.ruler is None else "judgment",
+            full_size=self.settings.group_size,
+            scenarios=[scenario.id for scenario in self.train_scenarios],
+        )
+        found = [group for group in found if group.split == "train" and len(group.rewards) >= 2]
+        calls = await trainer.store.calls([t for group in found for t in group.rewards])
+        tag = "-" + trainer.state.run_tag
+        prefix = trainer.alias + "@"
+
+        def ours(group: TrainableGroup) -> bool:
+            made = [call for t in group.rewards for call in calls.get(t, [])]
+            return bool(made) and all(
+                call.guidance is None
+                and call.model is not None
+                and call.model.startswith(prefix)
+                and call.model.endswith(tag)
+                for call in made
+            )
+
+        return [group for group in found if ours(group)]
 
     async def _overlapped_batch(self, number: int) -> tuple[list[TrainableGroup], dict[str, float]]:
         """Step `number`'s groups, its validation sampled beside them (by the same adapter,
