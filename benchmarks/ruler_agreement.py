@@ -4,7 +4,10 @@ Groups are constructed and shipped here: one task, four endings whose order by t
 is known (goal reached directly > reached with detours > partial progress > failure). Each group
 goes through the real path (`Ruler`, a throwaway SQLite store, the judge over HTTP), and the
 figure is the mean Kendall tau-b over the groups: 1 = the labelled order, 0 = no relation, -1 =
-reversed. A judge that fails a group counts as 0 for it.
+reversed. A judge that fails a group counts as 0 for it. Beside it, the mean Kendall tau-b between
+the scores and the positions the trajectories were shown at (first order): a judge that scores by
+place has it near 1 with one order; `--orders 1,2` measures RULER's position debiasing
+(`--judge-orders`) side by side.
 
     .venv/bin/python benchmarks/ruler_agreement.py --local          # bundled SmolLM2, logprob mode
     .venv/bin/python benchmarks/ruler_agreement.py --judge openai/MODEL --judge-base-url URL
@@ -121,13 +124,17 @@ GROUPS = (
 )
 
 
-async def agreement(client: LitellmJudge, mode: JudgeMode, budget: int) -> list[float]:
-    """Tau per group, in the order of GROUPS."""
-    taus = []
+async def agreement(
+    client: LitellmJudge, mode: JudgeMode, budget: int, orders: int = 1
+) -> list[tuple[float, float]]:
+    """Per group, in the order of GROUPS: the tau with the labelled order, and with the
+    positions shown (0 and 0 for a group the judge fails)."""
+    taus: list[tuple[float, float]] = []
     with tempfile.TemporaryDirectory() as folder:
         store = await TrajectoryStore.open(f"sqlite:///{Path(folder) / 'agreement.db'}")
         try:
-            ruler = Ruler(client, store, RulerSettings(DEFAULT_RUBRIC, mode, budget))
+            settings = RulerSettings(DEFAULT_RUBRIC, mode, budget, orders=orders)
+            ruler = Ruler(client, store, settings)
             for index, group in enumerate(GROUPS):
                 opening = [{"role": "user", "content": group.task}]
                 # Shown in a scrambled order, so a judge that favours position gains nothing.
@@ -139,12 +146,17 @@ async def agreement(client: LitellmJudge, mode: JudgeMode, budget: int) -> list[
                 judgment = await ruler.score_group(await _group(store, index), members)
                 if judgment.status != "scored":
                     print(f"group {index}: {judgment.status}: {judgment.reason}")
-                    taus.append(0.0)
+                    taus.append((0.0, 0.0))
                     continue
                 by_id = {score.trajectory_id: score.score for score in judgment.scores}
                 scores = [by_id[member.trajectory_id] for member in members]
-                taus.append(kendall_tau_b(scores, [-float(rank) for rank in order]))
-                print(f"group {index}: tau {taus[-1]:+.2f}  ({group.task})")
+                labelled = kendall_tau_b(scores, [-float(rank) for rank in order])
+                placed = kendall_tau_b(scores, [float(shown) for shown in range(len(order))])
+                taus.append((labelled, placed))
+                print(
+                    f"group {index}, {orders} order(s): tau {labelled:+.2f} with the labels, "
+                    f"{placed:+.2f} with the positions  ({group.task})"
+                )
         finally:
             await store.aclose()
     return taus
@@ -183,19 +195,29 @@ async def main() -> None:
     parser.add_argument("--judge-base-url", help="OpenAI-compatible base URL ending in /v1")
     parser.add_argument("--mode", choices=["json", "logprob"], help="default: logprob with --local")
     parser.add_argument("--max-prompt-tokens", type=int, default=1500)
+    parser.add_argument(
+        "--orders",
+        type=lambda text: [int(n) for n in text.split(",")],
+        default=[1],
+        help="comma-separated orders each group is shown in, one run each (e.g. 1,2)",
+    )
     args = parser.parse_args()
     if args.local == bool(args.judge):
         parser.error("give either --local or --judge")
     mode: JudgeMode = args.mode or ("logprob" if args.local else "json")
+    figures = []
     async with _judge(args) as (model, base_url):
         client = LitellmJudge(model, base_url=base_url)
         try:
-            taus = await agreement(client, mode, args.max_prompt_tokens)
+            await client.check()  # reads the judge's context, which prompts are fitted to
+            for orders in args.orders:
+                taus = await agreement(client, mode, args.max_prompt_tokens, orders)
+                labelled = sum(t for t, _ in taus) / len(taus)
+                placed = sum(p for _, p in taus) / len(taus)
+                figures.append(f"{orders} order(s): {labelled:+.2f} labels, {placed:+.2f} position")
         finally:
             await client.aclose()
-    print(
-        f"mean Kendall tau of {model} ({mode}) over {len(taus)} groups: {sum(taus) / len(taus):+.2f}"
-    )
+    print(f"mean Kendall tau of {model} ({mode}) over {len(GROUPS)} groups: " + "; ".join(figures))
 
 
 @asynccontextmanager
