@@ -233,7 +233,8 @@ async def test_up_refuses_a_port_another_server_holds_before_starting_anything(
     assert status == 1, output
     assert error_lines(output) == [
         f"error: port {llm_port} on 127.0.0.1 is taken (another art-proxy, vLLM or local-llm "
-        "still running?): stop it, or pass --llm-port with a free port"
+        "still running?): stop it, or pass --llm-port with a free port (or set "
+        f"ART_PROXY_LLM_PORT, e.g. ART_PROXY_LLM_PORT={llm_port + 1} make demo)"
     ]
     up.assert_nothing_left_running()
     assert "starting proxy" not in output
