@@ -291,6 +291,22 @@ async def _train(
     )
 
 
+def add_run_arguments(parser: argparse.ArgumentParser) -> None:
+    """The settings of a run of the stack that `run_engine` reads (pipelined.py's runs too)."""
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--group-size", type=int, default=8)
+    parser.add_argument("--groups-per-step", type=int, default=2)
+    parser.add_argument("--val-every", type=int, default=5)
+    parser.add_argument("--learning-rate", type=float, default=2e-4)
+    parser.add_argument("--target", type=float, default=0.9)
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=0,
+        help="torch threads of local-llm and of the trainer each (0 = one per core)",
+    )
+
+
 def _table(engine: str, rows: list[StepRow]) -> Table:
     table = Table(title=f"learning curve through {engine}: SmolLM2-135M, single-word task, CPU")
     columns = ("step", "train reward", "task reward", "val reward", "clip", "ratio", "|dlogp|")
@@ -383,12 +399,7 @@ if __name__ == "__main__":
         default="single-word",
         help="tools: the LangGraph tool agent of examples/tool_lookup, with its own settings",
     )
-    parser.add_argument("--steps", type=int, default=20)
-    parser.add_argument("--group-size", type=int, default=8)
-    parser.add_argument("--groups-per-step", type=int, default=2)
-    parser.add_argument("--val-every", type=int, default=5)
-    parser.add_argument("--learning-rate", type=float, default=2e-4)
-    parser.add_argument("--target", type=float, default=0.9)
+    add_run_arguments(parser)
     parser.add_argument("--judge", action="store_true", help="SmolLM2 as a logprob RULER judge")
     parser.add_argument(
         "--bf16-study",
@@ -402,11 +413,5 @@ if __name__ == "__main__":
     )
     parser.add_argument(
         "--peers", action="store_true", help="also TRL's GRPOTrainer and an in-process loop"
-    )
-    parser.add_argument(
-        "--threads",
-        type=int,
-        default=0,
-        help="torch threads of local-llm and of the trainer each (0 = one per core)",
     )
     main(parser.parse_args())

@@ -149,13 +149,10 @@ if __name__ == "__main__":
     )
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--tool-s", type=float, default=1.5)
-    parser.add_argument("--steps", type=int, default=20)
-    parser.add_argument("--group-size", type=int, default=8)
-    parser.add_argument("--groups-per-step", type=int, default=2)
-    parser.add_argument("--val-every", type=int, default=5)
-    parser.add_argument("--learning-rate", type=float, default=2e-4)
-    parser.add_argument("--target", type=float, default=0.9)
-    parser.add_argument("--threads", type=int, default=0)
+    sys.path.insert(0, str(ROOT))  # run as a script, the repository root is not on the path
+    from benchmarks.learning_curve import add_run_arguments  # no torch: before share_cpu_cores
+
+    add_run_arguments(parser)
     parsed = parser.parse_args()
     parsed.judge = False  # what learning_curve's runs read
     main(parsed)

@@ -111,7 +111,7 @@ class LitellmJudge:
         if self._session is None:
             self._session = aiohttp.ClientSession()
         root = self._base_url.removesuffix("/v1")
-        body = {"model": self.model.split("/", 1)[-1], "messages": messages}
+        body = {"model": _served_name(self.model), "messages": messages}
         try:
             async with self._session.post(
                 root + "/tokenize", json=body, timeout=aiohttp.ClientTimeout(total=_CHECK_TIMEOUT_S)
@@ -225,11 +225,16 @@ def _context_of(listed: Any, model: str) -> int | None:
     entries = listed.get("data") if isinstance(listed, dict) else None
     if not isinstance(entries, list):
         return None
-    served = model.split("/", 1)[1] if "/" in model else model
+    served = _served_name(model)
     found = [e for e in entries if isinstance(e, dict) and e.get("id") in (served, model)]
     entry = found[0] if found else entries[0] if len(entries) == 1 else None
     context = entry.get("max_model_len") if isinstance(entry, dict) else None
     return context if isinstance(context, int) and context > 0 else None
+
+
+def _served_name(model: str) -> str:
+    """The name the judge's server knows `model` by: litellm's, its provider prefix off."""
+    return model.split("/", 1)[-1]
 
 
 def litellm_token_counter(model: str) -> TokenCounter:

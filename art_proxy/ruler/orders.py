@@ -38,20 +38,14 @@ def permutations(size: int, orders: int) -> list[list[int]]:
 
 
 def relabelled(
-    scores: Mapping[str, ParsedScore],
-    shown: Mapping[str, str],
-    first: Mapping[str, str],
-    *,
-    keep_explanations: bool,
+    scores: Mapping[str, ParsedScore], shown: Mapping[str, str], first: Mapping[str, str]
 ) -> dict[str, ParsedScore]:
     """An order's scores (by the labels it showed: `shown`, label -> trajectory id) under the
-    first order's labels (`first`). Another order's explanations name its own labels, which
-    mean other trajectories in the first order's: they are left out unless `keep_explanations`."""
+    first order's labels (`first`). Its explanations are left out: they name its own labels,
+    which mean other trajectories in the first order's."""
     label_of = {trajectory: label for label, trajectory in first.items()}
     return {
-        label_of[shown[label]]: score
-        if keep_explanations
-        else ParsedScore(score.score, "", score.criteria)
+        label_of[shown[label]]: ParsedScore(score.score, "", score.criteria)
         for label, score in scores.items()
     }
 

@@ -307,9 +307,7 @@ class Ruler:
         shown = prompts[order - 1]
         outcome = await self._ask(judge, shown, tally)
         if order > 1:
-            outcome.scores = relabelled(
-                outcome.scores, shown.labels, prompts[0].labels, keep_explanations=False
-            )
+            outcome.scores = relabelled(outcome.scores, shown.labels, prompts[0].labels)
         return _Verdict(judge.model, sample, outcome, tally, order)
 
     async def _ask(self, judge: JudgeClient, prompt: JudgePrompt, tally: _Tally) -> _Outcome:

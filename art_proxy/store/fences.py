@@ -84,7 +84,7 @@ def _arrival(batch: Batch) -> _Arrival | None:
                 ("user", trajectory.get("user_id")),
                 ("tenant", trajectory.get("tenant_id")),
             )
-            keys += [fence_key(kind, value) for kind, value in subjects if value is not None]
+            keys += [fence_key(named, value) for named, value in subjects if value is not None]
             began = began or trajectory["created_at"]
         elif kind is RowKind.call:
             call = cast(CallRow, row)

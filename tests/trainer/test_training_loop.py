@@ -177,17 +177,23 @@ async def finished_groups(stack: Stack, *, scenarios: int, rounds: int) -> set[s
     asked = [Scenario(id=f"s{n}", input=f"Question {n}?") for n in range(scenarios)]
     groups: set[str] = set()
     for _ in range(rounds):
-        report = await run_rollouts(
-            load_agent(AGENT),
-            asked,
-            proxy_url=stack.proxy.root_url,
-            group_size=4,
-            concurrency=8,
-            timeout_s=60,
-            model=TINY_NAME,
-        )
-        groups |= {group.group_id for group in report.groups}
+        groups |= await rollout_groups(stack, asked)
     return groups
+
+
+async def rollout_groups(stack: Stack, scenarios: list[Scenario]) -> set[str]:
+    """A group of 4 rollouts of the agent on each of `scenarios`, served through the alias and
+    rewarded at finish; their ids."""
+    report = await run_rollouts(
+        load_agent(AGENT),
+        scenarios,
+        proxy_url=stack.proxy.root_url,
+        group_size=4,
+        concurrency=8,
+        timeout_s=60,
+        model=TINY_NAME,
+    )
+    return {group.group_id for group in report.groups}
 
 
 async def _kill_when(process: asyncio.subprocess.Process, ready: Callable[[], bool]) -> None:
@@ -432,16 +438,7 @@ async def test_a_resumed_overlapped_run_trains_first_on_what_it_sampled_and_neve
     await asyncio.wait_for(run_train(first, Console(quiet=True)), 600)
     # What a killed run had sampled ahead: rollouts served by its newest adapter, never trained.
     train = [s for s in load_scenarios(SCENARIOS) if s.split == "train"][:2]
-    report = await run_rollouts(
-        load_agent(AGENT),
-        train,
-        proxy_url=stack.proxy.root_url,
-        group_size=4,
-        concurrency=8,
-        timeout_s=60,
-        model=TINY_NAME,
-    )
-    sampled = {group.group_id for group in report.groups}
+    sampled = await rollout_groups(stack, train)
     resumed = _settings(stack, out, steps=3, val_every=0, max_off_policy_steps=1)
     await asyncio.wait_for(run_train(resumed, Console(quiet=True)), 600)
     async with TrajectoryStore.opened(stack.store_url, writer=False) as store:

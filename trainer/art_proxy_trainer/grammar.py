@@ -53,6 +53,7 @@ class GrammarReplay:
         self._stop_ids = stop_ids
         self._compiler: xgrammar.GrammarCompiler | None = None  # made at the first grammar
         self._ll_tokenizer: Any = None  # llguidance's, made at the first grammar it replays
+        self._reasoning_ends: set[int] | None = None  # read at the first reasoning reply
 
     def allowed_tokens(
         self, request: JsonObject, completion_ids: Sequence[int], grammar_from: int | None = 0
@@ -106,7 +107,9 @@ class GrammarReplay:
         reasoning = (reply or {}).get("reasoning") or (reply or {}).get("reasoning_content")
         if not reasoning:
             return 0
-        ends = self._reasoning_end_ids()
+        if self._reasoning_ends is None:
+            self._reasoning_ends = self._reasoning_end_ids()
+        ends = self._reasoning_ends
         if not ends:
             return None
         for position, token in enumerate(completion_ids):

@@ -35,6 +35,7 @@ from art_proxy.scenarios import Scenario
 from art_proxy.store.trajectory_store import utcnow
 from art_proxy_trainer.advantages import pooled, pooled_rewards
 from art_proxy_trainer.pipeline import Pipeline
+from art_proxy_trainer.swap import of_run
 from art_proxy_trainer.trainer import Trainer
 from art_proxy_trainer.warm_start import WarmStart
 
@@ -244,7 +245,7 @@ class WholeLoop:
         trains on what its killed predecessor sampled and did not train (`_left_behind`)."""
         trainer, settings = self.trainer, self.settings
         left = await self._left_behind() if trainer.state.step > trainer.state.sft_steps else []
-        if left and (reason := stop_reason(trainer, settings)) is None:
+        if left and stop_reason(trainer, settings) is None:
             self.events.status(
                 f"training step {trainer.state.step + 1} on {len(left)} groups "
                 "sampled before the restart"
@@ -285,16 +286,13 @@ class WholeLoop:
         )
         found = [group for group in found if group.split == "train" and len(group.rewards) >= 2]
         calls = await trainer.store.calls([t for group in found for t in group.rewards])
-        tag = "-" + trainer.state.run_tag
-        prefix = trainer.alias + "@"
 
         def ours(group: TrainableGroup) -> bool:
             made = [call for t in group.rewards for call in calls.get(t, [])]
             return bool(made) and all(
                 call.guidance is None
                 and call.model is not None
-                and call.model.startswith(prefix)
-                and call.model.endswith(tag)
+                and of_run(call.model, trainer.alias, trainer.state.run_tag)
                 for call in made
             )
 

@@ -48,6 +48,11 @@ def adapter_name(alias: str, step: int, run_tag: str) -> str:
     return f"{alias}@{step}-{run_tag}" if run_tag else f"{alias}@{step}"
 
 
+def of_run(model: str, alias: str, run_tag: str) -> bool:
+    """Whether `model` is one of the adapters a run tagged `run_tag` saved under `alias`."""
+    return model.startswith(alias + "@") and model.endswith("-" + run_tag)
+
+
 def step_of(model: str | None, alias: str) -> int:
     """The training step of the adapter a call was served by (0: the base model)."""
     prefix = alias + "@"
@@ -158,7 +163,7 @@ class AdapterSwapper:
                 continue
             for entry in orjson.loads(body).get("data", []):
                 name = str(entry.get("id"))
-                if self.run_tag and self._is_ours(name):
+                if self.run_tag and of_run(name, self.alias, self.run_tag):
                     await self._request(
                         "POST",
                         upstream + "/unload_lora_adapter",
@@ -168,9 +173,6 @@ class AdapterSwapper:
 
     def adapter_name(self, step: int) -> str:
         return adapter_name(self.alias, step, self.run_tag)
-
-    def _is_ours(self, name: str) -> bool:
-        return name.startswith(self.alias + "@") and name.endswith("-" + self.run_tag)
 
     async def swap(self, step: int, adapter_dir: Path) -> SwapOutcome:
         name = self.adapter_name(step)
