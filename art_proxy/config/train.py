@@ -152,7 +152,8 @@ class TrainSettings(JudgeChoice, UpstreamSettings, StoreSettings, ReportSettings
         ge=0,
         description="The whole loop: sample later steps' rollouts while a step trains, by "
         "whichever adapter the alias serves, at most this many steps behind the weights they "
-        "are trained into (rollouts wait beyond it); 0 = alternate: sample, train, sample.",
+        "are trained into (rollouts wait beyond it); 0 = alternate: sample, train, sample. The "
+        "sidecar: groups more than this many steps behind are consumed as stale.",
     )
     max_staleness: int = Field(
         16,
@@ -335,6 +336,15 @@ class TrainSettings(JudgeChoice, UpstreamSettings, StoreSettings, ReportSettings
                 "tokens are importance-weighted against the sampler that saw the hint"
             )
         return self
+
+    @property
+    def staleness_bound(self) -> int:
+        """How many steps behind the trained weights a group may be and still be trained (0: no
+        limit): --max-staleness, tightened to --max-off-policy-steps where that is set. The whole
+        loop's pipeline never samples past K; the sidecar cannot hold production traffic back,
+        so past K its groups are consumed as stale."""
+        bounds = [b for b in (self.max_staleness, self.max_off_policy_steps) if b]
+        return min(bounds, default=0)
 
     @model_validator(mode="after")
     def _overlap_within_staleness(self) -> TrainSettings:

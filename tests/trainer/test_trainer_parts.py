@@ -222,6 +222,20 @@ def test_staleness_counts_from_the_weights_trained_not_from_the_step_number(
     assert outcomes == {"recent": "trained"}
 
 
+def test_the_sidecar_consumes_groups_past_max_off_policy_steps_as_stale(tmp_path: Path) -> None:
+    """Production traffic cannot wait for admission: in the sidecar, --max-off-policy-steps K
+    bounds staleness as the whole loop's pipeline does, tighter than --max-staleness."""
+    trainer = _trainer(
+        tmp_path, alias="policy", max_staleness=16, max_off_policy_steps=1, objective="tis"
+    )
+    trainer.state.step = trainer.state.policy_step = 3
+    outcomes: dict[str, GroupOutcome] = {}
+    for name, served in (("old", "policy@1"), ("recent", "policy@2")):  # 2 and 1 steps behind
+        group, calls = _served(name, served)
+        trainer._samples([group], calls, outcomes, {})
+    assert outcomes == {"old": "stale", "recent": "trained"}
+
+
 def test_a_checkpoint_from_before_policy_step_takes_its_step_for_it() -> None:
     state = TrainerState.model_validate({"run": "r", "step": 7})
     assert state.policy_step == 7

@@ -291,7 +291,8 @@ class Trainer:
                 (self.state.policy_step - step_of(model, self.alias) for model in served),
                 default=0,
             )
-            if self.settings.max_staleness and behind[group.group_id] > self.settings.max_staleness:
+            bound = self.settings.staleness_bound
+            if bound and behind[group.group_id] > bound:
                 outcomes[group.group_id] = "stale"
             else:
                 current.append(group)
