@@ -111,6 +111,7 @@ class EngineRun:
     best: float
     guided_retries: float = 0.0  # all-fail groups run again guided, over the run
     guided_rescued: float = 0.0  # of those, the ones whose retry had a reward spread
+    step_seconds: float = 0.0  # the trainer's seconds in steps, over the run (seconds_step)
 
 
 @dataclass(frozen=True)
@@ -288,6 +289,7 @@ async def _train(
         max(programmatic.values(), default=math.nan),
         guided_retries=sum(r["metrics"].get("guided_retries", 0.0) for r in records),
         guided_rescued=sum(r["metrics"].get("guided_rescued", 0.0) for r in records),
+        step_seconds=sum(r["metrics"].get("seconds_step", 0.0) for r in records),
     )
 
 

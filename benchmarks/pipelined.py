@@ -52,6 +52,13 @@ class Result:
     seconds_to_target: float | None
     last_val: float | None
     seconds_total: float
+    step_seconds: float  # of seconds_total, the trainer's in steps
+
+    @property
+    def trainer_busy(self) -> float:
+        """The fraction of the run the trainer spent in steps: near 1, the trainer bounds the
+        loop and overlap can hide nothing more."""
+        return self.step_seconds / self.seconds_total if self.seconds_total else math.nan
 
 
 def main(args: argparse.Namespace) -> None:
@@ -63,7 +70,7 @@ def main(args: argparse.Namespace) -> None:
 
     os.environ[_TOOL_S] = str(args.tool_s)
     results: list[Result] = []
-    for seed in range(args.seeds):
+    for seed in range(args.first_seed, args.first_seed + args.seeds):
         for k in args.ks:
             arm = Arm(
                 "local",
@@ -81,6 +88,7 @@ def main(args: argparse.Namespace) -> None:
                     None if run.reached is None else run.reached[1],
                     vals[-1] if vals else None,
                     total,
+                    run.step_seconds,
                 )
             )
             console.print(f"K={k} seed {seed}: {results[-1]}")
@@ -106,7 +114,8 @@ def _table(results: list[Result], args: argparse.Namespace) -> Table:
     table = Table(
         title=f"whole loop, single-word task, tool {args.tool_s:g} s a rollout, {args.steps} steps"
     )
-    for column in ("K", "seeds at target", "s to target", "x K=0", "last val (95%)", "s total"):
+    columns = ("K", "seeds at target", "s to target", "x K=0", "last val (95%)", "s total")
+    for column in (*columns, "trainer busy"):
         table.add_column(column, justify="right")
     sync = _reached(results, 0)
     for k in args.ks:
@@ -120,6 +129,7 @@ def _table(results: list[Result], args: argparse.Namespace) -> Table:
             f"{ratio:.2f}",
             _interval([r.last_val for r in mine if r.last_val is not None]),
             _interval([r.seconds_total for r in mine]),
+            _interval([r.trainer_busy for r in mine]),
         )
     return table
 
@@ -132,7 +142,11 @@ def _figures(results: list[Result], args: argparse.Namespace) -> str:
         ratio = statistics.fmean(reached) / statistics.fmean(sync) if reached and sync else math.nan
         vals = [r.last_val for r in results if r.k == k and r.last_val is not None]
         wall = _mean_ratio(results, k, lambda r: r.seconds_total)
-        parts.append(f"K={k} {ratio:.2f}x to target, {wall:.2f}x all steps, val {_interval(vals)}")
+        busy = statistics.fmean([r.trainer_busy for r in results if r.k == k] or [math.nan])
+        parts.append(
+            f"K={k} {ratio:.2f}x to target, {wall:.2f}x all steps, val {_interval(vals)}, "
+            f"trainer busy {busy:.0%}"
+        )
     return f"wall time vs K=0 (train reward >= {args.target}): " + "; ".join(parts)
 
 
@@ -148,6 +162,7 @@ if __name__ == "__main__":
         "--ks", type=lambda text: [int(k) for k in text.split(",")], default=[0, 1, 2, 4]
     )
     parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--first-seed", type=int, default=0, help="the seeds run: from this one")
     parser.add_argument("--tool-s", type=float, default=1.5)
     sys.path.insert(0, str(ROOT))  # run as a script, the repository root is not on the path
     from benchmarks.learning_curve import add_run_arguments  # no torch: before share_cpu_cores
