@@ -25,6 +25,7 @@ from art_proxy.config import (
     AliasResetSettings,
     AliasSetSettings,
     DropSettings,
+    EvalSettings,
     ExportSettings,
     ForgetSettings,
     HousekeepingSettings,
@@ -877,6 +878,27 @@ def _print_rollout_summary(report: RolloutReport) -> None:
         console.print(f"... and {len(failures) - _LISTED_FAILURES} more")
     for warning in report.warnings:
         stderr.print(f"[yellow]warning:[/yellow] {escape(warning)}", highlight=False)
+
+
+@settings_command(
+    app,
+    "eval",
+    EvalSettings,
+    "Run an agent on held-out scenarios against several models at once (--model each: base, "
+    "an adapter, a hosted model) and report each one's reward with its 95% interval, the paired "
+    "difference to the first, latency, tokens and cost.",
+)
+def eval_(settings: EvalSettings) -> None:
+    from art_proxy.evaluation.command import evaluate
+    from art_proxy.ruler.errors import RubricError
+
+    _configure_logging("warning")
+    try:
+        report = evaluate(settings, Console(), stderr)
+    except (ConfigError, RubricError, StoreError) as exc:
+        _fail(str(exc))
+    if not any(arm.rollouts > arm.failed for arm in report.arms):
+        _fail("no arm completed a rollout")
 
 
 def main() -> None:

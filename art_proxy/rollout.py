@@ -79,6 +79,7 @@ class Rollout:
     api_key: str = "unused"  # the proxy's client key
     # A guided retry's hint: the proxy adds it to the prompt upstream, the trainer leaves it out.
     guidance: str | None = None
+    split: Split | None = None  # recorded under this split (None: the scenario's)
 
     @property
     def base_url(self) -> str:
@@ -96,7 +97,7 @@ class Rollout:
             "X-Art-Scenario": self.scenario.id,
             "X-Art-Group": self.group_id,
             "X-Art-Trajectory": self.trajectory_id,
-            "X-Art-Split": self.scenario.split,
+            "X-Art-Split": self.split or self.scenario.split,
         }
         if self.guidance is not None:
             headers["X-Art-Guidance"] = quote(self.guidance, safe="")
@@ -127,6 +128,7 @@ class GroupReport:
     # What the agent reported of each rollout besides its reward (tool calls, turns...).
     metrics: dict[str, dict[str, float]] = field(default_factory=dict)
     errors: dict[str, str] = field(default_factory=dict)  # the agent raised or timed out
+    seconds: dict[str, float] = field(default_factory=dict)  # each rollout's, from start to end
     timed_out: list[str] = field(default_factory=list)  # of `errors`, those cut by the timeout
     # Finished trajectories the store did not get: the agent made no call, or the finish failed.
     unrecorded: dict[str, str] = field(default_factory=dict)
@@ -184,11 +186,18 @@ async def run_rollouts(
     admin_key: str | None = None,
     progress: Callable[[int, int], None] | None = None,
     guidance: Mapping[str, str] | None = None,
+    group_ids: Mapping[str, str] | None = None,
+    groups_out: list[GroupReport] | None = None,
+    split: Split | None = None,
 ) -> RolloutReport:
     """Run `agent` `group_size` times on every scenario, at most `concurrency` at once.
 
     `timeout_s` bounds each rollout (0 = no bound). `progress(done, total)` is called as rollouts
-    end. `guidance` (scenario id -> text) makes the scenarios it names guided retries. Raises
+    end. `guidance` (scenario id -> text) makes the scenarios it names guided retries.
+    `group_ids` (scenario id -> group id) names the groups, so that several runs (an
+    evaluation's arms) share one a scenario; `groups_out` gets the groups as they are made, so a
+    caller that is cancelled still holds the rollouts that ended; `split` records every rollout
+    under it instead of its scenario's. Raises
     `ConfigError` before running anything when the proxy cannot be reached or refuses
     `admin_key`.
     """
@@ -201,7 +210,12 @@ async def run_rollouts(
     async with aiohttp.ClientSession(headers=headers, timeout=timeout) as http:
         await _check_proxy(http, proxy_url)
         runner = _Runner(agent, http, proxy_url, timeout_s, asyncio.Semaphore(concurrency))
-        groups = [_new_group(scenario, group_size) for scenario in scenarios]
+        groups = [
+            _new_group(scenario, group_size, (group_ids or {}).get(scenario.id), split)
+            for scenario in scenarios
+        ]
+        if groups_out is not None:
+            groups_out += groups
         rollouts = [
             Rollout(
                 scenario=scenario,
@@ -212,6 +226,7 @@ async def run_rollouts(
                 model=model,
                 api_key=api_key or "unused",
                 guidance=(guidance or {}).get(scenario.id),
+                split=split,
             )
             for scenario, group in zip(scenarios, groups, strict=True)
             for index, trajectory in enumerate(group.trajectory_ids)
@@ -232,11 +247,13 @@ async def run_rollouts(
     return RolloutReport(groups, time.monotonic() - started, runner.warnings)
 
 
-def _new_group(scenario: Scenario, size: int) -> GroupReport:
+def _new_group(
+    scenario: Scenario, size: int, group_id: str | None, split: Split | None
+) -> GroupReport:
     return GroupReport(
-        group_id=new_id(),
+        group_id=group_id or new_id(),
         scenario_id=scenario.id,
-        split=scenario.split,
+        split=split or scenario.split,
         trajectory_ids=[new_id() for _ in range(size)],
     )
 
@@ -275,7 +292,9 @@ class _Runner:
     async def run(self, rollout: Rollout, group: GroupReport) -> None:
         trajectory = rollout.trajectory_id
         async with self._semaphore:
+            started = time.perf_counter()
             outcome, error = await self._call_agent(rollout)
+            group.seconds[trajectory] = time.perf_counter() - started
         if error is not None:
             group.errors[trajectory] = error
             if error.startswith("timeout after"):

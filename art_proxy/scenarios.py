@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from pydantic_core import ErrorDetails
 
 from art_proxy.errors import ScenarioFileError
-from art_proxy.records import JsonObject, Split
+from art_proxy.records import JsonObject, ScenarioSplit
 
 # The proxy takes scenario ids of at most this many printable characters (proxy/attribution.py);
 # ASCII only, since the id also travels in the X-Art-Scenario header.
@@ -33,7 +33,7 @@ class Scenario(BaseModel):
 
     id: str = Field(description="Unique in its file, printable ASCII; default: a hash of `input`.")
     input: Any = Field(description="What the agent is asked: any JSON value but null.")
-    split: Split = Field("train", description="train: learned from; val: measured only.")
+    split: ScenarioSplit = Field("train", description="train: learned from; val: measured only.")
     reference: Any | None = Field(
         None, description="A reference answer, for programmatic rewards and validation."
     )

@@ -9,6 +9,7 @@ declared by each.
 
 from art_proxy.config.alias import AliasListSettings, AliasResetSettings, AliasSetSettings
 from art_proxy.config.erasure import ForgetSettings, LineageSettings
+from art_proxy.config.evaluate import EvalSettings
 from art_proxy.config.export import ExportSettings, ScenarioBankSettings
 from art_proxy.config.journal import (
     DropSettings,
@@ -44,6 +45,7 @@ __all__ = [
     "DropSettings",
     "Durability",
     "Engine",
+    "EvalSettings",
     "ExportSettings",
     "ForgetSettings",
     "HousekeepingSettings",

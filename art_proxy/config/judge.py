@@ -174,6 +174,21 @@ class JudgeSettings(JudgeChoice, StoreSettings, ReportSettings, PiiSettings):
         return None if self.reward_mix is None else _weights(self.reward_mix)
 
 
+def judging_as_it_goes(choice: JudgeChoice, store: str) -> JudgeSettings:
+    """The judge settings of a command that judges the groups it makes (`train --agent`,
+    `eval`): its choice of judge, the rest `art-proxy judge`'s defaults, the prompt fitted to
+    the judge's context alone."""
+    return JudgeSettings(
+        store=store,
+        judge=choice.judge,
+        judge_base_url=choice.judge_base_url,
+        judge_mode=choice.judge_mode,
+        judge_orders=choice.judge_orders,
+        rubric=choice.rubric,
+        judge_max_prompt_tokens=0,
+    )
+
+
 def _weights(mix: str) -> tuple[float, float]:
     parts = mix.split(",")
     try:

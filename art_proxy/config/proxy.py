@@ -8,7 +8,7 @@ from enum import StrEnum
 from pydantic import Field, model_validator
 
 from art_proxy.config.shared import PiiSettings, Settings, StoreSettings, UpstreamSettings
-from art_proxy.records import Split
+from art_proxy.records import ScenarioSplit
 
 
 class OnStoreError(StrEnum):
@@ -97,7 +97,7 @@ class ProxySettings(JournalSettings, UpstreamSettings, StoreSettings, PiiSetting
         description="Delete trajectories (calls, feedback, judgments, openings) started more than "
         "this many days ago, every 10 minutes in small batches (0 = keep them).",
     )
-    default_split: Split = Field(
+    default_split: ScenarioSplit = Field(
         "train",
         description="Split of the calls that name none by X-Art-Split (prod: an unmodified "
         "production agent's traffic).",

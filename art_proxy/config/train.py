@@ -12,7 +12,7 @@ from pydantic import Field, model_validator
 
 from art_proxy.config.judge import JudgeChoice
 from art_proxy.config.shared import ReportSettings, Settings, StoreSettings, UpstreamSettings
-from art_proxy.records import Split
+from art_proxy.records import ScenarioSplit
 
 
 class TrainerConfig(Settings):
@@ -306,7 +306,7 @@ class TrainSettings(JudgeChoice, UpstreamSettings, StoreSettings, ReportSettings
         "supervised steps take a larger one than GRPO's.",
     )
     sft_batch_size: int = Field(8, ge=1, description="Demonstrations per warm-start step.")
-    sft_split: Split = Field(
+    sft_split: ScenarioSplit = Field(
         "train",
         description="--sft store: trajectories of this split (validation is never trained on).",
     )

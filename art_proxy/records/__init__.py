@@ -7,6 +7,7 @@ the trainer consume them. One module per stage (`trajectories`, `judgments`, `tr
 
 from art_proxy.records.base import JsonObject
 from art_proxy.records.erasure import Erasure, LearnedAt, Lineage, SubjectSelector
+from art_proxy.records.evaluations import ArmResult, Estimate, EvaluationReport, ScoredBy
 from art_proxy.records.feedback import (
     MAX_COMMENT,
     Feedback,
@@ -42,6 +43,7 @@ from art_proxy.records.training import (
 )
 from art_proxy.records.trajectories import (
     ROLLOUT_ERROR,
+    SCENARIO_SPLITS,
     SPLITS,
     Attribution,
     CallKind,
@@ -54,6 +56,7 @@ from art_proxy.records.trajectories import (
     GroupRecord,
     Guidance,
     ScenarioRecord,
+    ScenarioSplit,
     Split,
     TrajectoryRecord,
     TrajectoryStatus,
@@ -65,10 +68,12 @@ __all__ = [
     "MAX_COMMENT",
     "MAX_NOTE",
     "ROLLOUT_ERROR",
+    "SCENARIO_SPLITS",
     "SPLITS",
     "AliasMove",
     "AliasRecord",
     "AliasRequest",
+    "ArmResult",
     "Attribution",
     "CallKind",
     "CallRecord",
@@ -77,6 +82,8 @@ __all__ = [
     "Dialect",
     "EnsembleMember",
     "Erasure",
+    "Estimate",
+    "EvaluationReport",
     "ExportedTrajectory",
     "Feedback",
     "FeedbackRequest",
@@ -97,6 +104,8 @@ __all__ = [
     "MoveReason",
     "RewardFormula",
     "ScenarioRecord",
+    "ScenarioSplit",
+    "ScoredBy",
     "Split",
     "StepKind",
     "StepStatus",

@@ -14,8 +14,13 @@ from pydantic import ConfigDict, Field
 
 from art_proxy.records.base import JsonObject, Record
 
-Split = Literal["train", "val", "prod"]
+# eval: an `art-proxy eval` run's rollouts (evaluation/): never judged into training groups,
+# never trained on, never a validation.
+Split = Literal["train", "val", "prod", "eval"]
+# What a scenario (and a client's default) may be: an evaluation's split is the command's own.
+ScenarioSplit = Literal["train", "val", "prod"]
 SPLITS: tuple[Split, ...] = get_args(Split)
+SCENARIO_SPLITS: tuple[ScenarioSplit, ...] = get_args(ScenarioSplit)
 CallKind = Literal["chat", "completion"]
 # ok: the upstream answered 2xx. upstream_error: it answered 4xx/5xx (passed through to the client).
 # failed: it could not be reached, timed out or broke the wire format (the proxy answered 502/504).

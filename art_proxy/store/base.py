@@ -44,12 +44,30 @@ def after_position(
 
 def group_split() -> sa.ColumnElement[Any]:
     """A group's split, aggregated over its trajectories (joined or correlated as the
-    `trajectories` table): `val` when any member is, so a group that mixes splits (one stored
-    before automatic groups were keyed by split, or an explicit group given both) is only ever
-    read for validation, never trained on."""
+    `trajectories` table): `eval` when any member is, else `val` when any member is, so a group
+    that mixes splits (one stored before automatic groups were keyed by split, or an explicit
+    group given both) is only ever read for what its held-out member is, never trained on."""
     trajectories = schema.trajectories
-    any_val = sa.func.sum(sa.case((trajectories.c.split == "val", 1), else_=0)) > 0
-    return sa.case((any_val, "val"), else_=sa.func.min(trajectories.c.split))
+
+    def any_member(split: str) -> sa.ColumnElement[bool]:
+        return sa.func.sum(sa.case((trajectories.c.split == split, 1), else_=0)) > 0
+
+    return sa.case(
+        (any_member("eval"), "eval"),
+        (any_member("val"), "val"),
+        else_=sa.func.min(trajectories.c.split),
+    )
+
+
+def not_an_evaluation() -> sa.ColumnElement[bool]:
+    """The group (`groups`) has no member of an `art-proxy eval` run: an evaluation's groups are
+    judged by the evaluation itself (its arms side by side) and never trained on. Its members
+    are read under an alias of their own, so a query that joins `trajectories` already (the
+    finished groups') correlates only `groups`."""
+    member = schema.trajectories.alias("evaluated_member")
+    return ~sa.exists().where(
+        member.c.group_id == schema.groups.c.id, member.c.split.concat("") == "eval"
+    )
 
 
 def is_split(split: str) -> sa.ColumnElement[bool]:

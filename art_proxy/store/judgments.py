@@ -16,6 +16,7 @@ from art_proxy.store.base import (
     counted_page,
     group_record,
     has_member,
+    not_an_evaluation,
 )
 from art_proxy.store.rows import JudgmentRow
 
@@ -36,7 +37,8 @@ class JudgmentRecords(StoreBase):
     ) -> list[GroupRecord]:
         """Groups without a judgment by this judge, mode, rubric and reward rule, oldest first,
         from the one `after` (the last of the previous page); with `retry_failed`, groups whose
-        judgments all failed count as unjudged too.
+        judgments all failed count as unjudged too. An evaluation's groups are never among them
+        (`art-proxy eval` judges its own).
 
         A page starts where the last one ended (`counted_page` counts only its members): pages by
         offset, each counting every group's members again, made a judge's look over 100,000
@@ -60,7 +62,7 @@ class JudgmentRecords(StoreBase):
         )
         page = (
             sa.select(G)
-            .where(~sa.exists(judged), ~sa.exists(served), has_member())
+            .where(~sa.exists(judged), ~sa.exists(served), has_member(), not_an_evaluation())
             .order_by(G.c.created_at, G.c.id)
             .limit(limit)
         )

@@ -31,7 +31,7 @@ from art_proxy.records import (
 )
 from art_proxy.rewards import rewards_by_trajectory
 from art_proxy.store import schema
-from art_proxy.store.base import StoreBase, aware, group_split, utcnow
+from art_proxy.store.base import StoreBase, aware, group_split, not_an_evaluation, utcnow
 
 A, M, TS, CG = schema.aliases, schema.alias_moves, schema.training_steps, schema.consumed_groups
 G, T, J, C = schema.groups, schema.trajectories, schema.judgments, schema.calls
@@ -193,8 +193,9 @@ class TrainingRecords(StoreBase):
         judgments' time index: a poll that costs what was judged lately, not every group ever
         consumed (the trainer's loop keeps the cursor, trainer/art_proxy_trainer/loop.py).
         """
-        not_consumed = ~sa.exists(
-            sa.select(CG.c.group_id).where(CG.c.run == run, CG.c.group_id == G.c.id)
+        not_consumed = sa.and_(
+            ~sa.exists(sa.select(CG.c.group_id).where(CG.c.run == run, CG.c.group_id == G.c.id)),
+            not_an_evaluation(),  # an evaluation is never trained on
         )
         if scenarios:
             not_consumed = sa.and_(not_consumed, G.c.scenario_id.in_(list(scenarios)))

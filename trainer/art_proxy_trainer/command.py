@@ -21,7 +21,8 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn
 from rich.table import Table
 
-from art_proxy.config import JudgeSettings, TrainSettings
+from art_proxy.config import TrainSettings
+from art_proxy.config.judge import judging_as_it_goes
 from art_proxy.errors import ConfigError
 from art_proxy.journal.left_behind import opened_for_reading
 from art_proxy.local.cli import set_torch_threads, usable_cores
@@ -139,7 +140,7 @@ async def _train(
         try:
             ruler: Ruler | None = None
             if settings.judge:
-                ruler, judges = build_ruler(_judge_settings(settings), rubric, store)
+                ruler, judges = build_ruler(judging_as_it_goes(settings, settings.store), rubric, store)
                 for judge in judges:
                     await judge.check()  # a judge that cannot answer stops the run before it swaps
             async with contextlib.AsyncExitStack() as stack:
@@ -221,18 +222,6 @@ async def _train(
             for judge in judges:
                 await judge.aclose()
     return summary
-
-
-def _judge_settings(settings: TrainSettings) -> JudgeSettings:
-    return JudgeSettings(
-        store=settings.store,
-        judge=settings.judge,
-        judge_base_url=settings.judge_base_url,
-        judge_mode=settings.judge_mode,
-        judge_orders=settings.judge_orders,
-        rubric=settings.rubric,
-        judge_max_prompt_tokens=0,
-    )
 
 
 async def _until_interrupted(work: Coroutine[Any, Any, str]) -> str:

@@ -162,7 +162,7 @@ class Trainer:
             outcomes[group.group_id] = "validation"
         if val and "val_reward" not in metrics:
             metrics["val_reward"] = mean_or_nan([r for g in val for r in g.rewards.values()])
-        train_groups = [g for g in groups if g.split != "val"]
+        train_groups = [g for g in groups if g.split in ("train", "prod")]
         calls = await self.store.calls([t for g in groups for t in g.rewards])
         validated = _validation_by_model(val, calls)
         self.state.validated |= validated

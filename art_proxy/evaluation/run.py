@@ -1,0 +1,287 @@
+"""`art-proxy eval`: the agent run on the same held-out scenarios against every arm at once.
+
+Every arm's rollouts of one scenario share one group in the store (split `eval`), so that a judge
+ranks the arms' answers side by side: shuffled, under labels that name no arm, each in
+`--judge-orders` orders. Where the agent returns its own reward, that is the reward and no judge
+is asked. An evaluation's groups are never trained on and never judged by `art-proxy judge`
+(store/base.py `not_an_evaluation`).
+
+An arm that cannot run (its model is not served, its server does not answer) is reported with
+why; the others go on. An interruption (Ctrl-C) stops the rollouts under way and reports what
+ended.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import random
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+from art_proxy.config import EvalSettings, ProxySettings
+from art_proxy.config.judge import judging_as_it_goes
+from art_proxy.errors import ConfigError
+from art_proxy.evaluation.arms import BASE, ArmSpec, base_model, parse_arms
+from art_proxy.evaluation.report import ArmRun, Prices, build_report, litellm_prices
+from art_proxy.ids import new_id
+from art_proxy.journal.left_behind import opened_for_reading
+from art_proxy.records import CallRecord, EvaluationReport, ScoredBy
+from art_proxy.rewards import rewards_by_trajectory
+from art_proxy.rollout import Agent, run_rollouts
+from art_proxy.ruler.command import build_ruler
+from art_proxy.ruler.rubric import load_rubric
+from art_proxy.ruler.run import finished_members
+from art_proxy.ruler.scorer import Ruler
+from art_proxy.scenarios import Scenario
+from art_proxy.store.trajectory_store import TrajectoryStore
+
+# Seconds to wait for a server's model list while the arms are prepared.
+_MODELS_TIMEOUT_S = 30.0
+
+Progress = Callable[[str, int, int], None]  # arm label, rollouts ended, rollouts in all
+
+
+async def run_evaluation(
+    settings: EvalSettings,
+    agent: Agent,
+    scenarios: Sequence[Scenario],
+    progress: Progress | None = None,
+    stop: asyncio.Event | None = None,
+) -> EvaluationReport:
+    """Run every arm, score the rollouts and report; `stop` set (Ctrl-C) stops the rollouts and
+    reports what ended. `ConfigError` before anything runs for a setting that cannot work (no
+    arm, an unknown reference, a judge that does not answer)."""
+    specs = parse_arms(settings.model)
+    reference = settings.reference or specs[0].label
+    if reference not in {spec.label for spec in specs}:
+        raise ConfigError(f"--reference {reference!r} is none of the arms' labels")
+    group_ids = {scenario.id: new_id() for scenario in scenarios}
+    evaluation_id = new_id()
+    async with contextlib.AsyncExitStack() as stack:
+        store = await stack.enter_async_context(opened_for_reading(settings.store))
+        ruler: Ruler | None = None
+        if settings.judge:
+            ruler, judges = build_ruler(
+                judging_as_it_goes(settings, settings.store), load_rubric(settings.rubric), store
+            )
+            for judge in judges:
+                stack.push_async_callback(judge.aclose)
+                await judge.check()
+        runs = [await _prepare(spec, settings, stack) for spec in specs]
+        interrupted = await _roll(runs, settings, agent, scenarios, group_ids, progress, stop)
+        await _count_tokens(runs, store)
+        rewards, scored_by = await _rewards(runs, settings, store, ruler, group_ids)
+    prices = Prices(litellm_prices(specs), settings.prices_per_hour)
+    return build_report(
+        runs,
+        rewards,
+        evaluation_id=evaluation_id,
+        agent=settings.agent,
+        repeats=settings.repeats,
+        reference=reference,
+        reward_source=scored_by,
+        judge=", ".join(settings.judge) if scored_by == "judge" else None,
+        prices=prices,
+        interrupted=interrupted,
+    )
+
+
+async def _prepare(
+    spec: ArmSpec, settings: EvalSettings, stack: contextlib.AsyncExitStack
+) -> ArmRun:
+    """The arm, its model named as its server serves it, behind a recording proxy; `error` set
+    when it cannot run."""
+    proxy = settings.proxy
+    served_by = "proxy"
+    if spec.upstream is not None:
+        key = settings.arm_keys.get(spec.label)
+        if key is None and spec.key_variable:
+            key = os.environ.get(spec.key_variable)
+        proxy = await _recording_proxy(spec.upstream, key, settings, stack)
+        served_by = spec.upstream
+    run = ArmRun(spec, spec.model, served_by, proxy_url=proxy)
+    try:
+        models = await _served(proxy, settings.api_key)
+    except ConfigError as exc:
+        run.error = str(exc)
+        return run
+    ids = [str(entry.get("id")) for entry in models]
+    if spec.model == BASE and spec.upstream is None:
+        try:
+            run.model = base_model(models)
+        except ConfigError as exc:
+            run.error = str(exc)
+    elif spec.model not in ids:
+        # ALIAS@STEP names an adapter the trainer saved as ALIAS@STEP-TAG.
+        tagged = [i for i in ids if i.startswith(spec.model + "-")]
+        if len(tagged) == 1:
+            run.model = tagged[0]
+        elif ids:  # a server that lists no models is taken at its word
+            run.error = (
+                f"{spec.model!r} is not served there (it serves {', '.join(sorted(ids)[:8])})"
+            )
+    return run
+
+
+async def _recording_proxy(
+    upstream: str, key: str | None, settings: EvalSettings, stack: contextlib.AsyncExitStack
+) -> str:
+    """A recording proxy on loopback in front of an arm's own server, on the evaluation's store;
+    its root URL."""
+    from art_proxy.proxy.app import create_app
+
+    proxy_settings = ProxySettings(
+        upstream=[upstream],
+        upstream_api_key=key,
+        store=settings.store,
+        journal="off",
+        host="127.0.0.1",
+        port=0,
+    )
+    runner = web.AppRunner(create_app(proxy_settings), access_log=None)
+    await runner.setup()
+    stack.push_async_callback(runner.cleanup)
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    return f"http://127.0.0.1:{port}"
+
+
+async def _served(proxy: str, api_key: str | None) -> list[dict[str, object]]:
+    """`/v1/models` through `proxy`; `ConfigError` with why when it does not answer."""
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    timeout = aiohttp.ClientTimeout(total=_MODELS_TIMEOUT_S)
+    try:
+        async with (
+            aiohttp.ClientSession(headers=headers, timeout=timeout) as http,
+            http.get(f"{proxy}/v1/models") as response,
+        ):
+            if response.status != 200:
+                raise ConfigError(
+                    f"its models could not be listed: HTTP {response.status}: "
+                    + _error_message(await response.text())
+                )
+            body = await response.json()
+    except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+        raise ConfigError(f"its server does not answer: {type(exc).__name__}: {exc}") from exc
+    data = body.get("data") if isinstance(body, dict) else None
+    return [entry for entry in data or [] if isinstance(entry, dict)]
+
+
+def _error_message(text: str) -> str:
+    """An OpenAI-shaped error body's message, else the body's start."""
+    try:
+        message = json.loads(text)["error"]["message"]
+    except (ValueError, KeyError, TypeError):
+        return text[:200]
+    return str(message)[:300]
+
+
+async def _roll(
+    runs: Sequence[ArmRun],
+    settings: EvalSettings,
+    agent: Agent,
+    scenarios: Sequence[Scenario],
+    group_ids: dict[str, str],
+    progress: Progress | None,
+    stop: asyncio.Event | None,
+) -> bool:
+    """Every arm's rollouts, the arms side by side; whether `stop` cut them short."""
+
+    async def arm(run: ArmRun) -> None:
+        started = time.perf_counter()
+        try:
+            await run_rollouts(
+                agent,
+                scenarios,
+                proxy_url=run.proxy_url,
+                group_size=settings.repeats,
+                concurrency=settings.concurrency,
+                timeout_s=settings.timeout,
+                model=run.model,
+                api_key=settings.api_key,
+                admin_key=settings.admin_key if run.served_by == "proxy" else None,
+                progress=None if progress is None else _for(progress, run.spec.label),
+                group_ids=group_ids,
+                groups_out=run.groups,
+                split="eval",
+            )
+        except ConfigError as exc:
+            run.error = str(exc)
+        finally:
+            run.seconds = time.perf_counter() - started
+
+    rolling: asyncio.Future[Any] = asyncio.ensure_future(
+        asyncio.gather(*(arm(run) for run in runs if run.error is None))
+    )
+    stopped: asyncio.Future[Any] = asyncio.ensure_future((stop or asyncio.Event()).wait())
+    try:
+        await asyncio.wait([rolling, stopped], return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        interrupted = not rolling.done()
+        stopped.cancel()
+        rolling.cancel()  # the rollouts under way stop; what ended is reported
+        with contextlib.suppress(asyncio.CancelledError):
+            await rolling
+    return interrupted
+
+
+def _for(progress: Progress, label: str) -> Callable[[int, int], None]:
+    return lambda done, total: progress(label, done, total)
+
+
+async def _count_tokens(runs: Sequence[ArmRun], store: TrajectoryStore) -> None:
+    for run in runs:
+        ended = [t for g in run.groups for t in g.trajectory_ids if t in g.seconds]
+        calls = await store.calls(ended)
+        run.tokens = {t: _tokens(calls[t]) for t in ended if t in calls}
+
+
+def _tokens(calls: Sequence[CallRecord]) -> tuple[int, int]:
+    """Prompt and completion tokens of a trajectory's calls: the upstream's usage, else the
+    token ids recorded."""
+    prompt = completion = 0
+    for call in calls:
+        usage = (call.response or {}).get("usage")
+        if isinstance(usage, dict) and isinstance(usage.get("prompt_tokens"), int):
+            prompt += usage["prompt_tokens"]
+            completion += int(usage.get("completion_tokens") or 0)
+        else:
+            prompt += len(call.prompt_token_ids or [])
+            completion += sum(len(ids) for ids in call.completion_token_ids or [])
+    return prompt, completion
+
+
+async def _rewards(
+    runs: Sequence[ArmRun],
+    settings: EvalSettings,
+    store: TrajectoryStore,
+    ruler: Ruler | None,
+    group_ids: dict[str, str],
+) -> tuple[dict[str, float], ScoredBy]:
+    """The agent's rewards where it returned one for every rollout that ended; else the
+    judge's, each scenario's rollouts of every arm ranked together."""
+    returned = {
+        t: r for run in runs for g in run.groups for t, r in g.rewards.items() if r is not None
+    }
+    ended = [t for run in runs for g in run.groups for t in g.rewards]
+    if len(returned) == len(ended) or ruler is None:
+        return returned, "agent"
+    shuffle = random.Random(settings.seed)
+    rewards: dict[str, float] = {}
+    for group_id in group_ids.values():
+        members = await finished_members(store, group_id)
+        if len(members) < 2:
+            continue
+        shuffle.shuffle(members)  # the order the judge sees says nothing of the arms
+        judgment = await ruler.score_group(group_id, members)
+        if judgment.status == "scored":
+            rewards |= rewards_by_trajectory(judgment.scores)
+    return rewards, "judge"

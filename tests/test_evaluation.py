@@ -1,0 +1,354 @@
+"""`art-proxy eval`: arms side by side on held-out scenarios, recorded apart, never trained on.
+
+Two fake vLLMs stand for two models: the proxy's upstream answers "no" (the base arm), a server of
+its own answers "yes" (an arm named NAME@URL, as a hosted model is). The agent's reward is 1 for
+"yes": the report must tell them apart by exactly that.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from art_proxy.config import EvalSettings
+from art_proxy.errors import ConfigError
+from art_proxy.evaluation.arms import parse_arm
+from art_proxy.evaluation.intervals import bootstrap_mean, paired_difference, wilson
+from art_proxy.evaluation.run import run_evaluation
+from art_proxy.proxy.server import RunningProxy, running_proxy
+from art_proxy.records import ArmResult, Estimate, EvaluationReport
+from art_proxy.rollout import Rollout
+from art_proxy.scenarios import Scenario
+from art_proxy.store.trajectory_store import TrajectoryStore
+from art_proxy.testing.fake_vllm import FakeVllm, FakeVllmConfig, running_fake_vllm
+from tests.conftest import proxy_settings
+from tests.ruler.scripted_judge import answer_by_content, running_scripted_judge
+
+SCENARIOS = [
+    Scenario.model_validate({"id": f"q{i}", "input": f"question {i}", "split": "val"})
+    for i in range(3)
+]
+
+
+async def _reply(rollout: Rollout) -> str:
+    async with rollout.openai_client() as client:
+        answer = await client.chat.completions.create(
+            model=rollout.model, messages=[{"role": "user", "content": str(rollout.scenario.input)}]
+        )
+    return answer.choices[0].message.content or ""
+
+
+async def says_yes(rollout: Rollout) -> float:
+    return 1.0 if "yes" in await _reply(rollout) else 0.0
+
+
+async def no_reward(rollout: Rollout) -> None:
+    await _reply(rollout)
+
+
+@pytest.fixture
+async def two_models(sqlite_url: str) -> AsyncIterator[tuple[RunningProxy, FakeVllm]]:
+    """The proxy in front of a model that answers no; a model of its own that answers yes."""
+    async with (
+        running_fake_vllm(FakeVllmConfig(reply="no")) as upstream,
+        running_fake_vllm(FakeVllmConfig(reply="yes", model="hosted")) as other,
+        running_proxy(proxy_settings(sqlite_url, upstream.base_url)) as proxy,
+    ):
+        yield proxy, other
+
+
+def _settings(proxy: RunningProxy, tmp_path: Path, **more: Any) -> EvalSettings:
+    return EvalSettings.model_validate(
+        {
+            "store": proxy.parts.settings.store,
+            "proxy": proxy.root_url,
+            "agent": "unused:unused",
+            "scenarios": "unused.jsonl",
+            "repeats": 4,
+            "out": str(tmp_path / "eval"),
+            **more,
+        }
+    )
+
+
+# --- intervals -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("successes", "n", "low", "high"),
+    # Wilson's 95% score interval, as statsmodels' proportion_confint(method="wilson") gives it.
+    [
+        (8, 10, 0.4902, 0.9433),
+        (0, 10, 0.0, 0.2775),
+        (10, 10, 0.7225, 1.0),
+        (45, 100, 0.3560, 0.5475),
+    ],
+)
+def test_wilson_interval_against_known_values(
+    successes: int, n: int, low: float, high: float
+) -> None:
+    estimate = wilson(successes, n)
+    assert estimate.mean == successes / n and estimate.method == "wilson"
+    assert estimate.low == pytest.approx(low, abs=5e-4)
+    assert estimate.high == pytest.approx(high, abs=5e-4)
+
+
+def test_the_bootstrap_is_seeded_and_near_the_normal_interval_of_a_mean() -> None:
+    values = [((i * 37) % 101) / 100 for i in range(200)]  # spread over [0, 1], not 0/1
+    first, again = bootstrap_mean(values, seed=3), bootstrap_mean(values, seed=3)
+    assert first == again  # the same rewards, the same interval
+    half = 1.96 * statistics.stdev(values) / math.sqrt(len(values))
+    assert first.mean is not None and first.mean == pytest.approx(statistics.fmean(values))
+    assert first.low == pytest.approx(first.mean - half, abs=0.01)
+    assert first.high == pytest.approx(first.mean + half, abs=0.01)
+    constant = bootstrap_mean([0.5] * 20)
+    assert (constant.low, constant.high) == (0.5, 0.5)
+
+
+def test_a_paired_difference_resamples_scenarios_and_removes_their_spread() -> None:
+    # Scenario difficulty varies widely, but the arm beats the reference by 0.1 on every one.
+    reference = {f"s{i}": [i / 10] for i in range(9)}
+    arm = {f"s{i}": [i / 10 + 0.1] for i in range(9)}
+    difference = paired_difference(arm, reference)
+    assert difference.n == 9 and difference.method == "bootstrap"
+    assert difference.mean == pytest.approx(0.1)
+    assert difference.low == pytest.approx(0.1) and difference.high == pytest.approx(0.1)
+
+
+@pytest.mark.parametrize(
+    ("text", "label", "model", "upstream"),
+    [
+        ("base", "base", "base", None),
+        ("policy@8", "policy@8", "policy@8", None),
+        ("trained=policy@8", "trained", "policy@8", None),
+        ("openai/gpt-4.1", "openai/gpt-4.1", "gpt-4.1", "https://api.openai.com/v1"),
+        ("demo=demo@http://127.0.0.1:8400/v1/", "demo", "demo", "http://127.0.0.1:8400/v1"),
+        ("Qwen/Qwen2.5-7B", "Qwen/Qwen2.5-7B", "Qwen/Qwen2.5-7B", None),
+    ],
+)
+def test_an_arm_is_named_as_the_judge_names_its_model(
+    text: str, label: str, model: str, upstream: str | None
+) -> None:
+    arm = parse_arm(text)
+    assert (arm.label, arm.model, arm.upstream) == (label, model, upstream)
+
+
+# --- the run ---------------------------------------------------------------------------------
+
+
+async def test_arms_side_by_side_report_success_intervals_and_the_paired_difference(
+    two_models: tuple[RunningProxy, FakeVllm], tmp_path: Path
+) -> None:
+    proxy, other = two_models
+    settings = _settings(proxy, tmp_path, model=["base", f"hosted@{other.base_url}"])
+    report = await run_evaluation(settings, says_yes, SCENARIOS)
+    base, hosted = report.arms
+    assert (base.label, base.model, base.served_by) == ("base", FakeVllmConfig().model, "proxy")
+    assert (hosted.label, hosted.served_by) == ("hosted", other.base_url)
+    assert (base.rollouts, hosted.rollouts, base.failed, hosted.failed) == (12, 12, 0, 0)
+    assert str(base.reward) == "0.00 [0.00, 0.24]"  # Wilson, 0 of 12
+    assert str(hosted.reward) == "1.00 [0.76, 1.00]"
+    assert hosted.difference is not None and hosted.difference.signed() == "+1.00 [+1.00, +1.00]"
+    assert base.difference is None and report.reference == "base"
+    assert report.reward_source == "agent" and (report.scenarios, report.repeats) == (3, 4)
+    assert base.latency_p50_s is not None and base.latency_p95_s is not None
+    assert base.prompt_tokens and base.completion_tokens  # read off the recorded calls
+
+
+async def test_an_evaluation_is_recorded_apart_and_never_judged_or_trained_on(
+    two_models: tuple[RunningProxy, FakeVllm], tmp_path: Path
+) -> None:
+    proxy, other = two_models
+    settings = _settings(proxy, tmp_path, model=["base", f"hosted@{other.base_url}"])
+    await run_evaluation(settings, says_yes, SCENARIOS)
+    await proxy.parts.settled()
+    async with TrajectoryStore.opened(proxy.parts.settings.store, writer=False) as store:
+        recorded = await store.trajectories(limit=100)
+        assert len(recorded) == 24 and {t.split for t in recorded} == {"eval"}
+        by_group: dict[str, set[str]] = {}
+        for trajectory in recorded:
+            by_group.setdefault(trajectory.group_id, set()).add(trajectory.upstream)
+        assert len(by_group) == 3  # one group a scenario, both arms in it
+        assert all(len(upstreams) == 2 for upstreams in by_group.values())
+        unjudged = await store.unjudged_groups(judge_model="j", mode="json", rubric_hash="r")
+        assert unjudged == []
+        for source in ("finish", "judgment"):
+            assert await store.trainable_groups("run", source=source) == []
+
+
+async def test_without_a_reward_the_judge_ranks_each_scenarios_arms_together_unnamed(
+    two_models: tuple[RunningProxy, FakeVllm], tmp_path: Path
+) -> None:
+    proxy, other = two_models
+    async with running_scripted_judge(
+        answer_by_content(lambda text: float("yes" in text))
+    ) as judge:
+        settings = _settings(
+            proxy,
+            tmp_path,
+            model=["base", f"hosted@{other.base_url}"],
+            judge=["openai/judge"],
+            judge_base_url=[judge.base_url],
+            repeats=2,
+        )
+        report = await run_evaluation(settings, no_reward, SCENARIOS)
+    base, hosted = report.arms
+    assert report.reward_source == "judge" and report.judge == "openai/judge"
+    assert str(base.reward) == "0.00 [0.00, 0.39]" and str(hosted.reward) == "1.00 [0.61, 1.00]"
+    prompts = [judge.prompt(i) for i in range(len(judge.requests))]
+    judged = [p for p in prompts if "<trajectory" in p]
+    assert len(judged) == 3 * 2  # each scenario's group of 4, in 2 orders
+    for prompt in judged:
+        assert prompt.count("<trajectory") == 4
+        assert "hosted" not in prompt and other.base_url not in prompt
+
+
+async def test_an_arm_that_cannot_run_is_reported_and_the_others_go_on(
+    two_models: tuple[RunningProxy, FakeVllm], tmp_path: Path
+) -> None:
+    proxy, _ = two_models
+    settings = _settings(
+        proxy,
+        tmp_path,
+        model=["base", "gone=m@http://127.0.0.1:9/v1", "missing=policy@7"],
+        repeats=1,
+    )
+    report = await run_evaluation(settings, says_yes, SCENARIOS)
+    base, gone, missing = report.arms
+    assert base.rollouts == 3 and base.error is None
+    assert gone.rollouts == 0 and gone.error == (
+        "its models could not be listed: HTTP 502: upstream http://127.0.0.1:9/v1 refused the "
+        "connection: [Errno 111] Connect call failed ('127.0.0.1', 9)"
+    )
+    assert missing.rollouts == 0 and "'policy@7' is not served there" in (missing.error or "")
+    assert missing.reward.n == 0 and str(missing.reward) == "-"
+
+
+async def test_stopping_reports_the_rollouts_that_ended(sqlite_url: str, tmp_path: Path) -> None:
+    async with (
+        running_fake_vllm(FakeVllmConfig(reply="yes", delay_s=0.2)) as upstream,
+        running_proxy(proxy_settings(sqlite_url, upstream.base_url)) as proxy,
+    ):
+        stop = asyncio.Event()
+        ended = 0
+
+        def progress(_label: str, done: int, _total: int) -> None:
+            nonlocal ended
+            ended = done
+            if done >= 2:
+                stop.set()
+
+        settings = _settings(proxy, tmp_path, model=["base"], repeats=10, concurrency=1)
+        report = await run_evaluation(settings, says_yes, SCENARIOS, progress, stop)
+    assert report.interrupted
+    (base,) = report.arms
+    assert 2 <= base.rollouts < 30 and base.reward.mean == 1.0
+
+
+def test_an_unknown_reference_is_refused_before_anything_runs(tmp_path: Path) -> None:
+    settings = EvalSettings.model_validate(
+        {"agent": "a:b", "scenarios": "s.jsonl", "model": ["base"], "reference": "nope"}
+    )
+    with pytest.raises(ConfigError, match="--reference 'nope' is none of the arms"):
+        asyncio.run(run_evaluation(settings, says_yes, SCENARIOS))
+
+
+def test_the_report_is_written_as_json_markdown_and_a_chart(tmp_path: Path) -> None:
+    from art_proxy.evaluation.report import write
+
+    def arm(
+        label: str, successes: int, difference: Estimate | None, cost: float | None
+    ) -> ArmResult:
+        return ArmResult(
+            label=label,
+            model=label,
+            served_by="proxy",
+            rollouts=120,
+            failed=0,
+            reward=wilson(successes, 120),
+            difference=difference,
+            latency_p50_s=1.5,
+            latency_p95_s=3.0,
+            prompt_tokens=900.0,
+            completion_tokens=40.0,
+            cost_per_1000=cost,
+            cost_basis=None if cost is None else "$2/h at 4,000 rollouts/h",
+        )
+
+    gain = Estimate(mean=0.68, low=0.59, high=0.77, n=30, method="bootstrap")
+    report = EvaluationReport(
+        id="e1",
+        created_at=datetime(2026, 11, 28, tzinfo=UTC),
+        agent="agent.py:rollout",
+        scenarios=30,
+        repeats=4,
+        reward_source="agent",
+        reference="base",
+        arms=[
+            arm("base", 5, None, 0.5),
+            arm("trained", 86, gain, 0.5),
+            arm("hosted", 90, gain, None),
+        ],
+    )
+    paths = write(report, tmp_path / "out")
+    assert [p.name for p in paths] == ["report.json", "report.md", "report.png"]
+    assert EvaluationReport.model_validate_json(paths[0].read_text()) == report
+    markdown = paths[1].read_text()
+    assert "| trained | trained | 0.72 [0.63, 0.79] | +0.68 [+0.59, +0.77] | 120 | 0 |" in markdown
+    assert paths[2].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert json.loads(paths[0].read_text())["arms"][0]["label"] == "base"
+
+
+def eval_command(*args: str) -> subprocess.CompletedProcess[str]:
+    command = [str(Path(sys.executable).parent / "art-proxy"), "eval", *args]
+    wide = {**os.environ, "COLUMNS": "200"}  # the table's 11 columns, unwrapped
+    return subprocess.run(
+        command, capture_output=True, text=True, timeout=180, check=False, env=wide
+    )
+
+
+async def test_the_command_prints_the_table_and_writes_the_report(
+    two_models: tuple[RunningProxy, FakeVllm], tmp_path: Path
+) -> None:
+    proxy, other = two_models
+    scenarios = tmp_path / "scenarios.jsonl"
+    scenarios.write_text("".join(s.model_dump_json() + "\n" for s in SCENARIOS))
+    args = ["--agent", "tests.test_evaluation:says_yes", "--scenarios", str(scenarios)]
+    args += ["--proxy", proxy.root_url, "--store", proxy.parts.settings.store]
+    args += ["--model", "base", "--model", f"hosted@{other.base_url}", "--repeats", "2"]
+    args += ["--price", "base=2", "--out", str(tmp_path / "report")]
+    done = await asyncio.to_thread(eval_command, *args)
+    assert done.returncode == 0, done.stderr
+    assert "3 scenarios x 2, agent's reward" in done.stdout
+    rows = [line.split("│")[1:-1] for line in done.stdout.splitlines() if line.startswith("│")]
+    cells = {row[0].strip(): [cell.strip() for cell in row] for row in rows if row[0].strip()}
+    assert cells["base"][2:6] == ["0.00 [0.00, 0.39]", "reference", "6", "0"]
+    assert cells["hosted"][2:6] == ["1.00 [0.61, 1.00]", "+1.00 [+1.00, +1.00]", "6", "0"]
+    assert cells["base"][-1] != "-" and cells["hosted"][-1] == "-"  # priced by --price only
+    written = sorted(p.name for p in (tmp_path / "report").iterdir())
+    assert written == ["report.json", "report.md", "report.png"]
+
+
+def test_the_command_refuses_a_bad_arm_in_one_line(tmp_path: Path) -> None:
+    scenarios = tmp_path / "scenarios.jsonl"
+    scenarios.write_text("".join(s.model_dump_json() + "\n" for s in SCENARIOS))
+    args = ["--agent", "tests.test_evaluation:says_yes", "--scenarios", str(scenarios)]
+    for arm, message in (
+        ("=base", "error: --model '=base': the label before '='"),
+        ("a=", "error: --model 'a=' names no model"),
+    ):
+        done = eval_command(*args, "--model", arm, "--store", f"sqlite:///{tmp_path / 'a.db'}")
+        assert done.returncode == 1
+        assert done.stderr.strip().splitlines()[0].startswith(message), done.stderr
+        assert len(done.stderr.strip().splitlines()) == 1
