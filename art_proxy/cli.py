@@ -103,7 +103,8 @@ def _configure_logging(level: str = "info") -> None:
     # Alembic narrates every migration check at start-up; litellm logs every judge call at INFO
     # (twice: through its own handler and ours); httpx (the OpenAI SDK's, so every agent's) logs
     # every request at INFO: 3,280 of the 3,362 lines of a `make demo` log were its.
-    for chatty in ("aiohttp.access", "alembic", "LiteLLM", "LiteLLM Router", "httpx"):
+    # httpx2: the OpenAI SDK 3's client, which logs as httpx did.
+    for chatty in ("aiohttp.access", "alembic", "LiteLLM", "LiteLLM Router", "httpx", "httpx2"):
         logging.getLogger(chatty).setLevel(logging.WARNING)
 
 
@@ -246,8 +247,14 @@ def judge(settings: JudgeSettings) -> None:
 
     try:
         rubric = load_rubric(settings.rubric)  # before litellm's seconds-long import
-        from art_proxy.ruler.command import run_judge
+        from art_proxy.ruler.command import run_judge, run_judge_check
 
+        if settings.check:
+            check = asyncio.run(run_judge_check(settings, rubric))
+            Console().print(check.line(), highlight=False, soft_wrap=True)
+            if not check.passed:
+                raise typer.Exit(1)
+            return
         asyncio.run(run_judge(settings, rubric, Console(), stderr))
     except (RubricError, ConfigError, StoreError, OSError) as exc:
         _fail(str(exc))

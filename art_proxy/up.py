@@ -218,6 +218,27 @@ def trainer_command(settings: UpSettings) -> str | None:
     return shlex.join([art_proxy, "train", *train_flags])
 
 
+def eval_command(settings: UpSettings) -> str | None:
+    """`art-proxy eval` of the base model against the trained adapter on the val scenarios,
+    after the whole loop (None without --agent, --eval-repeats 0 or val scenarios)."""
+    if not settings.agent or not settings.scenarios or not settings.eval_repeats:
+        return None
+    from art_proxy.scenarios import load_scenarios
+
+    if not any(scenario.split == "val" for scenario in load_scenarios(settings.scenarios)):
+        return None
+    art_proxy = str(Path(sys.executable).parent / "art-proxy")
+    eval_flags = flags(
+        agent=settings.agent,
+        scenarios=settings.scenarios,
+        store=settings.store,
+        proxy=f"http://{settings.host}:{settings.port}",
+        repeats=settings.eval_repeats,
+        out=f"{settings.out}/eval",
+    )
+    return shlex.join([art_proxy, "eval", *eval_flags, "--model", "base", "--model", "trained"])
+
+
 async def _post_once(part: Part, url: str, body: JsonObject) -> None:
     """POST `body` to `url` (a part's first request). Refused or unanswered, the part still
     serves: said in one line, not fatal."""
@@ -371,6 +392,9 @@ async def run_stack(settings: UpSettings) -> int:
             command = settings.run or trainer_command(settings)
             if command:
                 status = await _run_command(command, f"{proxy_root}/v1", stack)
+                evaluation = None if settings.run else eval_command(settings)
+                if status == 0 and evaluation is not None:
+                    status = await _run_command(evaluation, f"{proxy_root}/v1", stack)
                 await summarize(proxy_root, settings.store, table=settings.show_trajectories)
                 return status
             console.print("Ctrl-C stops everything.")

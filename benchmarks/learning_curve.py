@@ -98,9 +98,10 @@ class Arm:
     def label(self) -> str:
         if self.strict:
             return f"{self.engine}, strict, " + ("guided retries" if self.guided else "no retries")
+        overlap = f", overlapped K={self.max_off_policy_steps}" if self.max_off_policy_steps else ""
         if self.engine != "vllm" or self.vllm_dtype == "auto":
-            return self.engine
-        return f"vllm {self.vllm_dtype}, {self.objective}"
+            return self.engine + overlap
+        return f"vllm {self.vllm_dtype}, {self.objective}{overlap}"
 
 
 @dataclass
@@ -145,7 +146,8 @@ def main(args: argparse.Namespace) -> None:
             Arm("vllm", "bfloat16", "ppo"),
         ]
     else:
-        arms = [Arm(e) for e in (["local", "vllm"] if args.engine == "both" else [args.engine])]
+        engines = ["local", "vllm"] if args.engine == "both" else [args.engine]
+        arms = [Arm(e, max_off_policy_steps=args.max_off_policy_steps) for e in engines]
     runs = [run_engine(arm, args) for arm in arms]
     peers: list[PeerResult] = []
     if args.peers:
@@ -223,6 +225,8 @@ async def _train(
             "judge": ["openai/SmolLM2-135M-Instruct"],
             "judge_base_url": [llm],
             "judge_mode": "logprob",
+            # What this arm measures is training on the bundled judge, whatever its check says.
+            "judge_check": False,
         }
     guided = {}
     if arm.guided:
@@ -415,5 +419,11 @@ if __name__ == "__main__":
     )
     parser.add_argument(
         "--peers", action="store_true", help="also TRL's GRPOTrainer and an in-process loop"
+    )
+    parser.add_argument(
+        "--max-off-policy-steps",
+        type=int,
+        default=0,
+        help="the stack's loop overlapped (train --max-off-policy-steps); 0 = alternating",
     )
     main(parser.parse_args())

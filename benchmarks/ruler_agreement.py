@@ -7,7 +7,9 @@ figure is the mean Kendall tau-b over the groups: 1 = the labelled order, 0 = no
 reversed. A judge that fails a group counts as 0 for it. Beside it, the mean Kendall tau-b between
 the scores and the positions the trajectories were shown at (first order): a judge that scores by
 place has it near 1 with one order; `--orders 1,2` measures RULER's position debiasing
-(`--judge-orders`) side by side.
+(`--judge-orders`) side by side. With 2 or more orders, the judge check's figures
+(ruler/check.py, `art-proxy judge --check`): the tau between the orders' rankings, and whether
+the check passes the judge.
 
     .venv/bin/python benchmarks/ruler_agreement.py --local          # bundled SmolLM2, logprob mode
     .venv/bin/python benchmarks/ruler_agreement.py --judge openai/MODEL --judge-base-url URL
@@ -25,7 +27,9 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from art_proxy.records import JsonObject, JudgeMode
+from art_proxy.config.judge import JudgeChoice
+from art_proxy.records import JsonObject, JudgeMode, Judgment
+from art_proxy.ruler.check import JudgeCheck, check_judgments
 from art_proxy.ruler.ensemble import kendall_tau_b
 from art_proxy.ruler.judge import LitellmJudge
 from art_proxy.ruler.prompt import Member
@@ -34,6 +38,9 @@ from art_proxy.ruler.scorer import Ruler, RulerSettings
 from art_proxy.store.rows import GroupRow, RowKind, ScenarioRow
 from art_proxy.store.trajectory_store import TrajectoryStore, utcnow
 from art_proxy.store.writer import Batch
+
+# The judge check's threshold (`--judge-check-below`), as `train` and `judge --check` default it.
+DEFAULT_CHECK_BELOW = JudgeChoice.model_fields["judge_check_below"].default
 
 
 @dataclass(frozen=True)
@@ -126,10 +133,13 @@ GROUPS = (
 
 async def agreement(
     client: LitellmJudge, mode: JudgeMode, budget: int, orders: int = 1
-) -> list[tuple[float, float]]:
+) -> tuple[list[tuple[float, float]], JudgeCheck]:
     """Per group, in the order of GROUPS: the tau with the labelled order, and with the
-    positions shown (0 and 0 for a group the judge fails)."""
+    positions shown (0 and 0 for a group the judge fails); and the judge check of the
+    judgments, the labels as the known rewards."""
     taus: list[tuple[float, float]] = []
+    judgments: list[Judgment] = []
+    known: dict[str, float] = {}
     with tempfile.TemporaryDirectory() as folder:
         store = await TrajectoryStore.open(f"sqlite:///{Path(folder) / 'agreement.db'}")
         try:
@@ -144,6 +154,8 @@ async def agreement(
                     for rank in order
                 ]
                 judgment = await ruler.score_group(await _group(store, index), members)
+                judgments.append(judgment)
+                known |= {f"g{index}-rank{rank}": -float(rank) for rank in order}
                 if judgment.status != "scored":
                     print(f"group {index}: {judgment.status}: {judgment.reason}")
                     taus.append((0.0, 0.0))
@@ -159,7 +171,7 @@ async def agreement(
                 )
         finally:
             await store.aclose()
-    return taus
+    return taus, check_judgments(judgments, known, DEFAULT_CHECK_BELOW)
 
 
 async def _group(store: TrajectoryStore, index: int) -> str:
@@ -211,10 +223,15 @@ async def main() -> None:
         try:
             await client.check()  # reads the judge's context, which prompts are fitted to
             for orders in args.orders:
-                taus = await agreement(client, mode, args.max_prompt_tokens, orders)
+                taus, check = await agreement(client, mode, args.max_prompt_tokens, orders)
                 labelled = sum(t for t, _ in taus) / len(taus)
                 placed = sum(p for _, p in taus) / len(taus)
-                figures.append(f"{orders} order(s): {labelled:+.2f} labels, {placed:+.2f} position")
+                figure = f"{orders} order(s): {labelled:+.2f} labels, {placed:+.2f} position"
+                if check.consistency is not None:
+                    verdict = "passes" if check.passed else "fails"
+                    figure += f", orders agree {check.consistency:+.2f} (check {verdict})"
+                    print(check.line())
+                figures.append(figure)
         finally:
             await client.aclose()
     print(f"mean Kendall tau of {model} ({mode}) over {len(GROUPS)} groups: " + "; ".join(figures))

@@ -79,6 +79,28 @@ async def test_alias_rewrites_model_for_chat_and_completions_stream_and_not(
     assert sent["messages"] == chat_body()["messages"] and sent["max_tokens"] == 8
 
 
+async def test_alias_at_step_0_names_the_base_model_the_alias_hides(
+    proxy: RunningProxy, vllm: FakeVllm, http: aiohttp.ClientSession, tmp_path: Path
+) -> None:
+    """`ALIAS@0`: the base model under the alias (what `art-proxy eval --model base` runs), even
+    for an alias named after the base model, which otherwise hides it."""
+    base = vllm.config.model
+    for alias in (ALIAS, base):
+        await load_adapter(http, vllm, f"{alias}@1", tmp_path)
+        status, _ = await put_alias(http, proxy, {"model": f"{alias}@1", "step": 1}, alias)
+        assert status == 200
+        for model, upstream in ((alias, f"{alias}@1"), (f"{alias}@0", base)):
+            status, body = await post(
+                http, f"{proxy.base_url}/chat/completions", {**chat_body(), "model": model}
+            )
+            assert status == 200, body
+            assert vllm.requests[-1]["model"] == upstream
+    status, body = await post(
+        http, f"{proxy.base_url}/chat/completions", {**chat_body(), "model": "not-an-alias@0"}
+    )
+    assert status == 404 and vllm.requests[-1]["model"] == "not-an-alias@0"  # no alias: as sent
+
+
 async def test_the_record_keeps_the_clients_model_and_the_served_one(
     proxy: RunningProxy, vllm: FakeVllm, http: aiohttp.ClientSession, tmp_path: Path
 ) -> None:

@@ -12,7 +12,7 @@ import pytest
 from art_proxy.proxy import groups, open_trajectories
 from art_proxy.proxy.attribution import as_sampled
 from art_proxy.proxy.server import RunningProxy, running_proxy
-from art_proxy.records import Split
+from art_proxy.records import ScenarioSplit
 from art_proxy.store.trajectory_store import TrajectoryStore, utcnow
 from art_proxy.store.writer import Batch
 from art_proxy.testing.fake_vllm import FakeVllm
@@ -387,7 +387,7 @@ async def test_a_val_run_and_a_train_run_of_one_opening_are_never_siblings(
 ) -> None:
     """Else the group takes the lower split, and the trainer trains on validation data."""
     opening = [{"role": "user", "content": "the same question"}]
-    splits: tuple[Split, ...] = ("val", "train", "val")
+    splits: tuple[ScenarioSplit, ...] = ("val", "train", "val")
     for split in splits:
         await chat(http, proxy.base_url, opening, attribution_headers(split=split))
     await proxy.parts.settled()
@@ -403,7 +403,7 @@ async def test_a_group_mixing_splits_is_offered_to_the_trainer_as_val_only(
     proxy: RunningProxy, http: aiohttp.ClientSession
 ) -> None:
     opening = [{"role": "user", "content": "the same question"}]
-    splits: tuple[Split, ...] = ("train", "val", "train")
+    splits: tuple[ScenarioSplit, ...] = ("train", "val", "train")
     for number, split in enumerate(splits):
         headers = {**attribution_headers(split=split), "X-Art-Group": "mixed"}
         await chat(http, proxy.base_url, opening, {**headers, "X-Art-Trajectory": f"t{number}"})

@@ -19,6 +19,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 
 from art_proxy.config import EvalSettings
@@ -34,6 +35,7 @@ from art_proxy.store.trajectory_store import TrajectoryStore
 from art_proxy.testing.fake_vllm import FakeVllm, FakeVllmConfig, running_fake_vllm
 from tests.conftest import proxy_settings
 from tests.ruler.scripted_judge import answer_by_content, running_scripted_judge
+from tests.test_aliases import load_adapter, put_alias
 
 SCENARIOS = [
     Scenario.model_validate({"id": f"q{i}", "input": f"question {i}", "split": "val"})
@@ -185,6 +187,21 @@ async def test_an_evaluation_is_recorded_apart_and_never_judged_or_trained_on(
         assert unjudged == []
         for source in ("finish", "judgment"):
             assert await store.trainable_groups("run", source=source) == []
+        (stored,) = await store.evaluations()
+    assert [arm.label for arm in stored.arms] == ["base", "hosted"]
+    async with (
+        aiohttp.ClientSession() as http,
+        http.get(f"{proxy.root_url}/dashboard/evaluations") as page,
+    ):
+        html = await page.text()
+    assert page.status == 200 and "vs base [95%]" in html
+    assert "<td>hosted</td>" in html and "+1.00 [+1.00, +1.00]" in html
+    async with (
+        aiohttp.ClientSession() as http,
+        http.get(f"{proxy.root_url}/dashboard?split=eval") as page,
+    ):
+        listed = await page.text()
+    assert page.status == 200 and listed.count('href="/dashboard/groups/') == 3  # shown apart
 
 
 async def test_without_a_reward_the_judge_ranks_each_scenarios_arms_together_unnamed(
@@ -256,12 +273,24 @@ async def test_stopping_reports_the_rollouts_that_ended(sqlite_url: str, tmp_pat
     assert 2 <= base.rollouts < 30 and base.reward.mean == 1.0
 
 
-def test_an_unknown_reference_is_refused_before_anything_runs(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("given", "message"),
+    [
+        ({"reference": "nope"}, "--reference 'nope' is none of the arms"),
+        ({"price": ["nope=2"]}, "--price nope=...: no arm is labelled 'nope'"),
+        ({"arm_api_key": ["nope=k"]}, "--arm-api-key nope=...: no arm is labelled 'nope'"),
+        ({"model": ["m@http://u:secret@host/v1"]}, "carries credentials in its URL"),
+    ],
+)
+def test_a_setting_that_cannot_work_is_refused_before_anything_runs(
+    given: dict[str, Any], message: str
+) -> None:
     settings = EvalSettings.model_validate(
-        {"agent": "a:b", "scenarios": "s.jsonl", "model": ["base"], "reference": "nope"}
+        {"agent": "a:b", "scenarios": "s.jsonl", "model": ["base"], **given}
     )
-    with pytest.raises(ConfigError, match="--reference 'nope' is none of the arms"):
+    with pytest.raises(ConfigError, match=message) as refused:
         asyncio.run(run_evaluation(settings, says_yes, SCENARIOS))
+    assert "secret" not in str(refused.value)
 
 
 def test_the_report_is_written_as_json_markdown_and_a_chart(tmp_path: Path) -> None:
@@ -312,7 +341,7 @@ def test_the_report_is_written_as_json_markdown_and_a_chart(tmp_path: Path) -> N
 
 def eval_command(*args: str) -> subprocess.CompletedProcess[str]:
     command = [str(Path(sys.executable).parent / "art-proxy"), "eval", *args]
-    wide = {**os.environ, "COLUMNS": "200"}  # the table's 11 columns, unwrapped
+    wide = {**os.environ, "COLUMNS": "80"}  # a terminal's width
     return subprocess.run(
         command, capture_output=True, text=True, timeout=180, check=False, env=wide
     )
@@ -331,11 +360,14 @@ async def test_the_command_prints_the_table_and_writes_the_report(
     done = await asyncio.to_thread(eval_command, *args)
     assert done.returncode == 0, done.stderr
     assert "3 scenarios x 2, agent's reward" in done.stdout
-    rows = [line.split("│")[1:-1] for line in done.stdout.splitlines() if line.startswith("│")]
-    cells = {row[0].strip(): [cell.strip() for cell in row] for row in rows if row[0].strip()}
-    assert cells["base"][2:6] == ["0.00 [0.00, 0.39]", "reference", "6", "0"]
-    assert cells["hosted"][2:6] == ["1.00 [0.61, 1.00]", "+1.00 [+1.00, +1.00]", "6", "0"]
-    assert cells["base"][-1] != "-" and cells["hosted"][-1] == "-"  # priced by --price only
+    rows = [
+        line for line in done.stdout.splitlines() if line.strip().startswith(("base", "hosted"))
+    ]
+    assert len(rows) == 2, done.stdout
+    assert "0.00 [0.00, 0.39]" in rows[0] and "reference" in rows[0]
+    assert "1.00 [0.61, 1.00]" in rows[1] and "+1.00 [+1.00, +1.00]" in rows[1]
+    assert rows[0].split()[-1] != "-" and rows[1].split()[-1] == "-"  # priced by --price only
+    assert max(len(line) for line in done.stdout.splitlines()) <= 80  # fits a terminal
     written = sorted(p.name for p in (tmp_path / "report").iterdir())
     assert written == ["report.json", "report.md", "report.png"]
 
@@ -352,3 +384,27 @@ def test_the_command_refuses_a_bad_arm_in_one_line(tmp_path: Path) -> None:
         assert done.returncode == 1
         assert done.stderr.strip().splitlines()[0].startswith(message), done.stderr
         assert len(done.stderr.strip().splitlines()) == 1
+
+
+async def test_the_base_arm_reaches_the_base_model_an_alias_of_its_name_hides(
+    sqlite_url: str, tmp_path: Path
+) -> None:
+    """The trainer names its alias after the base model, which then serves the adapter: the base
+    arm goes to ALIAS@0, the base under the alias, and the alias's arm to the adapter."""
+    async with (
+        running_fake_vllm(FakeVllmConfig(reply="yes")) as upstream,
+        running_proxy(proxy_settings(sqlite_url, upstream.base_url)) as proxy,
+        aiohttp.ClientSession() as http,
+    ):
+        base = upstream.config.model
+        await load_adapter(http, upstream, f"{base}@3-run", tmp_path)
+        status, _ = await put_alias(http, proxy, {"model": f"{base}@3-run", "step": 3}, base)
+        assert status == 200
+        settings = _settings(proxy, tmp_path, model=["base", f"trained={base}@3"], repeats=1)
+        report = await run_evaluation(settings, says_yes, SCENARIOS)
+        served = [request["model"] for request in upstream.requests]
+    assert [(arm.label, arm.model, arm.rollouts) for arm in report.arms] == [
+        ("base", f"{base}@0", 3),
+        ("trained", f"{base}@3-run", 3),
+    ]
+    assert sorted(served) == [base] * 3 + [f"{base}@3-run"] * 3

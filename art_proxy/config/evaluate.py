@@ -14,7 +14,8 @@ class EvalSettings(AgentRunSettings, JudgeChoice, StoreSettings):
     """`art-proxy eval`: is the trained model better than the base, or a hosted one?"""
 
     model: list[str] = Field(
-        description="An arm to evaluate; repeat for each: base, an alias or ALIAS@STEP, "
+        description="An arm to evaluate; repeat for each: base, trained (the base model's "
+        "alias: the trainer's newest adapter), an alias or ALIAS@STEP, "
         "openai/MODEL (OPENAI_API_KEY), NAME@URL (any OpenAI-compatible server); LABEL=SPEC "
         "names it in the report."
     )

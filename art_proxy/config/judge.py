@@ -44,6 +44,13 @@ class JudgeChoice(Settings):
         "rotations); a trajectory's score is its mean over them, so a judge that favours a "
         "position cannot reward it. 1 = the given order only (half the judge calls).",
     )
+    judge_check_below: float = Field(
+        0.3,
+        ge=-1.0,
+        le=1.0,
+        description="A judge check fails below this Kendall tau: between the orders a group is "
+        "judged in, or with the agent's own rewards where it returns them (ruler/check.py).",
+    )
 
     @field_validator("judge", "judge_base_url", mode="before")
     @classmethod
@@ -101,6 +108,13 @@ class JudgeSettings(JudgeChoice, StoreSettings, ReportSettings, PiiSettings):
         "the members that finished (at least two; fewer is recorded as skipped).",
     )
     poll: float = Field(5.0, gt=0, description="Seconds between looks at the store with --watch.")
+    check: bool = Field(
+        False,
+        description="Check the judge instead of judging: judge the newest --check-groups groups "
+        "in 2 or more orders, storing nothing, and exit 1 when its scores follow position or "
+        "noise (--judge-check-below).",
+    )
+    check_groups: int = Field(8, ge=1, description="Groups a --check judges.")
     concurrency: int = Field(4, ge=1, description="Groups judged at once.")
     judge_max_prompt_tokens: int = Field(
         32_000,
@@ -184,6 +198,7 @@ def judging_as_it_goes(choice: JudgeChoice, store: str) -> JudgeSettings:
         judge_base_url=choice.judge_base_url,
         judge_mode=choice.judge_mode,
         judge_orders=choice.judge_orders,
+        judge_check_below=choice.judge_check_below,
         rubric=choice.rubric,
         judge_max_prompt_tokens=0,
     )

@@ -168,6 +168,12 @@ class TrainSettings(JudgeChoice, UpstreamSettings, StoreSettings, ReportSettings
         description="When more groups are ready than a step takes, train the newest first "
         "(the least stale) instead of the oldest.",
     )
+    judge_check: bool = Field(
+        True,
+        description="The whole loop with --judge: check the judge on the first step's groups "
+        "(ruler/check.py) and stop before training when its scores follow position or noise "
+        "(--judge-check-below).",
+    )
     guided_retries: bool = Field(
         False,
         description="The whole loop: run a scenario's group again with guidance (its scenario's "

@@ -87,6 +87,12 @@ class UpSettings(JournalSettings, StoreSettings):
     )
     scenarios: str | None = Field(None, description="Scenarios JSONL for --agent.")
     steps: int = Field(20, ge=1, description="Training steps with --agent.")
+    eval_repeats: int = Field(
+        4,
+        ge=0,
+        description="With --agent, once trained: `art-proxy eval` of the base model against the "
+        "trained adapter on the val scenarios, this many rollouts a scenario (0 = none).",
+    )
     out: str = Field("art-train", description="Trainer directory (checkpoints, metrics.jsonl).")
     nproc: int = Field(
         1, ge=1, description="Training processes with --agent, one per device (train's --nproc)."

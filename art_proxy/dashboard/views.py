@@ -1,4 +1,5 @@
-"""The dashboard's pages: groups, one group side by side, one trajectory's raw calls, training.
+"""The dashboard's pages: groups, one group side by side, one trajectory's raw calls, training,
+evaluations.
 
 Each handler reads the store and renders a Jinja2 template with autoescape on, which is the escaping
 guarantee: trajectory content is untrusted and reaches the page only as text. Pages are whole
@@ -19,6 +20,7 @@ from urllib.parse import quote, urlencode
 import jinja2
 from aiohttp import web
 
+from art_proxy.evaluation.report import headers, notes, rows, title
 from art_proxy.pii import (
     PiiRedactor,
     Placeholders,
@@ -51,6 +53,7 @@ STATIC_FILES = {"dashboard.css": "text/css", "dashboard.js": "text/javascript"}
 # Steps of a run plotted: more points than a chart is wide are not readable anyway.
 MAX_STEPS = 2000
 MAX_MOVES = 200
+MAX_EVALUATIONS = 20
 
 
 @dataclass(frozen=True)
@@ -184,6 +187,12 @@ class Dashboard:
             aliases=await store.aliases(),
         )
 
+    async def evaluations(self, request: web.Request) -> web.Response:
+        """`art-proxy eval`'s reports, newest first, each as the command printed it."""
+        reports = await self._store_of(request).evaluations(MAX_EVALUATIONS)
+        shown = [(title(r), headers(r), rows(r), notes(r), r.created_at) for r in reports]
+        return self._page("evaluations.html", evaluations=shown)
+
     async def static(self, request: web.Request) -> web.Response:
         name = request.match_info["name"]
         if name not in STATIC_FILES:
@@ -210,6 +219,7 @@ def add_routes(
     router.add_get("/dashboard/groups/{group}", dashboard.group)
     router.add_get("/dashboard/trajectories/{trajectory}", dashboard.trajectory)
     router.add_get("/dashboard/training", dashboard.training)
+    router.add_get("/dashboard/evaluations", dashboard.evaluations)
     router.add_get("/dashboard/static/{name}", dashboard.static)
 
 

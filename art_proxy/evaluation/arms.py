@@ -1,6 +1,9 @@
 """An evaluation's arms: the models the agent is run against, named as `--model` names them.
 
-    base                       the base model the proxy's upstream serves
+    base                       the base model the proxy's upstream serves (under an alias of
+                               its name, ALIAS@0)
+    trained                    the base model's name through the proxy: its alias's adapter,
+                               the trainer's newest, where the trainer named it after the base
     policy, policy@8, NAME     an alias, one of its steps or any model the upstream serves
     openai/gpt-4.1             OpenAI's API (key: OPENAI_API_KEY), priced by litellm's table
     NAME@http://host:port/v1   any OpenAI-compatible server (key: --arm-api-key LABEL=KEY)
@@ -20,10 +23,13 @@ import re
 from dataclasses import dataclass
 
 from art_proxy.errors import ConfigError
+from art_proxy.redaction import redact_url
 
 OPENAI_API = "https://api.openai.com/v1"
 BASE = "base"
+TRAINED = "trained"
 _LABEL = re.compile(r"^[A-Za-z0-9_.:-]+$")
+_SERVED_AT = re.compile(r"@(?=https?://)")
 
 
 @dataclass(frozen=True)
@@ -52,10 +58,17 @@ def parse_arm(text: str) -> ArmSpec:
     if spec.startswith("openai/"):
         name = spec.removeprefix("openai/")
         return ArmSpec(label or spec, name, OPENAI_API, "OPENAI_API_KEY", name)
-    name, at, url = spec.rpartition("@")
-    if at and url.startswith(("http://", "https://")):
+    served_at = _SERVED_AT.search(spec)  # the first '@' a URL follows: a URL may hold '@'
+    if served_at is not None:
+        name, url = spec[: served_at.start()], spec[served_at.end() :]
         if not name:
             raise ConfigError(f"--model {text!r}: NAME@URL needs the model's name before '@'")
+        if redact_url(url) != url:
+            # The URL is shown in the report and stored with every trajectory.
+            raise ConfigError(
+                f"--model '{name}@{redact_url(url)}' carries credentials in its URL: pass the key "
+                "with --arm-api-key LABEL=KEY"
+            )
         return ArmSpec(label or name, name, url.rstrip("/"))
     return ArmSpec(label or spec, spec)
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
+from rich import box
 from rich.table import Table
 
 from art_proxy.evaluation.arms import ArmSpec
@@ -172,7 +173,7 @@ _COLUMNS = ("arm", "model", "reward [95%]", "vs {ref} [95%]", "rollouts", "faile
 _MORE = ("p50 s", "p95 s", "prompt tok", "completion tok", "$ / 1k rollouts")
 
 
-def _cells(report: EvaluationReport) -> list[list[str]]:
+def rows(report: EvaluationReport) -> list[list[str]]:
     rows = []
     for arm in report.arms:
         rows.append(
@@ -197,37 +198,48 @@ def _number(value: float | None, form: str) -> str:
     return "-" if value is None else form.format(value)
 
 
-def _headers(report: EvaluationReport) -> list[str]:
+def headers(report: EvaluationReport) -> list[str]:
     return [c.format(ref=report.reference) for c in _COLUMNS] + list(_MORE)
 
 
-def _title(report: EvaluationReport) -> str:
+def title(report: EvaluationReport) -> str:
     source = f"judged by {report.judge}" if report.reward_source == "judge" else "agent's reward"
     cut = ", interrupted: partial" if report.interrupted else ""
     return f"evaluation {report.id}: {report.scenarios} scenarios x {report.repeats}, {source}{cut}"
 
 
+# The terminal's table: the columns that answer "is it better", under short names, narrow
+# enough for 80 columns (the model, p95 and tokens are in report.md and report.json).
+_SHOWN = {0: "arm", 2: "reward [95%]", 3: "vs {ref}", 4: "n", 5: "failed", 6: "p50 s", 10: "$/1k"}
+
+
 def table(report: EvaluationReport) -> Table:
-    shown = Table(*_headers(report), title=_title(report))
-    for row in _cells(report):
-        shown.add_row(*row)
+    shown = Table(title=title(report), box=box.SIMPLE_HEAD, padding=(0, 1))
+    for index, name in _SHOWN.items():
+        shown.add_column(
+            name.format(ref=report.reference),
+            no_wrap=index in (0, 2, 3),
+            justify="left" if index == 0 else "right",
+        )
+    for row in rows(report):
+        shown.add_row(*(row[index] for index in _SHOWN))
     return shown
 
 
 def markdown(report: EvaluationReport) -> str:
-    headers = _headers(report)
+    columns = headers(report)
     lines = [
-        f"# {_title(report)}",
+        f"# {title(report)}",
         "",
-        "| " + " | ".join(headers) + " |",
-        "|" + "---|" * len(headers),
+        "| " + " | ".join(columns) + " |",
+        "|" + "---|" * len(columns),
     ]
-    lines += ["| " + " | ".join(row) + " |" for row in _cells(report)]
-    lines += ["", *_notes(report)]
+    lines += ["| " + " | ".join(row) + " |" for row in rows(report)]
+    lines += ["", *notes(report)]
     return "\n".join(lines) + "\n"
 
 
-def _notes(report: EvaluationReport) -> list[str]:
+def notes(report: EvaluationReport) -> list[str]:
     notes = [
         "Reward: mean over rollouts (a failed rollout scores 0), 95% interval (Wilson for "
         "0/1 rewards, else bootstrap). The difference is paired by scenario (bootstrap over "

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import os
 import random
 import time
@@ -27,11 +28,12 @@ from aiohttp import web
 
 from art_proxy.config import EvalSettings, ProxySettings
 from art_proxy.config.judge import judging_as_it_goes
-from art_proxy.errors import ConfigError
-from art_proxy.evaluation.arms import BASE, ArmSpec, base_model, parse_arms
+from art_proxy.errors import ConfigError, StoreError
+from art_proxy.evaluation.arms import BASE, TRAINED, ArmSpec, base_model, parse_arms
 from art_proxy.evaluation.report import ArmRun, Prices, build_report, litellm_prices
 from art_proxy.ids import new_id
 from art_proxy.journal.left_behind import opened_for_reading
+from art_proxy.proxy.aliases import BASE_STEP
 from art_proxy.records import CallRecord, EvaluationReport, ScoredBy
 from art_proxy.rewards import rewards_by_trajectory
 from art_proxy.rollout import Agent, run_rollouts
@@ -41,6 +43,8 @@ from art_proxy.ruler.run import finished_members
 from art_proxy.ruler.scorer import Ruler
 from art_proxy.scenarios import Scenario
 from art_proxy.store.trajectory_store import TrajectoryStore
+
+log = logging.getLogger(__name__)
 
 # Seconds to wait for a server's model list while the arms are prepared.
 _MODELS_TIMEOUT_S = 30.0
@@ -60,8 +64,16 @@ async def run_evaluation(
     arm, an unknown reference, a judge that does not answer)."""
     specs = parse_arms(settings.model)
     reference = settings.reference or specs[0].label
-    if reference not in {spec.label for spec in specs}:
+    labels = {spec.label for spec in specs}
+    if reference not in labels:
         raise ConfigError(f"--reference {reference!r} is none of the arms' labels")
+    for flag, given in (
+        ("--price", settings.prices_per_hour),
+        ("--arm-api-key", settings.arm_keys),
+    ):
+        unknown = sorted(set(given) - labels)
+        if unknown:
+            raise ConfigError(f"{flag} {unknown[0]}=...: no arm is labelled {unknown[0]!r}")
     group_ids = {scenario.id: new_id() for scenario in scenarios}
     evaluation_id = new_id()
     async with contextlib.AsyncExitStack() as stack:
@@ -78,19 +90,23 @@ async def run_evaluation(
         interrupted = await _roll(runs, settings, agent, scenarios, group_ids, progress, stop)
         await _count_tokens(runs, store)
         rewards, scored_by = await _rewards(runs, settings, store, ruler, group_ids)
-    prices = Prices(litellm_prices(specs), settings.prices_per_hour)
-    return build_report(
-        runs,
-        rewards,
-        evaluation_id=evaluation_id,
-        agent=settings.agent,
-        repeats=settings.repeats,
-        reference=reference,
-        reward_source=scored_by,
-        judge=", ".join(settings.judge) if scored_by == "judge" else None,
-        prices=prices,
-        interrupted=interrupted,
-    )
+        report = build_report(
+            runs,
+            rewards,
+            evaluation_id=evaluation_id,
+            agent=settings.agent,
+            repeats=settings.repeats,
+            reference=reference,
+            reward_source=scored_by,
+            judge=", ".join(settings.judge) if scored_by == "judge" else None,
+            prices=Prices(litellm_prices(specs), settings.prices_per_hour),
+            interrupted=interrupted,
+        )
+        try:
+            await store.add_evaluation(report)  # the dashboard's list of evaluations
+        except StoreError as exc:  # the report is still printed and written
+            log.warning("the evaluation is not in the store's list: %s", exc)
+    return report
 
 
 async def _prepare(
@@ -113,11 +129,15 @@ async def _prepare(
         run.error = str(exc)
         return run
     ids = [str(entry.get("id")) for entry in models]
-    if spec.model == BASE and spec.upstream is None:
+    if spec.model in (BASE, TRAINED) and spec.upstream is None:
         try:
             run.model = base_model(models)
         except ConfigError as exc:
             run.error = str(exc)
+        else:
+            if spec.model == BASE and run.model in await _aliases(proxy, settings.admin_key):
+                # An alias named after the base model hides it: ALIAS@0 is the base under it.
+                run.model = f"{run.model}@{BASE_STEP}"
     elif spec.model not in ids:
         # ALIAS@STEP names an adapter the trainer saved as ALIAS@STEP-TAG.
         tagged = [i for i in ids if i.startswith(spec.model + "-")]
@@ -154,23 +174,39 @@ async def _recording_proxy(
     return f"http://127.0.0.1:{port}"
 
 
+async def _get(url: str, key: str | None) -> tuple[int, str]:
+    """GET `url` with `key` as its Bearer: the status and the body."""
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    timeout = aiohttp.ClientTimeout(total=_MODELS_TIMEOUT_S)
+    async with (
+        aiohttp.ClientSession(headers=headers, timeout=timeout) as http,
+        http.get(url) as response,
+    ):
+        return response.status, await response.text()
+
+
+async def _aliases(proxy: str, admin_key: str | None) -> set[str]:
+    """The proxy's aliases (none where it will not say: no admin key)."""
+    try:
+        status, text = await _get(f"{proxy}/art/v1/aliases", admin_key)
+        body = json.loads(text) if status == 200 else {}
+    except (aiohttp.ClientError, TimeoutError, ValueError):
+        return set()
+    return {str(entry.get("alias")) for entry in body.get("data", []) if isinstance(entry, dict)}
+
+
 async def _served(proxy: str, api_key: str | None) -> list[dict[str, object]]:
     """`/v1/models` through `proxy`; `ConfigError` with why when it does not answer."""
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    timeout = aiohttp.ClientTimeout(total=_MODELS_TIMEOUT_S)
     try:
-        async with (
-            aiohttp.ClientSession(headers=headers, timeout=timeout) as http,
-            http.get(f"{proxy}/v1/models") as response,
-        ):
-            if response.status != 200:
-                raise ConfigError(
-                    f"its models could not be listed: HTTP {response.status}: "
-                    + _error_message(await response.text())
-                )
-            body = await response.json()
-    except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+        status, text = await _get(f"{proxy}/v1/models", api_key)
+    except (aiohttp.ClientError, TimeoutError) as exc:
         raise ConfigError(f"its server does not answer: {type(exc).__name__}: {exc}") from exc
+    if status != 200:
+        raise ConfigError(f"its models could not be listed: HTTP {status}: {_error_message(text)}")
+    try:
+        body = json.loads(text)
+    except ValueError as exc:
+        raise ConfigError(f"its model list is not JSON: {text[:200]}") from exc
     data = body.get("data") if isinstance(body, dict) else None
     return [entry for entry in data or [] if isinstance(entry, dict)]
 

@@ -10,6 +10,9 @@ An alias outlives what it points at: the upstream restarts without the adapter, 
 unloads it. Such an alias falls back to the base model, with a warning, until the adapter is served
 again or the alias moves (`check_served`, fed by upstream_models.py): a call to it is answered by
 the base model rather than failing with "model does not exist".
+
+`ALIAS@0` names the base model under an alias (step 0: no adapter), which an alias named after
+the base model otherwise hides: what `art-proxy eval --model base` compares the adapters with.
 """
 
 from __future__ import annotations
@@ -29,6 +32,10 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
+# `ALIAS@0`: the base model under an alias (the trainer's adapters are ALIAS@STEP-TAG, STEP >= 1).
+BASE_STEP = "0"
+
+
 @dataclass(frozen=True)
 class Fallback:
     target: str  # what the alias points at, which some upstream does not serve
@@ -45,10 +52,20 @@ class Aliases:
         self._everywhere: frozenset[str] | None = None  # what every upstream served, last asked
         self._moved_to: dict[str, datetime] = {}  # model -> when an alias moved to it, since
         self._asked_at: datetime | None = None
+        self._answers: Sequence[ServedModels] = ()  # every upstream's models, last asked
 
     def resolve(self, model: str) -> str:
-        """The name to send upstream for a request's `model` (itself when it is no alias)."""
-        return self._targets.get(model, model)
+        """The name to send upstream for a request's `model` (itself when it is no alias;
+        `ALIAS@0`: the base model under the alias)."""
+        target = self._targets.get(model)
+        if target is not None:
+            return target
+        alias, at, step = model.rpartition("@")
+        if at and step == BASE_STEP and alias in self._targets:
+            # Until the upstreams have answered, the alias's own name: the trainer names its
+            # alias after the base model it serves.
+            return (base_model_of(alias, self._answers) if self._answers else None) or alias
+        return model
 
     def is_alias(self, model: str) -> bool:
         return model in self._targets
@@ -79,6 +96,7 @@ class Aliases:
         if not served:
             return
         self._everywhere = served[0].names.intersection(*(models.names for models in served[1:]))
+        self._answers = served
         self._moved_to = {m: at for m, at in self._moved_to.items() if at > asked_at}
         self._asked_at = asked_at
         for record in self._records:

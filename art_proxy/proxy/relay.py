@@ -260,10 +260,11 @@ class Relay:
 
     def _served_model(self, model: str, assignment: Assignment) -> str:
         """What serves a call to `model`: an alias's target, or the adapter the trajectory's
-        lease holds (leases.py)."""
+        lease holds (leases.py); `ALIAS@0`, the base model under the alias (no lease: it is
+        always served)."""
         aliases = self._aliases
         if not aliases.is_alias(model):
-            return model
+            return aliases.resolve(model)
         return self._tracker.lease(assignment, model, aliases.resolve(model), aliases.is_served)
 
     async def _forward(self, request: web.Request, call: CallInProgress) -> web.StreamResponse:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -26,15 +26,17 @@ from rich.progress import (
 from rich.table import Table
 
 from art_proxy.config import JudgeSettings
+from art_proxy.errors import ConfigError
 from art_proxy.ids import short_id
 from art_proxy.journal.left_behind import opened_for_reading
 from art_proxy.pii import pii_redactor
 from art_proxy.records import Judgment
+from art_proxy.ruler.check import JudgeCheck, check_judgments
 from art_proxy.ruler.ensemble import ensemble_name
 from art_proxy.ruler.judge import LitellmJudge, litellm_token_counter
 from art_proxy.ruler.reward import RewardRule
 from art_proxy.ruler.rubric import Rubric
-from art_proxy.ruler.run import GroupJudge, Readiness, Totals
+from art_proxy.ruler.run import GroupJudge, Readiness, Totals, finished_members
 from art_proxy.ruler.scorer import Ruler, RulerSettings
 from art_proxy.store.trajectory_store import TrajectoryStore
 from art_proxy.trackers import Tracker, open_trackers
@@ -84,31 +86,62 @@ def build_ruler(
     return ruler, clients
 
 
-async def run_judge(settings: JudgeSettings, rubric: Rubric, out: Console, err: Console) -> Totals:
-    """Raises `RubricError`, `ConfigError` or `StoreError` before judging anything."""
+@contextlib.asynccontextmanager
+async def checked_ruler(settings: JudgeSettings, rubric: Rubric) -> AsyncIterator[Ruler]:
+    """The Ruler the settings describe on their store, its judges checked to answer (a
+    `ConfigError` before anything is judged), closed when the block ends."""
     clients: list[LitellmJudge] = []
     async with opened_for_reading(settings.store) as store:
         try:
             ruler, clients = build_ruler(settings, rubric, store)
             for client in clients:
                 await client.check()
-            judge = GroupJudge(
-                ruler,
-                Readiness(settings.group_size, settings.wait),
-                concurrency=settings.concurrency,
-                retry_failed=settings.retry_failed,
-            )
-            trackers = open_trackers(
-                settings, JUDGE_RUN, tensorboard=f"runs/{JUDGE_RUN}", wandb_dir=Path.cwd()
-            )
-            try:
-                await _passes(judge, settings, err, trackers)
-            finally:
-                for tracker in trackers:
-                    tracker.close()
+            yield ruler
         finally:
             for client in clients:
                 await client.aclose()
+
+
+async def run_judge_check(settings: JudgeSettings, rubric: Rubric) -> JudgeCheck:
+    """The judge checked on the store's newest `check_groups` groups of two or more finished
+    members, each judged in at least 2 orders; nothing is stored."""
+    checked = settings.model_copy(update={"judge_orders": max(2, settings.judge_orders)})
+    judgments: list[Judgment] = []
+    known: dict[str, float] = {}
+    async with checked_ruler(checked, rubric) as ruler:
+        for group in await ruler.store.groups(limit=settings.check_groups * 4):
+            members = await finished_members(ruler.store, group.id)
+            if len(members) < 2:
+                continue
+            known |= {m.trajectory_id: m.reward for m in members if m.reward is not None}
+            judgments.append(await ruler.judgment(group.id, members))
+            if len(judgments) == settings.check_groups:
+                break
+    if not judgments:
+        raise ConfigError(
+            f"nothing to check the judge on: {settings.store} has no group with 2 finished runs "
+            "(art-proxy rollout makes some)"
+        )
+    return check_judgments(judgments, known, settings.judge_check_below)
+
+
+async def run_judge(settings: JudgeSettings, rubric: Rubric, out: Console, err: Console) -> Totals:
+    """Raises `RubricError`, `ConfigError` or `StoreError` before judging anything."""
+    async with checked_ruler(settings, rubric) as ruler:
+        judge = GroupJudge(
+            ruler,
+            Readiness(settings.group_size, settings.wait),
+            concurrency=settings.concurrency,
+            retry_failed=settings.retry_failed,
+        )
+        trackers = open_trackers(
+            settings, JUDGE_RUN, tensorboard=f"runs/{JUDGE_RUN}", wandb_dir=Path.cwd()
+        )
+        try:
+            await _passes(judge, settings, err, trackers)
+        finally:
+            for tracker in trackers:
+                tracker.close()
     out.print(summary(judge.totals, settings))
     return judge.totals
 

@@ -245,3 +245,14 @@ erasure_fences = sa.Table(
     sa.Column("erasure", sa.String(32), nullable=False),
     sa.Index("ix_erasure_fences_erasure", "erasure"),
 )
+
+# --- Evaluations: `art-proxy eval`'s reports (records.EvaluationReport), whole ---
+
+evaluations = sa.Table(
+    "evaluations",
+    metadata,
+    sa.Column("id", sa.String(64), primary_key=True),
+    sa.Column("created_at", Timestamp, nullable=False),
+    sa.Column("report", Json, nullable=False),
+    sa.Index("ix_evaluations_created", "created_at"),
+)

@@ -46,6 +46,7 @@ from art_proxy.store.engine import (
     transaction_runner,
 )
 from art_proxy.store.erasure import ErasureRecords
+from art_proxy.store.evaluations import EvaluationRecords
 from art_proxy.store.feedback import FeedbackRecords
 from art_proxy.store.judgments import JudgmentRecords
 from art_proxy.store.training import TrainingRecords
@@ -77,7 +78,9 @@ _ACTIVE_GROUPS = (
 )
 
 
-class TrajectoryStore(TrainingRecords, FeedbackRecords, JudgmentRecords, ErasureRecords):
+class TrajectoryStore(
+    TrainingRecords, FeedbackRecords, JudgmentRecords, ErasureRecords, EvaluationRecords
+):
     def __init__(self, engine: AsyncEngine, runner: TransactionRunner) -> None:
         self.engine = engine
         self.writer = GroupCommitWriter(engine.dialect.name, runner)

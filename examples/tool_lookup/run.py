@@ -256,6 +256,8 @@ def _settings(
                 "judge_base_url": [llm],
                 "judge_mode": "logprob",
                 "rubric": str(RUBRIC),
+                # The example measures what GRPO on the bundled judge does, check or not.
+                "judge_check": False,
             }
             if options.reward == "ruler"
             else {}

@@ -25,6 +25,7 @@ from art_proxy_trainer import policy as policy_module
 from art_proxy_trainer.command import run_train
 from art_proxy_trainer.errors import BaseModelMismatch, CheckpointError
 from art_proxy_trainer.step import StepResult
+from tests.ruler.scripted_judge import running_scripted_judge
 from tests.trainer.agents import untagged
 from tests.trainer.conftest import TINY_NAME, Stack
 from tests.trainer.under_load import train_under_load
@@ -254,6 +255,25 @@ async def test_a_judge_that_cannot_answer_stops_training_before_anything_moves(
     with pytest.raises(ConfigError, match=f"judge base URL {nowhere} does not answer"):
         await run_train(settings, Console(quiet=True))
     assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+async def test_a_judge_that_scores_at_random_is_stopped_before_the_first_step(
+    stack: Stack, tmp_path: Path
+) -> None:
+    """The judge check (ruler/check.py) on the first step's groups: a random judge's orders
+    disagree, so the run stops in one line before it trains or swaps anything; with
+    --no-judge-check it trains on it anyway."""
+    from tests.ruler.test_judge_check import at_random
+
+    async with running_scripted_judge(at_random(3)) as judge:  # type: ignore[arg-type]
+        judged = {"judge": ["openai/j"], "judge_base_url": [judge.base_url], "val_every": 0}
+        settings = _settings(stack, tmp_path / "run", steps=1, **judged)
+        with pytest.raises(ConfigError, match=r"judge check on \d+ groups: .* below 0.3"):
+            await run_train(settings, Console(quiet=True))
+        assert not (tmp_path / "run" / "checkpoints").exists()
+        anyway = _settings(stack, tmp_path / "anyway", steps=1, judge_check=False, **judged)
+        summary = await run_train(anyway, Console(quiet=True))
+    assert summary.stopped == "reached --steps 1"
 
 
 async def test_a_resumed_run_serves_its_adapter_again_and_a_new_run_starts_from_the_base(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from tests.test_up import art_proxy_up
@@ -23,8 +24,15 @@ async def test_up_with_an_agent_trains_it_and_stops_the_stack_when_training_ends
     output = up.output()
     assert status == 0, output
     assert "reached --steps 2" in output
+    assert "HTTP Request" not in output  # the agent's SDK (httpx, httpx2) does not log each call
     # The trainer's summary, then one line of counts: no trajectory table pushes it away.
     assert "recorded trajectories" not in output
     assert output.index("calls recorded,") > output.index("reached --steps 2")
+    # Then the base model against the trained adapter on the val scenarios (art-proxy eval).
+    assert output.index("vs base") > output.index("reached --steps 2")
+    report = json.loads((tmp_path / "train" / "eval" / "report.json").read_text())
+    assert [arm["label"] for arm in report["arms"]] == ["base", "trained"]
+    base, trained = (arm["model"] for arm in report["arms"])
+    assert base == f"{trained}@0"  # the base under the trainer's alias, named after the base
     assert len((tmp_path / "train" / "metrics.jsonl").read_text().splitlines()) == 2
     up.assert_nothing_left_running()

@@ -140,7 +140,9 @@ async def _train(
         try:
             ruler: Ruler | None = None
             if settings.judge:
-                ruler, judges = build_ruler(judging_as_it_goes(settings, settings.store), rubric, store)
+                ruler, judges = build_ruler(
+                    judging_as_it_goes(settings, settings.store), rubric, store
+                )
                 for judge in judges:
                     await judge.check()  # a judge that cannot answer stops the run before it swaps
             async with contextlib.AsyncExitStack() as stack:

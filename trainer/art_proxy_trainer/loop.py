@@ -26,9 +26,11 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from art_proxy.config import RewardSource, TrainSettings
-from art_proxy.records import TrainableGroup, TrainingStep
+from art_proxy.errors import ConfigError
+from art_proxy.records import Judgment, TrainableGroup, TrainingStep
 from art_proxy.rewards import has_signal, mean_or_nan, rewards_by_trajectory
 from art_proxy.rollout import Agent, GroupReport, ready_for_judging, run_rollouts
+from art_proxy.ruler.check import check_judgments
 from art_proxy.ruler.run import finished_members
 from art_proxy.ruler.scorer import Ruler
 from art_proxy.scenarios import Scenario
@@ -207,6 +209,11 @@ class WholeLoop:
         self.events = events
         self._draws: list[Scenario] = []
         self._random = random.Random(settings.seed)
+        # The judge check (ruler/check.py): the judgments of the first step's groups, and the
+        # agent's own rewards of their members where it returned them.
+        self._unchecked = ruler is not None and settings.judge_check
+        self._judgments: list[Judgment] = []
+        self._known: dict[str, float] = {}
 
     async def run(self) -> str:
         trainer, settings = self.trainer, self.settings
@@ -226,9 +233,21 @@ class WholeLoop:
                 val_reward, val_groups = await self.validate()
                 rollout_metrics["val_reward"] = val_reward
                 groups += val_groups
+            self._check_judge()
             self.events.status(f"training step {number}")
             self.events.step(await trainer.train(groups, extra_metrics=rollout_metrics))
         return reason
+
+    def _check_judge(self) -> None:
+        """Once, before the first step trains: stop when the judge's scores of the groups made
+        so far follow position or noise (`--judge-check-below`; `--no-judge-check` skips it)."""
+        if not self._unchecked:
+            return
+        self._unchecked = False
+        check = check_judgments(self._judgments, self._known, self.settings.judge_check_below)
+        if check.failed:
+            raise ConfigError(f"{check.line()}; or train on it anyway: --no-judge-check")
+        log.info("%s", check.line())
 
     def _validates(self, number: int) -> bool:
         """Whether step `number` is validated. The first GRPO step after a warm start is,
@@ -263,6 +282,7 @@ class WholeLoop:
         try:
             while (reason := stop_reason(trainer, settings)) is None:
                 batch = await pipeline.take()
+                self._check_judge()
                 self.events.status(f"training step {batch.number}")
                 record = await trainer.train(batch.groups, extra_metrics=batch.metrics)
                 pipeline.stepped()
@@ -411,6 +431,9 @@ class WholeLoop:
         else:
             members = await finished_members(self.ruler.store, group.group_id)
             judgment = await self.ruler.score_group(group.group_id, members)
+            if self._unchecked:
+                self._judgments.append(judgment)
+                self._known |= {m.trajectory_id: m.reward for m in members if m.reward is not None}
             cost = judgment.cost_usd
             if judgment.status == "scored":
                 rewards = rewards_by_trajectory(judgment.scores)

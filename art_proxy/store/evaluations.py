@@ -1,0 +1,28 @@
+"""`art-proxy eval`'s reports, stored whole: the dashboard lists them beside training."""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+
+from art_proxy.records import EvaluationReport
+from art_proxy.store import schema
+from art_proxy.store.base import StoreBase
+
+E = schema.evaluations
+
+
+class EvaluationRecords(StoreBase):
+    async def add_evaluation(self, report: EvaluationReport) -> None:
+        async with self._transaction() as connection:
+            await connection.execute(
+                sa.insert(E).values(
+                    id=report.id,
+                    created_at=report.created_at,
+                    report=report.model_dump(mode="json"),
+                )
+            )
+
+    async def evaluations(self, limit: int = 20) -> list[EvaluationReport]:
+        """Newest first."""
+        rows = await self._all(sa.select(E.c.report).order_by(E.c.created_at.desc()).limit(limit))
+        return [EvaluationReport.model_validate(row["report"]) for row in rows]
