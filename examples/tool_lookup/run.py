@@ -38,10 +38,13 @@ import aiohttp
 from rich.console import Console
 from rich.table import Table
 
-from art_proxy.config import TrainSettings
+from art_proxy.config import EvalSettings, TrainSettings
 from art_proxy.cpu_sharing import share_cpu_cores
 from art_proxy.errors import ArtProxyError
-from art_proxy.records import AGENT_METRIC_PREFIX
+from art_proxy.evaluation.report import table as evaluation_table
+from art_proxy.evaluation.report import write as write_report
+from art_proxy.evaluation.run import run_evaluation
+from art_proxy.records import AGENT_METRIC_PREFIX, EvaluationReport
 from art_proxy.rollout import Rollout, RolloutOutcome, run_rollouts
 from art_proxy.ruler.errors import RubricError
 from art_proxy.scenarios import Scenario, load_scenarios
@@ -131,6 +134,7 @@ class Result:
     seconds: dict[str, float] = field(default_factory=dict)
     plot: Path | None = None
     ruler: Agreement | None = None
+    evaluation: EvaluationReport | None = None  # `art-proxy eval` of every stage at the end
 
 
 def _art_proxy(*argv: str, log: Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
@@ -221,6 +225,46 @@ async def measure(
     return measurement
 
 
+async def evaluate_stages(
+    options: Options,
+    work: Path,
+    store: str,
+    proxy: str,
+    model: str,
+    scenarios: Sequence[Scenario],
+    result: Result,
+) -> EvaluationReport:
+    """`art-proxy eval` on the validation cities: the base model, the warm start's adapter, the
+    trained one and the demonstrator (the stand-in for a hosted model), the same rollouts a city
+    as each stage's measurement; written to WORK/eval (report.md, report.json, report.png)."""
+    async with running_demonstrator(free_port()) as demonstrator:
+        settings = EvalSettings.model_validate(
+            {
+                "agent": f"examples/tool_lookup/agent.py:{AGENTS[options.tools].__name__}",
+                "scenarios": str(SCENARIOS),
+                "store": store,
+                "proxy": proxy,
+                "model": [
+                    "base",
+                    f"warm={model}@{result.sft_steps}",
+                    "trained",
+                    f"demonstrator={DEMONSTRATOR}@{demonstrator}",
+                ],
+                "repeats": options.val_samples,
+                # Per arm: the three local arms share one server, so together they put on it
+                # what one stage's measurement does (16 at once). At 16 each, 35-67 of each
+                # local arm's 120 rollouts ran past the 120 s timeout on 2 cores.
+                "concurrency": 5,
+                "timeout": options.rollout_timeout,
+            }
+        )
+        report = await run_evaluation(settings, AGENTS[options.tools], scenarios)
+    for path in write_report(report, work / "eval"):
+        console.print(f"wrote {path}")
+    console.print(evaluation_table(report))
+    return report
+
+
 async def _served_model(llm: str) -> str:
     async with aiohttp.ClientSession() as http, http.get(f"{llm}/models") as response:
         return str((await response.json())["data"][0]["id"])
@@ -242,6 +286,9 @@ def _settings(
         "concurrency": options.group_size * options.groups_per_step,
         "val_every": 0,  # measured here instead, on every validation city
         "learning_rate": options.learning_rate,
+        # Every adapter stays loaded (a LoRA of the 135M model is a few MB): the evaluation at
+        # the end runs the warm start's beside the trained one.
+        "keep_adapters": options.steps + 16,
         "threads": options.threads,
         "rollout_timeout": options.rollout_timeout,
         "sft": "store",
@@ -325,6 +372,10 @@ async def run(options: Options) -> Result:
             )
         result.seconds["GRPO"] = time.monotonic() - phase
         result.grpo_steps = options.steps
+        phase = time.monotonic()
+        console.rule("art-proxy eval: base, warm start, trained, demonstrator side by side")
+        result.evaluation = await evaluate_stages(options, work, store, proxy, model, val, result)
+        result.seconds["eval"] = time.monotonic() - phase
         if options.ruler:
             phase = time.monotonic()
             with console.status("RULER on the GRPO groups"):
@@ -485,6 +536,8 @@ def parse(argv: Sequence[str] | None = None) -> Options:
 def main(argv: Sequence[str] | None = None) -> None:
     result = asyncio.run(run(parse(argv)))
     console.print(summary_table(result))
+    if result.evaluation is not None:
+        console.print(evaluation_table(result.evaluation))
     console.print(f"plot: {result.plot}")
 
 
