@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -190,6 +192,27 @@ async def test_upstream_without_token_ids_is_recorded_as_text_not_trainable(
         assert call.prompt_token_ids is None
         assert call.response is not None
         assert call.response["choices"][0]["message"]["content"] == "hosted answer"
+
+
+async def test_many_calls_that_learn_at_once_that_the_upstream_has_no_token_ids_say_it_once(
+    sqlite_url: str, hosted_api: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """`art-proxy eval` in front of a hosted model sends 16 calls at once: one warning, not 16."""
+    async with (
+        running_proxy(proxy_settings(sqlite_url, hosted_api)) as proxy,
+        openai.AsyncOpenAI(base_url=proxy.base_url, api_key="unused") as client,
+    ):
+        with caplog.at_level(logging.WARNING):
+            await asyncio.gather(
+                *(
+                    client.chat.completions.create(
+                        model="gpt-x", messages=[{"role": "user", "content": f"hi {n}"}]
+                    )
+                    for n in range(8)
+                )
+            )
+    said = [r for r in caplog.records if "returns no token ids" in r.getMessage()]
+    assert len(said) == 1
 
 
 async def test_unknown_request_fields_reach_the_upstream(

@@ -289,9 +289,11 @@ class Relay:
                         request, call, response.status, response.content_type, raw, rendering
                     )
                 # A hosted API rejects vLLM's field: learn that, ask again, record text only.
-                log.warning(
-                    "upstream %s returns no token ids: its calls are not trainable", upstream
-                )
+                # Said once: calls in flight together all learn it.
+                if self._upstreams.returns_token_ids(upstream):
+                    log.warning(
+                        "upstream %s returns no token ids: its calls are not trainable", upstream
+                    )
                 self._upstreams.mark_without_token_ids(upstream)
                 sent, asks = call.upstream_body(token_ids=False)
                 call.asks = asks
