@@ -10,6 +10,7 @@ vLLM raise `art_proxy.wire.ApiError`, an `ArtProxyError` that speaks vLLM's type
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 
@@ -48,6 +49,16 @@ class ArtProxyError(Exception):
                 "code": self.status,
             }
         }
+
+
+def error_message(raw: bytes | str, limit: int = 2000) -> str:
+    """The message of an OpenAI-shaped error body (the body `ArtProxyError.body` writes, and
+    vLLM's), else the body's start: what a client of an upstream says when the call failed."""
+    try:
+        return str(json.loads(raw)["error"]["message"])[:limit]
+    except (ValueError, KeyError, TypeError):
+        text = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw
+        return text[:limit]
 
 
 class BadRequest(ArtProxyError, status=400, type="BadRequestError"): ...

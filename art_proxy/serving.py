@@ -1,8 +1,10 @@
-"""Running a server command until SIGINT/SIGTERM, on uvloop where available (proxy, local-llm)."""
+"""Running a command until SIGINT/SIGTERM, on uvloop where available (proxy, local-llm, judge,
+eval)."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import signal
 from collections.abc import Coroutine
@@ -44,3 +46,21 @@ def stop_requested() -> asyncio.Event:
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, stop.set)
     return stop
+
+
+async def until_stopped(
+    work: Coroutine[Any, Any, Any] | asyncio.Future[Any], stop: asyncio.Event | None
+) -> bool:
+    """Run `work` until it ends or `stop` is set, whichever is first; whether `stop` cut it
+    short (then `work` is cancelled: what it finished before is kept by its own writes)."""
+    task = asyncio.ensure_future(work)
+    stopped = asyncio.ensure_future((stop or asyncio.Event()).wait())
+    try:
+        await asyncio.wait({task, stopped}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        interrupted = not task.done()
+        stopped.cancel()
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    return interrupted

@@ -21,6 +21,7 @@ from typing import Any
 
 import aiohttp
 import pytest
+from aiohttp import web
 
 from art_proxy.config import EvalSettings
 from art_proxy.errors import ConfigError
@@ -33,6 +34,7 @@ from art_proxy.rollout import Rollout
 from art_proxy.scenarios import Scenario
 from art_proxy.store.trajectory_store import TrajectoryStore
 from art_proxy.testing.fake_vllm import FakeVllm, FakeVllmConfig, running_fake_vllm
+from art_proxy.testing.loopback import serving
 from tests.conftest import proxy_settings
 from tests.ruler.scripted_judge import answer_by_content, running_scripted_judge
 from tests.test_aliases import load_adapter, put_alias
@@ -250,6 +252,57 @@ async def test_an_arm_that_cannot_run_is_reported_and_the_others_go_on(
     )
     assert missing.rollouts == 0 and "'policy@7' is not served there" in (missing.error or "")
     assert missing.reward.n == 0 and str(missing.reward) == "-"
+
+
+async def leaks_a_key(rollout: Rollout) -> float:
+    await _reply(rollout)
+    raise RuntimeError("tool refused key sk-proj-abcdefghijklmnopqrstuvwxyz0123456789")
+
+
+async def test_a_rollouts_error_reaches_the_report_without_the_secrets_it_held(
+    two_models: tuple[RunningProxy, FakeVllm], tmp_path: Path
+) -> None:
+    """The report is stored and shown on the dashboard: an agent's exception text is held to
+    the same rule as the calls the proxy records (secrets redacted)."""
+    proxy, _ = two_models
+    report = await run_evaluation(
+        _settings(proxy, tmp_path, model=["base"], repeats=1), leaks_a_key, SCENARIOS
+    )
+    (base,) = report.arms
+    assert base.failed == 3 and base.error is not None
+    assert "RuntimeError: tool refused key" in base.error and "sk-proj-abc" not in base.error
+    async with TrajectoryStore.opened(proxy.parts.settings.store, writer=False) as store:
+        (stored,) = await store.evaluations()
+    assert "sk-proj-abc" not in json.dumps(stored.model_dump(mode="json"))
+
+
+async def test_an_arm_whose_server_counts_no_tokens_shows_none_not_zero(
+    two_models: tuple[RunningProxy, FakeVllm], tmp_path: Path
+) -> None:
+    """A server that answers without usage or token ids (some hosted and self-hosted APIs):
+    its tokens are unknown, shown as "-", not counted as spending nothing."""
+
+    async def models(_request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [{"id": "quiet", "object": "model"}]})
+
+    async def chat(request: web.Request) -> web.Response:
+        body = await request.json()
+        message = {"role": "assistant", "content": "yes"}
+        choice = {"index": 0, "message": message, "finish_reason": "stop"}
+        reply = {"id": "c", "object": "chat.completion", "created": 0, "model": body["model"]}
+        return web.json_response(reply | {"choices": [choice]})
+
+    app = web.Application()
+    app.router.add_get("/v1/models", models)
+    app.router.add_post("/v1/chat/completions", chat)
+    proxy, _ = two_models
+    async with serving(app) as quiet:
+        settings = _settings(proxy, tmp_path, model=["base", f"quiet@{quiet}/v1"], repeats=1)
+        report = await run_evaluation(settings, says_yes, SCENARIOS)
+    base, unknown = report.arms
+    assert base.prompt_tokens is not None
+    assert unknown.rollouts == 3 and unknown.reward.mean == 1.0
+    assert unknown.prompt_tokens is None and unknown.completion_tokens is None
 
 
 async def test_stopping_reports_the_rollouts_that_ended(sqlite_url: str, tmp_path: Path) -> None:

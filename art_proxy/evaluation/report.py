@@ -21,6 +21,7 @@ from rich.table import Table
 from art_proxy.evaluation.arms import ArmSpec
 from art_proxy.evaluation.intervals import mean_interval, paired_difference, percentile
 from art_proxy.records.evaluations import ArmResult, EvaluationReport, ScoredBy
+from art_proxy.redaction import scrub_text
 from art_proxy.rollout import GroupReport
 
 log = logging.getLogger(__name__)
@@ -123,7 +124,8 @@ def _arm_result(
         served_by=run.served_by,
         rollouts=len(ended),
         failed=len(failures),
-        error=run.error or (failures[0] if failures else None),
+        # stored and shown on the dashboard: held to the rule of what the proxy records
+        error=_scrubbed(run.error or (failures[0] if failures else None)),
         reward=mean_interval([r for rs in by_scenario.values() for r in rs]),
         difference=None if reference is None else paired_difference(by_scenario, reference),
         latency_p50_s=percentile(seconds, 0.5) if seconds else None,
@@ -263,6 +265,10 @@ def write(report: EvaluationReport, out: Path) -> list[Path]:
     written[1].write_text(markdown(report), encoding="utf-8")
     chart = _chart(report, out / "report.png")
     return [*written, chart] if chart is not None else written
+
+
+def _scrubbed(error: str | None) -> str | None:
+    return None if error is None else scrub_text(error)
 
 
 def _error_bar(arm: ArmResult) -> tuple[float, float]:

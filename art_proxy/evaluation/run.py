@@ -21,14 +21,13 @@ import os
 import random
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
 
 import aiohttp
 from aiohttp import web
 
 from art_proxy.config import EvalSettings, ProxySettings
 from art_proxy.config.judge import judging_as_it_goes
-from art_proxy.errors import ConfigError, StoreError
+from art_proxy.errors import ConfigError, StoreError, error_message
 from art_proxy.evaluation.arms import BASE, TRAINED, ArmSpec, base_model, parse_arms
 from art_proxy.evaluation.report import ArmRun, Prices, build_report, litellm_prices
 from art_proxy.ids import new_id
@@ -42,6 +41,7 @@ from art_proxy.ruler.rubric import load_rubric
 from art_proxy.ruler.run import finished_members
 from art_proxy.ruler.scorer import Ruler
 from art_proxy.scenarios import Scenario
+from art_proxy.serving import until_stopped
 from art_proxy.store.trajectory_store import TrajectoryStore
 
 log = logging.getLogger(__name__)
@@ -202,22 +202,15 @@ async def _served(proxy: str, api_key: str | None) -> list[dict[str, object]]:
     except (aiohttp.ClientError, TimeoutError) as exc:
         raise ConfigError(f"its server does not answer: {type(exc).__name__}: {exc}") from exc
     if status != 200:
-        raise ConfigError(f"its models could not be listed: HTTP {status}: {_error_message(text)}")
+        raise ConfigError(
+            f"its models could not be listed: HTTP {status}: {error_message(text, 300)}"
+        )
     try:
         body = json.loads(text)
     except ValueError as exc:
         raise ConfigError(f"its model list is not JSON: {text[:200]}") from exc
     data = body.get("data") if isinstance(body, dict) else None
     return [entry for entry in data or [] if isinstance(entry, dict)]
-
-
-def _error_message(text: str) -> str:
-    """An OpenAI-shaped error body's message, else the body's start."""
-    try:
-        message = json.loads(text)["error"]["message"]
-    except (ValueError, KeyError, TypeError):
-        return text[:200]
-    return str(message)[:300]
 
 
 async def _roll(
@@ -254,19 +247,9 @@ async def _roll(
         finally:
             run.seconds = time.perf_counter() - started
 
-    rolling: asyncio.Future[Any] = asyncio.ensure_future(
-        asyncio.gather(*(arm(run) for run in runs if run.error is None))
-    )
-    stopped: asyncio.Future[Any] = asyncio.ensure_future((stop or asyncio.Event()).wait())
-    try:
-        await asyncio.wait([rolling, stopped], return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        interrupted = not rolling.done()
-        stopped.cancel()
-        rolling.cancel()  # the rollouts under way stop; what ended is reported
-        with contextlib.suppress(asyncio.CancelledError):
-            await rolling
-    return interrupted
+    # the rollouts under way stop at `stop`; what ended is reported
+    rolling = asyncio.gather(*(arm(run) for run in runs if run.error is None))
+    return await until_stopped(rolling, stop)
 
 
 def _for(progress: Progress, label: str) -> Callable[[int, int], None]:
@@ -277,21 +260,25 @@ async def _count_tokens(runs: Sequence[ArmRun], store: TrajectoryStore) -> None:
     for run in runs:
         ended = [t for g in run.groups for t in g.trajectory_ids if t in g.seconds]
         calls = await store.calls(ended)
-        run.tokens = {t: _tokens(calls[t]) for t in ended if t in calls}
+        counted = {t: _tokens(calls[t]) for t in ended if t in calls}
+        run.tokens = {t: tokens for t, tokens in counted.items() if tokens is not None}
 
 
-def _tokens(calls: Sequence[CallRecord]) -> tuple[int, int]:
+def _tokens(calls: Sequence[CallRecord]) -> tuple[int, int] | None:
     """Prompt and completion tokens of a trajectory's calls: the upstream's usage, else the
-    token ids recorded."""
+    token ids recorded; None where a call has neither (a server that reports no usage is not
+    counted as spending nothing)."""
     prompt = completion = 0
     for call in calls:
         usage = (call.response or {}).get("usage")
         if isinstance(usage, dict) and isinstance(usage.get("prompt_tokens"), int):
             prompt += usage["prompt_tokens"]
             completion += int(usage.get("completion_tokens") or 0)
-        else:
-            prompt += len(call.prompt_token_ids or [])
+        elif call.prompt_token_ids:
+            prompt += len(call.prompt_token_ids)
             completion += sum(len(ids) for ids in call.completion_token_ids or [])
+        else:
+            return None
     return prompt, completion
 
 

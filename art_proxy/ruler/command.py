@@ -10,9 +10,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
-from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
-from typing import Any
 
 from rich.console import Console
 from rich.progress import (
@@ -38,6 +37,7 @@ from art_proxy.ruler.reward import RewardRule
 from art_proxy.ruler.rubric import Rubric
 from art_proxy.ruler.run import GroupJudge, Readiness, Totals, finished_members
 from art_proxy.ruler.scorer import Ruler, RulerSettings
+from art_proxy.serving import until_stopped
 from art_proxy.store.trajectory_store import TrajectoryStore
 from art_proxy.trackers import Tracker, open_trackers
 
@@ -168,7 +168,8 @@ async def _passes(
             groups = await judge.ready_groups()
             progress.update(task, description="judging", total=len(groups), completed=0)
             judged = _reporter(progress, task, judge.totals, err, len(groups))
-            await _until_stopped(judge.judge(groups, judged), stop)
+            # Ctrl-C in watch mode cancels the pass (its finished judgments are already stored)
+            await until_stopped(judge.judge(groups, judged), stop)
             passes += 1
             for tracker in trackers:  # the run's totals after each pass over the ready groups
                 tracker.log(judge.totals.metrics(), passes)
@@ -179,18 +180,6 @@ async def _passes(
             progress.update(task, description=f"watching: {_progress_line(judge.totals)}")
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), settings.poll)
-
-
-async def _until_stopped(work: Coroutine[Any, Any, None], stop: asyncio.Event) -> None:
-    """Run `work`; Ctrl-C in watch mode cancels it (its finished judgments are already stored)."""
-    task = asyncio.ensure_future(work)
-    stopped = asyncio.ensure_future(stop.wait())
-    await asyncio.wait({task, stopped}, return_when=asyncio.FIRST_COMPLETED)
-    stopped.cancel()
-    if not task.done():
-        task.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await task
 
 
 def _reporter(

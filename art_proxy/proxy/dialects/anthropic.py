@@ -21,7 +21,7 @@ from typing import Any
 
 from anthropic.types import Message
 
-from art_proxy.errors import ArtProxyError, BadRequest
+from art_proxy.errors import ArtProxyError, BadRequest, error_message
 from art_proxy.records import JsonObject
 from art_proxy.wire import sse
 
@@ -273,11 +273,7 @@ def _validated(message: JsonObject) -> JsonObject:
 
 def failed_answer(raw: bytes, status: int) -> bytes:
     """An upstream error body (OpenAI-shaped) in Anthropic's shape, same status."""
-    try:
-        parsed = json.loads(raw)
-        message = str(parsed["error"]["message"])
-    except (ValueError, KeyError, TypeError):
-        message = raw.decode("utf-8", "replace")[:2000]
+    message = error_message(raw)
     return json.dumps(error_body("anthropic", ArtProxyError(message, status=status))).encode()
 
 
