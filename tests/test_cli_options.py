@@ -11,7 +11,7 @@ import typer
 from pydantic import BaseModel, ValidationError
 from typer.testing import CliRunner
 
-from art_proxy.cli_options import settings_command
+from art_proxy.cli.options import settings_command
 from art_proxy.config.shared import StoreSettings
 
 
@@ -46,14 +46,14 @@ def test_a_switch_goes_both_ways_and_keeps_its_default() -> None:
 def test_commands_that_log_leave_out_each_request_of_the_agents_http_client() -> None:
     """`train --agent` logs at INFO, and the OpenAI SDK's httpx logs each request at INFO: a
     `make demo` log was 3,280 such lines of 3,362."""
-    from art_proxy import cli
+    from art_proxy.cli.output import configure_logging
 
     root, httpx = logging.getLogger(), logging.getLogger("httpx")
     levels = root.level, httpx.level
     try:
         httpx.setLevel(logging.NOTSET)
         root.setLevel(logging.INFO)  # what the command's basicConfig sets in its own process
-        cli._configure_logging()
+        configure_logging()
         assert not httpx.isEnabledFor(logging.INFO)
     finally:
         root.setLevel(levels[0])

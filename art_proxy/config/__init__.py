@@ -1,5 +1,5 @@
 """Typed settings, one module per command. No I/O here: the CLI builds them from flags and
-`ART_PROXY_*` variables (cli_options.py), one flag per field.
+`ART_PROXY_*` variables (cli/options.py), one flag per field.
 
 A field more than one command takes with the same meaning, default and validation is declared
 once, in a group the commands' settings inherit (`shared.py`, `JudgeChoice`); a field that only

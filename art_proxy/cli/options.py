@@ -48,6 +48,14 @@ def settings_command(
     return register
 
 
+def command_group(app: typer.Typer, name: str, help_text: str) -> typer.Typer:
+    """A group of subcommands under `app` (`art-proxy NAME ...`), its help printed when it is
+    given no subcommand."""
+    group = typer.Typer(help=help_text, no_args_is_help=True, rich_markup_mode=None)
+    app.add_typer(group, name=name)
+    return group
+
+
 def _parameter(field_name: str, model: type[BaseModel]) -> inspect.Parameter:
     field = model.model_fields[field_name]
     annotation = field.annotation
