@@ -21,7 +21,7 @@ from pydantic import BaseModel
 
 from art_proxy.config.shared import ReportSettings
 from art_proxy.errors import ConfigError
-from art_proxy.redaction import redact_url, scrub
+from art_proxy.privacy.redaction import redact_url, scrub
 
 PROJECT = "art-proxy"  # the W&B project and MLflow experiment when the environment names none
 

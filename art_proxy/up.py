@@ -32,8 +32,8 @@ from art_proxy.errors import ConfigError
 from art_proxy.ids import short_id
 from art_proxy.local import missing_local_packages
 from art_proxy.local.errors import ModelLoadError
+from art_proxy.privacy.redaction import redact_url
 from art_proxy.records import JsonObject
-from art_proxy.redaction import redact_url
 from art_proxy.vllm_server import VllmLaunch
 
 # Soft wrap: commands, URLs and a part's log lines stay whole lines, to copy or grep.

@@ -14,7 +14,7 @@ from pathlib import Path
 import aiohttp
 import openai
 
-from art_proxy.pii import pii_redactor
+from art_proxy.privacy.pii import pii_redactor
 from art_proxy.proxy.server import running_proxy
 from art_proxy.testing.fake_vllm import FakeVllm
 from tests.conftest import proxy_settings, trajectories

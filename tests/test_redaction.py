@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from art_proxy import redaction
-from art_proxy.redaction import REDACTED, scrub
+from art_proxy.privacy import redaction
+from art_proxy.privacy.redaction import REDACTED, scrub
 
 SECRET_KEYS = [
     "api_key",

@@ -21,8 +21,8 @@ import orjson
 import sqlalchemy as sa
 
 from art_proxy.journal import rejected
+from art_proxy.privacy.retention import expire
 from art_proxy.proxy.server import RunningProxy, running_proxy
-from art_proxy.retention import expire
 from art_proxy.store import schema
 from art_proxy.store.rows import RowKind
 from art_proxy.store.trajectory_store import TrajectoryStore, utcnow

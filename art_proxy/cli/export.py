@@ -61,7 +61,7 @@ async def _exported(
 ) -> AsyncIterator[ExportedTrajectory]:
     """The trajectories `settings` selects, whole, oldest first; with `--redact-pii`, personal
     data replaced consistently across the whole export."""
-    from art_proxy.pii import pii_redactor, redacted_export
+    from art_proxy.privacy.pii import pii_redactor, redacted_export
 
     placeholders = (
         pii_redactor(settings.pii_spacy_model).placeholders() if settings.redact_pii else None

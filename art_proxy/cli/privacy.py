@@ -58,10 +58,10 @@ def lineage(settings: LineageSettings) -> None:
 
 
 def forget(settings: ForgetSettings) -> None:
-    from art_proxy.erasure import deleted_text
-    from art_proxy.erasure import forget as erase
     from art_proxy.journal.directory import journal_directory, live_slots
     from art_proxy.journal.left_behind import opened_for_reading
+    from art_proxy.privacy.erasure import deleted_text
+    from art_proxy.privacy.erasure import forget as erase
     from art_proxy.records import Erasure
 
     subject = settings.subject()
@@ -99,10 +99,10 @@ def forget(settings: ForgetSettings) -> None:
 
 
 def housekeeping(settings: HousekeepingSettings) -> None:
-    from art_proxy.erasure import deleted_text
     from art_proxy.journal.directory import journal_directory
     from art_proxy.journal.left_behind import opened_for_reading
-    from art_proxy.retention import expire
+    from art_proxy.privacy.erasure import deleted_text
+    from art_proxy.privacy.retention import expire
 
     async def run() -> dict[str, int]:
         async with opened_for_reading(settings.store) as store:

@@ -169,7 +169,7 @@ async def _bank_openings(settings: ScenarioWriterSettings) -> list[str]:
         records = await store.bank_scenarios(settings.split, settings.examples)
     openings = [text for record in records if (text := _asked(record.opening))]
     if settings.redact_pii:  # real users' words, on their way to the writer (often hosted)
-        from art_proxy.pii import pii_redactor
+        from art_proxy.privacy.pii import pii_redactor
 
         placeholders = pii_redactor(settings.pii_spacy_model).placeholders()
         openings = [placeholders.text(opening) for opening in openings]

@@ -11,7 +11,7 @@ from pydantic.config import JsonDict
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
-from art_proxy.redaction import redact_url
+from art_proxy.privacy.redaction import redact_url
 
 DEFAULT_STORE = "sqlite:///art.db"
 # `json_schema_extra` of a field that is a positional argument of its command, not a --flag.
@@ -91,7 +91,7 @@ TRACKERS = ("tensorboard", "wandb", "mlflow")
 
 
 class PiiSettings(Settings):
-    """Personal data kept out of what a command shows or sends on (art_proxy/pii.py)."""
+    """Personal data kept out of what a command shows or sends on (art_proxy/privacy/pii.py)."""
 
     redact_pii: bool = Field(
         False,

@@ -21,7 +21,7 @@ import jinja2
 from aiohttp import web
 
 from art_proxy.evaluation.report import headers, notes, rows, title
-from art_proxy.pii import (
+from art_proxy.privacy.pii import (
     PiiRedactor,
     Placeholders,
     redacted_call,
@@ -73,7 +73,7 @@ class Dashboard:
         self._templates = _environment()
 
     def _placeholders(self, request: web.Request) -> Placeholders | None:
-        """One page's scope of placeholders, when personal data is to be redacted (pii.py)."""
+        """One page's scope of placeholders, when personal data is to be redacted (privacy/pii.py)."""
         redactor = self._redactor_of(request)
         return redactor.placeholders() if redactor is not None else None
 

@@ -23,7 +23,7 @@ import re
 from dataclasses import dataclass
 
 from art_proxy.errors import ConfigError
-from art_proxy.redaction import redact_url
+from art_proxy.privacy.redaction import redact_url
 
 OPENAI_API = "https://api.openai.com/v1"
 BASE = "base"

@@ -20,8 +20,8 @@ from rich.table import Table
 
 from art_proxy.evaluation.arms import ArmSpec
 from art_proxy.evaluation.intervals import mean_interval, paired_difference, percentile
+from art_proxy.privacy.redaction import scrub_text
 from art_proxy.records.evaluations import ArmResult, EvaluationReport, ScoredBy
-from art_proxy.redaction import scrub_text
 from art_proxy.rollout import GroupReport
 
 log = logging.getLogger(__name__)

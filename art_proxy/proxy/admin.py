@@ -11,10 +11,10 @@ import orjson
 from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
-from art_proxy.erasure import forget
 from art_proxy.errors import BadRequest, NotFound, StoreUnavailable
 from art_proxy.journal.segments import Journal
-from art_proxy.pii import PiiRedactor, redacted_judgment, redacted_trajectory
+from art_proxy.privacy.erasure import forget
+from art_proxy.privacy.pii import PiiRedactor, redacted_judgment, redacted_trajectory
 from art_proxy.records import AliasRequest, FeedbackRequest, FinishRequest, SubjectSelector
 from art_proxy.records.erasure import stored_subject_id
 from art_proxy.store.trajectory_store import TrajectoryStore
@@ -56,7 +56,7 @@ class Admin:
         self._redactor = redactor
 
     async def forget(self, request: web.Request) -> web.Response:
-        """`POST /art/v1/forget`: delete a subject's records (erasure.py), once every call this
+        """`POST /art/v1/forget`: delete a subject's records (privacy/erasure.py), once every call this
         proxy journaled is in the store; 503, nothing deleted, while the store does not take them."""
         subject = await _body(request, SubjectSelector, "forget")
         if self._journal is not None:

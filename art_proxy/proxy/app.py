@@ -21,7 +21,6 @@ from aiohttp.typedefs import Middleware
 
 from art_proxy import dashboard
 from art_proxy.config import Durability, ProxySettings
-from art_proxy.erasure import deleted_text
 from art_proxy.errors import (
     ArtProxyError,
     ConfigError,
@@ -33,8 +32,9 @@ from art_proxy.errors import (
 from art_proxy.journal.directory import journal_directory
 from art_proxy.journal.ingester import Ingester
 from art_proxy.journal.segments import Journal
-from art_proxy.pii import pii_redactor
-from art_proxy.retention import PERIOD_S, expire
+from art_proxy.privacy.erasure import deleted_text
+from art_proxy.privacy.pii import pii_redactor
+from art_proxy.privacy.retention import PERIOD_S, expire
 from art_proxy.store.trajectory_store import TrajectoryStore, utcnow
 
 from .admin import Admin

@@ -27,9 +27,8 @@ from typing import Any, Literal
 import orjson
 
 from art_proxy.errors import BadRequest
+from art_proxy.privacy.subjects import NO_SUBJECT, Subject
 from art_proxy.records import SPLITS, JsonObject, Split
-
-from .subjects import NO_SUBJECT, Subject
 
 _MAX_ID_LENGTH = 200
 _MAX_GROUP_ID_LENGTH = 64  # the store's groups.id
@@ -44,7 +43,7 @@ class Explicit:
     split: Split
     source: Literal["url", "header", "none"]
     group_id: str | None = None
-    subject: Subject = NO_SUBJECT  # whose conversation it is (subjects.py)
+    subject: Subject = NO_SUBJECT  # whose conversation it is (privacy/subjects.py)
 
 
 def explicit_attribution(

@@ -40,7 +40,7 @@ from .recording import CallInProgress, Outcome, Recorder
 from .tracker import Assignment, TrajectoryTracker
 
 if TYPE_CHECKING:
-    from art_proxy.pii import PiiRedactor
+    from art_proxy.privacy.pii import PiiRedactor
     from art_proxy.ruler.judge import LitellmJudge
     from art_proxy.ruler.scorer import Ruler
 

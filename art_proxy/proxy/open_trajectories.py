@@ -12,11 +12,11 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from art_proxy.privacy.subjects import NO_SUBJECT, Subject
 from art_proxy.records import JsonObject, Split
 from art_proxy.store.rows import NewTrajectoryRows
 
 from .attribution import Explicit
-from .subjects import NO_SUBJECT, Subject
 
 # Open trajectories kept in memory (each holds its last call's token ids for the stitch check);
 # production traffic opens many that never continue, and the store still has every one.
@@ -49,7 +49,7 @@ class OpenTrajectory:
     # Rows creating the trajectory, until a commit carried them (a lost first record must not
     # orphan the calls after it; the inserts are idempotent).
     unsaved_rows: NewTrajectoryRows | None = None
-    subject: Subject = NO_SUBJECT  # whose conversation it is (subjects.py)
+    subject: Subject = NO_SUBJECT  # whose conversation it is (privacy/subjects.py)
     # Its leases: alias -> the model the alias served its first call through it (leases.py).
     leases: dict[str, str] = field(default_factory=dict)
 

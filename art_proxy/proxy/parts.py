@@ -10,7 +10,7 @@ from aiohttp import web
 from art_proxy.config import ProxySettings
 from art_proxy.journal.ingester import Ingester
 from art_proxy.journal.segments import Journal
-from art_proxy.pii import PiiRedactor
+from art_proxy.privacy.pii import PiiRedactor
 from art_proxy.store.trajectory_store import TrajectoryStore
 
 from .admin import Admin

@@ -23,8 +23,8 @@ from art_proxy.errors import JournalError, StoreError, StoreUnavailable, Upstrea
 from art_proxy.ids import new_id
 from art_proxy.journal.entries import encode
 from art_proxy.journal.segments import Journal
+from art_proxy.privacy.redaction import scrub, scrub_text
 from art_proxy.records import CallKind, CallStatus, Dialect, Guidance, JsonObject
-from art_proxy.redaction import scrub, scrub_text
 from art_proxy.store.rows import CallRow, Row, RowKind, ScenarioRow, TouchRow, TrajectoryRow
 from art_proxy.store.trajectory_store import TrajectoryStore, utcnow
 from art_proxy.store.writer import Batch
@@ -86,7 +86,7 @@ class CallInProgress:
     dialect: Dialect = "openai"
     client_body: JsonObject | None = None  # the body in the client's dialect, if not openai
     route: str = ""  # the path the client called, for the log
-    recorded: bool = True  # False: forwarded and answered, nothing kept (consent.py)
+    recorded: bool = True  # False: forwarded and answered, nothing kept (privacy/consent.py)
     guidance: str | None = None  # added to the prompt upstream, not trained on (guidance.py)
     unguided_messages: list[JsonObject] | None = None  # what went upstream, without it
     unguided_prompt_ids: list[int] | None = None  # their ids, by the upstream's /tokenize
@@ -360,7 +360,7 @@ class Recorder:
 
 
 def _scrubbed(batch: Batch) -> Batch:
-    """`batch` with every secret redacted from what clients and upstreams wrote (redaction.py)."""
+    """`batch` with every secret redacted from what clients and upstreams wrote (privacy/redaction.py)."""
     rows: list[tuple[RowKind, Row]] = []
     for kind, row in batch.rows:
         if kind is RowKind.call:

@@ -27,13 +27,14 @@ from art_proxy.errors import (
     StoreUnavailable,
     UpstreamError,
 )
+from art_proxy.privacy.consent import records_call
+from art_proxy.privacy.subjects import subject_of
 from art_proxy.records import AliasRecord, CallKind, Dialect, JsonObject, Split
 from art_proxy.store.trajectory_store import TrajectoryStore
 
 from .aliases import Aliases
 from .attribution import explicit_attribution
 from .best_of import BEST_OF_ANSWER, BestOf, asked_candidates
-from .consent import records_call
 from .dialects import Rendering, anthropic, responses, responses_answer
 from .dialects.openai import ChatRendering
 from .guidance import guidance_of
@@ -41,7 +42,6 @@ from .recording import CallInProgress, Outcome, Recorder
 from .request_body import Rejection, body_too_large, check_body, load_body, parse_body
 from .shadow import ShadowSampler
 from .stream_relay import answer_as_stream, relay_stream
-from .subjects import subject_of
 from .tracing import TRACE_HEADERS
 from .tracker import Assignment, TrajectoryTracker
 from .upstream import PATHS, Upstreams, read_body

@@ -174,7 +174,7 @@ class TrajectoryTracker:
         return self._start(explicit, scenario_id, messages, conversation)
 
     def unrecorded(self, split: Split) -> Assignment:
-        """Where a call that is not recorded goes (consent.py): an upstream, and no trajectory.
+        """Where a call that is not recorded goes (privacy/consent.py): an upstream, and no trajectory.
         Memory and the store learn nothing of it, so no later call can continue it."""
         return Assignment("", "", "", split, next(self._upstreams), 0, "new", [], None)
 

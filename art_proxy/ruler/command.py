@@ -28,7 +28,7 @@ from art_proxy.config import JudgeSettings
 from art_proxy.errors import ConfigError
 from art_proxy.ids import short_id
 from art_proxy.journal.left_behind import opened_for_reading
-from art_proxy.pii import pii_redactor
+from art_proxy.privacy.pii import pii_redactor
 from art_proxy.records import Judgment
 from art_proxy.ruler.check import JudgeCheck, check_judgments
 from art_proxy.ruler.ensemble import ensemble_name

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field, replace
 
 from pydantic import BaseModel
 
-from art_proxy.pii import PiiRedactor, Placeholders
+from art_proxy.privacy.pii import PiiRedactor, Placeholders
 from art_proxy.records import (
     EnsembleMember,
     JudgeMode,
@@ -127,7 +127,7 @@ class _Verdict:
 
 
 def _redacted(members: Sequence[Member], placeholders: Placeholders) -> list[Member]:
-    """The members' conversations and users' comments as the judge may see them (pii.py)."""
+    """The members' conversations and users' comments as the judge may see them (privacy/pii.py)."""
     return [
         replace(
             member,

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from art_proxy.pii import PiiRedactor
+from art_proxy.privacy.pii import PiiRedactor
 from art_proxy.ruler.judge import LitellmJudge
 from art_proxy.ruler.rubric import DEFAULT_RUBRIC
 from art_proxy.ruler.scorer import Ruler, RulerSettings

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from art_proxy.pii import pii_redactor
+from art_proxy.privacy.pii import pii_redactor
 from art_proxy.records import FeedbackRequest
 from art_proxy.ruler.run import finished_members
 from art_proxy.store.trajectory_store import TrajectoryStore

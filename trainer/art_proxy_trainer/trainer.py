@@ -24,6 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from art_proxy.config import TrainSettings
+from art_proxy.privacy.redaction import redact_url
 from art_proxy.records import (
     CallRecord,
     GroupOutcome,
@@ -32,7 +33,6 @@ from art_proxy.records import (
     TrainableGroup,
     TrainingStep,
 )
-from art_proxy.redaction import redact_url
 from art_proxy.rewards import agent_metrics, has_signal, mean_or_nan, population_std
 from art_proxy.store.trajectory_store import TrajectoryStore, utcnow
 from art_proxy_trainer.advantages import group_advantages, pooled, pooled_rewards
