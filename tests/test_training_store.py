@@ -20,8 +20,8 @@ from art_proxy.records import (
     TrainingStep,
     TrajectoryScore,
 )
+from art_proxy.store.rows import Batch
 from art_proxy.store.trajectory_store import TrajectoryStore, utcnow
-from art_proxy.store.writer import Batch
 from tests.store_rows import group_row, scenario_row, trajectory_row
 
 START = utcnow()

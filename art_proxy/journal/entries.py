@@ -13,8 +13,7 @@ from typing import cast
 
 import orjson
 
-from art_proxy.store.rows import TIME_FIELDS, Row, RowKind
-from art_proxy.store.writer import Batch
+from art_proxy.store.rows import TIME_FIELDS, Batch, Row, RowKind
 
 
 @dataclass(frozen=True)

@@ -21,9 +21,9 @@ from dataclasses import dataclass
 from typing import cast
 
 from art_proxy.errors import StoreError
-from art_proxy.store.rows import Row, RowKind, TrajectoryRow
+from art_proxy.store.rows import Batch, Row, RowKind, TrajectoryRow
 from art_proxy.store.trajectory_store import TrajectoryStore
-from art_proxy.store.writer import Batch, refuses_record
+from art_proxy.store.writer import refuses_record
 
 from . import rejected
 from .entries import Entry, decode

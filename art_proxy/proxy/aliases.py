@@ -21,19 +21,23 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING
 
 from art_proxy.records import AliasMove, AliasRecord, AliasRequest
 from art_proxy.store.trajectory_store import TrajectoryStore
-
-if TYPE_CHECKING:
-    from .upstream_models import ServedModels
 
 log = logging.getLogger(__name__)
 
 
 # `ALIAS@0`: the base model under an alias (the trainer's adapters are ALIAS@STEP-TAG, STEP >= 1).
 BASE_STEP = "0"
+
+
+@dataclass(frozen=True)
+class ServedModels:
+    """What one upstream answered to `GET /v1/models` (upstream_models.py)."""
+
+    names: frozenset[str]  # every model id, adapters included
+    bases: tuple[str, ...]  # the entries without a parent: the base model(s)
 
 
 @dataclass(frozen=True)

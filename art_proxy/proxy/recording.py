@@ -25,9 +25,8 @@ from art_proxy.journal.entries import encode
 from art_proxy.journal.segments import Journal
 from art_proxy.privacy.redaction import scrub, scrub_text
 from art_proxy.records import CallKind, CallStatus, Dialect, Guidance, JsonObject
-from art_proxy.store.rows import CallRow, Row, RowKind, ScenarioRow, TouchRow, TrajectoryRow
+from art_proxy.store.rows import Batch, CallRow, Row, RowKind, ScenarioRow, TouchRow, TrajectoryRow
 from art_proxy.store.trajectory_store import TrajectoryStore, utcnow
-from art_proxy.store.writer import Batch
 
 from .attribution import call_keys, reply_messages
 from .call_metrics import CallMetrics

@@ -11,25 +11,18 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import dataclass
 
 import orjson
 
 from art_proxy.errors import ArtProxyError, ConfigError
 from art_proxy.store.trajectory_store import utcnow
 
-from .aliases import Aliases
+from .aliases import Aliases, ServedModels
 from .upstream import Upstreams, read_body
 
 log = logging.getLogger(__name__)
 
 WATCH_PERIOD_S = 15.0
-
-
-@dataclass(frozen=True)
-class ServedModels:
-    names: frozenset[str]  # every model id, adapters included
-    bases: tuple[str, ...]  # the entries without a parent: the base model(s)
 
 
 async def served_models(upstreams: Upstreams, upstream: str) -> ServedModels | str:

@@ -20,17 +20,14 @@ import hashlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, cast
+from typing import cast
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 
 from art_proxy.records import SubjectSelector
 from art_proxy.store import schema
-from art_proxy.store.rows import CallRow, RowKind, TouchRow, TrajectoryRow
-
-if TYPE_CHECKING:
-    from art_proxy.store.writer import Batch
+from art_proxy.store.rows import Batch, CallRow, RowKind, TouchRow, TrajectoryRow
 
 FENCES = schema.erasure_fences
 # While an erasure runs: every record of the subject is dropped, whenever its call began.

@@ -8,6 +8,7 @@ TypedDicts are plain dicts at run time: typing them costs the hot path nothing.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from enum import IntEnum
@@ -129,6 +130,14 @@ class JudgmentRow(TypedDict):
 
 
 Row = ScenarioRow | GroupRow | TrajectoryRow | CallRow | TouchRow | JudgmentRow
+
+
+@dataclass(frozen=True)
+class Batch:
+    """The rows of one recorded event; committed together or not at all."""
+
+    rows: Sequence[tuple[RowKind, Row]]
+
 
 # The datetime fields of each kind: JSON carries them as ISO 8601 text (the journal's frames).
 TIME_FIELDS: dict[RowKind, tuple[str, ...]] = {

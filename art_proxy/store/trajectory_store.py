@@ -49,8 +49,9 @@ from art_proxy.store.erasure import ErasureRecords
 from art_proxy.store.evaluations import EvaluationRecords
 from art_proxy.store.feedback import FeedbackRecords
 from art_proxy.store.judgments import JudgmentRecords
+from art_proxy.store.rows import Batch
 from art_proxy.store.training import TrainingRecords
-from art_proxy.store.writer import Batch, GroupCommitWriter
+from art_proxy.store.writer import GroupCommitWriter
 
 __all__ = ["TrajectoryStore", "final_messages", "utcnow"]
 

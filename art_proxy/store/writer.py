@@ -34,7 +34,7 @@ from art_proxy.errors import StoreError
 from art_proxy.store import schema
 from art_proxy.store.engine import TransactionRunner
 from art_proxy.store.fences import unfenced
-from art_proxy.store.rows import CallRow, Row, RowKind
+from art_proxy.store.rows import Batch, CallRow, Row, RowKind
 
 __all__ = ["Batch", "GroupCommitWriter", "Row", "RowKind"]
 
@@ -46,13 +46,6 @@ _MAX_BATCHES_PER_TRANSACTION = 512
 
 # What the writer reads of a row (rows.py types each kind).
 _Values = Mapping[str, Any]
-
-
-@dataclass(frozen=True)
-class Batch:
-    """The rows of one recorded event; committed together or not at all."""
-
-    rows: Sequence[tuple[RowKind, Row]]  # rows.py
 
 
 @dataclass

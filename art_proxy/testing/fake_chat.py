@@ -12,17 +12,34 @@ from __future__ import annotations
 import json
 import uuid
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from art_proxy.testing.fake_generation import FakeGeneration
 from art_proxy.vllm_api.engine import ChatRequest, ChoiceOutput
 from art_proxy.wire import ApiError
 
-if TYPE_CHECKING:  # the engine calls this module to answer a chat request
-    from art_proxy.testing.fake_config import ScriptedCall
-    from art_proxy.testing.fake_engine import FakeEngine
+if TYPE_CHECKING:
+    from art_proxy.testing.fake_config import FakeVllmConfig, ScriptedCall
+    from art_proxy.testing.fake_tokenizer import FakeTokenizer
+    from art_proxy.vllm_api.engine import FinishReason
 
 ToolMode = Literal["text", "markup", "named"]
+
+
+class ChatEngine(Protocol):
+    """What a chat reply needs of the fake engine (fake_engine.py FakeEngine), which calls this module to
+    answer a chat request."""
+
+    config: FakeVllmConfig
+    tokenizer: FakeTokenizer
+
+    def reply_text(self, choice_index: int, *, after_tool_result: bool = False) -> str: ...
+
+    def scripted_call(self, messages: list[Any]) -> ScriptedCall | None: ...
+
+    def generate(
+        self, body_ids: tuple[int, ...], limit: int, finish: FinishReason, top_logprobs: int | None
+    ) -> ChoiceOutput: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,7 +62,7 @@ class _ToolCall:
     arguments_len: int
 
 
-def chat_generation(engine: FakeEngine, chat: ChatRequest, limit: int) -> FakeGeneration:
+def chat_generation(engine: ChatEngine, chat: ChatRequest, limit: int) -> FakeGeneration:
     """`chat.n` choices of at most `limit` ids, with their tool calls parsed."""
     last = chat.messages[-1]
     after_tool_result = isinstance(last, dict) and last.get("role") == "tool"
@@ -66,7 +83,7 @@ def chat_generation(engine: FakeEngine, chat: ChatRequest, limit: int) -> FakeGe
 
 
 def _tool_choice(
-    engine: FakeEngine,
+    engine: ChatEngine,
     chat: ChatRequest,
     after_tool_result: bool,
     scripted: ScriptedCall | None,
@@ -110,7 +127,7 @@ def _arguments(function: dict[str, Any], value: str) -> str:
 
 
 def _generate(
-    engine: FakeEngine, chat: ChatRequest, reply: _Reply, index: int, limit: int
+    engine: ChatEngine, chat: ChatRequest, reply: _Reply, index: int, limit: int
 ) -> tuple[ChoiceOutput, _ToolCall | None]:
     tokenizer = engine.tokenizer
     top_logprobs = chat.top_logprobs if chat.logprobs else None
@@ -142,7 +159,7 @@ def _generate(
 
 
 def _tool_fragments(
-    engine: FakeEngine, call: _ToolCall, ids: tuple[int, ...], start: int, end: int
+    engine: ChatEngine, call: _ToolCall, ids: tuple[int, ...], start: int, end: int
 ) -> tuple[dict[str, Any], ...]:
     """The parsed part of ids[start:end]: the call's head once, argument text, or nothing."""
     arguments_start = call.header_len

@@ -9,7 +9,7 @@ hold the policy and however they split it.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 from peft import PeftModel
@@ -21,9 +21,6 @@ from art_proxy_trainer.batch import TrainingBatch
 from art_proxy_trainer.errors import TrainerError
 from art_proxy_trainer.grammar import GrammarReplay
 from art_proxy_trainer.step import StepResult, lora_model, make_optimizer, train_step
-
-if TYPE_CHECKING:
-    from art_proxy_trainer.distributed import Leader
 
 
 @dataclass(frozen=True)
@@ -38,6 +35,20 @@ class PolicyState:
 def trained_parameters(model: torch.nn.Module) -> list[tuple[str, torch.nn.Parameter]]:
     """The adapter's parameters, in the order the optimiser holds them."""
     return [(name, p) for name, p in model.named_parameters() if p.requires_grad]
+
+
+class Leader(Protocol):
+    """Rank 0 of several (distributed.py's `Leader`): each call runs on every rank in step."""
+
+    def train(
+        self, batch: TrainingBatch, config: TrainerConfig, fresh_optimizer: bool = False
+    ) -> StepResult: ...
+
+    def gather(self) -> PolicyState: ...
+
+    def load(self, state: PolicyState) -> None: ...
+
+    def close(self) -> None: ...  # the other ranks stop
 
 
 @dataclass
