@@ -34,7 +34,8 @@ from art_proxy.ruler.ensemble import kendall_tau_b
 from art_proxy.ruler.judge import LitellmJudge
 from art_proxy.ruler.prompt import Member
 from art_proxy.ruler.rubric import DEFAULT_RUBRIC
-from art_proxy.ruler.scorer import Ruler, RulerSettings
+from art_proxy.ruler.scorer import Ruler
+from art_proxy.ruler.settings import RulerSettings
 from art_proxy.store.rows import GroupRow, RowKind, ScenarioRow
 from art_proxy.store.trajectory_store import TrajectoryStore, utcnow
 from art_proxy.store.writer import Batch

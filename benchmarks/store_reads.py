@@ -31,7 +31,8 @@ from typing import Any
 from art_proxy.ruler.judge import LitellmJudge
 from art_proxy.ruler.rubric import DEFAULT_RUBRIC
 from art_proxy.ruler.run import GroupJudge, Readiness
-from art_proxy.ruler.scorer import Ruler, RulerSettings
+from art_proxy.ruler.scorer import Ruler
+from art_proxy.ruler.settings import RulerSettings
 from art_proxy.store.dashboard import DashboardQueries, GroupFilter
 from art_proxy.store.trajectory_store import TrajectoryStore, utcnow
 from art_proxy_trainer.loop import JudgedSince

@@ -375,7 +375,8 @@ def best_of_chooser(
         # Imported here: litellm's import costs seconds a proxy without a judge does not pay.
         from art_proxy.ruler.judge import LitellmJudge, litellm_token_counter
         from art_proxy.ruler.rubric import DEFAULT_RUBRIC
-        from art_proxy.ruler.scorer import Ruler, RulerSettings
+        from art_proxy.ruler.scorer import Ruler
+        from art_proxy.ruler.settings import RulerSettings
 
         judge = LitellmJudge(
             settings.best_of_judge,

@@ -36,7 +36,8 @@ from art_proxy.ruler.judge import LitellmJudge, litellm_token_counter
 from art_proxy.ruler.reward import RewardRule
 from art_proxy.ruler.rubric import Rubric
 from art_proxy.ruler.run import GroupJudge, Readiness, Totals, finished_members
-from art_proxy.ruler.scorer import Ruler, RulerSettings
+from art_proxy.ruler.scorer import Ruler
+from art_proxy.ruler.settings import RulerSettings
 from art_proxy.serving import until_stopped
 from art_proxy.store.trajectory_store import TrajectoryStore
 from art_proxy.trackers import Tracker, open_trackers

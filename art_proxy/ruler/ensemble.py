@@ -10,11 +10,12 @@ member that ties everything; -1: reversed).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import combinations
 from statistics import fmean, pstdev
 
-from art_proxy.records import CriterionMark
+from art_proxy.records import CriterionMark, EnsembleMember, JudgmentStatus
+from art_proxy.ruler.client import JudgeReply
 from art_proxy.ruler.parse import ParsedScore
 
 
@@ -87,3 +88,105 @@ def _mean_marks(answers: Sequence[tuple[str, ParsedScore]]) -> tuple[CriterionMa
             )
         )
     return tuple(marks)
+
+
+# What each member concluded, and the one outcome the scorer records (`combined`).
+
+
+@dataclass
+class Tally:
+    """The judge calls one verdict took, their tokens and cost."""
+
+    calls: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cost_usd: float = 0.0
+
+    def add(self, reply: JudgeReply) -> None:
+        self.prompt_tokens += reply.prompt_tokens
+        self.completion_tokens += reply.completion_tokens
+        self.cost_usd += reply.cost_usd
+
+    def merge(self, other: Tally) -> None:
+        self.calls += other.calls
+        self.prompt_tokens += other.prompt_tokens
+        self.completion_tokens += other.completion_tokens
+        self.cost_usd += other.cost_usd
+
+
+@dataclass
+class Outcome:
+    """What judging a group concluded: its status, and the scores where it scored."""
+
+    status: JudgmentStatus
+    reason: str | None = None
+    scores: dict[str, ParsedScore] = field(default_factory=dict)
+    std: dict[str, float] = field(default_factory=dict)  # an ensemble's spread, by label
+    rank_agreement: float | None = None
+    order_agreement: float | None = None
+    members: list[EnsembleMember] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What one member of the ensemble concluded, and what asking it cost."""
+
+    judge_model: str
+    sample: int
+    outcome: Outcome
+    tally: Tally
+    order: int = 1  # which of the group's orders it was shown (orders.py)
+
+
+def combined(
+    verdicts: Sequence[Verdict], labels: Sequence[str], *, samples: int, orders: int
+) -> tuple[Outcome, Tally]:
+    """One outcome from the ensemble's verdicts (one judge's verdict stands as it is)."""
+    tally = Tally()
+    for verdict in verdicts:
+        tally.merge(verdict.tally)
+    if len(verdicts) == 1:
+        return verdicts[0].outcome, tally
+    members = [_member_record(verdict, labels) for verdict in verdicts]
+    named = [(_member_name(verdict, samples, orders), verdict) for verdict in verdicts]
+    scored = [(name, v.outcome.scores) for name, v in named if v.outcome.status == "scored"]
+    if not scored:
+        reasons = "; ".join(f"[{name}] {verdict.outcome.reason}" for name, verdict in named)
+        reason = f"every member of the ensemble failed: {reasons}"
+        return Outcome("judge_failed", reason, members=members), tally
+    if len(scored) == 1:
+        return Outcome("scored", scores=dict(scored[0][1]), members=members), tally
+    agreed = consensus(scored, labels)
+    outcome = Outcome(
+        "scored",
+        scores=agreed.scores,
+        std=agreed.std,
+        rank_agreement=agreed.rank_agreement,
+        members=members,
+    )
+    return outcome, tally
+
+
+def _member_name(verdict: Verdict, samples: int, orders: int) -> str:
+    name = verdict.judge_model
+    if samples > 1:
+        name += f" #{verdict.sample}"
+    if orders > 1:
+        name += f" (order {verdict.order})"
+    return name
+
+
+def _member_record(verdict: Verdict, labels: Sequence[str]) -> EnsembleMember:
+    scores = verdict.outcome.scores
+    return EnsembleMember(
+        judge_model=verdict.judge_model,
+        sample=verdict.sample,
+        order=verdict.order,
+        status="scored" if verdict.outcome.status == "scored" else "judge_failed",
+        reason=verdict.outcome.reason,
+        scores={label: scores[label].score for label in labels if label in scores},
+        attempts=verdict.tally.calls,
+        prompt_tokens=verdict.tally.prompt_tokens,
+        completion_tokens=verdict.tally.completion_tokens,
+        cost_usd=verdict.tally.cost_usd,
+    )

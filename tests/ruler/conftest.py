@@ -10,7 +10,8 @@ import pytest
 from art_proxy.privacy.pii import PiiRedactor
 from art_proxy.ruler.judge import LitellmJudge
 from art_proxy.ruler.rubric import DEFAULT_RUBRIC
-from art_proxy.ruler.scorer import Ruler, RulerSettings
+from art_proxy.ruler.scorer import Ruler
+from art_proxy.ruler.settings import RulerSettings
 from art_proxy.store.trajectory_store import TrajectoryStore
 from tests.ruler.scripted_judge import ScriptedJudge
 

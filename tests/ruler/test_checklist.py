@@ -11,7 +11,7 @@ from art_proxy.ruler.checklist import parse_checklist_answer
 from art_proxy.ruler.errors import InvalidAnswer, RubricError
 from art_proxy.ruler.rubric import Checklist, Criterion, load_rubric
 from art_proxy.ruler.run import finished_members
-from art_proxy.ruler.scorer import RulerSettings
+from art_proxy.ruler.settings import RulerSettings
 from art_proxy.store.trajectory_store import TrajectoryStore
 from tests.ruler.conftest import MakeRuler
 from tests.ruler.recorded import answered, record_group

@@ -17,7 +17,8 @@ from art_proxy.ruler.logprob import (
 )
 from art_proxy.ruler.rubric import DEFAULT_RUBRIC
 from art_proxy.ruler.run import finished_members
-from art_proxy.ruler.scorer import Ruler, RulerSettings
+from art_proxy.ruler.scorer import Ruler
+from art_proxy.ruler.settings import RulerSettings
 from art_proxy.store.trajectory_store import TrajectoryStore
 from tests.ruler.recorded import answered, record_group
 from tests.ruler.scripted_judge import logprob_tokens
