@@ -54,10 +54,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from art_proxy.config import TrainerConfig
 from art_proxy_trainer.batch import SequenceStats, TrainingBatch
 from art_proxy_trainer.grammar import packed
+from art_proxy_trainer.lora import lora_model, make_optimizer
 from art_proxy_trainer.memory import QWEN2_0_5B, QWEN2_7B, ModelShape, step_memory
 from art_proxy_trainer.policy import base_dtype, load_policy, training_device
 from art_proxy_trainer.scoring import SamplingTransforms
-from art_proxy_trainer.step import lora_model, make_optimizer, train_step
+from art_proxy_trainer.step import train_step
 
 TINY = ModelShape("tiny", 64, 128, 2, 4, 2, 1000, True)
 console = Console(width=max(Console().width, 120))  # the table whole, in a log too

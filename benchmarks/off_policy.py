@@ -45,8 +45,9 @@ from art_proxy.config import TrainerConfig
 from art_proxy.local.model_loading import LoadedModel, load_model
 from art_proxy_trainer.advantages import group_advantages
 from art_proxy_trainer.batch import TrajectorySample, build_batch
+from art_proxy_trainer.lora import lora_model, make_optimizer
 from art_proxy_trainer.loss import Objective
-from art_proxy_trainer.step import lora_model, make_optimizer, train_step
+from art_proxy_trainer.step import train_step
 from benchmarks.grpo_peers import EXAMPLE, _task, sample_with_logprobs
 from benchmarks.trainer_step import recorded_call
 

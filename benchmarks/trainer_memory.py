@@ -52,8 +52,9 @@ def _arm(
     from art_proxy.config import TrainerConfig
     from art_proxy.local.model_loading import load_model
     from art_proxy_trainer.batch import SequenceStats, TrainingBatch
+    from art_proxy_trainer.lora import lora_model, make_optimizer
     from art_proxy_trainer.scoring import has_sampled_head
-    from art_proxy_trainer.step import lora_model, make_optimizer, train_step
+    from art_proxy_trainer.step import train_step
 
     warnings.filterwarnings("ignore")
     # Past this address space an allocation fails in this process alone, where the kernel's

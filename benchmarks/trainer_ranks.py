@@ -34,8 +34,9 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from art_proxy.config import TrainerConfig
 from art_proxy_trainer.batch import SequenceStats, TrainingBatch
 from art_proxy_trainer.distributed import Ranks, Replica, Sharding, exit_rank, join, leave
+from art_proxy_trainer.lora import lora_model, make_optimizer
 from art_proxy_trainer.policy import Policy
-from art_proxy_trainer.step import lora_model, make_optimizer, train_step
+from art_proxy_trainer.step import train_step
 
 REPO = Path(__file__).resolve().parents[1]
 SHARDINGS: tuple[Sharding, ...] = ("ddp", "fsdp")

@@ -57,8 +57,9 @@ from art_proxy.local.model_loading import LoadedModel, load_model
 from art_proxy.records import CallRecord
 from art_proxy_trainer.advantages import group_advantages
 from art_proxy_trainer.batch import TrainingBatch, TrajectorySample, build_batch
+from art_proxy_trainer.lora import lora_model, make_optimizer
 from art_proxy_trainer.scoring import token_logprobs
-from art_proxy_trainer.step import lora_model, make_optimizer, train_step
+from art_proxy_trainer.step import train_step
 
 REPO = Path(__file__).resolve().parents[1]
 # The target: a training step costs at most this many raw forward+backward passes.

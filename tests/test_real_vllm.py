@@ -38,9 +38,9 @@ from art_proxy.proxy.server import RunningProxy, running_proxy
 from art_proxy.records import CallRecord
 from art_proxy.store.trajectory_store import TrajectoryStore
 from art_proxy_trainer.batch import TrajectorySample, build_batch
+from art_proxy_trainer.lora import lora_model
 from art_proxy_trainer.policy import load_policy
 from art_proxy_trainer.scoring import score_sampled, token_logprobs
-from art_proxy_trainer.step import lora_model
 from tests.conformance.upstream import WEATHER_TOOL
 from tests.conftest import proxy_settings, trajectories
 from tests.real_vllm import RealVllm

@@ -16,9 +16,9 @@ from peft import PeftModel
 from art_proxy.config import TrainerConfig
 from art_proxy_trainer.batch import SequenceStats, TrainingBatch
 from art_proxy_trainer.distributed import Ranks, Replica, Sharding, exit_rank, join, leave
+from art_proxy_trainer.lora import lora_model, make_optimizer
 from art_proxy_trainer.policy import Policy
 from art_proxy_trainer.scoring import token_logprobs
-from art_proxy_trainer.step import lora_model, make_optimizer
 from tests.trainer.models import tiny_llama
 
 # Small micro-batches, so ranks make different numbers of passes; the KL term runs the

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from art_proxy.config import TrainerConfig
+from art_proxy_trainer.lora import lora_model
 from art_proxy_trainer.memory import (
     QWEN2_0_5B,
     QWEN2_7B,
@@ -13,7 +14,6 @@ from art_proxy_trainer.memory import (
     step_memory,
     vllm_share,
 )
-from art_proxy_trainer.step import lora_model
 from benchmarks.gpu_check import TINY, build
 
 

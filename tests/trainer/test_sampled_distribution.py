@@ -20,8 +20,8 @@ from art_proxy.config import TrainerConfig
 from art_proxy.local.sampling import SamplingParams, sample
 from art_proxy.records import CallRecord
 from art_proxy_trainer.batch import TrajectorySample, build_batch
+from art_proxy_trainer.lora import lora_model
 from art_proxy_trainer.scoring import token_logprobs
-from art_proxy_trainer.step import lora_model
 from tests.trainer.models import tiny_llama
 from tests.trainer.records import call
 

@@ -18,6 +18,7 @@ from art_proxy.config import TrainerConfig
 from art_proxy_trainer import scoring
 from art_proxy_trainer import step as step_module
 from art_proxy_trainer.batch import TrainingBatch, TrajectorySample, build_batch
+from art_proxy_trainer.lora import lora_model, make_optimizer
 from art_proxy_trainer.policy import Policy, base_dtype
 from art_proxy_trainer.scoring import (
     SamplingTransforms,
@@ -26,7 +27,7 @@ from art_proxy_trainer.scoring import (
     score_sampled,
     token_logprobs,
 )
-from art_proxy_trainer.step import lora_model, make_optimizer, train_step
+from art_proxy_trainer.step import train_step
 from tests.trainer.memory_faults import out_of_memory_past
 from tests.trainer.models import tiny_llama
 from tests.trainer.records import call

@@ -18,7 +18,7 @@ from art_proxy.up import plan, trainer_command
 from art_proxy_trainer.batch import TrainingBatch
 from art_proxy_trainer.errors import SleepError
 from art_proxy_trainer.sleep import UpstreamSleep
-from art_proxy_trainer.step import StepResult
+from art_proxy_trainer.step_result import StepResult
 from tests.trainer.test_trainer_parts import _samples, _trainer
 
 

@@ -13,10 +13,11 @@ from art_proxy_trainer import scoring
 from art_proxy_trainer import step as step_module
 from art_proxy_trainer.batch import SequenceStats, TrainingBatch
 from art_proxy_trainer.errors import TrainerError
+from art_proxy_trainer.lora import lora_model, make_optimizer
 from art_proxy_trainer.loss import LossResult, grpo_loss
 from art_proxy_trainer.policy import training_device
 from art_proxy_trainer.scoring import token_logprobs
-from art_proxy_trainer.step import lora_model, make_optimizer, train_step
+from art_proxy_trainer.step import train_step
 from tests.trainer.memory_faults import out_of_memory_past
 from tests.trainer.models import tiny_llama
 

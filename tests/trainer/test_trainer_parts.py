@@ -22,10 +22,13 @@ from art_proxy_trainer.batch import TrajectorySample, build_batch
 from art_proxy_trainer.checkpoint import Checkpoints, TrainerState
 from art_proxy_trainer.command import _Display
 from art_proxy_trainer.errors import CheckpointError
+from art_proxy_trainer.lora import make_optimizer
+from art_proxy_trainer.memory import micro_batches
 from art_proxy_trainer.metrics import MetricsSink
 from art_proxy_trainer.policy import Policy, trained_parameters
+from art_proxy_trainer.samples import trajectory_samples
 from art_proxy_trainer.scoring import token_logprobs
-from art_proxy_trainer.step import make_optimizer, micro_batches, train_step
+from art_proxy_trainer.step import train_step
 from art_proxy_trainer.swap import _same_model, step_of
 from art_proxy_trainer.trainer import Trainer
 from tests.trainer.records import call
@@ -174,18 +177,18 @@ def _trainer(tmp_path: Path, **settings: Any) -> Trainer:
 def test_rising_training_reward_with_falling_validation_is_flagged(tmp_path: Path) -> None:
     warnings: list[str] = []
     trainer = _trainer(tmp_path)
-    trainer._on_warning = warnings.append
+    trainer.stopping.on_warning = warnings.append
     trainer.state.reward_history = [(1, 0.2), (2, 0.3), (3, 0.6), (4, 0.9)]
-    trainer._validated(0, 0.7)  # the base model's validation
+    trainer.stopping.validated(trainer.state, 0, 0.7)  # the base model's validation
     trainer.state.step = 4
-    trainer._validated(4, 0.4)
+    trainer.stopping.validated(trainer.state, 4, 0.4)
     assert len(warnings) == 1 and "reward hacking" in warnings[0]
 
 
 def test_validation_without_improvement_for_patience_rounds_is_a_plateau(tmp_path: Path) -> None:
     trainer = _trainer(tmp_path, patience=2, min_delta=0.05)
     for step, reward in ((0, 0.5), (5, 0.52), (10, 0.54)):
-        trainer._validated(step, reward)
+        trainer.stopping.validated(trainer.state, step, reward)
     assert trainer.stopping.plateaued()
     assert trainer.state.best_step == 0
 
@@ -200,6 +203,26 @@ def _served(group_id: str, model: str) -> tuple[TrainableGroup, dict[str, list[C
     return group, calls
 
 
+def _samples_of(
+    trainer: Trainer,
+    groups: list[TrainableGroup],
+    calls: dict[str, list[CallRecord]],
+    outcomes: dict[str, GroupOutcome],
+    metrics: dict[str, float],
+) -> list[TrajectorySample]:
+    """The samples `trainer`'s next step would train on, as its step picks them."""
+    return trajectory_samples(
+        groups,
+        calls,
+        outcomes,
+        metrics,
+        policy_step=trainer.state.policy_step,
+        alias=trainer.alias,
+        staleness_bound=trainer.settings.staleness_bound,
+        scale_by_std=trainer.settings.scale_advantages_by_std,
+    )
+
+
 def test_staleness_counts_from_the_weights_trained_not_from_the_step_number(
     tmp_path: Path,
 ) -> None:
@@ -208,17 +231,17 @@ def test_staleness_counts_from_the_weights_trained_not_from_the_step_number(
     trainer.state.step = 2
     base, base_calls = _served("base", "policy")
     outcomes: dict[str, GroupOutcome] = {}
-    assert len(trainer._samples([base], base_calls, outcomes, {})) == 2
+    assert len(_samples_of(trainer, [base], base_calls, outcomes, {})) == 2
     assert outcomes == {"base": "trained"}
     # Once step 3 changed the weights, the base model is one step old and adapter 1 two.
     trainer.state.policy_step = 3
     old, old_calls = _served("old", "policy@1")
     outcomes = {}
-    trainer._samples([base, old], base_calls | old_calls, outcomes, {})
+    _samples_of(trainer, [base, old], base_calls | old_calls, outcomes, {})
     assert outcomes == {"base": "stale", "old": "stale"}
     recent, recent_calls = _served("recent", "policy@2")
     outcomes = {}
-    trainer._samples([recent], recent_calls, outcomes, {})
+    _samples_of(trainer, [recent], recent_calls, outcomes, {})
     assert outcomes == {"recent": "trained"}
 
 
@@ -232,7 +255,7 @@ def test_the_sidecar_consumes_groups_past_max_off_policy_steps_as_stale(tmp_path
     outcomes: dict[str, GroupOutcome] = {}
     for name, served in (("old", "policy@1"), ("recent", "policy@2")):  # 2 and 1 steps behind
         group, calls = _served(name, served)
-        trainer._samples([group], calls, outcomes, {})
+        _samples_of(trainer, [group], calls, outcomes, {})
     assert outcomes == {"old": "stale", "recent": "trained"}
 
 
@@ -324,7 +347,7 @@ def test_a_guided_retry_is_measured_against_its_unguided_group(tmp_path: Path) -
         for t in group.rewards
     }
     outcomes: dict[str, GroupOutcome] = {}
-    samples = trainer._samples([plain, retry], calls, outcomes, {})
+    samples = _samples_of(trainer, [plain, retry], calls, outcomes, {})
     assert outcomes == {"plain": "trained", "retry": "trained"}
     assert {s.trajectory_id: s.advantage for s in samples} == {
         **{t: -0.5 for t in plain.rewards},
@@ -332,7 +355,7 @@ def test_a_guided_retry_is_measured_against_its_unguided_group(tmp_path: Path) -
     }
     # Partly rescued: the successes count against the failures of the policy trained (3 of 8).
     partly = retry.model_copy(update={"rewards": {"h0": 1.0, "h1": 1.0, "h2": 1.0, "h3": 0.0}})
-    samples = trainer._samples([plain, partly], calls, {}, {})
+    samples = _samples_of(trainer, [plain, partly], calls, {}, {})
     assert {s.trajectory_id: s.advantage for s in samples}["h0"] == pytest.approx(1 - 3 / 8)
 
 

@@ -24,7 +24,7 @@ from art_proxy.testing.fake_vllm import FakeVllmConfig, running_fake_vllm
 from art_proxy_trainer import policy as policy_module
 from art_proxy_trainer.command import run_train
 from art_proxy_trainer.errors import BaseModelMismatch, CheckpointError
-from art_proxy_trainer.step import StepResult
+from art_proxy_trainer.step_result import StepResult
 from tests.ruler.scripted_judge import running_scripted_judge
 from tests.trainer.agents import untagged
 from tests.trainer.conftest import TINY_NAME, Stack

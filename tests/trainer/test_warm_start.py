@@ -24,9 +24,10 @@ from art_proxy_trainer.demonstrations import (
     read_demonstrations,
 )
 from art_proxy_trainer.errors import CheckpointError, DemonstrationError
+from art_proxy_trainer.lora import lora_model, make_optimizer
 from art_proxy_trainer.loss import sft_loss
 from art_proxy_trainer.scoring import score_sampled
-from art_proxy_trainer.step import lora_model, make_optimizer, train_step
+from art_proxy_trainer.step import train_step
 from art_proxy_trainer.warm_start import WarmStart
 from tests.trainer.agents import untagged
 from tests.trainer.conftest import TINY_NAME, Stack

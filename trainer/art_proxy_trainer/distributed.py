@@ -45,15 +45,11 @@ from torch.nn.parallel import DistributedDataParallel
 
 from art_proxy.config import TrainerConfig
 from art_proxy_trainer.batch import TrainingBatch
+from art_proxy_trainer.lora import decoder_layers, make_optimizer
+from art_proxy_trainer.memory import micro_batches
 from art_proxy_trainer.policy import Policy, PolicyState, load_into, trained_parameters
-from art_proxy_trainer.step import (
-    Lockstep,
-    StepResult,
-    decoder_layers,
-    make_optimizer,
-    micro_batches,
-    train_step,
-)
+from art_proxy_trainer.step import Lockstep, train_step
+from art_proxy_trainer.step_result import StepResult
 
 Sharding = Literal["ddp", "fsdp"]
 

@@ -60,6 +60,22 @@ class LossMetrics:
     def is_weight_std(self) -> float:
         return math.sqrt(max(self.is_weight_sq - self.mean_ratio**2, 0.0))
 
+    def named(self, *, kl: bool) -> dict[str, float]:
+        """The step's metrics by name; `kl` only where it is part of the loss (--kl-coef)."""
+        metrics = {
+            "clip_fraction": self.clip_fraction,
+            "update_drift": self.update_drift,
+            "mean_ratio": self.mean_ratio,
+            "entropy": self.entropy,
+            "mismatch": self.mismatch,
+            "mismatch_kl": self.mismatch_kl,
+            "is_weight_std": self.is_weight_std,
+            "is_capped": self.is_capped,
+        }
+        if kl:
+            metrics["kl"] = self.kl
+        return metrics
+
     def means(self) -> list[float]:
         """The token means, in field order (everything but `tokens`)."""
         return [getattr(self, f.name) for f in fields(self) if f.name != "tokens"]

@@ -16,6 +16,9 @@ measures against. It counts live tensors, largest first:
 
 It leaves out the CUDA context and allocator slack (~1-2 GB), and on a CPU what the C allocator
 keeps after a free (resident memory can be several times the live tensors there).
+
+`micro_batches` cuts a batch into row ranges of a token budget; a step that runs out of memory
+tries again at half of it (`halved_micro_batch`).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
+from art_proxy_trainer.batch import TrainingBatch
 from art_proxy_trainer.scoring import CHUNK_BYTES
 
 GB = 1e9
@@ -170,3 +174,32 @@ def release_freed_memory() -> None:
     trim = getattr(libc, "malloc_trim", None)
     if trim is not None:
         trim(0)
+
+
+def micro_batches(batch: TrainingBatch, max_tokens: int) -> list[slice]:
+    """Consecutive row ranges of at most ~max_tokens padded tokens each (0 = one range).
+
+    Rows are right-padded to the batch's longest; a range is cut to its own longest row by the
+    caller, so short rows together cost less than the whole batch's padding.
+    """
+    rows, length = batch.tokens_B_T.shape
+    if max_tokens <= 0 or rows * length <= max_tokens:
+        return [slice(0, rows)]
+    lengths = batch.attention_mask_B_T.sum(dim=1).tolist()
+    ranges: list[slice] = []
+    start = 0
+    longest = 0
+    for row, row_length in enumerate(lengths):
+        longest_with_row = max(longest, int(row_length))
+        if row > start and longest_with_row * (row - start + 1) > max_tokens:
+            ranges.append(slice(start, row))
+            start, longest_with_row = row, int(row_length)
+        longest = longest_with_row
+    ranges.append(slice(start, rows))
+    return ranges
+
+
+def halved_micro_batch(max_tokens: int, batch: TrainingBatch) -> int:
+    """Half the micro-batch size (0, one micro-batch, counts as the whole padded batch)."""
+    rows, length = batch.tokens_B_T.shape
+    return (max_tokens if max_tokens > 0 else rows * length) // 2

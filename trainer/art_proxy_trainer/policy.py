@@ -20,7 +20,9 @@ from art_proxy.local.model_loading import load_model
 from art_proxy_trainer.batch import TrainingBatch
 from art_proxy_trainer.errors import TrainerError
 from art_proxy_trainer.grammar import GrammarReplay
-from art_proxy_trainer.step import StepResult, lora_model, make_optimizer, train_step
+from art_proxy_trainer.lora import lora_model, make_optimizer
+from art_proxy_trainer.step import train_step
+from art_proxy_trainer.step_result import StepResult
 
 
 @dataclass(frozen=True)

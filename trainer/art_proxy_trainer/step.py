@@ -18,126 +18,27 @@ instead of abandoning the step.
 from __future__ import annotations
 
 import contextlib
-import functools
 import math
-import warnings
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, replace
-from typing import Any, Literal
+from typing import Any
 
 import torch
-from peft import LoraConfig, PeftModel, get_peft_model
-from transformers import PreTrainedModel
+from peft import PeftModel
 
 from art_proxy.config import TrainerConfig
 from art_proxy_trainer.batch import TrainingBatch
 from art_proxy_trainer.loss import Correction, LossMetrics, grpo_loss, sft_loss
+from art_proxy_trainer.memory import halved_micro_batch, micro_batches
 from art_proxy_trainer.scoring import (
-    install_sampled_head,
     score_sampled,
 )
-
-AbandonReason = Literal["nan_loss", "nan_grad", "out_of_memory"]
-
-
-@dataclass(frozen=True)
-class StepResult:
-    """A step's outcome. With several updates, `loss`, `grad_norm` and `metrics` are the means
-    over its updates and `last_*` the last update's."""
-
-    applied: bool  # False: the adapter is as it was before the step (see reason)
-    reason: AbandonReason | None
-    loss: float  # before the update; nan where it was the reason
-    grad_norm: float  # before clipping; nan when not computed
-    metrics: LossMetrics | None
-    micro_batch_tokens: int = 0  # the micro-batch size that fit (0: the whole batch at once)
-    too_long: tuple[str, ...] = ()  # trajectories of rows left out: one alone ran out of memory
-    # Trajectories of rows that ran out of memory alone in a later update: trained by the
-    # updates before it only.
-    fewer_updates: tuple[str, ...] = ()
-    updates: int = 1  # optimiser steps taken
-    last_loss: float = math.nan
-    last_metrics: LossMetrics | None = None
-
-
-def lora_model(base: PreTrainedModel, config: TrainerConfig) -> PeftModel:
-    lora = LoraConfig(
-        r=config.lora_rank,
-        lora_alpha=config.lora_alpha,
-        # peft reads the one string "all-linear" as every linear projection but the head.
-        target_modules=(
-            config.target_modules[0]
-            if config.target_modules == ["all-linear"]
-            else config.target_modules
-        ),
-        lora_dropout=0.0,
-        task_type="CAUSAL_LM",
-    )
-    with warnings.catch_warnings():
-        # peft asks transformers a deprecated question (is_gradient_checkpointing) on every
-        # wrap; the warning says nothing to a user of the trainer.
-        warnings.filterwarnings("ignore", category=FutureWarning, module="transformers")
-        model: PeftModel = get_peft_model(base, lora)
-    if config.gradient_checkpointing:
-        recompute_activations(model)
-    install_sampled_head(model)
-    return model
-
-
-def decoder_layers(model: PeftModel) -> list[torch.nn.Module]:
-    """The modules transformers keeps whole (its `_no_split_modules`): the decoder layers."""
-    whole = set(getattr(model.get_base_model(), "_no_split_modules", None) or [])
-    return [module for module in model.modules() if type(module).__name__ in whole]
-
-
-def recompute_activations(model: PeftModel) -> None:
-    """Gradient checkpointing with torch's own `checkpoint`, layer by layer. transformers' own
-    switch acts in train mode only, and the trainer runs its forwards in eval mode."""
-    for layer in decoder_layers(model):
-        layer.forward = functools.partial(_recomputed, layer.forward)
-
-
-def _recomputed(forward: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    return torch.utils.checkpoint.checkpoint(forward, *args, use_reentrant=False, **kwargs)
-
-
-def make_optimizer(model: PeftModel, config: TrainerConfig) -> torch.optim.AdamW:
-    trainable = [parameter for parameter in model.parameters() if parameter.requires_grad]
-    return torch.optim.AdamW(trainable, lr=config.learning_rate, weight_decay=config.weight_decay)
+from art_proxy_trainer.step_result import AbandonReason, StepResult
 
 
 def correction(config: TrainerConfig) -> Correction:
     return Correction(config.objective, config.is_cap, config.ratio_cap)
-
-
-def micro_batches(batch: TrainingBatch, max_tokens: int) -> list[slice]:
-    """Consecutive row ranges of at most ~max_tokens padded tokens each (0 = one range).
-
-    Rows are right-padded to the batch's longest; a range is cut to its own longest row by the
-    caller, so short rows together cost less than the whole batch's padding.
-    """
-    rows, length = batch.tokens_B_T.shape
-    if max_tokens <= 0 or rows * length <= max_tokens:
-        return [slice(0, rows)]
-    lengths = batch.attention_mask_B_T.sum(dim=1).tolist()
-    ranges: list[slice] = []
-    start = 0
-    longest = 0
-    for row, row_length in enumerate(lengths):
-        longest_with_row = max(longest, int(row_length))
-        if row > start and longest_with_row * (row - start + 1) > max_tokens:
-            ranges.append(slice(start, row))
-            start, longest_with_row = row, int(row_length)
-        longest = longest_with_row
-    ranges.append(slice(start, rows))
-    return ranges
-
-
-def _halved(max_tokens: int, batch: TrainingBatch) -> int:
-    """Half the micro-batch size (0, one micro-batch, counts as the whole padded batch)."""
-    rows, length = batch.tokens_B_T.shape
-    return (max_tokens if max_tokens > 0 else rows * length) // 2
 
 
 def _abandon(
@@ -431,7 +332,7 @@ def _update(
                 torch.cuda.empty_cache()
             rows = failed.rows
             if rows.stop - rows.start > 1:
-                max_tokens = _halved(max_tokens, batch)
+                max_tokens = halved_micro_batch(max_tokens, batch)
                 continue
             too_long.append(batch.trajectory_ids[rows.start] if batch.trajectory_ids else "")
             kept = [row for row in range(batch.tokens_B_T.shape[0]) if row != rows.start]

@@ -21,49 +21,33 @@ import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 
 from art_proxy.config import TrainSettings
 from art_proxy.privacy.redaction import redact_url
 from art_proxy.records import (
-    CallRecord,
     GroupOutcome,
     StepKind,
     StepStatus,
     TrainableGroup,
     TrainingStep,
 )
-from art_proxy.rewards import agent_metrics, has_signal, mean_or_nan, population_std
+from art_proxy.rewards import agent_metrics, mean_or_nan, population_std
 from art_proxy.store.trajectory_store import TrajectoryStore, utcnow
-from art_proxy_trainer.advantages import group_advantages, pooled, pooled_rewards
 from art_proxy_trainer.batch import TrainingBatch, TrajectorySample, build_batch
 from art_proxy_trainer.checkpoint import Checkpoints, RunIdentity, TrainerState
 from art_proxy_trainer.errors import CheckpointError, EmptyBatchError
-from art_proxy_trainer.loss import LossMetrics
 from art_proxy_trainer.memory import release_freed_memory
 from art_proxy_trainer.metrics import MetricsSink
 from art_proxy_trainer.policy import Policy
 from art_proxy_trainer.promoter import Promoter
+from art_proxy_trainer.samples import trajectory_samples
 from art_proxy_trainer.sleep import UpstreamSleep
-from art_proxy_trainer.step import StepResult
 from art_proxy_trainer.swap import AdapterSwapper, adapter_name, step_of
+from art_proxy_trainer.validation import Stopping, validation_by_model
 
 log = logging.getLogger(__name__)
 # Where every step's torch work runs (see `_optimise_batch`).
 _TRAINING_THREAD = ThreadPoolExecutor(max_workers=1, thread_name_prefix="art-proxy-train")
-
-
-@dataclass
-class Stopping:
-    """Plateau and reward-hacking watch over the validation rewards."""
-
-    patience: int
-    min_delta: float
-    since_best: int = 0
-    warnings: list[str] = field(default_factory=list)
-
-    def plateaued(self) -> bool:
-        return self.patience > 0 and self.since_best >= self.patience
 
 
 class Trainer:
@@ -97,7 +81,7 @@ class Trainer:
         self.state = TrainerState(run=settings.run_name, identity=self.identity)
         if swapper is not None:
             swapper.run_tag = self.state.run_tag
-        self.stopping = Stopping(settings.patience, settings.min_delta)
+        self.stopping = Stopping(settings.patience, settings.min_delta, on_warning=on_warning)
         self._on_warning = on_warning
 
     @property
@@ -164,12 +148,21 @@ class Trainer:
             metrics["val_reward"] = mean_or_nan([r for g in val for r in g.rewards.values()])
         train_groups = [g for g in groups if g.split in ("train", "prod")]
         calls = await self.store.calls([t for g in groups for t in g.rewards])
-        validated = _validation_by_model(val, calls)
+        validated = validation_by_model(val, calls)
         self.state.validated |= validated
         promotion = None
         if self.promoter is not None:
             promotion = await self.promoter.consider(validated, self.state)
-        samples = self._samples(train_groups, calls, outcomes, metrics)
+        samples = trajectory_samples(
+            train_groups,
+            calls,
+            outcomes,
+            metrics,
+            policy_step=self.state.policy_step,
+            alias=self.alias,
+            staleness_bound=self.settings.staleness_bound,
+            scale_by_std=self.settings.scale_advantages_by_std,
+        )
         metrics["seconds_prepare"] = time.perf_counter() - started
         rewards = [r for g in train_groups for r in g.rewards.values()]
         trained_ids = [t for g in train_groups for t in g.rewards]
@@ -184,7 +177,9 @@ class Trainer:
         status, reason = await self._optimise(samples, metrics, outcomes)
         if rewards:
             self.state.reward_history.append((number, metrics["reward_mean"]))
-        best = "val_reward" in metrics and self._validated(number, metrics["val_reward"])
+        best = "val_reward" in metrics and self.stopping.validated(
+            self.state, number, metrics["val_reward"]
+        )
         return await self._commit(
             number, "grpo", status, reason, outcomes, metrics, started, promotion, best=best
         )
@@ -262,8 +257,8 @@ class Trainer:
         """A validation before the first step (the base model's reward, the plateau baseline,
         and what a first promotion must match)."""
         calls = await self.store.calls([t for g in groups for t in g.rewards])
-        self.state.validated |= _validation_by_model(groups, calls)
-        self._validated(self.state.step, val_reward)
+        self.state.validated |= validation_by_model(groups, calls)
+        self.stopping.validated(self.state, self.state.step, val_reward)
 
     async def watch_production(self) -> None:
         """Roll the production alias back when its live reward has fallen (each step, and
@@ -273,51 +268,6 @@ class Trainer:
         rolled_back = await self.promoter.watch(self.state)
         if rolled_back is not None:
             self._on_warning(rolled_back)
-
-    def _samples(
-        self,
-        groups: Sequence[TrainableGroup],
-        calls: Mapping[str, list[CallRecord]],
-        outcomes: dict[str, GroupOutcome],
-        metrics: dict[str, float],
-    ) -> list[TrajectorySample]:
-        # Age is counted from the weights trained now, not from the step number: after steps
-        # abandoned for want of signal, the base model's new samples are still on-policy.
-        behind: dict[str, int] = {}
-        current: list[TrainableGroup] = []
-        for group in groups:
-            served = [c.model for t in group.rewards for c in calls.get(t, [])]
-            behind[group.group_id] = max(
-                (self.state.policy_step - step_of(model, self.alias) for model in served),
-                default=0,
-            )
-            bound = self.settings.staleness_bound
-            if bound and behind[group.group_id] > bound:
-                outcomes[group.group_id] = "stale"
-            else:
-                current.append(group)
-        # A guided retry shares its unguided group's baseline (advantages.pooled).
-        fresh: dict[str, dict[str, float]] = {}
-        staleness: list[float] = []
-        for pool, members in pooled(current).items():
-            rewards = pooled_rewards(members)
-            if not has_signal(rewards.values()):
-                outcomes |= {group.group_id: "zero_variance" for group in members}
-                continue
-            fresh[pool] = rewards
-            outcomes |= {group.group_id: "trained" for group in members}
-            staleness += [float(max(behind[group.group_id], 0)) for group in members]
-        if staleness:
-            metrics["staleness_mean"] = math.fsum(staleness) / len(staleness)
-            metrics["staleness_max"] = max(staleness)
-        advantages = group_advantages(
-            fresh, scale_by_std=self.settings.scale_advantages_by_std
-        ).by_trajectory
-        return [
-            TrajectorySample(t, calls.get(t, []), advantages[t])
-            for rewards in fresh.values()
-            for t in rewards
-        ]
 
     async def _optimise(
         self,
@@ -375,11 +325,13 @@ class Trainer:
             "stitch_misses": float(batch.stats.stitch_misses),
             "skipped_calls": float(batch.stats.skipped_calls),
         }
-        self._warn_too_long(result, metrics)
+        for name, rows, warning in result.left_out(self.state.step + 1):
+            metrics[name] = float(rows)
+            self._on_warning(warning)
         if result.metrics is not None and batch.objective == "sft":
             metrics["entropy"] = result.metrics.entropy
         elif result.metrics is not None:
-            metrics |= self._loss_metrics(result.metrics)
+            metrics |= result.metrics.named(kl=self.settings.kl_coef > 0)
             last = result.last_metrics
             if result.updates > 1 and last is not None:
                 # The means above are over the step's updates; the last update's clip and drift
@@ -394,39 +346,6 @@ class Trainer:
             self.state.optimizer_kind = kind
             return "applied", None
         return "abandoned", result.reason
-
-    def _loss_metrics(self, loss_metrics: LossMetrics) -> dict[str, float]:
-        metrics = {
-            "clip_fraction": loss_metrics.clip_fraction,
-            "update_drift": loss_metrics.update_drift,
-            "mean_ratio": loss_metrics.mean_ratio,
-            "entropy": loss_metrics.entropy,
-            "mismatch": loss_metrics.mismatch,
-            "mismatch_kl": loss_metrics.mismatch_kl,
-            "is_weight_std": loss_metrics.is_weight_std,
-            "is_capped": loss_metrics.is_capped,
-        }
-        if self.settings.kl_coef > 0:  # measured only when it is part of the loss
-            metrics["kl"] = loss_metrics.kl
-        return metrics
-
-    def _warn_too_long(self, result: StepResult, metrics: dict[str, float]) -> None:
-        """Name the rows that did not fit in memory even alone."""
-        fix = "lower --micro-batch-tokens, turn on --gradient-checkpointing, or shorten them"
-        step = self.state.step + 1
-        if result.too_long:
-            metrics["too_long_rows"] = float(len(result.too_long))
-            self._on_warning(
-                f"step {step}: left out {len(result.too_long)} sequence(s) too long to fit in "
-                f"memory even alone (trajectories {', '.join(result.too_long)}): {fix}"
-            )
-        if result.fewer_updates:
-            metrics["fewer_updates_rows"] = float(len(result.fewer_updates))
-            self._on_warning(
-                f"step {step}: {len(result.fewer_updates)} sequence(s) ran out of memory alone "
-                f"in a later update and were trained by the updates before it only "
-                f"(trajectories {', '.join(result.fewer_updates)}): {fix}"
-            )
 
     async def _swap(self, record: TrainingStep) -> TrainingStep:
         assert self.swapper is not None
@@ -461,61 +380,10 @@ class Trainer:
         await self.store.set_step_swap(record.run, record.step, outcome.status, outcome.error)
         return record.model_copy(update={"swap": outcome.status, "swap_error": outcome.error})
 
-    def _validated(self, step: int, val_reward: float) -> bool:
-        """Track the validation reward; True when it is the best so far."""
-        state = self.state
-        previous = state.val_history[-1] if state.val_history else None
-        state.val_history.append((step, val_reward))
-        best = state.best_val is None or val_reward > state.best_val + self.stopping.min_delta
-        if best:
-            state.best_val, state.best_step = val_reward, step
-            self.stopping.since_best = 0
-        else:
-            self.stopping.since_best += 1
-        if previous is not None:
-            self._watch_for_reward_hacking(previous, step, val_reward)
-        return best and step > 0
-
-    def _watch_for_reward_hacking(
-        self, previous: tuple[int, float], step: int, val_reward: float
-    ) -> None:
-        state = self.state
-        # Reward hacking: the policy gets better at what the judge rewards while getting worse
-        # at what validation measures.
-        # The training reward around the previous validation (the first steps' after a
-        # validation of the base model, which has none before it).
-        before = [r for s, r in state.reward_history if s <= previous[0]][-3:]
-        train_then = mean_or_nan(before or [r for _, r in state.reward_history][:3])
-        train_now = mean_or_nan([r for s, r in state.reward_history if s <= step][-3:])
-        delta = self.stopping.min_delta
-        if train_now > train_then + delta and val_reward < previous[1] - delta:
-            warning = (
-                f"step {step}: training reward rose {train_then:.2f} -> {train_now:.2f} while "
-                f"validation fell {previous[1]:.2f} -> {val_reward:.2f}: possible reward hacking "
-                "(look at the trajectories; tighten the rubric or the reward)"
-            )
-            self.stopping.warnings.append(warning)
-            self._on_warning(warning)
-
     def _prune(self) -> None:
         loaded = self.swapper.loaded if self.swapper is not None else []
         keep = {step_of(name, self.alias) for name in loaded}
         self.checkpoints.prune(keep | {self.state.step, self.state.policy_step})
-
-
-def _validation_by_model(
-    groups: Sequence[TrainableGroup], calls: Mapping[str, list[CallRecord]]
-) -> dict[str, float]:
-    """Served model -> mean validation reward of the trajectories it served (each counts for
-    its first call's model, as the store's live rewards do): in the sidecar, validation groups
-    may span several adapters."""
-    rewards: dict[str, list[float]] = {}
-    for group in groups:
-        for trajectory, reward in group.rewards.items():
-            served = calls.get(trajectory)
-            if served and served[0].model is not None:
-                rewards.setdefault(served[0].model, []).append(reward)
-    return {model: mean_or_nan(values) for model, values in rewards.items()}
 
 
 def _finite(metrics: Mapping[str, float]) -> dict[str, float]:
