@@ -35,7 +35,7 @@ from art_proxy.ruler.scorer import Ruler
 from art_proxy.ruler.settings import RulerSettings
 from art_proxy.store.dashboard import DashboardQueries, GroupFilter
 from art_proxy.store.trajectory_store import TrajectoryStore, utcnow
-from art_proxy_trainer.loop import JudgedSince
+from art_proxy_trainer.sidecar import JudgedSince
 
 SIZES = (100_000, 1_000_000)
 TARGET_MS = 50.0

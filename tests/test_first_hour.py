@@ -185,7 +185,7 @@ def test_local_llm_without_torch_says_what_to_install(monkeypatch: pytest.Monkey
 
 def test_a_sidecar_with_nothing_to_train_on_says_how_to_feed_it() -> None:
     from art_proxy.config import TrainSettings
-    from art_proxy_trainer.loop import waiting_line
+    from art_proxy_trainer.sidecar import waiting_line
 
     judged = waiting_line(TrainSettings(scenario=["inbox"]), 0, 0)
     assert "no group of scenario inbox to train on yet" in judged

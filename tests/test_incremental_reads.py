@@ -18,7 +18,7 @@ from art_proxy.ruler.run import GroupJudge, Readiness
 from art_proxy.ruler.scorer import Ruler
 from art_proxy.ruler.settings import RulerSettings
 from art_proxy.store.trajectory_store import TrajectoryStore, utcnow
-from art_proxy_trainer.loop import JudgedSince
+from art_proxy_trainer.sidecar import JudgedSince
 from tests.ruler.recorded import answered, record_group
 from tests.test_training_store import add_group, judgment
 

@@ -35,10 +35,11 @@ from art_proxy.ruler.scorer import Ruler
 from art_proxy.scenarios import Scenario, load_scenarios
 from art_proxy_trainer.checkpoint import Checkpoints
 from art_proxy_trainer.distributed import Leader, Ranks, Replica, follow, join, leave
-from art_proxy_trainer.loop import Events, WholeLoop, run_sidecar
+from art_proxy_trainer.loop import Events, WholeLoop
 from art_proxy_trainer.metrics import MetricsSink
 from art_proxy_trainer.policy import Policy, base_dtype, load_policy, training_device
 from art_proxy_trainer.promoter import Promoter
+from art_proxy_trainer.sidecar import run_sidecar
 from art_proxy_trainer.sleep import UpstreamSleep
 from art_proxy_trainer.swap import AdapterSwapper
 from art_proxy_trainer.trainer import Trainer

@@ -1,0 +1,129 @@
+"""The sidecar loop: step after step until a stop condition, fed its groups by the store.
+
+The proxy records whatever agents do, `art-proxy judge --watch` (or agents' own rewards)
+scores the groups, and the trainer takes them from the store, oldest first, once at least
+`groups_per_step` of them carry a signal; groups without one and validation groups ride along.
+While it waits, it watches the production alias's live reward (rollback).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections.abc import Sequence
+from datetime import datetime, timedelta
+
+from art_proxy.config import RewardSource, TrainSettings
+from art_proxy.records import TrainableGroup
+from art_proxy.rewards import has_signal
+from art_proxy.store.trajectory_store import utcnow
+from art_proxy_trainer.loop import Events, run_warm_start, stop_reason
+from art_proxy_trainer.trainer import Trainer
+from art_proxy_trainer.warm_start import WarmStart
+
+
+def waiting_line(settings: TrainSettings, with_signal: int, unconsumed: int) -> str:
+    """What the sidecar waits for, and, with nothing to train on, how to feed it."""
+    line = (
+        f"waiting for scored groups: {with_signal} of {settings.groups_per_step} with a reward "
+        f"spread ({unconsumed} unconsumed in the store)"
+    )
+    if unconsumed:
+        return line
+    if settings.reward_source.value == "judgment":
+        feed = "run your agent through the proxy, then art-proxy judge scores its groups"
+    else:
+        feed = "run your agent through the proxy; it reports rewards at POST .../finish"
+    scope = f" of scenario {', '.join(settings.scenario)}" if settings.scenario else ""
+    return f"{line}: no group{scope} to train on yet ({feed})"
+
+
+async def run_sidecar(
+    trainer: Trainer,
+    settings: TrainSettings,
+    events: Events,
+    warm_start: WarmStart | None = None,
+) -> str:
+    """Train on the store's scored groups until a stop condition (after the warm start, if
+    any); returns why it stopped."""
+    if warm_start is not None:
+        await run_warm_start(trainer, warm_start, events)
+    poll = JudgedSince()
+    while (reason := stop_reason(trainer, settings)) is None:
+        started = utcnow()
+        since = poll.since() if settings.reward_source is RewardSource.judgment else None
+        groups = await trainer.store.trainable_groups(
+            settings.run_name,
+            source=settings.reward_source.value,
+            limit=1000,
+            full_size=settings.group_size,
+            settled_before=utcnow() - timedelta(seconds=settings.group_wait),
+            scenarios=settings.scenario,
+            judged_since=since,
+        )
+        poll.read(started, groups, full=since is None)
+        with_signal = [g for g in groups if g.split != "val" and has_signal(g.rewards.values())]
+        if len(with_signal) < settings.groups_per_step:
+            await trainer.watch_production()  # production traffic goes on while we wait
+            events.status(waiting_line(settings, len(with_signal), len(groups)))
+            await asyncio.sleep(settings.poll)
+            continue
+        chosen = (
+            with_signal[-settings.groups_per_step :]
+            if settings.newest_first
+            else with_signal[: settings.groups_per_step]
+        )
+        newest = chosen[-1].created_at
+        riders = [g for g in groups if g not in with_signal and g.created_at <= newest]
+        events.status(f"training step {trainer.state.step + 1}")
+        events.step(await trainer.train(chosen + riders))
+        poll.consumed(chosen + riders)
+    return reason
+
+
+class JudgedSince:
+    """Where the sidecar's next poll of judged groups starts, so that it reads what was judged
+    lately rather than every group the run ever consumed (a million, in production).
+
+    A poll reads the groups judged since the cursor; the cursor then moves to the oldest
+    judgment among the groups it read and left for later (too few to train on yet), or, with
+    none left, to the poll's start less `MARGIN_S` (a judgment is dated by the judge's clock
+    before its commit). Every `FULL_POLL_S` a poll reads all groups again, which also brings
+    back a group judged long ago and never taken (its judgment kept from an earlier run)."""
+
+    MARGIN_S = 60.0
+    FULL_POLL_S = 600.0
+
+    def __init__(self) -> None:
+        self._cursor: datetime | None = None
+        self._full_at = -math.inf
+        self._left: dict[str, datetime] = {}  # group id -> judged at, read but not consumed
+        self._started: datetime | None = None  # the last poll's start
+
+    def since(self) -> datetime | None:
+        """The poll's cursor; None: read every group."""
+        if time.monotonic() - self._full_at >= self.FULL_POLL_S:
+            return None
+        return self._cursor
+
+    def read(self, started: datetime, groups: Sequence[TrainableGroup], *, full: bool) -> None:
+        if full:
+            self._full_at = time.monotonic()
+            self._left = {}
+        for group in groups:
+            if group.judged_at is not None:
+                self._left[group.group_id] = group.judged_at
+        self._started = started
+        self._move()
+
+    def consumed(self, groups: Sequence[TrainableGroup]) -> None:
+        for group in groups:
+            self._left.pop(group.group_id, None)
+        self._move()
+
+    def _move(self) -> None:
+        """Never past the last poll's start: what was judged since, it has not read."""
+        assert self._started is not None, "moved before a poll"
+        floor = self._started - timedelta(seconds=self.MARGIN_S)
+        self._cursor = min([floor, *self._left.values()])
