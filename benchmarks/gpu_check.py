@@ -57,7 +57,7 @@ from art_proxy_trainer.grammar import packed
 from art_proxy_trainer.lora import lora_model, make_optimizer
 from art_proxy_trainer.memory import QWEN2_0_5B, QWEN2_7B, ModelShape, step_memory
 from art_proxy_trainer.policy import base_dtype, load_policy, training_device
-from art_proxy_trainer.scoring import SamplingTransforms
+from art_proxy_trainer.sampled import SamplingTransforms
 from art_proxy_trainer.step import train_step
 
 TINY = ModelShape("tiny", 64, 128, 2, 4, 2, 1000, True)

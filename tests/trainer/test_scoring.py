@@ -20,13 +20,8 @@ from art_proxy_trainer import step as step_module
 from art_proxy_trainer.batch import TrainingBatch, TrajectorySample, build_batch
 from art_proxy_trainer.lora import lora_model, make_optimizer
 from art_proxy_trainer.policy import Policy, base_dtype
-from art_proxy_trainer.scoring import (
-    SamplingTransforms,
-    has_sampled_head,
-    sampled_logprobs,
-    score_sampled,
-    token_logprobs,
-)
+from art_proxy_trainer.sampled import SamplingTransforms, sampled_logprobs
+from art_proxy_trainer.scoring import has_sampled_head, score_sampled, token_logprobs
 from art_proxy_trainer.step import train_step
 from tests.trainer.memory_faults import out_of_memory_past
 from tests.trainer.models import tiny_llama

@@ -32,8 +32,13 @@ from art_proxy.proxy.attribution import canonical_message, reply_messages
 from art_proxy.records import CallRecord, JsonObject, StepKind
 from art_proxy_trainer.errors import EmptyBatchError
 from art_proxy_trainer.grammar import GrammarReplay, leaves_ids_out
-from art_proxy_trainer.sampled import NOT_FILTERED, SampledFrom, sampled_from
-from art_proxy_trainer.scoring import NO_TRANSFORMS, SamplingTransforms
+from art_proxy_trainer.sampled import (
+    NO_TRANSFORMS,
+    NOT_FILTERED,
+    SampledFrom,
+    SamplingTransforms,
+    sampled_from,
+)
 
 # The choice of a trajectory's last call that is trained (see the module docstring).
 LAST_CALL_CHOICE = 0
