@@ -53,7 +53,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from art_proxy.config import TrainerConfig
 from art_proxy_trainer.batch import SequenceStats, TrainingBatch
-from art_proxy_trainer.grammar import packed
+from art_proxy_trainer.bitmask import packed
 from art_proxy_trainer.lora import lora_model, make_optimizer
 from art_proxy_trainer.memory import QWEN2_0_5B, QWEN2_7B, ModelShape, step_memory
 from art_proxy_trainer.policy import base_dtype, load_policy, training_device

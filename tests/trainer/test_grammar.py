@@ -11,7 +11,8 @@ import torch
 from art_proxy.guided_decoding import Grammar
 from art_proxy.local.model_loading import load_model
 from art_proxy_trainer.batch import TrajectorySample, build_batch
-from art_proxy_trainer.grammar import GrammarReplay, allowed_mask, packed
+from art_proxy_trainer.bitmask import allowed_mask, packed
+from art_proxy_trainer.grammar import GrammarReplay
 from art_proxy_trainer.scoring import token_logprobs
 from tests.trainer.records import call
 

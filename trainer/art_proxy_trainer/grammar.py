@@ -27,6 +27,7 @@ import torch
 
 from art_proxy.guided_decoding import Grammar, Unreplayable, constraint
 from art_proxy.records import JsonObject
+from art_proxy_trainer.bitmask import packed
 
 if TYPE_CHECKING:
     import xgrammar
@@ -385,22 +386,3 @@ def _output_format(kind: str, spec: str) -> Any:
             ],
         )
     return StructuralTag.model_validate(tag).format
-
-
-def packed(ids: torch.Tensor, vocabulary: int) -> torch.Tensor:
-    """[ceil(vocabulary/32)] int32: the bitmask with the bits of `ids` set (xgrammar's layout)."""
-    words = (vocabulary + 31) // 32
-    bits = torch.zeros(words * 32, dtype=torch.bool)
-    bits[ids[(ids >= 0) & (ids < vocabulary)]] = True
-    values = (bits.view(words, 32).long() << torch.arange(32)).sum(dim=-1)
-    return torch.where(values >= 2**31, values - 2**32, values).to(torch.int32)
-
-
-def allowed_mask(bitmask_N_W: torch.Tensor, vocabulary: int) -> torch.Tensor:
-    """[N, vocabulary] bool from packed bitmasks (ids past the bitmask's width: not allowed)."""
-    bits_W_32 = torch.arange(32, device=bitmask_N_W.device, dtype=torch.int32)
-    unpacked_N_B = ((bitmask_N_W[:, :, None] >> bits_W_32) & 1).flatten(1).bool()
-    width = unpacked_N_B.shape[1]
-    if width >= vocabulary:
-        return unpacked_N_B[:, :vocabulary]
-    return torch.nn.functional.pad(unpacked_N_B, (0, vocabulary - width))

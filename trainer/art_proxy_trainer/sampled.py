@@ -15,7 +15,7 @@ import torch
 from art_proxy.local.sampling import biased, min_p_filtered, penalized, top_k_top_p_filtered
 from art_proxy.records import CallRecord
 from art_proxy.wire import MIN_LOGPROB
-from art_proxy_trainer.grammar import allowed_mask
+from art_proxy_trainer.bitmask import allowed_mask
 
 
 @dataclass(frozen=True)
