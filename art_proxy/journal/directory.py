@@ -181,3 +181,21 @@ def remove_if_unused(directory: Path) -> None:
         with contextlib.suppress(OSError):
             (directory / _STORE_FILE).unlink()
             directory.rmdir()
+
+
+def sync_segments(rotated: list[int], directory: Path | None, live: int) -> None:
+    """fdatasync each rotated-out segment, then fsync the slot's directory, then fdatasync the
+    live segment; every descriptor is closed whatever fails (the first error is raised)."""
+    with contextlib.ExitStack() as closing:
+        for fd in [*rotated, live]:
+            closing.callback(os.close, fd)
+        for fd in rotated:
+            os.fdatasync(fd)
+        if directory is not None:
+            fsync_directory(directory)
+        os.fdatasync(live)
+
+
+def sync_directories(directories: list[Path]) -> None:
+    for directory in directories:
+        fsync_directory(directory)

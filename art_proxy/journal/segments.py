@@ -29,10 +29,11 @@ from .directory import (
     fsync_directory,
     remove_if_empty,
     remove_if_unused,
+    sync_segments,
     take_slots,
 )
-from .frames import HEADER, MAX_PAYLOAD, Frame, Scan, header, parse, scan, survey
-from .quarantine import QUARANTINE
+from .frames import HEADER, MAX_PAYLOAD, Frame, Scan, header, parse, scan
+from .recovery import JournalStats, Segment, recover
 
 log = logging.getLogger(__name__)
 
@@ -40,36 +41,6 @@ log = logging.getLogger(__name__)
 SEGMENT_BYTES = 16 * 1024 * 1024
 
 Position = tuple[int, int]  # (segment order, offset)
-
-
-@dataclass
-class _Segment:
-    order: int
-    path: Path
-    end: int  # bytes of whole frames: written so far (live), or found by the scan (recovered)
-    frames: int
-    recovered: bool  # written by an earlier run: its frames may already be in the store
-    live: bool = False  # this proxy appends to it
-    read_fd: int | None = None
-    # Damaged spans `(start, end)` a recovery found between whole frames (quarantined, skipped).
-    holes: list[tuple[int, int]] = field(default_factory=list)
-
-    def pread(self, length: int, offset: int) -> bytes:
-        if self.read_fd is None:
-            self.read_fd = os.open(self.path, os.O_RDONLY)
-        return os.pread(self.read_fd, length, offset)
-
-    def whole(self, offset: int, length: int) -> bytes | None:
-        """`length` bytes at `offset` of the segment's whole frames, or None past them."""
-        return self.pread(length, offset) if offset + length <= self.end else None
-
-    def next_hole(self, offset: int) -> tuple[int, int] | None:
-        return next((hole for hole in self.holes if hole[1] > offset), None)
-
-    def close(self) -> None:
-        if self.read_fd is not None:
-            os.close(self.read_fd)
-            self.read_fd = None
 
 
 @dataclass(frozen=True)
@@ -80,19 +51,12 @@ class PendingFrame:
 
 
 @dataclass
-class JournalStats:
-    torn_frames: int = 0  # torn frames found in recovered segments (each skipped, never ingested)
-    damaged_spans: int = 0  # damaged bytes between whole frames (quarantined, skipped)
-    damaged_records: int = 0  # records those spans held, by the frames' sequence numbers
-
-
-@dataclass
 class Journal:
     directory: Path
     durability: Durability
     _own: Slot
     _adopted: list[Slot]
-    _segments: list[_Segment]  # unconsumed, in reading order; the last one is live
+    _segments: list[Segment]  # unconsumed, in reading order; the last one is live
     _write_fd: int = -1
     # The live segment takes no more frames: it ends in a partial frame it could not cut back, or
     # an fdatasync of it failed (the kernel may have dropped pages a later sync would not cover).
@@ -140,12 +104,12 @@ class Journal:
         except OSError as exc:
             raise ConfigError(f"journal {directory}: {exc.strerror or exc}") from exc
         stats = JournalStats()
-        segments: list[_Segment] = []
+        segments: list[Segment] = []
         next_seq = 0
         for slot in [*adopted, own]:
             last_seq: int | None = None
             for path in sorted(slot.path.glob("*" + SEGMENT_SUFFIX)):
-                segment, last_seq = _recover(path, len(segments), last_seq, directory, stats)
+                segment, last_seq = recover(path, len(segments), last_seq, directory, stats)
                 if segment is not None:
                     segments.append(segment)
             next_seq = max(next_seq, -1 if last_seq is None else last_seq + 1)
@@ -181,7 +145,7 @@ class Journal:
             if self.durability is Durability.power:
                 rotated, directory = self._take_unsynced()
                 with contextlib.suppress(OSError):
-                    _sync_all(rotated, directory, os.dup(self._write_fd))
+                    sync_segments(rotated, directory, os.dup(self._write_fd))
             os.close(self._write_fd)
             self._write_fd = -1
         for segment in self._segments:
@@ -261,7 +225,7 @@ class Journal:
             # A duplicate descriptor: the live one may be closed by a rotation meanwhile.
             fd = os.dup(self._write_fd)
             try:
-                await loop.run_in_executor(None, _sync_all, rotated, directory, fd)
+                await loop.run_in_executor(None, sync_segments, rotated, directory, fd)
             except OSError as exc:
                 self._abandoned = True
                 error = JournalError(f"journal {self.directory}: fdatasync: {exc}")
@@ -307,11 +271,11 @@ class Journal:
         self._next_number += 1
         if self.durability is Durability.power:
             self._directory_unsynced = True  # the new file's name survives a power loss once synced
-        self._segments.append(_Segment(order, path, 0, 0, recovered=False, live=True))
+        self._segments.append(Segment(order, path, 0, 0, recovered=False, live=True))
         if len(self._segments) == 1:
             self._cursor = (order, 0)
 
-    def _cut_back(self, live: _Segment) -> None:
+    def _cut_back(self, live: Segment) -> None:
         """After a failed append: drop its partial bytes, or start a new segment if even that
         fails, so no later frame follows a torn one (until one opens, appends are refused)."""
         try:
@@ -388,7 +352,7 @@ class Journal:
         if self.durability is not Durability.power or not self._deleted_in:
             return
         directories, self._deleted_in = sorted(self._deleted_in), set()
-        await asyncio.to_thread(_sync_directories, directories)
+        await asyncio.to_thread(sync_directories, directories)
 
     def seal(self) -> None:
         """Delete every segment whose records are all in the store, the live one too (appends
@@ -418,78 +382,3 @@ class Journal:
     @property
     def slot(self) -> Path:
         return self._own.path
-
-
-def _sync_all(rotated: list[int], directory: Path | None, live: int) -> None:
-    """fdatasync each rotated-out segment, then fsync the slot's directory, then fdatasync the
-    live segment; every descriptor is closed whatever fails (the first error is raised)."""
-    with contextlib.ExitStack() as closing:
-        for fd in [*rotated, live]:
-            closing.callback(os.close, fd)
-        for fd in rotated:
-            os.fdatasync(fd)
-        if directory is not None:
-            fsync_directory(directory)
-        os.fdatasync(live)
-
-
-def _sync_directories(directories: list[Path]) -> None:
-    for directory in directories:
-        fsync_directory(directory)
-
-
-def _recover(
-    path: Path, order: int, previous_seq: int | None, directory: Path, stats: JournalStats
-) -> tuple[_Segment | None, int | None]:
-    """A segment an earlier run left: its whole frames, read a window at a time; a torn tail
-    (a process killed mid-append) is skipped, damaged spans between whole frames are copied to
-    the journal's quarantine and skipped, each counted. Returns the segment (None: no frame)
-    and its last frame's sequence number."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        found = survey(lambda offset, length: os.pread(fd, length, offset), os.fstat(fd).st_size)
-        for damage in found.damage:
-            kept = _quarantine(fd, path, damage.start, damage.end, directory)
-            stats.damaged_spans += 1
-            stats.damaged_records += damage.lost
-            log.error(
-                "journal %s: %d damaged bytes at offset %d (about %d records) are skipped; "
-                "copied to %s",
-                path,
-                damage.end - damage.start,
-                damage.start,
-                damage.lost,
-                kept,
-            )
-    finally:
-        os.close(fd)
-    if found.torn:
-        stats.torn_frames += 1
-        log.error(
-            "journal %s: a torn frame (%d bytes after %d whole frames, a process killed "
-            "mid-append) is skipped",
-            path,
-            found.torn,
-            found.frames,
-        )
-    if not found.frames:
-        path.unlink()
-        return None, found.last_seq
-    holes = [(damage.start, damage.end) for damage in found.damage]
-    segment = _Segment(order, path, found.end, found.frames, recovered=True, holes=holes)
-    return segment, found.last_seq
-
-
-def _quarantine(fd: int, path: Path, start: int, end: int, directory: Path) -> Path:
-    """Copy a segment's damaged bytes beside the journal, for a person (or a tool) to look at:
-    the segment itself is deleted once ingested. Best effort: a disk that refuses the copy
-    costs the copy only."""
-    kept = directory / QUARANTINE / f"{path.parent.name}-{path.stem}-{start}.bytes"
-    try:
-        kept.parent.mkdir(exist_ok=True)
-        with open(kept, "wb") as file:
-            for offset in range(start, end, 2**20):
-                file.write(os.pread(fd, min(2**20, end - offset), offset))
-    except OSError as exc:
-        log.error("journal %s: the damaged bytes could not be copied: %s", path, exc)
-    return kept
