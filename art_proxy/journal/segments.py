@@ -29,6 +29,7 @@ from .directory import (
     fsync_directory,
     remove_if_empty,
     remove_if_unused,
+    sync_directories,
     sync_segments,
     take_slots,
 )
