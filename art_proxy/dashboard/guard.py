@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 
 from aiohttp import web
+from aiohttp.typedefs import Handler
 
 PREFIX = "/dashboard"
 COOKIE = "art_dashboard"
@@ -41,7 +42,6 @@ _SECURITY_HEADERS = {
     "Cache-Control": "no-store",
 }
 
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 BearerCheck = Callable[[web.Request, str], bool]
 
 

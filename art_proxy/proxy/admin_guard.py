@@ -15,18 +15,15 @@ is a 400 naming the field on both stores, as is a page offset past a 64-bit inte
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
 from urllib.parse import urlsplit
 
 from aiohttp import web
-from aiohttp.typedefs import Middleware
+from aiohttp.typedefs import Handler, Middleware
 
 from art_proxy.config import ProxySettings
 from art_proxy.config.proxy import is_loopback
 from art_proxy.dashboard import is_dashboard_path
 from art_proxy.errors import BadRequest, Forbidden
-
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 _CHANGES_STATE = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 

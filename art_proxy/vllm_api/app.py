@@ -6,18 +6,16 @@ without it they are 404). Unknown routes and methods answer in FastAPI's shape, 
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
+from aiohttp.typedefs import Handler
 
 from art_proxy.vllm_api.chat import chat_completions
 from art_proxy.vllm_api.completions import completions
 from art_proxy.vllm_api.engine import InferenceEngine
 from art_proxy.vllm_api.tokenize import tokenize
 from art_proxy.wire import MAX_BODY_BYTES, ApiError, json_response, model_card, read_json_object
-
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 def vllm_app(
