@@ -56,7 +56,7 @@ from art_proxy.local.model_loading import LoadedModel, load_model
 from art_proxy.local.served import ServedModel
 from art_proxy.local.server import running_local_llm
 from art_proxy.testing.loopback import answers_health, free_port
-from art_proxy.vllm_server import VllmLaunch, VllmNotFound, VllmProcess, VllmStartFailed
+from art_proxy.up.vllm import VllmLaunch, VllmNotFound, VllmProcess, VllmStartFailed
 
 MAX_TOKENS = 64
 # Different lengths, so both the engine and generate pad on the left.

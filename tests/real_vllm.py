@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from art_proxy.testing.loopback import free_port
-from art_proxy.vllm_server import VllmLaunch, VllmNotFound, VllmProcess, VllmStartFailed
+from art_proxy.up.vllm import VllmLaunch, VllmNotFound, VllmProcess, VllmStartFailed
 
 FIXTURE = "real_vllm"
 REQUIRE_ENV = "ART_REQUIRE_VLLM"

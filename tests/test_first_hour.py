@@ -24,7 +24,7 @@ from art_proxy.proxy.server import running_proxy
 from art_proxy.records import AliasRequest
 from art_proxy.store.trajectory_store import TrajectoryStore
 from art_proxy.testing.fake_vllm import FakeVllm
-from art_proxy.up import plan
+from art_proxy.up.plan import plan
 from tests.conftest import proxy_settings
 from tests.proxy_load import run_cli
 from tests.wire_client import post

@@ -33,8 +33,8 @@ from transformers import Qwen2Config
 from art_proxy.config import LogLevel, UpSettings
 from art_proxy.errors import ConfigError
 from art_proxy.testing.loopback import free_port
-from art_proxy.up import plan, trainer_command
-from art_proxy.vllm_server import VllmNotFound, find_vllm_python
+from art_proxy.up.plan import plan, trainer_command
+from art_proxy.up.vllm import VllmNotFound, find_vllm_python
 
 ART_PROXY = str(Path(sys.executable).parent / "art-proxy")
 MODEL = "SmolLM2-135M-Instruct"
@@ -479,7 +479,8 @@ async def test_a_part_that_refuses_its_first_request_still_serves(
     line; the stack goes on (only the grammar backend is then vLLM's own pick)."""
     from aiohttp import web
 
-    from art_proxy.up import Part, _post_once
+    from art_proxy.up.parts import Part
+    from art_proxy.up.supervisor import post_once
 
     async def refuse(request: web.Request) -> web.Response:
         return web.json_response({"error": {"message": "[no] structured outputs"}}, status=400)
@@ -492,8 +493,8 @@ async def test_a_part_that_refuses_its_first_request_still_serves(
     await web.TCPSite(runner, "127.0.0.1", port).start()
     try:
         part = Part("vllm", [], None, 1.0, "magenta")
-        await _post_once(part, f"http://127.0.0.1:{port}/v1/completions", {"prompt": "a"})
-        await _post_once(part, f"http://127.0.0.1:{free_port()}/v1/completions", {})  # no server
+        await post_once(part, f"http://127.0.0.1:{port}/v1/completions", {"prompt": "a"})
+        await post_once(part, f"http://127.0.0.1:{free_port()}/v1/completions", {})  # no server
     finally:
         await runner.cleanup()
     said = capsys.readouterr().err

@@ -1,4 +1,4 @@
-"""`art-proxy up`: the embedded stack (art_proxy/up.py)."""
+"""`art-proxy up`: the embedded stack (art_proxy/up/)."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ def register(app: typer.Typer) -> None:
 
 
 def up(settings: UpSettings) -> None:
-    from art_proxy.up import run_stack
+    from art_proxy.up.run import run_stack
 
     status = asyncio.run(run_stack(settings))
     if status:

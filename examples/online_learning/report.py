@@ -9,7 +9,7 @@ from rich.box import SIMPLE
 from rich.markup import escape
 from rich.table import Table
 
-from art_proxy.up import console
+from art_proxy.up.parts import console
 
 from .api import ArtApi
 from .stack import CANDIDATE_ALIAS, PROD_ALIAS, RUN

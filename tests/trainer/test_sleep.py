@@ -14,7 +14,7 @@ from pydantic import ValidationError
 from art_proxy.config import TrainerConfig, TrainSettings
 from art_proxy.config.up import UpSettings
 from art_proxy.testing.fake_vllm import FakeVllmConfig, running_fake_vllm
-from art_proxy.up import plan, trainer_command
+from art_proxy.up.plan import plan, trainer_command
 from art_proxy_trainer.batch import TrainingBatch
 from art_proxy_trainer.errors import SleepError
 from art_proxy_trainer.sleep import UpstreamSleep
