@@ -61,6 +61,13 @@ def error_message(raw: bytes | str, limit: int = 2000) -> str:
         return text[:limit]
 
 
+def exception_text(exc: BaseException, limit: int = 1000) -> str:
+    """`Type: message` (the type alone when the message is empty), cut to `limit` characters:
+    an exception may carry a whole response body."""
+    text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 class BadRequest(ArtProxyError, status=400, type="BadRequestError"): ...
 
 

@@ -14,24 +14,18 @@ whose metadata holds `rollout_error`, which judging leaves out, and the other ro
 from __future__ import annotations
 
 import asyncio
-import importlib
-import importlib.util
-import inspect
 import math
-import os
-import sys
 import time
-import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 from urllib.parse import quote
 
 import aiohttp
 
-from art_proxy.errors import ConfigError
+from art_proxy.errors import ConfigError, exception_text
 from art_proxy.ids import new_id
+from art_proxy.loading import is_async_callable, load_function
 from art_proxy.records import ROLLOUT_ERROR, JsonObject, Split, TrajectoryRecord
 from art_proxy.scenarios import Scenario
 
@@ -46,13 +40,12 @@ __all__ = [
     "RolloutOutcome",
     "RolloutReport",
     "load_agent",
+    "load_function",
     "ready_for_judging",
     "run_rollouts",
     "trajectory_base_url",
 ]
 
-# Error texts longer than this are cut: an exception may carry a whole response body.
-_MAX_ERROR_CHARS = 1000
 # Seconds to wait for the proxy's admin endpoints (a finish is one small transaction).
 _ADMIN_TIMEOUT_S = 30.0
 
@@ -366,66 +359,14 @@ def _outcome(result: object) -> RolloutOutcome:
 
 
 def _describe(exc: BaseException) -> str:
-    text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-    return text if len(text) <= _MAX_ERROR_CHARS else text[: _MAX_ERROR_CHARS - 3] + "..."
+    return exception_text(exc)
 
 
 def load_agent(spec: str) -> Agent:
     """The async function named by `module.path:function` or `path/to/file.py:function`
     (see `load_function`)."""
     agent = load_function(spec, "agent")
-    if not _is_async_callable(agent):
+    if not is_async_callable(agent):
         name = spec.rpartition(":")[2]
         raise ConfigError(f"agent {spec!r} is not an async function (async def {name}(rollout))")
     return cast(Agent, agent)
-
-
-def load_function(spec: str, what: str) -> object:
-    """What `module.path:function` or `path/to/file.py:function` names; `ConfigError`, naming
-    `what` (the agent, an option), when it cannot be loaded.
-
-    As with `python -m module` and `python file.py`, the working directory (a module) or the
-    file's directory (a file) is importable, so an agent's own helper modules are found.
-    """
-    where, _, name = spec.rpartition(":")
-    if not where or not name.isidentifier():
-        raise ConfigError(f"{what} {spec!r} is not MODULE:FUNCTION or FILE.py:FUNCTION")
-    try:
-        module = _load_file(Path(where), what) if where.endswith(".py") else _load_module(where)
-    except ConfigError:
-        raise
-    except Exception as exc:
-        raise ConfigError(f"cannot load {what} {spec!r}: {_describe(exc)}") from exc
-    found = getattr(module, name, None)
-    if found is None:
-        raise ConfigError(f"{what} {spec!r}: {where} has no {name!r}")
-    return found
-
-
-def _load_module(name: str) -> object:
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
-    return importlib.import_module(name)
-
-
-def _load_file(path: Path, what: str) -> object:
-    if not path.is_file():
-        raise ConfigError(f"{what} file {str(path)!r} does not exist")
-    directory = str(path.resolve().parent)
-    if directory not in sys.path:
-        sys.path.insert(0, directory)
-    # A name of its own per file, so two agent files named agent.py do not collide.
-    module_name = f"art_proxy_agent_{uuid.uuid5(uuid.NAMESPACE_URL, str(path.resolve())).hex}"
-    spec = importlib.util.spec_from_file_location(module_name, path)
-    if spec is None or spec.loader is None:
-        raise ConfigError(f"{what} file {str(path)!r} cannot be imported")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[module_name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-def _is_async_callable(value: object) -> bool:
-    return inspect.iscoroutinefunction(value) or inspect.iscoroutinefunction(
-        getattr(value, "__call__", None)  # noqa: B004  # an object with an async __call__
-    )

@@ -389,7 +389,7 @@ def best_of_chooser(
         ruler = Ruler(judge, store, ruler_settings, count_tokens=counter, redactor=redactor)
         return RulerChooser(ruler, [judge])
     if settings.best_of_check is not None:
-        from art_proxy.rollout import load_function
+        from art_proxy.loading import load_function
 
         spec = settings.best_of_check
         check = load_function(spec, "--best-of-check")
