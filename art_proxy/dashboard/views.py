@@ -29,21 +29,19 @@ from art_proxy.privacy.pii import (
     redacted_trajectory,
 )
 from art_proxy.records import (
-    AGENT_METRIC_PREFIX,
     SPLITS,
     CallRecord,
     GroupOutcome,
     JsonObject,
     Judgment,
-    TrainingStep,
     TrajectoryRecord,
     TrajectoryScore,
 )
 from art_proxy.store.dashboard import GROUP_STATUSES, DashboardQueries, GroupFilter, GroupSummary
 from art_proxy.store.trajectory_store import TrajectoryStore
 
-from .plots import Chart, Series, line_chart
 from .render import MessageView, call_view, conversation, message_view, shared_prefix
+from .training_charts import reward_chart, training_charts
 
 StoreOf = Callable[[web.Request], TrajectoryStore]
 RedactorOf = Callable[[web.Request], PiiRedactor | None]
@@ -87,7 +85,7 @@ class Dashboard:
             groups = [_redacted_summary(group, placeholders) for group in groups]
         runs = await queries.runs()
         run = runs[0] if runs else None
-        reward = _reward_chart(await store.training_steps(run, MAX_STEPS)) if run else None
+        reward = reward_chart(await store.training_steps(run, MAX_STEPS)) if run else None
         return self._page(
             "overview.html",
             where=where,
@@ -167,16 +165,7 @@ class Dashboard:
         runs = await DashboardQueries(store.engine).runs()
         run = request.query.get("run") or (runs[0] if runs else None)
         shown = await store.training_steps(run, MAX_STEPS) if run else []
-        charts: list[tuple[str, Chart | None]] = [
-            ("reward", _reward_chart(shown)),
-            ("loss", _loss_chart(shown)),
-            ("agent-metrics", _agent_chart(shown)),
-            ("kl", _metric_chart(shown, "kl", "KL to the base model")),
-            ("off-policy", _off_policy_chart(shown)),
-            ("staleness", _staleness_chart(shown)),
-            ("pipeline-wait", _pipeline_wait_chart(shown)),
-            ("pipeline-ahead", _pipeline_ahead_chart(shown)),
-        ]
+        charts = training_charts(shown)
         return self._page(
             "training.html",
             runs=runs,
@@ -291,105 +280,6 @@ def _in_judged_order(
         return list(members)
     position = {trajectory_id: i for i, trajectory_id in enumerate(judgment.trajectory_ids)}
     return sorted(members, key=lambda member: position.get(member.id, len(position)))
-
-
-def _reward_chart(steps: Sequence[TrainingStep]) -> Chart | None:
-    """Mean reward per step with its within-group spread as a band, and the validation reward."""
-    trained = [step for step in steps if "reward_mean" in step.metrics]
-    series = [
-        Series(
-            "reward mean",
-            [(step.step, step.metrics["reward_mean"]) for step in trained],
-            [step.metrics.get("reward_std", 0.0) for step in trained],
-        ),
-        _metric_series(steps, "val_reward", "validation reward"),
-    ]
-    # Rewards all in [0, 1] (RULER's, most agents'): the band stays in it.
-    values = [value for one in series for _, value in one.points]
-    unit = bool(values) and all(0.0 <= value <= 1.0 for value in values)
-    return line_chart("Reward", series, floor=0.0 if unit else None, ceiling=1.0 if unit else None)
-
-
-def _loss_chart(steps: Sequence[TrainingStep]) -> Chart | None:
-    """GRPO's loss, and a warm start's (the demonstrations' negative log-likelihood per token:
-    another quantity, so a series of its own)."""
-    warm = [step for step in steps if step.kind == "sft"]
-    grpo = [step for step in steps if step.kind == "grpo"]
-    return line_chart(
-        "Loss",
-        [
-            _metric_series(grpo, "loss", "GRPO loss"),
-            _metric_series(warm, "loss", "warm start: demonstrations' NLL per token"),
-        ],
-    )
-
-
-def _off_policy_chart(steps: Sequence[TrainingStep]) -> Chart | None:
-    """How far the trained tokens were from the distribution they were scored with, and how much
-    the objective had to correct: the sampler's numerics (bf16 serving) and stale adapters show
-    here before they show in the reward."""
-    return line_chart(
-        "Off-policy: mismatch and correction",
-        [
-            _metric_series(steps, "mismatch", "mean |d logprob| sampler vs trainer"),
-            _metric_series(steps, "is_capped", "tokens whose weight was capped"),
-            _metric_series(steps, "clip_fraction", "tokens clipped (mean of the step's updates)"),
-            _metric_series(steps, "clip_fraction_last", "tokens clipped in the step's last update"),
-            _metric_series(steps, "update_drift_last", "|d logprob| the step's updates moved"),
-        ],
-    )
-
-
-def _staleness_chart(steps: Sequence[TrainingStep]) -> Chart | None:
-    return line_chart(
-        "Staleness: steps between the sampling adapter and the trained one",
-        [
-            _metric_series(steps, "staleness_mean", "mean"),
-            _metric_series(steps, "staleness_max", "max"),
-        ],
-        floor=0.0,
-    )
-
-
-def _pipeline_wait_chart(steps: Sequence[TrainingStep]) -> Chart | None:
-    """The overlapped loop (--max-off-policy-steps): who waited for whom. Absent for an
-    alternating run (no step carries the metrics)."""
-    return line_chart(
-        "Pipeline: seconds waited",
-        [
-            _metric_series(steps, "pipeline_trainer_wait_s", "the trainer, for its batch"),
-            _metric_series(steps, "pipeline_admission_wait_s", "the rollouts, for admission"),
-        ],
-        floor=0.0,
-    )
-
-
-def _pipeline_ahead_chart(steps: Sequence[TrainingStep]) -> Chart | None:
-    return line_chart(
-        "Pipeline: how far the rollouts ran ahead",
-        [
-            _metric_series(steps, "pipeline_lag_steps", "steps since the batch's rollouts began"),
-            _metric_series(steps, "pipeline_queue_depth", "batches ready when one was taken"),
-        ],
-        floor=0.0,
-    )
-
-
-def _agent_chart(steps: Sequence[TrainingStep]) -> Chart | None:
-    """What the agent reported of its training rollouts (tool calls, turns...), a mean per step."""
-    names = sorted({m for step in steps for m in step.metrics if m.startswith(AGENT_METRIC_PREFIX)})
-    series = [_metric_series(steps, name, name.removeprefix(AGENT_METRIC_PREFIX)) for name in names]
-    return line_chart("Agent metrics (mean per training rollout)", series)
-
-
-def _metric_chart(steps: Sequence[TrainingStep], metric: str, title: str) -> Chart | None:
-    return line_chart(title, [_metric_series(steps, metric, metric)])
-
-
-def _metric_series(steps: Sequence[TrainingStep], metric: str, name: str) -> Series:
-    return Series(
-        name, [(step.step, step.metrics[metric]) for step in steps if metric in step.metrics]
-    )
 
 
 def _when(value: datetime | None) -> str:
