@@ -31,7 +31,8 @@ from art_proxy.config.proxy import (
 from art_proxy.config.rollout import RolloutSettings
 from art_proxy.config.scenario_writer import ScenarioWriterSettings
 from art_proxy.config.shared import ARGUMENT, DEFAULT_STORE, StoreSettings, UpstreamSettings
-from art_proxy.config.train import RewardSource, TrainerConfig, TrainSettings
+from art_proxy.config.train import RewardSource, TrainSettings
+from art_proxy.config.trainer import TrainerConfig
 from art_proxy.config.up import Engine, UpSettings
 
 __all__ = [
