@@ -9,9 +9,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import datasets
 import openai
 import pytest
+from trl.data_utils import is_conversational
 
 from art_proxy.proxy.server import RunningProxy
 from art_proxy.records import ExportedTrajectory
@@ -97,6 +99,7 @@ async def test_export_as_parquet_loads_in_datasets_with_the_stores_ids(
         assert row["completion_token_ids"] == call.completion_token_ids[0]
         assert row["logprobs"] == pytest.approx(call.logprobs[0], abs=1e-6)  # float32
         assert row["trainable"] is True
+        assert (row["call_status"], row["error"]) == ("ok", None)
         assert row["judged_reward"] == (0.75 if trajectory.id == judged.id else None)
         assert json.loads(row["messages"])[0]["content"] in ("first task", "second task")
     assert {row["split"] for row in rows} == {"train", "val"}
@@ -107,6 +110,73 @@ async def test_export_as_parquet_loads_in_datasets_with_the_stores_ids(
     )
     assert result.returncode == 0, result.stderr
     assert datasets.load_from_disk(str(saved))["call_id"] == rows["call_id"]
+
+
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "look_up",
+            "description": "Look a word up.",
+            "parameters": {"type": "object", "properties": {"word": {"type": "string"}}},
+        },
+    }
+]
+
+
+async def test_trl_rows_are_conversational_with_tools_rewards_advantages_and_failures(
+    proxy: RunningProxy, http: aiohttp.ClientSession
+) -> None:
+    """TRL reads a row as it is: `is_conversational` holds, the tools go with it, and the
+    trajectory's reward comes with its GRPO advantage (less its group's mean) and KTO's label; a
+    refused call keeps its status and reason."""
+    async with openai.AsyncOpenAI(base_url=proxy.base_url, api_key="unused") as client:
+        for trajectory, reward in (("worse", 0.2), ("better", 0.9)):
+            headers = {"X-Art-Group": "g", "X-Art-Trajectory": trajectory}
+            await client.chat.completions.create(
+                model=MODEL,
+                messages=[{"role": "user", "content": "look up 'tern'"}],
+                tools=TOOLS,  # type: ignore[arg-type]  # the SDK's TypedDicts
+                extra_headers=headers,
+            )
+            if trajectory == "worse":
+                with pytest.raises(openai.BadRequestError):
+                    await client.chat.completions.create(
+                        model=MODEL,
+                        messages=[{"role": "user", "content": "again"}],
+                        extra_body={"logprobs": "many"},  # refused by the proxy
+                        extra_headers=headers,
+                    )
+            finish = f"{proxy.root_url}/art/v1/trajectories/{trajectory}/finish"
+            async with http.post(finish, json={"reward": reward}) as response:
+                assert response.status == 200
+    await proxy.parts.settled()  # export reads the store from another process
+    store = proxy.parts.settings.store
+    result = await asyncio.to_thread(export, "--store", store, "--format", "trl")
+    assert result.returncode == 0, result.stderr
+    assert "exported 3 rows" in result.stderr
+    rows = {(r["trajectory_id"], r["seq"]): r for r in map(json.loads, result.stdout.splitlines())}
+    for trajectory, advantage in (("worse", -0.35), ("better", 0.35)):
+        row = rows[(trajectory, 0)]
+        assert is_conversational(row)
+        assert row["prompt"] == [{"role": "user", "content": "look up 'tern'"}]
+        assert row["completion"][0]["role"] == "assistant" and row["tools"] == TOOLS
+        assert row["advantage"] == pytest.approx(advantage)
+        assert row["label"] is (advantage > 0) and row["call_status"] == "ok"
+    refused = rows[("worse", 1)]
+    assert refused["call_status"] == "rejected" and "logprobs" in refused["error"]
+    assert refused["completion"] is None and refused["trainable"] is False
+
+    # The fake answers every prompt alike: no reply is better than another, so no pair.
+    pairs = await asyncio.to_thread(export, "--store", store, "--format", "trl", "--pairs")
+    assert pairs.returncode == 0, pairs.stderr
+    assert "exported 0 preference pairs" in pairs.stderr and pairs.stdout == "", pairs.stdout
+
+
+def test_pairs_are_trls_in_one_line() -> None:
+    result = export("--store", "sqlite:///nowhere.db", "--pairs")
+    assert result.returncode != 0
+    assert "--pairs is for --format trl" in result.stderr and "Traceback" not in result.stderr
 
 
 def test_parquet_needs_a_file_in_one_line() -> None:

@@ -27,26 +27,32 @@ def register(app: typer.Typer) -> None:
         app,
         "export",
         ExportSettings,
-        "Write trajectories as JSONL (one a line) or Parquet.",
+        "Write trajectories as JSONL (one a line), Parquet, a Hugging Face dataset, or TRL's "
+        "conversational rows and preference pairs.",
     )(export)
 
 
 def export(settings: ExportSettings) -> None:
+    what = "trajectories"
     try:
-        if settings.format != "jsonl":
+        if settings.format in ("parquet", "hf"):
             count = asyncio.run(_export_table(settings))
         else:
             with nullcontext(sys.stdout) if settings.out == "-" else open(settings.out, "w") as out:
-                count = asyncio.run(_export(settings, out))
+                if settings.format == "trl":
+                    count = asyncio.run(_export_trl(settings, out))
+                    what = "preference pairs" if settings.pairs else "rows"
+                else:
+                    count = asyncio.run(_export(settings, out))
     except (ConfigError, StoreError, OSError) as exc:
         fail(str(exc))
     else:
         where = "standard output" if settings.out == "-" else settings.out
-        stderr.print(f"exported {count} trajectories to {escape(where)}")
+        stderr.print(f"exported {count} {what} to {escape(where)}")
 
 
 async def _export_table(settings: ExportSettings) -> int:
-    from art_proxy.export_table import write_hf_dataset, write_parquet
+    from art_proxy.export.table import write_hf_dataset, write_parquet
     from art_proxy.journal.left_behind import opened_for_reading
 
     async with opened_for_reading(settings.store) as store:
@@ -54,6 +60,15 @@ async def _export_table(settings: ExportSettings) -> int:
             trajectories = _exported(store, settings)
             write = write_parquet if settings.format == "parquet" else write_hf_dataset
             return await write(trajectories, Path(settings.out))
+
+
+async def _export_trl(settings: ExportSettings, out: IO[str]) -> int:
+    from art_proxy.export.trl import write_trl
+    from art_proxy.journal.left_behind import opened_for_reading
+
+    async with opened_for_reading(settings.store) as store:
+        with stderr.status("exporting..."):
+            return await write_trl(lambda: _exported(store, settings), out, pairs=settings.pairs)
 
 
 async def _exported(

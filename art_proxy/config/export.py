@@ -12,11 +12,19 @@ from art_proxy.records import Split
 
 class ExportSettings(StoreSettings, PiiSettings):
     out: str = Field("-", description="File to write to (- = standard output, JSONL only).")
-    format: Literal["jsonl", "parquet", "hf"] = Field(
+    format: Literal["jsonl", "parquet", "hf", "trl"] = Field(
         "jsonl",
         description="jsonl: a trajectory a line, whole. parquet: a row per sampled choice of each "
         "call (token ids, logprobs, reward, group), for datasets, pandas and other trainers. hf: "
-        "the same rows as a Hugging Face dataset directory (datasets.load_from_disk).",
+        "the same rows as a Hugging Face dataset directory (datasets.load_from_disk). trl: JSONL "
+        "in TRL's conversational format, a row per sampled choice (prompt, completion, tools, "
+        "reward, advantage, label), or with --pairs DPO's preference pairs.",
+    )
+    pairs: bool = Field(
+        False,
+        description="With --format trl: a preference pair (prompt, chosen, rejected) for each "
+        "prompt that trajectories of different rewards in one group sent alike, the best reply "
+        "chosen and the worst rejected.",
     )
     scenario: str | None = Field(None, description="Only this scenario.")
     status: str | None = Field(
@@ -28,8 +36,10 @@ class ExportSettings(StoreSettings, PiiSettings):
 
     @model_validator(mode="after")
     def _parquet_to_a_file(self) -> ExportSettings:
-        if self.format != "jsonl" and self.out == "-":
+        if self.format in ("parquet", "hf") and self.out == "-":
             raise ValueError(f"--format {self.format} writes to disk: pass --out PATH")
+        if self.pairs and self.format != "trl":
+            raise ValueError("--pairs is for --format trl")
         return self
 
 
