@@ -9,9 +9,9 @@ VLLM_VENV := .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed
 CHROMIUM := /usr/bin/chromium
 
-.PHONY: setup browser demo demo-ports test lint docs bench clean
+.PHONY: setup system-tools demo demo-ports test lint docs bench clean
 
-setup: $(STAMP) $(VLLM_STAMP) browser
+setup: $(STAMP) $(VLLM_STAMP) system-tools
 
 # torch goes first, pinned, and as its CPU build: resolved against PyPI alone torch==2.13.0 is the
 # CUDA build and gigabytes of CUDA libraries. A CPU wheel pip already has at hand (find-links) is
@@ -45,19 +45,22 @@ $(VLLM_STAMP): requirements-vllm.txt
 	$(VLLM_VENV)/bin/pip uninstall --quiet --yes torchvision torchaudio torchcodec
 	touch $(VLLM_STAMP)
 
-# Debian's Chromium, for the dashboard's browser tests (Playwright drives it; a test tool's own
-# browser download does not work offline). Best effort: without apt-get, or root or sudo, setup goes
-# on and those tests skip, saying why.
-browser:
-	@test -x $(CHROMIUM) || { \
-	  if [ "$$(id -u)" = 0 ]; then sudo=; \
-	  elif command -v sudo >/dev/null && sudo -n true 2>/dev/null; then sudo=sudo; \
-	  else echo "browser: not root and no sudo: chromium not installed, browser tests will skip"; exit 0; fi; \
-	  command -v apt-get >/dev/null || { echo "browser: no apt-get: browser tests will skip"; exit 0; }; \
-	  echo "browser: installing Debian's chromium"; \
-	  { $$sudo apt-get update -qq && \
-	    $$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; } \
-	  || echo "browser: apt-get could not install chromium: browser tests will skip"; }
+# Debian's packages some tests drive: Chromium for the dashboard's browser tests (Playwright drives
+# it; a test tool's own browser download does not work offline), Prometheus for the alert rules
+# (promtool) and a real scrape of /metrics. Best effort: without apt-get, or root or sudo, setup
+# goes on and those tests skip, saying why.
+SYSTEM_TOOLS := $(CHROMIUM):chromium /usr/bin/promtool:prometheus
+system-tools:
+	@missing=$$(for tool in $(SYSTEM_TOOLS); do test -x $${tool%%:*} || echo $${tool##*:}; done); \
+	test -n "$$missing" || exit 0; \
+	if [ "$$(id -u)" = 0 ]; then sudo=; \
+	elif command -v sudo >/dev/null && sudo -n true 2>/dev/null; then sudo=sudo; \
+	else echo "system-tools: not root and no sudo: $$missing not installed, their tests will skip"; exit 0; fi; \
+	command -v apt-get >/dev/null || { echo "system-tools: no apt-get: $$missing tests will skip"; exit 0; }; \
+	echo "system-tools: installing Debian's" $$missing; \
+	{ $$sudo apt-get update -qq && \
+	  $$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; } \
+	|| echo "system-tools: apt-get could not install $$missing: their tests will skip"
 
 # The ports are checked before the setup, which takes minutes on a fresh clone.
 demo: demo-ports $(STAMP)
@@ -78,7 +81,7 @@ docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
 
 # ART_REQUIRE_VLLM: the real-vLLM tests fail, not skip, where vLLM cannot start.
-test: lint docs browser $(VLLM_STAMP)
+test: lint docs system-tools $(VLLM_STAMP)
 	ART_REQUIRE_VLLM=1 $(BIN)/python -m pytest -q
 
 bench: $(STAMP)
