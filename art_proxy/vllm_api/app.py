@@ -1,4 +1,5 @@
-"""vLLM's routes over an engine: generation, `/tokenize`, `/v1/models`, `/health`, and runtime LoRA.
+"""vLLM's routes over an engine: generation, `/tokenize`, `/v1/models`, `/health`, `/metrics`
+(vLLM's request metrics, server_metrics.py), and runtime LoRA.
 
 Runtime LoRA routes exist only where asked for (vLLM needs `VLLM_ALLOW_RUNTIME_LORA_UPDATING`;
 without it they are 404). Unknown routes and methods answer in FastAPI's shape, as vLLM does.
@@ -14,6 +15,7 @@ from aiohttp.typedefs import Handler
 from art_proxy.vllm_api.chat import chat_completions
 from art_proxy.vllm_api.completions import completions
 from art_proxy.vllm_api.engine import InferenceEngine
+from art_proxy.vllm_api.server_metrics import ServerMetrics
 from art_proxy.vllm_api.tokenize import tokenize
 from art_proxy.wire import MAX_BODY_BYTES, ApiError, json_response, model_card, read_json_object
 
@@ -23,11 +25,13 @@ def vllm_app(
 ) -> web.Application:
     """`logprobs_mode`, when set, is stated on every `/v1/models` entry (vLLM states none)."""
 
+    metrics = ServerMetrics()
+
     async def chat(request: web.Request) -> web.StreamResponse:
-        return await chat_completions(engine, request)
+        return await chat_completions(engine, request, metrics)
 
     async def complete(request: web.Request) -> web.StreamResponse:
-        return await completions(engine, request)
+        return await completions(engine, request, metrics)
 
     async def count(request: web.Request) -> web.StreamResponse:
         return await tokenize(engine, request)
@@ -43,6 +47,7 @@ def vllm_app(
 
     app = web.Application(middlewares=[_errors_middleware], client_max_size=MAX_BODY_BYTES)
     app.router.add_get("/health", _health)
+    app.router.add_get("/metrics", metrics.scrape)
     app.router.add_get("/v1/models", models)
     app.router.add_post("/v1/chat/completions", chat)
     app.router.add_post("/v1/completions", complete)

@@ -25,10 +25,13 @@ from art_proxy.vllm_api.engine import (
 )
 from art_proxy.vllm_api.logprobs import chat_logprobs
 from art_proxy.vllm_api.requests import read_chat
+from art_proxy.vllm_api.server_metrics import ServerMetrics
 from art_proxy.wire import ApiError, completion_limit, send_event
 
 
-async def chat_completions(engine: InferenceEngine, request: web.Request) -> web.StreamResponse:
+async def chat_completions(
+    engine: InferenceEngine, request: web.Request, metrics: ServerMetrics
+) -> web.StreamResponse:
     chat = await read_chat(engine, request)
     try:
         prompt_ids = engine.render(chat.messages, chat.tools, continue_final=chat.continue_final)
@@ -37,7 +40,9 @@ async def chat_completions(engine: InferenceEngine, request: web.Request) -> web
     limit = completion_limit(
         len(prompt_ids), chat.max_tokens, engine.max_model_len, param=chat.max_tokens_param
     )
-    generation = await engine.chat(chat, prompt_ids, limit)
+    generation = metrics.metered(
+        await engine.chat(chat, prompt_ids, limit), chat.model, len(prompt_ids)
+    )
     response_id = f"chatcmpl-{uuid.uuid4().hex}"
     return await send_answer(
         request,

@@ -24,16 +24,21 @@ from art_proxy.vllm_api.engine import (
 )
 from art_proxy.vllm_api.logprobs import legacy_logprobs
 from art_proxy.vllm_api.requests import read_completion
+from art_proxy.vllm_api.server_metrics import ServerMetrics
 from art_proxy.wire import completion_limit
 
 
-async def completions(engine: InferenceEngine, request: web.Request) -> web.StreamResponse:
+async def completions(
+    engine: InferenceEngine, request: web.Request, metrics: ServerMetrics
+) -> web.StreamResponse:
     completion = await read_completion(engine, request)
     limits = [
         completion_limit(len(prompt_ids), completion.max_tokens, engine.max_model_len)
         for prompt_ids in completion.prompts
     ]
-    generation = await engine.complete(completion, limits)
+    generation = metrics.metered(
+        await engine.complete(completion, limits), completion.model, _prompt_tokens(completion)
+    )
     response_id = f"cmpl-{uuid.uuid4().hex}"
     return await send_answer(
         request,
