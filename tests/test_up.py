@@ -500,3 +500,36 @@ async def test_a_part_that_refuses_its_first_request_still_serves(
     said = capsys.readouterr().err
     assert said.count("vllm did not take its first request") == 2
     assert "400" in said and "[no] structured outputs" in said
+
+
+def test_a_vllm_python_without_vllm_is_refused_in_one_line(tmp_path: Path) -> None:
+    """`--vllm-python` naming a Python that cannot import vllm (art-proxy's own, here): `up`
+    says so before starting anything, instead of a vLLM that dies on its first import."""
+    if importlib.util.find_spec("vllm") is not None:
+        pytest.skip("vllm is importable from art-proxy's own environment here")
+    with pytest.raises(VllmNotFound, match="cannot import vllm: install it there"):
+        find_vllm_python(sys.executable)
+    up = subprocess.run(
+        [
+            str(Path(sys.executable).parent / "art-proxy"),
+            "up",
+            "--engine",
+            "vllm",
+            *["--vllm-python", sys.executable],
+            *["--port", str(free_port()), "--llm-port", str(free_port())],
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert up.returncode == 1 and "Traceback" not in up.stderr
+    [line] = [line for line in up.stderr.splitlines() if line.strip()]
+    assert "cannot import vllm" in line
+
+
+def test_a_trainer_without_torch_names_the_extra_to_install() -> None:
+    from art_proxy.cli.train import trainer_missing
+
+    message = trainer_missing(ModuleNotFoundError("No module named 'torch'", name="torch"))
+    assert message.startswith("art-proxy train needs torch (the [local] extra): pip install torch")

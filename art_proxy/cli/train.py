@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import signal
 import sys
 
@@ -13,6 +14,7 @@ from art_proxy.cli.options import settings_command
 from art_proxy.cli.output import configure_logging, fail
 from art_proxy.config import TrainSettings
 from art_proxy.errors import ConfigError, StoreError
+from art_proxy.local import INSTALL_LOCAL, LOCAL_PACKAGES
 
 
 def register(app: typer.Typer) -> None:
@@ -25,6 +27,20 @@ def register(app: typer.Typer) -> None:
     )(train)
 
 
+# The trainer is its own distribution in the repository (trainer/, `art-proxy-trainer`), kept
+# apart so that the proxy installs without torch; it is on no package index.
+INSTALL_TRAINER = "pip install -e ./trainer from a checkout of art-proxy (make setup does)"
+
+
+def trainer_missing(exc: ImportError) -> str:
+    """What `art-proxy train` says when its imports fail: the trainer itself, or what it needs."""
+    if importlib.util.find_spec("art_proxy_trainer") is None:
+        return f"art-proxy train needs the trainer (art-proxy-trainer): {INSTALL_TRAINER}"
+    if exc.name in LOCAL_PACKAGES:
+        return f"art-proxy train needs {exc.name} (the [local] extra): {INSTALL_LOCAL}"
+    return f"art-proxy train cannot import {exc.name or 'the trainer'}: {exc}"
+
+
 def train(settings: TrainSettings) -> None:
     try:
         from art_proxy_trainer.command import run_follower, run_train
@@ -32,7 +48,7 @@ def train(settings: TrainSettings) -> None:
         from art_proxy_trainer.errors import TrainerError
         from art_proxy_trainer.launch import launch_ranks
     except ImportError as exc:
-        fail(f"art-proxy train needs the trainer: pip install art-proxy-trainer ({exc})")
+        fail(trainer_missing(exc))
     from art_proxy.local.errors import ModelLoadError
     from art_proxy.ruler.errors import RubricError
 

@@ -74,6 +74,13 @@ def plan(settings: UpSettings) -> list[Part]:
     art_proxy = str(Path(sys.executable).parent / "art-proxy")
     llm_url = f"http://127.0.0.1:{settings.llm_port}"
     if settings.engine is Engine.vllm:
+        model = settings.model
+        if model is None or model.endswith(".gguf") or Path(model).is_dir():
+            # The bundled model and a GGUF file are converted, a directory's chat template read,
+            # here, by art-proxy's own Python, before vLLM loads them.
+            missing = missing_local_packages("up --engine vllm")
+            if missing is not None:
+                raise ConfigError(f"{missing} (to prepare the model for vLLM)")
         launch = VllmLaunch.of(
             settings.model,
             port=settings.llm_port,

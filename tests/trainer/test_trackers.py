@@ -138,3 +138,28 @@ def test_the_latest_step_is_a_prometheus_textfile(tmp_path: Path) -> None:
 def test_an_unknown_tracker_is_refused_in_one_line() -> None:
     with pytest.raises(ValueError, match="'neptune' is not one of tensorboard, wandb, mlflow"):
         TrainSettings.model_validate({"store": "sqlite:///x.db", "report_to": ["neptune"]})
+
+
+def test_steps_reach_tensorboard_event_files(tmp_path: Path) -> None:
+    """`--report-to tensorboard` (its package comes with the trackers extra): TensorBoard reads
+    each step's metrics back under their names and step numbers."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    settings = TrainSettings.model_validate(
+        {"out": str(tmp_path / "run"), "report_to": ["tensorboard"]}
+    )
+    out = tmp_path / "run"
+    with MetricsSink(out, settings) as sink:
+        for step, loss in ((1, 0.9), (2, 0.4)):
+            sink.write(
+                TrainingStep(
+                    run="run",
+                    step=step,
+                    status="applied",
+                    metrics={"loss": loss},
+                    created_at=utcnow(),
+                )
+            )
+    events = EventAccumulator(str(out / "tensorboard"))
+    events.Reload()
+    assert [(e.step, round(e.value, 6)) for e in events.Scalars("loss")] == [(1, 0.9), (2, 0.4)]
