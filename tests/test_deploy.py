@@ -1,6 +1,9 @@
-"""What an operator deploys beside art-proxy: Prometheus' alert rules and the Grafana dashboard
-(deploy/), checked against promtool and against the metrics a real proxy and trainer export; and
-a real Prometheus (Debian's, installed by `make setup`) scraping a proxy reads its token counter.
+"""What an operator deploys (deploy/, Containerfile): the compose file and the Kubernetes manifests
+valid against their schemas (offline: the Compose Specification's, vendored in tests/schemas/, and
+Kubernetes' OpenAPI schemas from `kubernetes-validate`), every art-proxy command and flag in them a
+real one; Prometheus' alert rules and the Grafana dashboard checked against promtool and against
+the metrics a real proxy and trainer export; and a real Prometheus (Debian's, installed by `make
+setup`) scraping a proxy reads its token counter.
 """
 
 from __future__ import annotations
@@ -15,20 +18,89 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import aiohttp
+import jsonschema
+import kubernetes_validate
 import openai
 import pytest
+import typer.core
+import typer.main
+import yaml
 
+from art_proxy.cli import app
 from art_proxy.proxy.server import RunningProxy
 from art_proxy.records import TrainingStep
 from art_proxy.testing.loopback import free_port
 from art_proxy_trainer.metrics import MetricsSink
 
 ROOT = Path(__file__).resolve().parent.parent
+COMPOSE = ROOT / "deploy" / "compose.yaml"
+MANIFESTS = sorted((ROOT / "deploy" / "kubernetes").glob("*.yaml"))
+CONTAINERFILE = ROOT / "Containerfile"
 ALERTS = ROOT / "deploy" / "prometheus" / "alerts.yml"
 DASHBOARD = ROOT / "deploy" / "grafana" / "art-proxy.json"
 MODEL = "Qwen/Qwen2.5-0.5B-Instruct"
 _NAME = re.compile(r"\bart_proxy_[a-z_]+")
 _SUFFIXES = ("_bucket", "_total", "_count", "_sum")
+
+
+def test_the_compose_file_follows_the_compose_specification() -> None:
+    schema = json.loads((ROOT / "tests" / "schemas" / "compose-spec.json").read_text())
+    compose = yaml.safe_load(COMPOSE.read_text())
+    jsonschema.Draft7Validator(schema).validate(compose)  # the schema names draft 07
+    # The trainer writes adapters where vLLM loads them from: one volume, one path, in both.
+    mounts = {
+        name: set(service.get("volumes", [])) for name, service in compose["services"].items()
+    }
+    assert "adapters:/adapters" in mounts["vllm"] & mounts["trainer"]
+
+
+@pytest.mark.parametrize("manifest", MANIFESTS, ids=lambda path: path.name)
+def test_each_kubernetes_manifest_is_valid_for_kubernetes(manifest: Path) -> None:
+    documents = [d for d in yaml.safe_load_all(manifest.read_text()) if d]
+    assert documents
+    for document in documents:
+        kubernetes_validate.validate(document, "1.37.0", strict=True)
+
+
+def _art_proxy_commands() -> list[tuple[str, list[str]]]:
+    """Every art-proxy command line the deployment files run, with where it is."""
+    found: list[tuple[str, list[str]]] = []
+    compose = yaml.safe_load(COMPOSE.read_text())
+    for name, service in compose["services"].items():
+        if str(service.get("image", "")).startswith("art-proxy"):
+            found.append((f"compose {name}", list(service["command"])))
+    for manifest in MANIFESTS:
+        for document in yaml.safe_load_all(manifest.read_text()):
+            spec = (document or {}).get("spec", {}).get("template", {}).get("spec", {})
+            for container in spec.get("containers", []):
+                if container["image"].startswith("art-proxy"):
+                    env = [e["name"] for e in container.get("env", [])]
+                    found.append(
+                        (f"{manifest.name} {container['name']}", [*container["args"], *env])
+                    )
+    for line in CONTAINERFILE.read_text().splitlines():
+        if line.startswith("CMD "):
+            found.append(("Containerfile", json.loads(line.removeprefix("CMD "))))
+    return found
+
+
+def test_every_command_and_flag_deployed_is_the_clis() -> None:
+    """A flag renamed in the CLI and left in a manifest is a pod that exits at start: each
+    command, `--flag` and `ART_PROXY_*` variable the files give art-proxy must be one of its."""
+    cli = typer.main.get_command(app)
+    assert isinstance(cli, typer.core.TyperGroup)
+    commands = _art_proxy_commands()
+    assert len(commands) >= 8
+    for where, argv in commands:
+        command = cli.commands.get(argv[0])
+        assert command is not None, f"{where}: no command {argv[0]!r}"
+        flags = {option for param in command.params for option in param.opts} | {"--help"}
+        variables = {param.envvar for param in command.params if isinstance(param.envvar, str)}
+        for word in argv[1:]:
+            if word.startswith("--"):
+                assert word.split("=", 1)[0] in flags, f"{where}: {argv[0]} has no {word}"
+            elif word.startswith("ART_PROXY_"):
+                assert word in variables, f"{where}: {argv[0]} reads no {word}"
 
 
 def _needs(tool: str) -> str:
