@@ -47,9 +47,10 @@ $(VLLM_STAMP): requirements-vllm.txt
 
 # Debian's packages some tests drive: Chromium for the dashboard's browser tests (Playwright drives
 # it; a test tool's own browser download does not work offline), Prometheus for the alert rules
-# (promtool) and a real scrape of /metrics. Best effort: without apt-get, or root or sudo, setup
+# (promtool) and a real scrape of /metrics, buildah and mmdebstrap to build the proxy's image
+# from Debian's packages (no container registry needed) and run it. Best effort: without apt-get, or root or sudo, setup
 # goes on and those tests skip, saying why.
-SYSTEM_TOOLS := $(CHROMIUM):chromium /usr/bin/promtool:prometheus
+SYSTEM_TOOLS := $(CHROMIUM):chromium /usr/bin/promtool:prometheus /usr/bin/buildah:buildah /usr/bin/mmdebstrap:mmdebstrap
 system-tools:
 	@missing=$$(for tool in $(SYSTEM_TOOLS); do test -x $${tool%%:*} || echo $${tool##*:}; done); \
 	test -n "$$missing" || exit 0; \

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import math
 import os
 import statistics
@@ -461,3 +462,21 @@ async def test_the_base_arm_reaches_the_base_model_an_alias_of_its_name_hides(
         ("trained", f"{base}@3-run", 3),
     ]
     assert sorted(served) == [base] * 3 + [f"{base}@3-run"] * 3
+
+
+async def test_an_arm_on_its_own_server_says_nothing_of_the_stores_aliases(
+    two_models: tuple[RunningProxy, FakeVllm], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The store's aliases point at adapters the proxy's upstream serves; an arm's own server (a
+    hosted model) serves none of them, and its calls name none: its recording proxy must not
+    warn of each alias falling back."""
+    proxy, other = two_models
+    async with aiohttp.ClientSession() as http:
+        # The proxy's upstream serves the alias's model; the hosted arm's server does not.
+        status, _ = await put_alias(http, proxy, {"model": FakeVllmConfig().model}, "policy")
+        assert status == 200
+    settings = _settings(proxy, tmp_path, model=[f"hosted@{other.base_url}"], repeats=1)
+    with caplog.at_level(logging.WARNING):
+        report = await run_evaluation(settings, says_yes, SCENARIOS)
+    assert report.arms[0].rollouts == 3
+    assert not [r for r in caplog.records if r.name.startswith("art_proxy.proxy.aliases")]

@@ -157,6 +157,12 @@ async def _recording_proxy(
     its root URL."""
     from art_proxy.proxy.app import create_app
 
+    # The store's aliases name adapters of the proxy's upstream, which this server does not serve
+    # and this arm's calls never name: its recording proxy would warn of each one falling back.
+    aliases_log = logging.getLogger("art_proxy.proxy.aliases")
+    silenced = _Silenced()
+    aliases_log.addFilter(silenced)
+    stack.callback(aliases_log.removeFilter, silenced)
     proxy_settings = ProxySettings(
         upstream=[upstream],
         upstream_api_key=key,
@@ -172,6 +178,11 @@ async def _recording_proxy(
     await site.start()
     port = runner.addresses[0][1]
     return f"http://127.0.0.1:{port}"
+
+
+class _Silenced(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return False
 
 
 async def _get(url: str, key: str | None) -> tuple[int, str]:
