@@ -9,11 +9,17 @@ from __future__ import annotations
 import asyncio
 import os
 import sys
+import time
 import warnings
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from art_proxy import serving
+
+if TYPE_CHECKING:
+    from art_proxy.local.served import ServedModel
 
 
 class LocalLlmSettings(BaseModel):
@@ -66,23 +72,52 @@ def quiet_library_warnings() -> None:
 
 
 async def _serve_until_stopped(settings: LocalLlmSettings) -> None:
-    from art_proxy.local.model_loading import load_model
-    from art_proxy.local.served import ServedModel
+    started = time.monotonic()
+    stage = ["loading the model"]
+
+    def say(what: str) -> None:
+        stage[0] = what
+        print(f"local-llm: {what}...", file=sys.stderr, flush=True)
+
+    loading = asyncio.ensure_future(asyncio.to_thread(_load, settings, say))
+    # A busy machine takes minutes over torch's import and the first start's conversion: a line
+    # every so often says it is still at work, and at what.
+    while not loading.done():
+        await asyncio.wait({loading}, timeout=_STILL_LOADING_EVERY_S)
+        if not loading.done():
+            elapsed = time.monotonic() - started
+            print(f"local-llm: still {stage[0]} ({elapsed:.0f} s)", file=sys.stderr, flush=True)
+    served = loading.result()
     from art_proxy.local.server import running_local_llm
 
+    stop = serving.stop_requested()
+    async with running_local_llm(served, settings.host, settings.port) as local:
+        print(
+            f"local-llm ready: {local.base_url} (model {served.name}, "
+            f"{time.monotonic() - started:.0f} s to start)",
+            flush=True,
+        )
+        await stop.wait()
+
+
+def _load(settings: LocalLlmSettings, say: Callable[[str], None]) -> ServedModel:
+    """The model, loaded and ready to serve (in a thread: the imports take seconds too)."""
+    say("importing torch and transformers")
+    from art_proxy.local.model_loading import load_model
+    from art_proxy.local.served import ServedModel
+
     set_torch_threads(settings.threads)
-    print("local-llm: loading the model...", file=sys.stderr, flush=True)
-    loaded = await asyncio.to_thread(load_model, settings.model, cache_dir=settings.cache_dir)
-    served = ServedModel.create(
+    say("loading the model")
+    loaded = load_model(settings.model, cache_dir=settings.cache_dir, say=say)
+    return ServedModel.create(
         loaded,
         served_model_name=settings.served_model_name,
         max_model_len=settings.max_model_len,
         max_batch_size=settings.max_batch_size,
     )
-    stop = serving.stop_requested()
-    async with running_local_llm(served, settings.host, settings.port) as local:
-        print(f"local-llm ready: {local.base_url} (model {served.name})", flush=True)
-        await stop.wait()
+
+
+_STILL_LOADING_EVERY_S = 15.0
 
 
 def set_torch_threads(threads: int) -> None:

@@ -15,7 +15,7 @@ import os
 import re
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -69,6 +69,10 @@ def bundled_gguf() -> Path:
     return path
 
 
+# Hears what a slow stage of loading is doing, for the one who waits (local-llm prints it).
+Say = Callable[[str], None]
+
+
 @dataclass(frozen=True)
 class ModelFiles:
     """Where a model's weights are read from: a Hugging Face directory (a .gguf file converted
@@ -79,15 +83,18 @@ class ModelFiles:
     name: str
 
 
-def model_files(model: str | None, *, cache_dir: str | Path | None = None) -> ModelFiles:
-    """`model` (None = the bundled SmolLM2) as a Hugging Face directory, converting a .gguf."""
+def model_files(
+    model: str | None, *, cache_dir: str | Path | None = None, say: Say = lambda _: None
+) -> ModelFiles:
+    """`model` (None = the bundled SmolLM2) as a Hugging Face directory, converting a .gguf
+    (`say` hears what takes long)."""
     if model is None:
         source, name = bundled_gguf(), BUNDLED_NAME
     else:
         source, name = Path(model).expanduser(), model
     if source.is_file() and source.suffix == ".gguf":
         cache = Path(cache_dir).expanduser() if cache_dir else default_cache_dir()
-        return ModelFiles(converted_gguf(source, cache), source, name)
+        return ModelFiles(converted_gguf(source, cache, say), source, name)
     if source.is_dir():
         return ModelFiles(source, source, name)
     if model is not None and _HUB_ID.fullmatch(model):
@@ -120,9 +127,12 @@ def load_model(
     *,
     cache_dir: str | Path | None = None,
     dtype: torch.dtype = torch.float32,
+    say: Say = lambda _: None,
 ) -> LoadedModel:
-    """Load `model` (None = the bundled SmolLM2), in float32 unless told (CPU inference)."""
-    files = model_files(model, cache_dir=cache_dir)
+    """Load `model` (None = the bundled SmolLM2), in float32 unless told (CPU inference); `say`
+    hears each stage (a conversion, the weights)."""
+    files = model_files(model, cache_dir=cache_dir, say=say)
+    say(f"reading the weights in {files.directory}")
     loaded = _load_directory(
         files.directory, source=str(files.source), name=files.name, dtype=dtype
     )
@@ -130,12 +140,13 @@ def load_model(
     return loaded
 
 
-def converted_gguf(gguf: Path, cache_dir: Path) -> Path:
+def converted_gguf(gguf: Path, cache_dir: Path, say: Say = lambda _: None) -> Path:
     stat = gguf.stat()
     key = hashlib.sha256(f"{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:16]
     target = cache_dir / f"{gguf.stem}-{key}"
     if (target / "config.json").is_file():
         return target
+    say(f"converting {gguf.name} into {target} (once per machine: later starts read it)")
     cache_dir.mkdir(parents=True, exist_ok=True)
     # Written aside and renamed into place, so a crash or a concurrent start never leaves half a model.
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=cache_dir))

@@ -1,0 +1,20 @@
+"""What local-llm says while it loads: a first start converts the bundled GGUF (tens of seconds, a
+few minutes on a busy machine) and says so, once; later starts read the converted weights."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from art_proxy.local.model_loading import bundled_gguf, load_model
+
+
+def test_loading_says_each_slow_stage_and_converts_once(tmp_path: Path) -> None:
+    said: list[str] = []
+    first = load_model(None, cache_dir=tmp_path, say=said.append)
+    assert said[0].startswith(f"converting {bundled_gguf().name} into {tmp_path}")
+    assert said[0].endswith("(once per machine: later starts read it)")
+    assert said[1] == f"reading the weights in {next(tmp_path.iterdir())}"
+    said.clear()
+    again = load_model(None, cache_dir=tmp_path, say=said.append)
+    assert [line.split(" in ")[0] for line in said] == ["reading the weights"]
+    assert again.default_name == first.default_name
