@@ -32,12 +32,14 @@ from .admin import Admin
 from .admin_guard import admin_guard
 from .aliases import Aliases
 from .best_of import BestOf, best_of_chooser
+from .counters import Counters
 from .health import health
 from .housekeeping import housekeeping, retention
+from .lookups import Lookups
 from .metrics import ProxyMetrics
 from .middlewares import auth, errors_as_json, own_records_first, settle_reads
 from .parts import PARTS, ProxyParts
-from .recording import Counters, Recorder
+from .recording import Recorder
 from .relay import Relay
 from .shadow import ShadowSampler
 from .tracing import CallSpans
@@ -180,17 +182,22 @@ def _lifecycle(settings: ProxySettings) -> Callable[[web.Application], AsyncIter
                 fraction=settings.best_of_fraction,
                 timeout_s=settings.best_of_timeout,
             )
-            relay = Relay(
+            lookups = Lookups(
                 upstreams,
                 store,
+                aliases,
+                read_your_writes=functools.partial(settle_reads, journal),
+            )
+            relay = Relay(
+                upstreams,
                 tracker,
                 recorder,
                 aliases,
                 shadow,
                 best_of,
+                stored_call=lookups.stored_call,
                 default_split=settings.default_split,
                 record_policy=settings.record,
-                read_your_writes=functools.partial(settle_reads, journal),
             )
             admin = Admin(store, tracker, aliases, journal, redactor)
             parts = ProxyParts(
@@ -199,6 +206,7 @@ def _lifecycle(settings: ProxySettings) -> Callable[[web.Application], AsyncIter
                 tracker,
                 counters,
                 relay,
+                lookups,
                 admin,
                 aliases,
                 journal,
@@ -272,7 +280,7 @@ async def _stop_recording(
 
 def _add_routes(router: web.UrlDispatcher) -> None:
     # Routes exist before the parts do (the router freezes at start-up), so they look them up.
-    def via(part: Literal["relay", "admin"], name: str) -> Handler:
+    def via(part: Literal["relay", "lookups", "admin"], name: str) -> Handler:
         async def handle(request: web.Request) -> web.StreamResponse:
             handler: Handler = getattr(getattr(request.app[PARTS], part), name)
             return await handler(request)
@@ -295,11 +303,11 @@ def _add_routes(router: web.UrlDispatcher) -> None:
         router.add_post(prefix + "/v1/chat/completions", via("relay", "chat"))
         router.add_post(prefix + "/v1/completions", via("relay", "completion"))
         router.add_post(prefix + "/v1/responses", via("relay", "responses"))
-        router.add_post(prefix + "/v1/responses/input_tokens", via("relay", "input_tokens"))
-        router.add_get(prefix + "/v1/responses/{response}", via("relay", "stored_response"))
+        router.add_post(prefix + "/v1/responses/input_tokens", via("lookups", "input_tokens"))
+        router.add_get(prefix + "/v1/responses/{response}", via("lookups", "stored_response"))
         router.add_post(prefix + "/v1/messages", via("relay", "messages"))
-        router.add_post(prefix + "/v1/messages/count_tokens", via("relay", "count_tokens"))
-        router.add_get(prefix + "/v1/models", via("relay", "models"))
+        router.add_post(prefix + "/v1/messages/count_tokens", via("lookups", "count_tokens"))
+        router.add_get(prefix + "/v1/models", via("lookups", "models"))
     router.add_get("/art/v1/trajectories", via("admin", "trajectories"))
     router.add_get("/art/v1/trajectories/{trajectory}", via("admin", "trajectory"))
     router.add_post("/art/v1/trajectories/{trajectory}/finish", via("admin", "finish"))

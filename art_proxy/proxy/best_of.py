@@ -36,7 +36,8 @@ from art_proxy.records import BEST_OF_JUDGE_PREFIX, JsonObject, Judgment, Trajec
 from art_proxy.store.judgments import judgment_row
 from art_proxy.store.trajectory_store import TrajectoryStore, utcnow
 
-from .recording import CallInProgress, Outcome, Recorder
+from .call import CallInProgress, Outcome
+from .recording import Recorder
 from .tracker import Assignment, TrajectoryTracker
 
 if TYPE_CHECKING:

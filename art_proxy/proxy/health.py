@@ -11,8 +11,8 @@ from aiohttp import web
 from art_proxy.journal.ingester import age_s
 from art_proxy.records import JsonObject
 
+from .counters import Counters
 from .parts import PARTS, ProxyParts
-from .recording import Counters
 
 
 def journal_health(parts: ProxyParts) -> dict[str, object] | None:

@@ -15,7 +15,8 @@ from art_proxy.store.trajectory_store import TrajectoryStore
 
 from .admin import Admin
 from .aliases import Aliases
-from .recording import Counters
+from .counters import Counters
+from .lookups import Lookups
 from .relay import Relay
 from .tracker import TrajectoryTracker
 
@@ -27,6 +28,7 @@ class ProxyParts:
     tracker: TrajectoryTracker
     counters: Counters
     relay: Relay
+    lookups: Lookups
     admin: Admin
     aliases: Aliases
     journal: Journal | None = None

@@ -12,136 +12,36 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from datetime import datetime
 from typing import cast
 
-import orjson
-
 from art_proxy.config import OnStoreError
-from art_proxy.errors import JournalError, StoreError, StoreUnavailable, UpstreamError
-from art_proxy.ids import new_id
+from art_proxy.errors import JournalError, StoreError, StoreUnavailable
 from art_proxy.journal.entries import encode
 from art_proxy.journal.segments import Journal
 from art_proxy.privacy.redaction import scrub, scrub_text
-from art_proxy.records import CallKind, CallStatus, Dialect, Guidance, JsonObject
+from art_proxy.records import Guidance, JsonObject
 from art_proxy.store.rows import Batch, CallRow, Row, RowKind, ScenarioRow, TouchRow, TrajectoryRow
 from art_proxy.store.trajectory_store import TrajectoryStore, utcnow
 
 from .attribution import call_keys, reply_messages
-from .call_metrics import CallMetrics
+from .call import CallInProgress, Outcome
 from .capture import (
     NO_TOKENS,
-    ClientAsks,
-    response_problem,
     sampling_of,
     strip_response,
     tokens_of,
     unreproduced_sampling,
-    upstream_body,
 )
-from .guidance import NOT_LOCATED, guided_messages, located
+from .counters import Counters
+from .guidance import NOT_LOCATED, located
 from .tracing import CallSpans
 from .tracker import Assignment, TrajectoryTracker
 
 log = logging.getLogger(__name__)
 
 _REPORT_EVERY_S = 10.0  # the journal's refusals, logged at most this often
-
-
-@dataclass
-class Counters:
-    """Exposed on /health: what went wrong is counted, not hidden."""
-
-    calls: int = 0
-    failed_calls: int = 0
-    lost_records: int = 0
-    stitch_misses: int = 0
-    untrainable_calls: int = 0  # answered, but not to be trained on (see the record's reason)
-    by_attribution: dict[str, int] = field(default_factory=dict)  # records.Attribution -> calls
-    by_dialect: dict[str, int] = field(default_factory=dict)  # records.Dialect -> calls
-    shadow_calls: int = 0  # served calls sampled again (shadow.py)
-    shadow_samples: int = 0  # their extra samples recorded, failed ones included
-    shadow_skipped: int = 0  # drawn for shadowing but over --shadow-max-in-flight
-    unrecorded_calls: int = 0  # answered without a record, as --record or X-Art-Record said
-    best_of_calls: int = 0  # answered best-of-N (best_of.py)
-    best_of_candidates: int = 0  # their candidates, each recorded as its own trajectory
-    best_of_unjudged: int = 0  # whose chooser failed or ran out of time: the first answered
-    best_of_choose_seconds: float = 0.0  # spent choosing, summed over the calls
-    best_of_judge_cost_usd: float = 0.0  # what the judge charged for choosing, summed
-    by_model: CallMetrics = field(default_factory=CallMetrics)  # tokens and times (/metrics)
-
-
-@dataclass
-class CallInProgress:
-    """What the proxy knows about a call from its arrival until it is recorded."""
-
-    kind: CallKind
-    body: JsonObject  # what goes upstream: the client's body, or its chat translation
-    assignment: Assignment
-    stream: bool
-    model: str | None = None  # the served model: an alias's target, else the client's `model`
-    asks: ClientAsks = field(default_factory=lambda: ClientAsks(False, False, False))
-    dialect: Dialect = "openai"
-    client_body: JsonObject | None = None  # the body in the client's dialect, if not openai
-    route: str = ""  # the path the client called, for the log
-    recorded: bool = True  # False: forwarded and answered, nothing kept (privacy/consent.py)
-    guidance: str | None = None  # added to the prompt upstream, not trained on (guidance.py)
-    unguided_messages: list[JsonObject] | None = None  # what went upstream, without it
-    unguided_prompt_ids: list[int] | None = None  # their ids, by the upstream's /tokenize
-    trace: dict[str, str] = field(default_factory=dict)  # the client's traceparent (tracing.py)
-    id: str = field(default_factory=new_id)
-    created_at: datetime = field(default_factory=utcnow)
-    started: float = field(default_factory=time.perf_counter)
-    first_chunk_at: float | None = None  # a stream's first chunk from the upstream (perf_counter)
-
-    def upstream_body(self, *, token_ids: bool) -> tuple[JsonObject, ClientAsks]:
-        """The body to send upstream (capture's asks added) and what the client itself asked."""
-        sent, asks = upstream_body(self.body, self.kind, token_ids=token_ids)
-        if self.model is not None and self.model != self.body["model"]:
-            sent["model"] = self.model  # an alias: the upstream serves its target
-        if self.assignment.restored:
-            # The agent echoed replies in another form: the upstream gets them as the model
-            # wrote them (the record keeps the agent's body), so this call's prompt extends the
-            # tokens the trajectory sampled and stitches into one sequence.
-            sent["messages"] = list(sent["messages"])
-            for position, message in self.assignment.restored:
-                sent["messages"][position] = message
-        if self.guidance is not None:
-            self.unguided_messages = sent["messages"]
-            sent["messages"] = guided_messages(sent["messages"], self.guidance)
-        return sent, asks
-
-
-@dataclass(frozen=True)
-class Outcome:
-    status: CallStatus
-    http_status: int
-    response: JsonObject | None = None
-    error: str | None = None
-    # Why the proxy itself will not have the answer trained on, whatever its tokens (None: no
-    # reason of its own), e.g. a best-of answer, which its candidate group trains.
-    untrainable: str | None = None
-
-    @classmethod
-    def of_answer(cls, upstream: str, status: int, raw: bytes, kind: CallKind) -> Outcome:
-        """The outcome of a whole (non-stream or error) upstream answer; `UpstreamError` when a
-        2xx body is not a response the proxy can record (an error body sent as 200 included)."""
-        if status >= 400:
-            return cls("upstream_error", status, error=raw.decode("utf-8", "replace")[:2000])
-        try:
-            parsed = orjson.loads(raw)
-        except orjson.JSONDecodeError as exc:
-            raise UpstreamError(f"upstream {upstream} sent invalid JSON") from exc
-        if not isinstance(parsed, dict):
-            raise UpstreamError(f"upstream {upstream} sent a non-object body")
-        if "error" in parsed and "choices" not in parsed:
-            message = str(parsed["error"])[:2000]
-            raise UpstreamError(f"upstream {upstream} answered {status} with an error: {message}")
-        problem = response_problem(parsed, kind)
-        if problem is not None:
-            raise UpstreamError(f"upstream {upstream} sent a malformed response: {problem}")
-        return cls("ok", status, response=parsed)
 
 
 class Recorder:

@@ -28,7 +28,8 @@ from art_proxy.errors import ArtProxyError, StoreUnavailable
 from art_proxy.records import JsonObject
 
 from .attribution import reply_messages
-from .recording import CallInProgress, Outcome, Recorder
+from .call import CallInProgress, Outcome
+from .recording import Recorder
 from .tracker import TrajectoryTracker
 from .upstream import PATHS, Upstreams, read_body
 

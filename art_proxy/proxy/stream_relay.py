@@ -22,9 +22,10 @@ from art_proxy.errors import StoreUnavailable, UpstreamError
 from art_proxy.records import CallStatus, JsonObject
 
 from .best_of import stream_chunks
+from .call import CallInProgress, Outcome
 from .capture import chunk_problem
 from .dialects import Rendering
-from .recording import CallInProgress, Outcome, Recorder
+from .recording import Recorder
 from .shadow import ShadowSampler
 from .stream_rebuild import StreamRecorder
 

@@ -11,6 +11,7 @@ from types import TracebackType
 
 import aiohttp
 import orjson
+from aiohttp import web
 
 from art_proxy.errors import UpstreamError, UpstreamTimeout
 from art_proxy.records import CallKind, JsonObject
@@ -115,3 +116,11 @@ async def read_body(upstream: str, response: aiohttp.ClientResponse) -> bytes:
         raise UpstreamError(f"upstream {upstream} broke off: {type(exc).__name__}: {exc}") from exc
     finally:
         response.release()
+
+
+def client_auth(request: web.Request) -> str | None:
+    """The client's key, for the upstream: Anthropic's SDKs send it as `x-api-key`."""
+    authorization = request.headers.get("Authorization")
+    if authorization is None and "x-api-key" in request.headers:
+        return f"Bearer {request.headers['x-api-key']}"
+    return authorization

@@ -1,0 +1,138 @@
+"""The routes beside generation that read without generating: the upstream's models (the aliases
+added), a prompt's tokens counted by the upstream's tokenizer (Anthropic's `count_tokens`,
+OpenAI's `input_tokens`), and a stored Responses answer. Nothing here is recorded."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+
+import orjson
+from aiohttp import web
+
+from art_proxy.errors import NotFound, UpstreamError
+from art_proxy.records import AliasRecord, JsonObject
+from art_proxy.store.trajectory_store import TrajectoryStore
+
+from .aliases import Aliases
+from .answering import json_answer
+from .dialects import anthropic, responses, responses_answer
+from .translation import loaded_body
+from .upstream import Upstreams, client_auth, read_body
+
+
+class Lookups:
+    def __init__(
+        self,
+        upstreams: Upstreams,
+        store: TrajectoryStore,
+        aliases: Aliases,
+        *,
+        read_your_writes: Callable[[], Awaitable[None]],
+    ) -> None:
+        self._upstreams = upstreams
+        self._store = store
+        self._aliases = aliases
+        self._read_your_writes = read_your_writes
+
+    async def stored_call(self, call_id: str) -> JsonObject | None:
+        """A recorded call's row, once this proxy's own records before it are in the store."""
+        await self._read_your_writes()
+        return await self._store.call_row(call_id)
+
+    async def stored_response(self, request: web.Request) -> web.Response:
+        """`GET /v1/responses/{id}`: a stored response, rendered again from its call's record."""
+        response_id = request.match_info["response"]
+        call_id = responses.call_id_of(response_id)
+        row = await self.stored_call(call_id) if call_id else None
+        if row is None or not responses.retrievable(row):
+            raise NotFound(f"no response with id {response_id!r}", param="response_id")
+        created = row["created_at"].timestamp()
+        body = responses_answer.response_object(
+            call_id or "", row["client_request"], row["response"], created
+        )
+        return json_answer(body)
+
+    async def models(self, request: web.Request) -> web.Response:
+        upstream = self._upstreams.urls[0]
+        response = await self._upstreams.get(upstream, "/models", client_auth(request))
+        raw = await read_body(upstream, response)
+        if response.status == 200 and self._aliases.records:
+            raw = _with_aliases(raw, self._aliases.records)
+        return web.Response(body=raw, status=response.status, content_type="application/json")
+
+    async def count_tokens(self, request: web.Request) -> web.Response:
+        """Anthropic's `POST /v1/messages/count_tokens`: the body's prompt, translated as
+        `/v1/messages` translates it, counted by the upstream (`_counted`)."""
+        loaded = await loaded_body(request)
+        model = self._aliases.resolve(anthropic.model_of(loaded))
+        prompt = {"model": model, **anthropic.prompt_of(loaded)}
+        counted = await self._counted(request, prompt, anthropic.failed_answer)
+        if isinstance(counted, web.Response):
+            return counted
+        return json_answer({"input_tokens": counted})
+
+    async def input_tokens(self, request: web.Request) -> web.Response:
+        """OpenAI's `POST /v1/responses/input_tokens`: the body's prompt, translated as
+        `/v1/responses` translates it (instructions, tools and a `previous_response_id`'s
+        conversation included), counted by the upstream (`_counted`)."""
+        chat = (await responses.translate(await loaded_body(request), self.stored_call)).chat
+        prompt: JsonObject = {"model": self._aliases.resolve(chat["model"])}
+        prompt |= {key: chat[key] for key in ("messages", "tools") if key in chat}
+        counted = await self._counted(request, prompt)
+        if isinstance(counted, web.Response):
+            return counted
+        return json_answer({"object": "response.input_tokens", "input_tokens": counted})
+
+    async def _counted(
+        self,
+        request: web.Request,
+        prompt: JsonObject,
+        failed: Callable[[bytes, int], bytes] | None = None,
+    ) -> int | web.Response:
+        """The tokens of a chat prompt (`model`, `messages`, `tools`) by the upstream's tokenizer:
+        vLLM's `/tokenize` (at the server's root) renders it as a chat call's prompt. Else the
+        upstream's failure, its body rendered by `failed` (None: as sent, OpenAI-shaped)."""
+        upstream = self._upstreams.urls[0]
+        root = upstream.removesuffix("/v1")
+        response = await self._upstreams.post(root, "/tokenize", prompt, client_auth(request))
+        answer = await read_body(root, response)
+        if response.status == 200:
+            return _count_of(upstream, answer)
+        if response.status in (404, 405) and b'"detail"' in answer:  # the route, not the model
+            raise NotFound(
+                f"upstream {upstream} counts no tokens: it serves no /tokenize (vLLM does)"
+            )
+        return web.Response(
+            body=failed(answer, response.status) if failed is not None else answer,
+            status=response.status,
+            content_type="application/json",
+        )
+
+
+def _count_of(upstream: str, raw: bytes) -> int:
+    """The `count` of a `/tokenize` answer; `UpstreamError` if it has none."""
+    try:
+        parsed = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        parsed = None
+    count = parsed.get("count") if isinstance(parsed, dict) else None
+    if type(count) is not int:
+        raise UpstreamError(f"upstream {upstream} answered /tokenize without a count")
+    return count
+
+
+def _with_aliases(raw: bytes, aliases: list[AliasRecord]) -> bytes:
+    """The upstream's model list plus a card for each alias it lacks (SDKs check the list)."""
+    try:
+        listed = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return raw
+    if not isinstance(listed, dict) or not isinstance(listed.get("data"), list):
+        return raw
+    names = {card.get("id") for card in listed["data"] if isinstance(card, dict)}
+    listed["data"] += [
+        {"id": alias.alias, "object": "model", "owned_by": "art-proxy", "root": alias.model}
+        for alias in aliases
+        if alias.alias not in names
+    ]
+    return orjson.dumps(listed)

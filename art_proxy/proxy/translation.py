@@ -1,0 +1,78 @@
+"""A call's first stage: the client's body, read and translated from its dialect into the chat (or
+legacy completions) body that goes upstream (OpenAI's as it is; the Responses and Messages APIs by
+their dialects/), or the reason it is refused."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from aiohttp import web
+from aiohttp.web_protocol import RequestPayloadError
+
+from art_proxy.errors import BadRequest
+from art_proxy.records import CallKind, Dialect, JsonObject
+
+from .dialects import anthropic, responses
+from .request_body import Rejection, body_too_large, check_body, load_body, parse_body
+
+# A recorded call's row by its id (a Responses call's `previous_response_id`), once this proxy's
+# own records before it are in the store.
+StoredCall = Callable[[str], Awaitable[JsonObject | None]]
+
+
+@dataclass(frozen=True)
+class Translated:
+    """A request ready to go upstream: its chat (or legacy completions) body, and for another
+    dialect the client's own body and the trajectory a `previous_response_id` names."""
+
+    body: JsonObject
+    client: JsonObject | None = None
+    continues: str | None = None
+
+
+async def read_body(request: web.Request) -> bytes | Rejection:
+    """The raw body; one that is too large or cannot be decoded is refused."""
+    try:
+        return await request.read()
+    except web.HTTPRequestEntityTooLarge:
+        return Rejection(body_too_large(request.client_max_size), None, False)
+    except RequestPayloadError:
+        encoding = request.headers.get("Content-Encoding")
+        reason = f"is not valid {encoding}" if encoding else "could not be read"
+        return Rejection(
+            BadRequest(f"request body {reason}", param="Content-Encoding"), None, False
+        )
+
+
+async def loaded_body(request: web.Request) -> JsonObject:
+    """A body that is only read (a count): its JSON object, or `BadRequest`."""
+    raw = await read_body(request)
+    loaded = raw if isinstance(raw, Rejection) else load_body(raw)
+    if isinstance(loaded, Rejection):
+        raise loaded.error
+    return loaded
+
+
+async def translate(
+    raw: bytes, kind: CallKind, dialect: Dialect, stored_call: StoredCall
+) -> Translated | Rejection:
+    """The body to send upstream, from the client's in its dialect."""
+    if dialect == "openai":
+        parsed = parse_body(raw, kind)
+        return parsed if isinstance(parsed, Rejection) else Translated(parsed)
+    loaded = load_body(raw)
+    if isinstance(loaded, Rejection):
+        return loaded
+    try:
+        if dialect == "responses":
+            done = await responses.translate(loaded, stored_call)
+            chat, continues = done.chat, done.continues
+        else:
+            chat, continues = anthropic.translate(loaded), None
+    except BadRequest as exc:
+        return Rejection(exc, loaded, messages_valid=False)
+    checked = check_body(chat, "chat")
+    if isinstance(checked, Rejection):  # what the client sent inside the items, e.g. a role
+        return Rejection(checked.error, loaded, messages_valid=False)
+    return Translated(chat, client=loaded, continues=continues)
