@@ -49,7 +49,7 @@ from art_proxy_trainer.lora import lora_model, make_optimizer
 from art_proxy_trainer.loss import Objective
 from art_proxy_trainer.step import train_step
 from benchmarks.grpo_peers import EXAMPLE, _task, sample_with_logprobs
-from benchmarks.trainer_step import recorded_call
+from benchmarks.trainer_step_batch import recorded_call
 
 console = Console()
 

@@ -66,7 +66,8 @@ def main(args: argparse.Namespace) -> None:
     from art_proxy.cpu_sharing import share_cpu_cores
 
     share_cpu_cores()  # before torch loads
-    from benchmarks.learning_curve import Arm, console, run_engine
+    from benchmarks.learning_curve import run_engine
+    from benchmarks.learning_curve_summary import Arm, console
 
     os.environ[_TOOL_S] = str(args.tool_s)
     results: list[Result] = []

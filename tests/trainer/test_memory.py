@@ -14,7 +14,7 @@ from art_proxy_trainer.memory import (
     step_memory,
     vllm_share,
 )
-from benchmarks.gpu_check import TINY, build
+from benchmarks.gpu_check_build import TINY, build
 
 
 def test_the_shape_counts_a_built_model_s_parameters_and_its_adapter() -> None:
