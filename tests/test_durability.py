@@ -1186,18 +1186,26 @@ async def test_forget_takes_in_the_journal_it_is_given_so_erasure_holds(
     assert "deleted 1 trajectories" in " ".join(err.split())
 
 
+def _counted_directory_syncs(monkeypatch: pytest.MonkeyPatch) -> list[Path]:
+    """The directories the journal fsyncs from now on, in order (each still synced)."""
+    synced: list[Path] = []
+    real = journal_files.fsync_directory
+
+    def fsync_directory(path: Path) -> None:
+        synced.append(path)
+        real(path)
+
+    for module in (segments, journal_files):  # the segments' own syncs, and the slot's
+        monkeypatch.setattr(module, "fsync_directory", fsync_directory)
+    return synced
+
+
 async def test_under_power_a_segment_deleted_is_deleted_durably(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The unlink of an ingested (or erased) segment survives a power loss only once its
     directory is synced; under `process` no sync is spent on it."""
-    synced: list[Path] = []
-
-    def fsync_directory(path: Path) -> None:
-        synced.append(path)
-        journal_files.fsync_directory(path)
-
-    monkeypatch.setattr(segments, "fsync_directory", fsync_directory)
+    synced = _counted_directory_syncs(monkeypatch)
     for durability in (Durability.process, Durability.power):
         synced.clear()
         journal = segments.Journal.open(tmp_path / durability.value, "sqlite:///a.db", durability)
@@ -1226,7 +1234,6 @@ async def test_a_reader_takes_in_a_stopped_proxys_journal_as_power_durability_ke
     journal = Path(database + ".journal")  # where readers look
     completed, segment = await journaled_only(sqlite_url, vllm.base_url, journal, monkeypatch, 3)
     synchronous: list[int] = []
-    synced: list[Path] = []
 
     def full_sync_pragmas(connection: Any, record: Any) -> None:
         real_full_sync(connection, record)
@@ -1234,13 +1241,9 @@ async def test_a_reader_takes_in_a_stopped_proxys_journal_as_power_durability_ke
         synchronous.append(cursor.execute("PRAGMA synchronous").fetchone()[0])
         cursor.close()
 
-    def fsync_directory(path: Path) -> None:
-        synced.append(path)
-        journal_files.fsync_directory(path)
-
     real_full_sync = engine._sqlite_full_sync_pragmas
     monkeypatch.setattr(engine, "_sqlite_full_sync_pragmas", full_sync_pragmas)
-    monkeypatch.setattr(segments, "fsync_directory", fsync_directory)
+    synced = _counted_directory_syncs(monkeypatch)
 
     async with opened_for_reading(sqlite_url) as store:
         assert len(await store.trajectories()) == 3

@@ -191,7 +191,7 @@ class TrainingRecords(StoreBase):
 
         `judged_since` (judgment only): only groups judged since then, found through the
         judgments' time index: a poll that costs what was judged lately, not every group ever
-        consumed (the trainer's loop keeps the cursor, trainer/art_proxy_trainer/loop.py).
+        consumed (the trainer's loop keeps the cursor, trainer/art_proxy_trainer/sidecar.py).
         """
         not_consumed = sa.and_(
             ~sa.exists(sa.select(CG.c.group_id).where(CG.c.run == run, CG.c.group_id == G.c.id)),

@@ -3,9 +3,9 @@ in front of local-llm on the host records into the host's PostgreSQL.
 
 No container registry is reachable here, and podman cannot run containers under this kernel, but
 buildah builds and runs with `--isolation chroot` (Debian's buildah, installed by `make setup`).
-The base image is Debian bookworm made from Debian's packages by mmdebstrap and committed once
-(`localhost/art-proxy-base:bookworm`, kept in buildah's storage for the next run), passed as the
-Containerfile's `BASE`. The dependency layer is cached (`--layers`) until pyproject.toml changes.
+The base image is Debian bookworm made from Debian's packages by mmdebstrap, trusting this
+machine's CA bundle, and committed once (`localhost/art-proxy-base:bookworm-host-ca`, kept in
+buildah's storage for the next run), passed as the Containerfile's `BASE`. The dependency layer is cached (`--layers`) until pyproject.toml changes.
 """
 
 from __future__ import annotations
@@ -28,8 +28,9 @@ from art_proxy.store.trajectory_store import TrajectoryStore
 from art_proxy.testing.loopback import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
-BASE = "localhost/art-proxy-base:bookworm"
+BASE = "localhost/art-proxy-base:bookworm-host-ca"
 IMAGE = "localhost/art-proxy:test"
+HOST_CA = Path("/etc/ssl/certs/ca-certificates.crt")
 # What the Containerfile needs of a base: Python with venv, HTTPS to the package index, useradd.
 BASE_PACKAGES = "python3,python3-venv,ca-certificates,passwd"
 
@@ -62,6 +63,12 @@ def proxy_image(tmp_path_factory: pytest.TempPathFactory) -> str:
         )  # fmt: skip
         container = _run("buildah", "from", "scratch")
         _run("buildah", "add", container, str(tarball), "/")
+        # This machine reaches the package index through a proxy whose certificate only its
+        # own CA bundle vouches for: the base trusts what the machine trusts, as a company's
+        # base image does, and pip is told where that is.
+        if HOST_CA.is_file():
+            _run("buildah", "copy", container, str(HOST_CA), str(HOST_CA))
+            _run("buildah", "config", "--env", f"PIP_CERT={HOST_CA}", container)
         _run("buildah", "commit", "--rm", container, BASE)
     _run(
         "buildah", "bud", "--isolation", "chroot", "--layers", "--file", str(ROOT / "Containerfile"),
