@@ -67,7 +67,8 @@ def _art_proxy_commands() -> list[tuple[str, list[str]]]:
     found: list[tuple[str, list[str]]] = []
     compose = yaml.safe_load(COMPOSE.read_text())
     for name, service in compose["services"].items():
-        if str(service.get("image", "")).startswith("art-proxy"):
+        # (A service that runs another entrypoint of the image runs no art-proxy command.)
+        if str(service.get("image", "")).startswith("art-proxy") and "entrypoint" not in service:
             found.append((f"compose {name}", list(service["command"])))
     for manifest in MANIFESTS:
         for document in yaml.safe_load_all(manifest.read_text()):
