@@ -53,7 +53,10 @@ async def react_rollout(
         return reward(final_answer(outputs))
 
     handler = ArtProxyCallback(
-        run.proxy_url, scenario=run.scenario.id, split=run.scenario.split, reward_fn=score
+        run.proxy_url,
+        scenario=run.scenario.id,
+        split=run.split or run.scenario.split,
+        reward_fn=score,
     )
     async with httpx.AsyncClient() as http:
         model = chat_model(

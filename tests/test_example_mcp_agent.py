@@ -12,7 +12,7 @@ import json
 import pytest
 
 from art_proxy.proxy.server import running_proxy
-from art_proxy.records import TrajectoryRecord
+from art_proxy.records import Split, TrajectoryRecord
 from art_proxy.rollout import RolloutReport, run_rollouts
 from art_proxy.scenarios import Scenario
 from art_proxy.testing.fake_vllm import FakeVllmConfig, running_fake_vllm
@@ -28,7 +28,9 @@ SCENARIO = Scenario(
 )
 
 
-async def run_example(sqlite_url: str, answer: str) -> tuple[RolloutReport, TrajectoryRecord]:
+async def run_example(
+    sqlite_url: str, answer: str, split: Split | None = None
+) -> tuple[RolloutReport, TrajectoryRecord]:
     config = FakeVllmConfig(reply="apples", answer_after_tool=answer)
     async with (
         running_fake_vllm(config) as vllm,
@@ -42,6 +44,7 @@ async def run_example(sqlite_url: str, answer: str) -> tuple[RolloutReport, Traj
             concurrency=1,
             timeout_s=60,
             model=MODEL,
+            split=split,
         )
         [trajectory] = await trajectories(proxy)
     return report, trajectory
@@ -75,3 +78,12 @@ async def test_a_wrong_answer_scores_0(sqlite_url: str) -> None:
     assert report.failed == 0
     assert trajectory.status == "finished" and trajectory.reward == 0.0
     assert trajectory.call_count == 2
+
+
+async def test_a_rollout_under_another_split_is_recorded_under_it(sqlite_url: str) -> None:
+    """`art-proxy eval` runs validation scenarios under the split `eval`: the LangGraph agent's
+    calls must carry the rollout's split, not the scenario's, or the evaluation lands among the
+    validation groups."""
+    report, trajectory = await run_example(sqlite_url, answer="12 apples.", split="eval")
+
+    assert trajectory.split == "eval" and not report.warnings

@@ -10,7 +10,8 @@ from __future__ import annotations
 from typing import Literal
 from urllib.parse import quote
 
-Split = Literal["train", "val", "prod"]
+# As the proxy reads X-Art-Split (art_proxy.records.Split): eval is `art-proxy eval`'s, apart.
+Split = Literal["train", "val", "prod", "eval"]
 
 
 def attribution_headers(
