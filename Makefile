@@ -81,9 +81,10 @@ lint: $(STAMP)
 docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
 
-# ART_REQUIRE_VLLM: the real-vLLM tests fail, not skip, where vLLM cannot start.
+# ART_REQUIRE_VLLM: the real-vLLM tests fail, not skip, where vLLM cannot start. -n 2: a worker a
+# core (pytest-xdist; tests/xdist_run.py); the suite is CPU-bound there, a third worker was slower.
 test: lint docs system-tools $(VLLM_STAMP)
-	ART_REQUIRE_VLLM=1 $(BIN)/python -m pytest -q
+	ART_REQUIRE_VLLM=1 $(BIN)/python -m pytest -q -n 2
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/proxy_overhead.py

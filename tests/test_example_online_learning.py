@@ -29,6 +29,8 @@ SHADOW_SAMPLES = 15
 GROUPS_PER_STEP = 3
 # Start-up (two model loads) and two rounds with a trainer step each, on a busy 2-core machine.
 TIMEOUT_S = 900
+# The simulation runs once for the module (`run`): its tests share one xdist worker.
+pytestmark = pytest.mark.xdist_group("online_learning")
 
 
 @pytest.fixture(scope="module")

@@ -197,12 +197,7 @@ class VllmProcess:
                     f"vLLM exited with status {self.process.returncode}:\n{self.tail()}"
                 )
             if answers_health(health):
-                url, body = self.launch.grammar_pin
-                request = urllib.request.Request(
-                    url, json.dumps(body).encode(), {"Content-Type": "application/json"}
-                )
-                with urllib.request.urlopen(request, timeout=60) as response:
-                    response.read()
+                pin_grammar_backend(self.launch.grammar_pin)
                 return time.monotonic() - self.started
             if time.monotonic() >= deadline:
                 raise VllmStartFailed(
@@ -211,7 +206,7 @@ class VllmProcess:
             time.sleep(0.25)
 
     def tail(self) -> str:
-        return self.log_path.read_bytes()[-_TAIL_BYTES:].decode("utf-8", "replace")
+        return log_tail(self.log_path)
 
     def stop(self) -> None:
         if self.process.poll() is None:
@@ -222,6 +217,22 @@ class VllmProcess:
                 os.killpg(self.process.pid, signal.SIGKILL)
                 self.process.wait()
         self._log.close()
+
+
+def log_tail(path: Path) -> str:
+    """The end of a vLLM log: enough to show why it did not start."""
+    return path.read_bytes()[-_TAIL_BYTES:].decode("utf-8", "replace")
+
+
+def pin_grammar_backend(pin: tuple[str, JsonObject]) -> None:
+    """Send `VllmLaunch.grammar_pin` (URL, body) to a server that answers; sent again, it changes
+    nothing: the backend is the first request's."""
+    url, body = pin
+    request = urllib.request.Request(
+        url, json.dumps(body).encode(), {"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(request, timeout=60) as response:
+        response.read()
 
 
 def find_vllm_python(configured: str | None) -> Path:
