@@ -25,15 +25,20 @@ def training_charts(steps: Sequence[TrainingStep]) -> list[tuple[str, Chart | No
 
 
 def reward_chart(steps: Sequence[TrainingStep]) -> Chart | None:
-    """Mean reward per step with its within-group spread as a band, and the validation reward."""
+    """Mean reward per step with its within-group spread as a band, and the validation reward
+    from step 0 (the base model's, which the run's first step records) on."""
     trained = [step for step in steps if "reward_mean" in step.metrics]
+    validation = _metric_series(steps, "val_reward", "validation reward")
+    base = [
+        (0, step.metrics["val_reward_base"]) for step in steps if "val_reward_base" in step.metrics
+    ]
     series = [
         Series(
             "reward mean",
             [(step.step, step.metrics["reward_mean"]) for step in trained],
             [step.metrics.get("reward_std", 0.0) for step in trained],
         ),
-        _metric_series(steps, "val_reward", "validation reward"),
+        Series(validation.name, [*base[:1], *validation.points]),
     ]
     # Rewards all in [0, 1] (RULER's, most agents'): the band stays in it.
     values = [value for one in series for _, value in one.points]

@@ -95,7 +95,8 @@ class TrainingStep(Record):
     )
     metrics: dict[str, float] = Field(
         default_factory=dict,
-        description="reward_mean, reward_std, val_reward, loss, grad_norm, kl, clip_fraction, "
+        description="reward_mean, reward_std, val_reward, val_reward_base (the run's first "
+        "step: the base model's validation before it), loss, grad_norm, kl, clip_fraction, "
         "update_drift (loss to update_drift: means over the step's updates; with several, "
         "updates, loss_last, clip_fraction_last and update_drift_last are the last update's), "
         "mean_ratio, is_weight_std, is_capped, mismatch, mismatch_kl, entropy, staleness_mean, "

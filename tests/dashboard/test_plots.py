@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import math
+from datetime import UTC, datetime
 
 from art_proxy.dashboard.plots import HEIGHT, WIDTH, Series, line_chart
+from art_proxy.dashboard.training_charts import reward_chart
+from art_proxy.records import TrainingStep
 
 
 def test_no_points_means_no_chart() -> None:
@@ -85,3 +88,30 @@ def test_a_count_flat_at_zero_is_drawn_from_zero_up() -> None:
     chart = line_chart("Staleness", [Series("max", [(1, 0.0), (2, 0.0)])], floor=0.0)
     assert chart is not None
     assert float(chart.y_ticks[0].label) == 0.0
+
+
+def test_the_base_models_validation_is_the_reward_charts_point_at_step_0() -> None:
+    """The validation before the first step (the base model) was in the run's log but not on
+    the chart, which began at step 1."""
+    created = datetime(2026, 11, 28, tzinfo=UTC)
+    steps = [
+        TrainingStep(
+            run="run",
+            step=number,
+            status="applied",
+            metrics=metrics,
+            created_at=created,
+        )
+        for number, metrics in [
+            (1, {"reward_mean": 0.2, "val_reward_base": 0.1}),
+            (2, {"reward_mean": 0.4, "val_reward": 0.5}),
+        ]
+    ]
+    chart = reward_chart(steps)
+    assert chart is not None
+    assert [tick.label for tick in chart.x_ticks][0] == "0"
+    validation = [line for line in chart.lines if line.name == "validation reward"]
+    assert [dot.label for dot in validation[0].dots] == [
+        "validation reward, step 0: 0.1",
+        "validation reward, step 2: 0.5",
+    ]

@@ -215,6 +215,11 @@ class Trainer:
     ) -> TrainingStep:
         """Record step `number`: checkpoint, store, swap, metrics, in the order that makes a
         kill at any moment harmless (see the module docstring)."""
+        base = [reward for step, reward in self.state.val_history if step == 0]
+        if number == 1 and base:
+            # The base model's validation, before any step: the first record carries it (the
+            # dashboard's point at step 0).
+            metrics["val_reward_base"] = base[0]
         record = TrainingStep(
             run=self.settings.run_name,
             step=number,
