@@ -109,7 +109,7 @@ def test_the_base_models_validation_is_the_reward_charts_point_at_step_0() -> No
     ]
     chart = reward_chart(steps)
     assert chart is not None
-    assert [tick.label for tick in chart.x_ticks][0] == "0"
+    assert chart.x_ticks[0].label == "0"
     validation = [line for line in chart.lines if line.name == "validation reward"]
     assert [dot.label for dot in validation[0].dots] == [
         "validation reward, step 0: 0.1",
