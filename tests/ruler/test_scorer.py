@@ -6,11 +6,14 @@ import json
 
 import pytest
 
+from art_proxy.ruler.judge import LitellmJudge
 from art_proxy.ruler.prompt import TRIM_MARKER
 from art_proxy.ruler.rubric import DEFAULT_RUBRIC
 from art_proxy.ruler.run import finished_members
+from art_proxy.ruler.scorer import Ruler
+from art_proxy.ruler.settings import RulerSettings
 from art_proxy.store.trajectory_store import TrajectoryStore
-from tests.ruler.conftest import MakeRuler
+from tests.ruler.conftest import JUDGE_MODEL, MakeRuler
 from tests.ruler.recorded import OPENING, answered, record_group
 from tests.ruler.scripted_judge import (
     Reply,
@@ -232,3 +235,22 @@ async def test_a_group_too_long_for_the_budget_is_recorded_as_judge_failed(
     assert judge.requests == []
     assert judgment.status == "judge_failed"
     assert judgment.reason is not None and "more than the budget of 50" in judgment.reason
+
+
+async def test_a_judge_made_after_another_was_closed_still_judges(
+    store: TrajectoryStore, make_ruler: MakeRuler
+) -> None:
+    """One process, two runs (`eval`'s arms, a trainer run after a refused one): closing the
+    first run's judge must not leave a closed client in litellm's cache for the second."""
+    group, _ = await record_group(store, [answered("Paris"), answered("Lyon")])
+    async with running_scripted_judge(answer_by_content(paris_is_best)) as judge:
+        first = LitellmJudge(JUDGE_MODEL, base_url=judge.base_url, timeout=10)
+        ruler = Ruler([first], store, RulerSettings(rubric=DEFAULT_RUBRIC, backoff=0.01))
+        judged = await ruler.score_group(group, await finished_members(store, group))
+        await first.aclose()
+        # Another rubric: not a cache hit, so the second judge calls.
+        again = await make_ruler(judge, rubric="Shorter is better.").score_group(
+            group, await finished_members(store, group)
+        )
+    assert judged.status == "scored"
+    assert again.status == "scored", again.error
