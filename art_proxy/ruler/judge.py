@@ -131,7 +131,7 @@ class LitellmJudge:
         # them in litellm's cache, where the next judge of this process (a trainer run after a
         # refused one, `eval`'s next arm) would get one and fail every call: empty it too.
         await close_litellm_async_clients()  # type: ignore[no-untyped-call]  # unannotated upstream
-        litellm.in_memory_llm_clients_cache.flush_cache()
+        litellm.in_memory_llm_clients_cache.flush_cache()  # type: ignore[no-untyped-call]
 
     async def _complete(self, request: JudgeRequest, *, structured: bool) -> JudgeReply:
         if self._session is None:

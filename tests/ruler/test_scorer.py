@@ -253,4 +253,4 @@ async def test_a_judge_made_after_another_was_closed_still_judges(
             group, await finished_members(store, group)
         )
     assert judged.status == "scored"
-    assert again.status == "scored", again.error
+    assert again.status == "scored", again.reason
