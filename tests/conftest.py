@@ -52,10 +52,19 @@ def pytest_configure_node(node: Any) -> None:
     xdist_run.hand_to_worker(node.workerinput, node.config)
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    dist = getattr(config.option, "dist", "no")
+    if dist not in ("no", "load", "loadgroup"):
+        # xdist's own scheduler would spread the grouped tests over workers: the real-vLLM ones
+        # would then change one server's adapters under each other and fail.
+        raise pytest.UsageError(
+            f"--dist {dist}: this suite's grouped tests need its scheduler; "
+            "use -n N alone (--dist load)"
+        )
+
+
 @pytest.hookimpl(optionalhook=True)
-def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | None:
-    if config.getvalue("dist") not in ("load", "loadgroup"):
-        return None  # --dist loadfile, loadscope, worksteal... as asked
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
     return xdist_run.GroupScheduling(config, log)
 
 

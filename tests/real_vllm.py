@@ -2,7 +2,8 @@
 
 vLLM takes ~35 s to start here, so it is started once, as soon as collection shows a test that
 needs it, and runs beside the other tests while they work (idle, it uses no CPU); the tests that use
-it run last (`conftest.pytest_collection_modifyitems`), and it stops when the run ends. Without
+it run last in one process (`conftest.pytest_collection_modifyitems`; under xdist their group, the
+largest unit, goes first to a worker), and it stops when the run ends. Without
 a vLLM environment those tests skip, saying why, unless `ART_REQUIRE_VLLM` is set (the README's test
 command sets it), when they fail: the suite must not pass on a machine where vLLM was never tried.
 
@@ -23,14 +24,14 @@ from pathlib import Path
 
 import pytest
 
-from art_proxy.testing.loopback import answers_health, free_port
+from art_proxy.testing.loopback import free_port
 from art_proxy.up.vllm import (
     VllmLaunch,
     VllmNotFound,
     VllmProcess,
     VllmStartFailed,
-    log_tail,
     pin_grammar_backend,
+    wait_for_health,
 )
 
 FIXTURE = "real_vllm"
@@ -131,15 +132,17 @@ class _Server:
         if state["unavailable"] is not None:
             self.unavailable = state["unavailable"]
             return
-        health = state["base_url"].removesuffix("/v1") + "/health"
-        while not answers_health(health):
-            if not _running(state["pid"]):
-                self.failed = f"vLLM exited:\n{log_tail(Path(state['log']))}"
-                return
-            if time.monotonic() >= deadline:
-                self.failed = f"vLLM did not answer in time:\n{log_tail(Path(state['log']))}"
-                return
-            time.sleep(0.25)
+        pid = state["pid"]
+        try:
+            wait_for_health(
+                state["base_url"],
+                lambda: None if _running(pid) else "while the workers waited",
+                deadline,
+                Path(state["log"]),
+            )
+        except VllmStartFailed as exc:
+            self.failed = str(exc)
+            return
         url, body = state["pin"]
         pin_grammar_backend((url, body))
         self.attached = RealVllm(state["base_url"], state["model"], Path(state["model_dir"]))

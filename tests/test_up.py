@@ -34,7 +34,7 @@ from art_proxy.config import LogLevel, UpSettings
 from art_proxy.errors import ConfigError
 from art_proxy.testing.loopback import free_port
 from art_proxy.up.plan import plan, trainer_command
-from art_proxy.up.vllm import VllmNotFound, find_vllm_python
+from art_proxy.up.vllm import VllmNotFound, VllmStartFailed, find_vllm_python, wait_for_health
 
 ART_PROXY = str(Path(sys.executable).parent / "art-proxy")
 MODEL = "SmolLM2-135M-Instruct"
@@ -533,3 +533,18 @@ def test_a_trainer_without_torch_names_the_extra_to_install() -> None:
 
     message = trainer_missing(ModuleNotFoundError("No module named 'torch'", name="torch"))
     assert message.startswith("art-proxy train needs torch (the [local] extra): pip install torch")
+
+
+def test_waiting_for_vllm_ends_with_its_log_when_it_exits_or_the_deadline_passes(
+    tmp_path: Path,
+) -> None:
+    """What `up --engine vllm` and the test run's shared server both wait with."""
+    log = tmp_path / "vllm.log"
+    log.write_text("ValueError: no such model\n")
+    nobody = f"http://127.0.0.1:{free_port()}/v1"
+    with pytest.raises(VllmStartFailed, match="vLLM exited with status 1:\nValueError: no such"):
+        wait_for_health(nobody, lambda: "with status 1", time.monotonic() + 60, log)
+    started = time.monotonic()
+    with pytest.raises(VllmStartFailed, match="did not answer in time:\nValueError"):
+        wait_for_health(nobody, lambda: None, started + 0.5, log)
+    assert time.monotonic() - started < 5

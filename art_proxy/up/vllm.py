@@ -20,6 +20,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -187,23 +188,13 @@ class VllmProcess:
     def wait_ready(self, timeout_s: float) -> float:
         """Seconds from the start until `/health` answered 200; VllmStartFailed if it exits or
         the timeout passes first."""
-        health = self.launch.base_url.removesuffix("/v1") + "/health"
-        deadline = self.started + timeout_s
-        # Asked at least once: a caller may come back long after the start (the test session
-        # starts vLLM at collection and waits for it only when its tests come).
-        while True:
-            if self.process.poll() is not None:
-                raise VllmStartFailed(
-                    f"vLLM exited with status {self.process.returncode}:\n{self.tail()}"
-                )
-            if answers_health(health):
-                pin_grammar_backend(self.launch.grammar_pin)
-                return time.monotonic() - self.started
-            if time.monotonic() >= deadline:
-                raise VllmStartFailed(
-                    f"vLLM did not answer within {timeout_s:.0f} s:\n{self.tail()}"
-                )
-            time.sleep(0.25)
+        wait_for_health(self.launch.base_url, self._exit, self.started + timeout_s, self.log_path)
+        pin_grammar_backend(self.launch.grammar_pin)
+        return time.monotonic() - self.started
+
+    def _exit(self) -> str | None:
+        """How the server ended (None: it runs)."""
+        return None if self.process.poll() is None else f"with status {self.process.returncode}"
 
     def tail(self) -> str:
         return log_tail(self.log_path)
@@ -217,6 +208,24 @@ class VllmProcess:
                 os.killpg(self.process.pid, signal.SIGKILL)
                 self.process.wait()
         self._log.close()
+
+
+def wait_for_health(
+    base_url: str, exited: Callable[[], str | None], deadline: float, log_path: Path
+) -> None:
+    """Until vLLM at `base_url` answers `/health`; VllmStartFailed with its log's end when
+    `exited()` says it stopped (how) or the monotonic `deadline` passes. Asked at least once:
+    a caller may come back long after the start (a test run starts vLLM at collection and waits
+    for it only when its tests come)."""
+    health = base_url.removesuffix("/v1") + "/health"
+    while True:
+        if (how := exited()) is not None:
+            raise VllmStartFailed(f"vLLM exited {how}:\n{log_tail(log_path)}")
+        if answers_health(health):
+            return
+        if time.monotonic() >= deadline:
+            raise VllmStartFailed(f"vLLM did not answer in time:\n{log_tail(log_path)}")
+        time.sleep(0.25)
 
 
 def log_tail(path: Path) -> str:
