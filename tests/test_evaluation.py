@@ -8,6 +8,7 @@ its own answers "yes" (an arm named NAME@URL, as a hosted model is). The agent's
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 import logging
 import math
@@ -23,6 +24,7 @@ from typing import Any
 import aiohttp
 import pytest
 from aiohttp import web
+from rich.console import Console
 
 from art_proxy.config import EvalSettings
 from art_proxy.errors import ConfigError
@@ -348,7 +350,7 @@ def test_a_setting_that_cannot_work_is_refused_before_anything_runs(
 
 
 def test_the_report_is_written_as_json_markdown_and_a_chart(tmp_path: Path) -> None:
-    from art_proxy.evaluation.report import write
+    from art_proxy.evaluation.report import table, write
 
     def arm(
         label: str, successes: int, difference: Estimate | None, cost: float | None
@@ -391,6 +393,27 @@ def test_the_report_is_written_as_json_markdown_and_a_chart(tmp_path: Path) -> N
     assert "| trained | trained | 0.72 [0.63, 0.79] | +0.68 [+0.59, +0.77] | 120 | 0 |" in markdown
     assert paths[2].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert json.loads(paths[0].read_text())["arms"][0]["label"] == "base"
+    # The terminal's table, at 80 columns: every header whole, each row on one line.
+    terminal = Console(width=80, record=True, file=io.StringIO())
+    terminal.print(table(report))
+    shown = terminal.export_text()
+    header = next(line for line in shown.splitlines() if "reward [95%]" in line)
+    assert header.split() == [
+        "arm",
+        "reward",
+        "[95%]",
+        "vs",
+        "base",
+        "n",
+        "failed",
+        "p50",
+        "s",
+        "$/1k",
+    ]
+    assert any(
+        line.split()[:2] == ["trained", "0.72"] and line.split()[-1] == "0.50"
+        for line in shown.splitlines()
+    )
 
 
 def eval_command(*args: str) -> subprocess.CompletedProcess[str]:

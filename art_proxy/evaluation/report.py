@@ -216,7 +216,17 @@ _SHOWN = {0: "arm", 2: "reward [95%]", 3: "vs {ref}", 4: "n", 5: "failed", 6: "p
 
 
 def table(report: EvaluationReport) -> Table:
-    shown = Table(title=title(report), box=box.SIMPLE_HEAD, padding=(0, 1))
+    # One space between columns, none at the edges: the intervals are long, and with rich's
+    # default padding 80 columns cut "failed" to "fai…".
+    heading = title(report)
+    shown = Table(
+        title=heading,
+        min_width=len(heading),  # a title is wrapped to its table's width
+        box=box.SIMPLE_HEAD,
+        padding=(0, 1),
+        collapse_padding=True,
+        pad_edge=False,
+    )
     for index, name in _SHOWN.items():
         shown.add_column(
             name.format(ref=report.reference),
