@@ -1,10 +1,15 @@
-"""The docs site's generated page is current: docs/cli.md is what docs/gen_cli.py renders now."""
+"""The docs: docs/cli.md is what docs/gen_cli.py renders now; the own-agent steps run as written."""
 
 from __future__ import annotations
 
 import importlib.util
+import os
+import signal
+import subprocess
 from pathlib import Path
 from types import ModuleType
+
+import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -29,3 +34,36 @@ def test_every_command_has_its_section() -> None:
     committed = (ROOT / "docs" / "cli.md").read_text()
     for command in ("serve", "up", "local-llm", "judge", "train", "rollout", "export"):
         assert f"### art-proxy {command}\n" in committed
+
+
+def own_agent_block(page: str) -> str:
+    """The shell block under "Train your own agent" on `page`."""
+    section = page.split("## Train your own agent", 1)[1]
+    return section.split("```bash\n", 1)[1].split("```", 1)[0]
+
+
+@pytest.mark.parametrize("page", ["README.md", "docs/index.md"])
+def test_the_own_agent_steps_run_through_in_one_shell(page: str, tmp_path: Path) -> None:
+    """Pasted into one shell as written (the servers of step 1 in the background), the steps end:
+    stand-ins for art-proxy (its servers run until killed) and the agent (a moment's work)."""
+    bin_dir = tmp_path / ".venv" / "bin"
+    bin_dir.mkdir(parents=True)
+    stand_ins = {
+        "art-proxy": 'case "$1" in local-llm|serve) exec sleep 600;; esac\necho "$@" >> calls\n',
+        "python": 'sleep 0.2\necho "$@" >> calls\n',
+    }
+    for name, body in stand_ins.items():
+        (bin_dir / name).write_text("#!/bin/sh\n" + body)
+        (bin_dir / name).chmod(0o755)
+    script = "sleep() { :; }\n" + own_agent_block((ROOT / page).read_text())
+    process = subprocess.Popen(["bash", "-e", "-c", script], cwd=tmp_path, start_new_session=True)
+    try:
+        status = process.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        status = None
+    finally:
+        os.killpg(process.pid, signal.SIGKILL)  # the stand-in servers
+    assert status == 0, "the steps did not end (a bare `wait` waits for the servers too)"
+    calls = (tmp_path / "calls").read_text().splitlines()
+    assert sum(call.startswith("my_agent.py") for call in calls) == 8
+    assert calls[-1] == "alias list --store sqlite:///mine.db"
