@@ -51,12 +51,19 @@ def test_the_own_agent_steps_run_through_in_one_shell(page: str, tmp_path: Path)
     stand_ins = {
         "art-proxy": 'case "$1" in local-llm|serve) exec sleep 600;; esac\necho "$@" >> calls\n',
         "python": 'sleep 0.2\necho "$@" >> calls\n',
+        "curl": "exit 0\n",  # the servers answer
     }
     for name, body in stand_ins.items():
         (bin_dir / name).write_text("#!/bin/sh\n" + body)
         (bin_dir / name).chmod(0o755)
     script = "sleep() { :; }\n" + own_agent_block((ROOT / page).read_text())
-    process = subprocess.Popen(["bash", "-e", "-c", script], cwd=tmp_path, start_new_session=True)
+    path = f"{bin_dir}:{os.environ['PATH']}"  # the stand-in curl
+    process = subprocess.Popen(
+        ["bash", "-e", "-c", script],
+        cwd=tmp_path,
+        start_new_session=True,
+        env={**os.environ, "PATH": path},
+    )
     try:
         status = process.wait(timeout=30)
     except subprocess.TimeoutExpired:
