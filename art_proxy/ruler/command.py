@@ -234,7 +234,7 @@ def _progress_line(totals: Totals) -> str:
 def summary(totals: Totals, settings: JudgeSettings) -> Table:
     name = ensemble_name(settings.judge, settings.judge_samples)
     title = f"art-proxy judge: {name} ({settings.judge_mode})"
-    table = Table(title=title, title_justify="left", show_header=False)
+    table = Table(title=title, title_justify="left", show_header=False, min_width=len(title))
     table.add_column(justify="right")
     table.add_column()
     rows = [

@@ -21,7 +21,7 @@ from rich.console import Console
 from art_proxy.config import JudgeSettings
 from art_proxy.proxy.server import RunningProxy
 from art_proxy.records import ROLLOUT_ERROR, TrainingStep
-from art_proxy.ruler.command import run_judge
+from art_proxy.ruler.command import run_judge, summary
 from art_proxy.ruler.rubric import DEFAULT_RUBRIC
 from art_proxy.ruler.run import Totals
 from art_proxy.store.trajectory_store import TrajectoryStore, utcnow
@@ -345,3 +345,19 @@ async def test_a_group_a_trainer_consumed_is_not_judged_again_under_a_new_rubric
     async with TrajectoryStore.opened(sqlite_url, writer=False) as store:
         judged = {judgment.group_id for judgment in await store.judgments()}
     assert totals.scored == 1 and judged == {fresh} and len(judge.requests) == 1
+
+
+def test_the_summarys_title_is_one_line_at_80_columns() -> None:
+    """A narrow table wrapped its title over three lines ("art-proxy judge:", the model...)."""
+    settings = JudgeSettings.model_validate(
+        {
+            "store": "sqlite:///x.db",
+            "judge": ["openai/SmolLM2-135M-Instruct"],
+            "judge_mode": "logprob",
+        }
+    )
+    terminal = Console(width=80, record=True, file=io.StringIO())
+    terminal.print(summary(Totals(scored=2), settings))
+    assert terminal.export_text().splitlines()[0].strip() == (
+        "art-proxy judge: openai/SmolLM2-135M-Instruct (logprob)"
+    )

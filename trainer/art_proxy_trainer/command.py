@@ -321,7 +321,7 @@ class TrainSummary:
     def table(self) -> Table:
         settings = self.settings
         title = f"art-proxy train: run {settings.run_name!r}, alias {self.alias!r}"
-        table = Table(title=title, title_justify="left", show_header=False)
+        table = Table(title=title, title_justify="left", show_header=False, min_width=len(title))
         table.add_column(justify="right")
         table.add_column()
         rows = [("stopped", self.stopped)]
