@@ -6,5 +6,5 @@ plain text or a weighted `checklist`), `judge` asks any litellm model through th
 re-scoring free, `ensemble` averages several judges or samples, `reward` mixes in the agent's own
 reward, `scorer.Ruler` turns all of it into one `Judgment` per group, and `run` finds the groups
 that are ready. `art-proxy judge` (`command`) and the trainer both go through `Ruler`. Importing
-this package does not import litellm; `judge` does.
+this package does not import litellm; `judge` does, at its first call that needs it.
 """

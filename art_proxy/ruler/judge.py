@@ -12,9 +12,12 @@ from __future__ import annotations
 
 import os
 import re
+import sys
+from types import ModuleType
 from typing import Any
 
 import aiohttp
+import openai  # litellm's errors derive from the SDK's
 
 from art_proxy.errors import ConfigError
 from art_proxy.records import JsonObject
@@ -23,16 +26,6 @@ from art_proxy.ruler.errors import JudgeRejected, JudgeUnavailable
 from art_proxy.ruler.logprob import TOP_LOGPROBS, TokenChoice
 from art_proxy.ruler.prompt import TokenCounter, approx_tokens
 
-# Imported with it, litellm would otherwise fetch its price list from the network on every start.
-os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
-import litellm  # after the variable above
-import openai  # litellm's errors derive from the SDK's
-from litellm.llms.custom_httpx.async_client_cleanup import (
-    close_litellm_async_clients,
-)
-
-litellm.suppress_debug_info = True  # no "Give Feedback" banner on every failed call
-
 _RETRYABLE_STATUS = frozenset({408, 409, 429})
 _CLASS_PREFIX = re.compile(r"^(?:litellm\.)?\w+(?:Error|Exception): ")
 # A digit answer is a handful of tokens per trajectory ("t12: 7\n" is about 5).
@@ -40,6 +33,17 @@ _LOGPROB_TOKENS_PER_LABEL = 8
 _CHECK_TIMEOUT_S = 10.0
 # After a prefilled `t1:`, the digit, or a space and then the digit.
 _PREFILLED_TOKENS = 2
+
+
+def _litellm() -> ModuleType:
+    """litellm, imported on the first call that needs it: its import is most of a command's start
+    (3 s of CPU here), which a command refusing its arguments in one line should not pay."""
+    # Imported without it, litellm would fetch its price list from the network on every start.
+    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+    import litellm
+
+    litellm.suppress_debug_info = True  # no "Give Feedback" banner on every failed call
+    return litellm
 
 
 class LitellmJudge:
@@ -69,7 +73,7 @@ class LitellmJudge:
         provider prefix) or a base URL nothing answers at, which would otherwise fail every
         group as `judge_failed` one by one."""
         try:
-            litellm.get_llm_provider(self.model, api_base=self._base_url)
+            _litellm().get_llm_provider(self.model, api_base=self._base_url)
         except Exception as exc:  # litellm raises its BadRequestError, or a plain ValueError
             raise ConfigError(
                 f"judge {self.model!r}: litellm cannot tell its provider: name it with a "
@@ -130,8 +134,12 @@ class LitellmJudge:
         # Clients litellm cached for providers that ignore the shared session. Closing leaves
         # them in litellm's cache, where the next judge of this process (a trainer run after a
         # refused one, `eval`'s next arm) would get one and fail every call: empty it too.
+        if "litellm" not in sys.modules:
+            return  # no judge of this process has called through litellm: it holds no client
+        from litellm.llms.custom_httpx.async_client_cleanup import close_litellm_async_clients
+
         await close_litellm_async_clients()  # type: ignore[no-untyped-call]  # unannotated upstream
-        litellm.in_memory_llm_clients_cache.flush_cache()  # type: ignore[no-untyped-call]
+        _litellm().in_memory_llm_clients_cache.flush_cache()
 
     async def _complete(self, request: JudgeRequest, *, structured: bool) -> JudgeReply:
         if self._session is None:
@@ -153,7 +161,7 @@ class LitellmJudge:
                 extra_body={"continue_final_message": True, "add_generation_prompt": False},
             )
         try:
-            response = await litellm.acompletion(
+            response = await _litellm().acompletion(
                 model=self.model,
                 messages=request.messages,
                 api_base=self._base_url,
@@ -216,7 +224,7 @@ def _cost(response: Any) -> float:
     cost = (getattr(response, "_hidden_params", None) or {}).get("response_cost")
     if cost is None:
         try:
-            cost = litellm.completion_cost(completion_response=response)
+            cost = _litellm().completion_cost(completion_response=response)
         except Exception:  # litellm raises a plain Exception for an unpriced model
             cost = 0.0
     return float(cost or 0.0)
@@ -245,7 +253,7 @@ def litellm_token_counter(model: str) -> TokenCounter:
 
     def count(text: str) -> int:
         try:
-            return int(litellm.token_counter(model=model, text=text))
+            return int(_litellm().token_counter(model=model, text=text))
         except Exception:  # an unknown tokenizer must not stop judging: estimate instead
             return approx_tokens(text)
 
