@@ -197,7 +197,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--eval", type=int, default=16, help="samples per held-out question")
-    parser.add_argument("--quick", action="store_true", help="2 steps, 1 seed: a smoke run")
+    parser.add_argument("--quick", action="store_true", help="1 step, 1 seed, 1 sample a held-out question: a smoke run")
     parser.add_argument(
         "--arms",
         default="fresh:tis,stale:ppo,stale:tis,stale:mis",
@@ -205,7 +205,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     args = parser.parse_args(argv)
     if args.quick:
-        args.steps, args.seeds, args.eval = 2, 1, 2
+        args.steps, args.seeds, args.eval = 1, 1, 1
     warnings.filterwarnings("ignore", category=FutureWarning)
     warnings.filterwarnings("ignore", category=UserWarning)
     arms = [Arm.parse(spec) for spec in args.arms.split(",")]
