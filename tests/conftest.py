@@ -65,7 +65,8 @@ def pytest_configure(config: pytest.Config) -> None:
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
-    return xdist_run.GroupScheduling(config, log)
+    held_until = {real_vllm_server.XDIST_GROUP: real_vllm_server.server.answers}
+    return xdist_run.GroupScheduling(config, log, held_until)
 
 
 @pytest.hookimpl(optionalhook=True)

@@ -3,7 +3,7 @@
 vLLM takes ~35 s to start here, so it is started once, as soon as collection shows a test that
 needs it, and runs beside the other tests while they work (idle, it uses no CPU); the tests that use
 it run last in one process (`conftest.pytest_collection_modifyitems`; under xdist their group, the
-largest unit, goes first to a worker), and it stops when the run ends. Without
+largest unit, goes to a worker as soon as the server answers), and it stops when the run ends. Without
 a vLLM environment those tests skip, saying why, unless `ART_REQUIRE_VLLM` is set (the README's test
 command sets it), when they fail: the suite must not pass on a machine where vLLM was never tried.
 
@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 import time
+import urllib.request
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -94,6 +95,19 @@ class _Server:
         staging = state_path.with_name(f".{state_path.name}")
         staging.write_text(json.dumps(state))
         staging.replace(state_path)  # a worker never reads half of it
+
+    def answers(self) -> bool:
+        """Whether the server this process started is up, asking it once (0.2 s at most): also
+        true when there is none or it exited, as its tests then skip or fail without waiting."""
+        if self.process is None or self.process.process.poll() is not None:
+            return True
+        try:
+            with urllib.request.urlopen(
+                self.process.launch.base_url.removesuffix("/v1") + "/health", timeout=0.2
+            ) as response:
+                return bool(response.status == 200)
+        except OSError:  # refused, reset or timed out: still starting
+            return False
 
     def attach(self, state_path: Path) -> None:
         self.state_path = state_path

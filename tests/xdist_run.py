@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import tempfile
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import pytest
@@ -61,12 +62,33 @@ def publish_groups(shared: Path, items: list[pytest.Item]) -> None:
 class GroupScheduling(LoadScopeScheduling):  # type: ignore[misc]  # xdist is untyped
     """xdist's load scheduling, each test a unit of its own except the grouped ones, whose
     group is one unit. xdist sends the largest unit first (`--loadscope-reorder`), so the real
-    vLLM tests start on one worker while the other takes the rest."""
+    vLLM tests start on one worker while the other takes the rest; a group in `held_until` waits
+    in the queue, the other units going first, until its predicate says its server answers (so
+    no worker sits out the server's start in its first test), or until nothing else is left."""
 
-    def __init__(self, config: pytest.Config, log: object = None) -> None:
+    def __init__(
+        self,
+        config: pytest.Config,
+        log: object = None,
+        held_until: Mapping[str, Callable[[], bool]] | None = None,
+    ) -> None:
         super().__init__(config, log)
         self._groups_file = run_shared_dir(config) / GROUPS_FILE
         self._groups: dict[str, str] | None = None
+        self._held_until = dict(held_until or {})
+
+    def _assign_work_unit(self, node: object) -> None:
+        first = next(iter(self.workqueue))
+        ready = self._held_until.get(first)
+        if ready is not None and len(self.workqueue) > 1 and not ready():
+            # The next unit goes now; the held group stays first in the queue.
+            held = self.workqueue.pop(first)
+            super()._assign_work_unit(node)
+            self.workqueue[first] = held
+            self.workqueue.move_to_end(first, last=False)
+            return
+        self._held_until.pop(first, None)
+        super()._assign_work_unit(node)
 
     def _split_scope(self, nodeid: str) -> str:
         # Asked first once every worker has reported its collection, after each wrote the file.
