@@ -561,17 +561,19 @@ _FREE = {"strict tool, auto", "legacy structural tag", "guided_json", "one call 
 async def test_guided_decoding_is_scored_as_vllm_sampled_under_its_grammar(
     real_vllm: RealVllm, vllm_proxy: RunningProxy
 ) -> None:
+    async def ask(http: aiohttp.ClientSession, fields: dict[str, Any]) -> None:
+        body = {
+            "model": real_vllm.model,
+            "messages": [{"role": "user", "content": "What is the weather in Paris?"}],
+            "max_tokens": 40,
+            **fields,
+        }
+        async with http.post(f"{vllm_proxy.base_url}/chat/completions", json=body) as response:
+            assert response.status == 200, await response.text()
+
+    # Sent together, as agents' calls arrive: vLLM batches them, each under its own grammar.
     async with aiohttp.ClientSession() as http:
-        for fields in GUIDED.values():
-            body = {
-                "model": real_vllm.model,
-                "messages": [{"role": "user", "content": "What is the weather in Paris?"}],
-                "max_tokens": 40,
-                **fields,
-            }
-            url = f"{vllm_proxy.base_url}/chat/completions"
-            async with http.post(url, json=body) as response:
-                assert response.status == 200, await response.text()
+        await asyncio.gather(*(ask(http, fields) for fields in GUIDED.values()))
 
     recorded_calls = [c for t in await trajectories(vllm_proxy) for c in t.calls or []]
     calls = [
