@@ -19,13 +19,12 @@ from __future__ import annotations
 import json
 import os
 import time
-import urllib.request
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
 
-from art_proxy.testing.loopback import free_port
+from art_proxy.testing.loopback import answers_health, free_port
 from art_proxy.up.vllm import (
     VllmLaunch,
     VllmNotFound,
@@ -97,17 +96,11 @@ class _Server:
         staging.replace(state_path)  # a worker never reads half of it
 
     def answers(self) -> bool:
-        """Whether the server this process started is up, asking it once (0.2 s at most): also
-        true when there is none or it exited, as its tests then skip or fail without waiting."""
+        """Whether the server this process started is up, asked once: also true when there is
+        none or it exited, as its tests then skip or fail without waiting."""
         if self.process is None or self.process.process.poll() is not None:
             return True
-        try:
-            with urllib.request.urlopen(
-                self.process.launch.base_url.removesuffix("/v1") + "/health", timeout=0.2
-            ) as response:
-                return bool(response.status == 200)
-        except OSError:  # refused, reset or timed out: still starting
-            return False
+        return answers_health(self.process.launch.base_url.removesuffix("/v1") + "/health")
 
     def attach(self, state_path: Path) -> None:
         self.state_path = state_path

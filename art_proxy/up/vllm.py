@@ -218,13 +218,17 @@ def wait_for_health(
     a caller may come back long after the start (a test run starts vLLM at collection and waits
     for it only when its tests come)."""
     health = base_url.removesuffix("/v1") + "/health"
+    waiting_since = time.monotonic()
     while True:
         if (how := exited()) is not None:
             raise VllmStartFailed(f"vLLM exited {how}:\n{log_tail(log_path)}")
         if answers_health(health):
             return
-        if time.monotonic() >= deadline:
-            raise VllmStartFailed(f"vLLM did not answer in time:\n{log_tail(log_path)}")
+        if (now := time.monotonic()) >= deadline:
+            raise VllmStartFailed(
+                f"vLLM did not answer {health} in {now - waiting_since:.0f} s of waiting:\n"
+                f"{log_tail(log_path)}"
+            )
         time.sleep(0.25)
 
 
