@@ -197,7 +197,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--eval", type=int, default=16, help="samples per held-out question")
-    parser.add_argument("--quick", action="store_true", help="1 step, 1 seed, 1 sample a held-out question: a smoke run")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="1 step, 1 seed, 1 sample a held-out question: a smoke run",
+    )
     parser.add_argument(
         "--arms",
         default="fresh:tis,stale:ppo,stale:tis,stale:mis",

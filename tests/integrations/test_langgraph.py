@@ -13,7 +13,9 @@ from typing import Any
 
 import httpx
 import pytest
-from langchain_core.messages import AIMessage, BaseMessage
+from langchain.agents import create_agent
+from langchain.agents.structured_output import ProviderStrategy, ToolStrategy
+from langchain_core.messages import AIMessage, BaseMessage, HumanMessage
 from langchain_core.runnables import RunnableConfig
 from langchain_core.tools import tool
 from langchain_openai import ChatOpenAI
@@ -21,6 +23,7 @@ from langgraph.prebuilt import create_react_agent
 from pydantic import BaseModel
 
 from art_proxy.proxy.server import RunningProxy, running_proxy
+from art_proxy.testing.fake_config import ScriptedCall
 from art_proxy.testing.fake_vllm import FakeVllm, FakeVllmConfig, running_fake_vllm
 from art_proxy_integrations.langgraph import (
     SUBAGENT_TAG,
@@ -31,7 +34,8 @@ from art_proxy_integrations.langgraph import (
 )
 from tests.conftest import proxy_settings, trajectories
 
-# create_react_agent is the API the issue names; LangGraph 1.x points to langchain.agents instead.
+# create_react_agent is what most LangGraph agents call; LangGraph 1.x points to langchain.agents'
+# create_agent instead, tested here too.
 pytestmark = pytest.mark.filterwarnings("ignore:create_react_agent has been moved")
 
 MODEL = "Qwen/Qwen2.5-0.5B-Instruct"
@@ -82,6 +86,72 @@ async def test_react_agent_run_is_one_trajectory_finished_with_its_reward(
     first, second = trajectory.calls
     assert first.response is not None and first.response["choices"][0]["message"]["tool_calls"]
     assert second.stitched and second.trainable
+
+
+async def test_langchains_create_agent_run_is_one_trajectory_finished_with_its_reward(
+    sqlite_proxy: RunningProxy, async_http: httpx.AsyncClient
+) -> None:
+    """LangChain 1.x's agent, which LangGraph 1.x points create_react_agent's users to."""
+    handler = ArtProxyCallback(
+        sqlite_proxy.root_url,
+        scenario="weather-rome",
+        reward_fn=lambda outputs: 1.0 if "fake" in final_text(outputs) else 0.0,
+    )
+    agent = create_agent(
+        model_for(sqlite_proxy, async_http), [get_weather], system_prompt="Answer briefly."
+    )
+    config: RunnableConfig = {"callbacks": [handler]}
+    question = HumanMessage(QUESTION["messages"][0]["content"])
+    outputs = await agent.ainvoke({"messages": [question]}, config)
+    assert final_text(outputs) == "Hello from the fake."
+
+    [trajectory] = await trajectories(sqlite_proxy)
+    assert trajectory.scenario_id == "weather-rome" and trajectory.reward == 1.0
+    assert trajectory.status == "finished" and trajectory.finish_reason == "client"
+    assert trajectory.calls is not None and len(trajectory.calls) == 2
+    first, second = trajectory.calls
+    assert first.request["messages"][0] == {"role": "system", "content": "Answer briefly."}
+    assert first.response is not None and first.response["choices"][0]["message"]["tool_calls"]
+    assert second.stitched and second.trainable
+
+
+@pytest.mark.parametrize("strategy", ["provider", "tool"])
+async def test_create_agents_structured_response_is_one_trainable_trajectory(
+    sqlite_url: str, strategy: str
+) -> None:
+    """`response_format`: the schema as the provider's json_schema, or as a tool the model
+    must call (ToolStrategy); either way the run is one trajectory, every call trainable."""
+    # Provider: a weather call, then the JSON. Tool: the model answers by calling the schema's
+    # tool at once.
+    config = FakeVllmConfig(reply='{"answer": "Rome"}')
+    if strategy == "tool":
+        config = FakeVllmConfig(
+            tool_script=(ScriptedCall(name="Answer", arguments={"answer": "Rome"}),)
+        )
+    async with (
+        running_fake_vllm(config) as vllm,
+        running_proxy(proxy_settings(sqlite_url, vllm.base_url)) as proxy,
+        httpx.AsyncClient() as http,
+    ):
+        handler = ArtProxyCallback(proxy.root_url, scenario="structured")
+        response_format: Any = (
+            ProviderStrategy(Answer) if strategy == "provider" else ToolStrategy(Answer)
+        )
+        agent = create_agent(model_for(proxy, http), [get_weather], response_format=response_format)
+        outputs = await agent.ainvoke(QUESTION, {"callbacks": [handler]})
+        assert outputs["structured_response"] == Answer(answer="Rome")
+
+        [trajectory] = await trajectories(proxy)
+        assert trajectory.scenario_id == "structured" and trajectory.status == "finished"
+        assert trajectory.calls is not None
+        assert len(trajectory.calls) == (2 if strategy == "provider" else 1)
+        assert all(call.trainable for call in trajectory.calls)
+        assert all(call.stitched for call in trajectory.calls[1:])
+        asked = trajectory.calls[0].request
+        if strategy == "provider":
+            assert asked["response_format"]["type"] == "json_schema"
+        else:
+            assert "Answer" in [tool["function"]["name"] for tool in asked["tools"]]
 
 
 async def test_two_concurrent_runs_are_two_trajectories(
