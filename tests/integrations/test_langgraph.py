@@ -23,6 +23,7 @@ from langgraph.prebuilt import create_react_agent
 from pydantic import BaseModel
 
 from art_proxy.proxy.server import RunningProxy, running_proxy
+from art_proxy.records import CallRecord
 from art_proxy.testing.fake_config import ScriptedCall
 from art_proxy.testing.fake_vllm import FakeVllm, FakeVllmConfig, running_fake_vllm
 from art_proxy_integrations.langgraph import (
@@ -65,20 +66,18 @@ def final_text(outputs: Any) -> str:
     return str(message.content)
 
 
-async def test_react_agent_run_is_one_trajectory_finished_with_its_reward(
-    sqlite_proxy: RunningProxy, async_http: httpx.AsyncClient
-) -> None:
-    handler = ArtProxyCallback(
-        sqlite_proxy.root_url,
+def rewarded_handler(proxy: RunningProxy) -> ArtProxyCallback:
+    return ArtProxyCallback(
+        proxy.root_url,
         scenario="weather-rome",
         reward_fn=lambda outputs: 1.0 if "fake" in final_text(outputs) else 0.0,
     )
-    agent = create_react_agent(model_for(sqlite_proxy, async_http), [get_weather])
-    config: RunnableConfig = {"callbacks": [handler]}
-    outputs = await agent.ainvoke(QUESTION, config)
-    assert final_text(outputs) == "Hello from the fake."
 
-    [trajectory] = await trajectories(sqlite_proxy)
+
+async def one_rewarded_trajectory(proxy: RunningProxy) -> list[CallRecord]:
+    """The run's calls, once its one trajectory is checked: finished with its reward, a tool
+    call and then a stitched, trainable answer."""
+    [trajectory] = await trajectories(proxy)
     assert trajectory.scenario_id == "weather-rome"
     assert trajectory.status == "finished" and trajectory.finish_reason == "client"
     assert trajectory.reward == 1.0
@@ -86,33 +85,32 @@ async def test_react_agent_run_is_one_trajectory_finished_with_its_reward(
     first, second = trajectory.calls
     assert first.response is not None and first.response["choices"][0]["message"]["tool_calls"]
     assert second.stitched and second.trainable
+    return trajectory.calls
+
+
+async def test_react_agent_run_is_one_trajectory_finished_with_its_reward(
+    sqlite_proxy: RunningProxy, async_http: httpx.AsyncClient
+) -> None:
+    agent = create_react_agent(model_for(sqlite_proxy, async_http), [get_weather])
+    config: RunnableConfig = {"callbacks": [rewarded_handler(sqlite_proxy)]}
+    outputs = await agent.ainvoke(QUESTION, config)
+    assert final_text(outputs) == "Hello from the fake."
+    await one_rewarded_trajectory(sqlite_proxy)
 
 
 async def test_langchains_create_agent_run_is_one_trajectory_finished_with_its_reward(
     sqlite_proxy: RunningProxy, async_http: httpx.AsyncClient
 ) -> None:
     """LangChain 1.x's agent, which LangGraph 1.x points create_react_agent's users to."""
-    handler = ArtProxyCallback(
-        sqlite_proxy.root_url,
-        scenario="weather-rome",
-        reward_fn=lambda outputs: 1.0 if "fake" in final_text(outputs) else 0.0,
-    )
     agent = create_agent(
         model_for(sqlite_proxy, async_http), [get_weather], system_prompt="Answer briefly."
     )
-    config: RunnableConfig = {"callbacks": [handler]}
+    config: RunnableConfig = {"callbacks": [rewarded_handler(sqlite_proxy)]}
     question = HumanMessage(QUESTION["messages"][0]["content"])
     outputs = await agent.ainvoke({"messages": [question]}, config)
     assert final_text(outputs) == "Hello from the fake."
-
-    [trajectory] = await trajectories(sqlite_proxy)
-    assert trajectory.scenario_id == "weather-rome" and trajectory.reward == 1.0
-    assert trajectory.status == "finished" and trajectory.finish_reason == "client"
-    assert trajectory.calls is not None and len(trajectory.calls) == 2
-    first, second = trajectory.calls
+    first, _ = await one_rewarded_trajectory(sqlite_proxy)
     assert first.request["messages"][0] == {"role": "system", "content": "Answer briefly."}
-    assert first.response is not None and first.response["choices"][0]["message"]["tool_calls"]
-    assert second.stitched and second.trainable
 
 
 @pytest.mark.parametrize("strategy", ["provider", "tool"])
