@@ -503,3 +503,17 @@ async def test_an_arm_on_its_own_server_says_nothing_of_the_stores_aliases(
         report = await run_evaluation(settings, says_yes, SCENARIOS)
     assert report.arms[0].rollouts == 3
     assert not [r for r in caplog.records if r.name.startswith("art_proxy.proxy.aliases")]
+
+
+def test_pricing_the_arms_reads_litellms_own_price_table_not_the_networks() -> None:
+    """litellm fetches its price list from the network at import unless told not to: an `eval`
+    with no judge imports it first to price the arms, and must tell it too."""
+    script = (
+        "import os; from art_proxy.evaluation.report import litellm_prices; litellm_prices([]); "
+        "print(os.environ.get('LITELLM_LOCAL_MODEL_COST_MAP'))"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "LITELLM_LOCAL_MODEL_COST_MAP"}
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, env=env, check=True
+    )
+    assert done.stdout.strip() == "True"

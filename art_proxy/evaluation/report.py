@@ -23,6 +23,7 @@ from art_proxy.evaluation.intervals import mean_interval, paired_difference, per
 from art_proxy.privacy.redaction import scrub_text
 from art_proxy.records.evaluations import ArmResult, EvaluationReport, ScoredBy
 from art_proxy.rollout import GroupReport
+from art_proxy.ruler.judge import litellm_module
 
 log = logging.getLogger(__name__)
 
@@ -158,8 +159,7 @@ def _cost(
 
 def litellm_prices(specs: Sequence[ArmSpec]) -> dict[str, tuple[float, float]]:
     """Dollars a prompt and a completion token of each arm whose model litellm's table prices."""
-    import litellm  # its price table: imported only when an arm may be priced
-
+    litellm = litellm_module()  # imported here, when an arm may be priced
     found = {}
     for spec in specs:
         entry = litellm.model_cost.get(spec.priced_as or "") if spec.priced_as else None

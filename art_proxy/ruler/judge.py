@@ -35,9 +35,10 @@ _CHECK_TIMEOUT_S = 10.0
 _PREFILLED_TOKENS = 2
 
 
-def _litellm() -> ModuleType:
-    """litellm, imported on the first call that needs it: its import is most of a command's start
-    (3 s of CPU here), which a command refusing its arguments in one line should not pay."""
+def litellm_module() -> ModuleType:
+    """litellm, imported on the first call that needs it (its import is most of a command's start,
+    3 s of CPU here, which a command refusing its arguments in one line should not pay) and told
+    to stay off the network: every import of litellm in art-proxy goes through here."""
     # Imported without it, litellm would fetch its price list from the network on every start.
     os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
     import litellm
@@ -73,7 +74,7 @@ class LitellmJudge:
         provider prefix) or a base URL nothing answers at, which would otherwise fail every
         group as `judge_failed` one by one."""
         try:
-            _litellm().get_llm_provider(self.model, api_base=self._base_url)
+            litellm_module().get_llm_provider(self.model, api_base=self._base_url)
         except Exception as exc:  # litellm raises its BadRequestError, or a plain ValueError
             raise ConfigError(
                 f"judge {self.model!r}: litellm cannot tell its provider: name it with a "
@@ -139,7 +140,7 @@ class LitellmJudge:
         from litellm.llms.custom_httpx.async_client_cleanup import close_litellm_async_clients
 
         await close_litellm_async_clients()  # type: ignore[no-untyped-call]  # unannotated upstream
-        _litellm().in_memory_llm_clients_cache.flush_cache()
+        litellm_module().in_memory_llm_clients_cache.flush_cache()
 
     async def _complete(self, request: JudgeRequest, *, structured: bool) -> JudgeReply:
         if self._session is None:
@@ -161,7 +162,7 @@ class LitellmJudge:
                 extra_body={"continue_final_message": True, "add_generation_prompt": False},
             )
         try:
-            response = await _litellm().acompletion(
+            response = await litellm_module().acompletion(
                 model=self.model,
                 messages=request.messages,
                 api_base=self._base_url,
@@ -224,7 +225,7 @@ def _cost(response: Any) -> float:
     cost = (getattr(response, "_hidden_params", None) or {}).get("response_cost")
     if cost is None:
         try:
-            cost = _litellm().completion_cost(completion_response=response)
+            cost = litellm_module().completion_cost(completion_response=response)
         except Exception:  # litellm raises a plain Exception for an unpriced model
             cost = 0.0
     return float(cost or 0.0)
@@ -253,7 +254,7 @@ def litellm_token_counter(model: str) -> TokenCounter:
 
     def count(text: str) -> int:
         try:
-            return int(_litellm().token_counter(model=model, text=text))
+            return int(litellm_module().token_counter(model=model, text=text))
         except Exception:  # an unknown tokenizer must not stop judging: estimate instead
             return approx_tokens(text)
 
