@@ -30,6 +30,7 @@ from art_proxy.up.vllm import (
     VllmNotFound,
     VllmProcess,
     VllmStartFailed,
+    health_url,
     pin_grammar_backend,
     wait_for_health,
 )
@@ -100,7 +101,7 @@ class _Server:
         none or it exited, as its tests then skip or fail without waiting."""
         if self.process is None or self.process.process.poll() is not None:
             return True
-        return answers_health(self.process.launch.base_url.removesuffix("/v1") + "/health")
+        return answers_health(health_url(self.process.launch.base_url))
 
     def attach(self, state_path: Path) -> None:
         self.state_path = state_path

@@ -217,7 +217,7 @@ def wait_for_health(
     `exited()` says it stopped (how) or the monotonic `deadline` passes. Asked at least once:
     a caller may come back long after the start (a test run starts vLLM at collection and waits
     for it only when its tests come)."""
-    health = base_url.removesuffix("/v1") + "/health"
+    health = health_url(base_url)
     waiting_since = time.monotonic()
     while True:
         if (how := exited()) is not None:
@@ -230,6 +230,11 @@ def wait_for_health(
                 f"{log_tail(log_path)}"
             )
         time.sleep(0.25)
+
+
+def health_url(base_url: str) -> str:
+    """vLLM's health route, beside its OpenAI routes at `base_url` (".../v1")."""
+    return base_url.removesuffix("/v1") + "/health"
 
 
 def log_tail(path: Path) -> str:
