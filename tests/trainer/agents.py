@@ -33,14 +33,18 @@ async def _ask(run: Rollout) -> ChatCompletion:
         )
 
 
-def _length_reward(reply: ChatCompletion) -> float:
-    return len(reply.choices[0].message.content or "") % 7 / 6
+def length_reward(reply: ChatCompletion, index: int) -> float:
+    """A function of the reply's length, in [0, 1/3] for a group's even rollouts and [2/3, 1] for
+    its odd ones: every group of two or more has a spread. By length alone, the random model's four
+    replies of a group sometimes scored alike: the trainer skips such a group and takes another,
+    so a test that counts groups waited for one that never came."""
+    return (len(reply.choices[0].message.content or "") % 7 / 6 + 2 * (index % 2)) / 3
 
 
 async def length_agent(run: Rollout) -> float:
-    """One short call; the reward is a function of the reply's length that a random model's
-    replies spread over [0, 1] (what it measures does not matter here, only that it varies)."""
-    return _length_reward(await _ask(run))
+    """One short call; the reward is `length_reward` (what it measures does not matter here, only
+    that it varies)."""
+    return length_reward(await _ask(run), run.index)
 
 
 async def scripted_validation_agent(run: Rollout) -> float:
@@ -49,7 +53,7 @@ async def scripted_validation_agent(run: Rollout) -> float:
     reply = await _ask(run)
     if run.scenario.split == "val":
         return SCRIPTED_VAL_REWARDS.get(untagged(reply.model), 0.0)
-    return _length_reward(reply)
+    return length_reward(reply, run.index)
 
 
 async def fails_unless_guided(run: Rollout) -> float:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import aiohttp
 import pytest
+from openai.types.chat import ChatCompletion
 from rich.console import Console
 
 from art_proxy.config import TrainSettings
@@ -26,7 +27,7 @@ from art_proxy_trainer.command import run_train
 from art_proxy_trainer.errors import BaseModelMismatch, CheckpointError
 from art_proxy_trainer.step_result import StepResult
 from tests.ruler.scripted_judge import running_scripted_judge
-from tests.trainer.agents import untagged
+from tests.trainer.agents import length_reward, untagged
 from tests.trainer.conftest import TINY_NAME, Stack
 from tests.trainer.under_load import train_under_load
 
@@ -197,15 +198,41 @@ async def rollout_groups(stack: Stack, scenarios: list[Scenario]) -> set[str]:
     return {group.group_id for group in report.groups}
 
 
+def test_the_test_agents_reward_spreads_a_group_whose_replies_are_alike() -> None:
+    """Four replies of one length, as the random model sometimes writes: a group with no spread
+    is skipped by the trainer, and the tests here count groups."""
+    reply = ChatCompletion.model_validate(
+        {
+            "id": "c",
+            "object": "chat.completion",
+            "created": 0,
+            "model": TINY_NAME,
+            "choices": [
+                {
+                    "index": 0,
+                    "finish_reason": "length",
+                    "message": {"role": "assistant", "content": "abc"},
+                }
+            ],
+        }
+    )
+    rewards = [length_reward(reply, index) for index in range(4)]
+    assert len(set(rewards)) > 1 and all(0.0 <= reward <= 1.0 for reward in rewards)
+
+
 async def _kill_when(process: asyncio.subprocess.Process, ready: Callable[[], bool]) -> None:
-    """SIGKILL the trainer the moment `ready()` holds (or when it ends by itself)."""
-    while True:
-        if process.returncode is not None or ready():
-            break
-        await asyncio.sleep(0.01)
-    if process.returncode is None:
-        process.kill()
-    await process.wait()
+    """SIGKILL the trainer the moment `ready()` holds (or when it ends by itself); a trainer that
+    neither gets there nor ends within 300 s fails the test rather than hang the suite."""
+    try:
+        async with asyncio.timeout(300):
+            while True:
+                if process.returncode is not None or ready():
+                    break
+                await asyncio.sleep(0.01)
+    finally:
+        if process.returncode is None:
+            process.kill()
+        await process.wait()
 
 
 async def test_a_trainer_killed_at_any_moment_resumes_without_losing_or_repeating_a_group(
