@@ -47,8 +47,16 @@ def new_id() -> str:
 def short_id(record_id: str, length: int = 8) -> str:
     """What tells an id apart in a narrow column: the end of one made here (its start is the
     time, the same for the ids of a minute), the start of any other (a caller's own)."""
-    made_here = len(record_id) == 32 and record_id[12] == "7" and _is_hex(record_id)
-    return record_id[-length:] if made_here else record_id[:length]
+    return record_id[-length:] if _made_here(record_id) else record_id[:length]
+
+
+def made_at_s(record_id: str) -> float | None:
+    """When an id made here was made (Unix seconds, to the millisecond); None for any other id."""
+    return int(record_id[:12], 16) / 1000 if _made_here(record_id) else None
+
+
+def _made_here(record_id: str) -> bool:
+    return len(record_id) == 32 and record_id[12] == "7" and _is_hex(record_id)
 
 
 def _is_hex(text: str) -> bool:

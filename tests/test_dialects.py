@@ -7,6 +7,7 @@ dialect. Bad input is refused in the dialect's own error shape, naming the field
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator
 from typing import Any, cast
@@ -17,6 +18,9 @@ import openai
 import pytest
 from openai.types.responses import FunctionToolParam, ResponseInputParam
 
+from art_proxy.ids import new_id
+from art_proxy.journal import ingester
+from art_proxy.proxy import lookups
 from art_proxy.proxy.server import RunningProxy, running_proxy
 from art_proxy.records import CallRecord
 from art_proxy.testing.fake_vllm import FakeVllm, FakeVllmConfig, ScriptedCall, running_fake_vllm
@@ -165,6 +169,52 @@ async def test_a_chain_continues_across_proxy_restarts(
         calls = await only_calls(other)
     assert [call.attribution for call in calls] == ["new", "response"]
     assert calls[1].stitched
+
+
+async def test_a_chain_continues_on_a_second_proxy_before_the_first_has_stored_its_answer(
+    store_url: str,
+    vllm: FakeVllm,
+    proxy: RunningProxy,
+    client: openai.AsyncOpenAI,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Behind a load balancer the next call of a chain, and a read of the response it names, can
+    reach another replica before the one that answered has ingested its answer: they wait for it
+    instead of answering 400 and 404."""
+    monkeypatch.setattr(ingester, "_LINGER_S", 4.0)  # the store gets the first proxy's calls late
+    first = await client.responses.create(model=MODEL, input="Weather in Paris?", tools=[WEATHER])
+    other_first = await client.responses.create(model=MODEL, input="Weather in Lyon?")
+    [call] = first.output
+    assert call.type == "function_call"
+    async with (
+        running_proxy(proxy_settings(store_url, vllm.base_url)) as other,
+        openai.AsyncOpenAI(base_url=other.base_url, api_key="unused") as other_client,
+    ):
+        assert await other.parts.store.call_row(first.id[len("resp_") :]) is None
+        second, fetched = await asyncio.gather(
+            other_client.responses.create(
+                model=MODEL,
+                previous_response_id=first.id,
+                input=[
+                    {"type": "function_call_output", "call_id": call.call_id, "output": "sunny"}
+                ],
+                tools=[WEATHER],
+            ),
+            other_client.responses.retrieve(other_first.id),
+        )
+    assert second.output_text == ANSWER
+    assert fetched.id == other_first.id and fetched.output_text == other_first.output_text
+
+
+async def test_a_recent_response_id_that_never_comes_is_refused_once_its_wait_is_over(
+    proxy: RunningProxy, client: openai.AsyncOpenAI, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(lookups, "OTHER_PROXY_WAIT_S", 0.5)
+    unknown = f"resp_{new_id()}"  # made just now, by no proxy
+    with pytest.raises(openai.BadRequestError, match="not found"):
+        await client.responses.create(model=MODEL, previous_response_id=unknown, input="and?")
+    with pytest.raises(openai.NotFoundError):
+        await client.responses.retrieve(unknown)
 
 
 async def test_responses_input_tokens_is_the_prompt_a_responses_call_gets(

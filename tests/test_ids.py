@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 import uuid
 
-from art_proxy.ids import new_id, short_id
+from art_proxy.ids import made_at_s, new_id, short_id
 
 
 def test_ids_are_uuid7_carrying_the_time_in_milliseconds() -> None:
@@ -34,3 +34,11 @@ def test_a_short_id_is_the_random_end_of_ids_made_here_and_the_start_of_others()
     assert short_id(ids[0]) == ids[0][-8:]
     assert short_id("batch-lyon-1", 5) == "batch"
     assert short_id("0" * 32) == "0" * 8  # 32 hex digits, but not a UUIDv7
+
+
+def test_an_id_made_here_says_when_it_was_made_and_another_says_nothing() -> None:
+    before = time.time()
+    made = made_at_s(new_id())
+    assert made is not None and before - 0.001 <= made <= time.time()
+    assert made_at_s("0" * 32) is None  # 32 hex digits, but not a UUIDv7
+    assert made_at_s("call-from-elsewhere") is None

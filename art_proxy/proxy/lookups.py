@@ -4,12 +4,15 @@ OpenAI's `input_tokens`), and a stored Responses answer. Nothing here is recorde
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import Awaitable, Callable
 
 import orjson
 from aiohttp import web
 
 from art_proxy.errors import NotFound, UpstreamError
+from art_proxy.ids import made_at_s
 from art_proxy.records import AliasRecord, JsonObject
 from art_proxy.store.trajectory_store import TrajectoryStore
 
@@ -18,6 +21,12 @@ from .answering import json_answer
 from .dialects import anthropic, responses, responses_answer
 from .translation import loaded_body
 from .upstream import Upstreams, client_auth, read_body
+
+# How long after it was made a call another proxy answered is awaited in the store: its ingester
+# normally takes 10-20 ms, seconds in a backlog (docs/operations.md, "What readers see"). An id
+# that does not come (unknown, or not stored) is refused once this has passed since it was made.
+OTHER_PROXY_WAIT_S = 10.0
+_OTHER_PROXY_POLL_S = 0.05
 
 
 class Lookups:
@@ -35,9 +44,20 @@ class Lookups:
         self._read_your_writes = read_your_writes
 
     async def stored_call(self, call_id: str) -> JsonObject | None:
-        """A recorded call's row, once this proxy's own records before it are in the store."""
+        """A recorded call's row, once this proxy's own records before it are in the store; a
+        call another proxy made in the last `OTHER_PROXY_WAIT_S` is awaited until then."""
         await self._read_your_writes()
-        return await self._store.call_row(call_id)
+        row = await self._store.call_row(call_id)
+        made_at = made_at_s(call_id)
+        if row is not None or made_at is None:
+            return row
+        # Behind a load balancer a chain's next call may reach this proxy before the one that
+        # answered the last has ingested it: a 400 would break the client's conversation.
+        deadline = min(made_at, time.time()) + OTHER_PROXY_WAIT_S
+        while row is None and time.time() < deadline:
+            await asyncio.sleep(_OTHER_PROXY_POLL_S)
+            row = await self._store.call_row(call_id)
+        return row
 
     async def stored_response(self, request: web.Request) -> web.Response:
         """`GET /v1/responses/{id}`: a stored response, rendered again from its call's record."""
