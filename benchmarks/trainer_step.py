@@ -214,7 +214,8 @@ def parse_args(argv: Sequence[str] | None) -> tuple[Sizes, int, int]:
         "--quick",
         action="store_true",
         help=f"a smoke run: {QUICK.group} rows, a prompt of the template's length, "
-        f"{QUICK.completion_tokens} tokens, {QUICK.repeats} round, no warm-up",
+        f"{QUICK.completion_tokens} tokens, {QUICK.repeats} round, no warm-up; with --nproc, "
+        "a 2 x 256 model for the memory figures",
     )
     parser.add_argument(
         "--nproc",
@@ -243,6 +244,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     warnings.filterwarnings("ignore", "`is_gradient_checkpointing` is deprecated", FutureWarning)
     if nproc > 1:
         sys.path.insert(0, str(REPO))  # run as a script, the repository root is not on the path
+        from benchmarks.trainer_ranks import MEMORY_MODEL, QUICK_MEMORY_MODEL
         from benchmarks.trainer_ranks import run as run_ranks
 
         loaded = load_model(None)
@@ -250,6 +252,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             nproc,
             sizes.repeats,
             grpo_batch(loaded, lora_model(loaded.model, TrainerConfig()), sizes),
+            QUICK_MEMORY_MODEL if sizes == QUICK else MEMORY_MODEL,
         )
         return
     print_report(run(sizes))

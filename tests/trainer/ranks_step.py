@@ -1,14 +1,17 @@
 """One GRPO step on a fixed batch, by one process or by each rank of several (under torchrun).
 
-`python -m tests.trainer.ranks_step OUT ROWS SHARDING` under `torchrun --nproc-per-node N`: every
-rank trains its share of the first ROWS rows of `fixed_batch()` in lockstep (SHARDING: ddp or
-fsdp), and rank 0 writes the loss, the gradient norm and the adapter after the step, gathered
-whole as a checkpoint holds it, to OUT, for tests/trainer/test_distributed.py to compare.
+`python -m tests.trainer.ranks_step OUT_DIR ROWS SHARDING...` under `torchrun --nproc-per-node N`:
+for each SHARDING (ddp or fsdp) in turn, a fresh policy whose ranks each train their share of the
+first ROWS rows of `fixed_batch()` in lockstep; rank 0 writes the loss, the gradient norm and the
+adapter after the step, gathered whole as a checkpoint holds it, to OUT_DIR/SHARDING.pt, for
+tests/trainer/test_distributed.py to compare. One launch takes every sharding: a rank's start
+(torch, transformers and peft imported) costs more than its step.
 """
 
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import torch
 from peft import PeftModel
@@ -66,10 +69,18 @@ def lora_weights(model: PeftModel) -> dict[str, torch.Tensor]:
     }
 
 
-def main(out: str, rows: int, sharding: Sharding) -> None:
+def main(out_dir: Path, rows: int, shardings: list[Sharding]) -> None:
     ranks = Ranks.of_environment()
     assert ranks is not None, "run under torchrun with --nproc-per-node 2 or more"
     join(ranks, 120, torch.device("cpu"))
+    try:
+        for sharding in shardings:
+            _step(ranks, rows, sharding, out_dir / f"{sharding}.pt")
+    finally:
+        leave()
+
+
+def _step(ranks: Ranks, rows: int, sharding: Sharding, out: Path) -> None:
     replica: Replica | None = None
     try:
         trained = policy()
@@ -93,11 +104,11 @@ def main(out: str, rows: int, sharding: Sharding) -> None:
     finally:
         if replica is not None:
             replica.close()
-        leave()
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], int(sys.argv[2]), "fsdp" if sys.argv[3] == "fsdp" else "ddp")
+    shardings: list[Sharding] = ["fsdp" if kind == "fsdp" else "ddp" for kind in sys.argv[3:]]
+    main(Path(sys.argv[1]), int(sys.argv[2]), shardings)
     # As the trainer's ranks do: a finished rank ends past the interpreter's finalization, where
     # gloo's threads aborted a finished FSDP rank once in CI (SIGABRT, "terminate called ...").
     exit_rank()

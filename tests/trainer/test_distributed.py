@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -46,21 +47,41 @@ def test_taking_rows_keeps_each_rows_tensors() -> None:
     assert taken.trained_tokens == int(batch.mask_B_T[[3, 1]].sum())
 
 
-@pytest.mark.parametrize("sharding", ["ddp", "fsdp"])
+SHARDINGS = ["ddp", "fsdp"]
+
+
+@pytest.fixture(scope="module")
+def ranks_steps(tmp_path_factory: pytest.TempPathFactory) -> Callable[[int, int], Path]:
+    """The folder where one torchrun launch of `nproc` ranks wrote each sharding's step of `rows`
+    rows (tests/trainer/ranks_step.py), launched once per (nproc, rows) for the module."""
+    launched: dict[tuple[int, int], Path] = {}
+
+    def steps(nproc: int, rows: int) -> Path:
+        if (nproc, rows) not in launched:
+            out_dir = tmp_path_factory.mktemp(f"ranks-{nproc}-{rows}")
+            run = _torchrun(
+                nproc, "-m", "tests.trainer.ranks_step", str(out_dir), str(rows), *SHARDINGS
+            )
+            assert run.returncode == 0, run.stderr[-3000:]
+            launched[nproc, rows] = out_dir
+        return launched[nproc, rows]
+
+    return steps
+
+
+@pytest.mark.parametrize("sharding", SHARDINGS)
 @pytest.mark.parametrize(
     ("nproc", "rows"),
     [(2, 5), (3, 2)],  # 3 ranks, 2 rows: one rank trains nothing and still keeps step
 )
+@pytest.mark.xdist_group("ranks_step")  # one launch serves both shardings: one worker
 def test_a_step_on_several_ranks_equals_the_step_of_one_process(
-    tmp_path: Path, nproc: int, rows: int, sharding: str
+    ranks_steps: Callable[[int, int], Path], nproc: int, rows: int, sharding: str
 ) -> None:
     single = policy()
     batch = fixed_batch(single.model).take(list(range(rows)))
     expected = train_step(single.model, single.optimizer, batch, CONFIG)
-    out = tmp_path / "rank0.pt"
-    run = _torchrun(nproc, "-m", "tests.trainer.ranks_step", str(out), str(rows), sharding)
-    assert run.returncode == 0, run.stderr[-3000:]
-    got = torch.load(out, weights_only=True)
+    got = torch.load(ranks_steps(nproc, rows) / f"{sharding}.pt", weights_only=True)
     assert expected.applied and got["applied"]
     assert got["loss"] == pytest.approx(expected.loss, rel=1e-5, abs=1e-7)
     assert got["grad_norm"] == pytest.approx(expected.grad_norm, rel=1e-5)
