@@ -18,7 +18,15 @@ from typing import Any
 import openai
 
 from art_proxy.proxy.server import RunningProxy
-from art_proxy.scenario_writer import tasks_of
+from art_proxy.ruler.judge import LitellmJudge
+from art_proxy.scenario_writer import (
+    TOKENS_BESIDE_TASKS,
+    TOKENS_PER_TASK,
+    Tool,
+    tasks_of,
+    tools_prompt,
+    write_scenarios,
+)
 from art_proxy.scenarios import load_scenarios
 from tests.ruler.scripted_judge import Reply, ScriptedJudge, running_scripted_judge
 
@@ -159,6 +167,28 @@ async def test_a_writer_that_repeats_itself_stops_with_fewer_and_says_so(tmp_pat
     assert len(writer.requests) == 3  # as many rounds as three batches would take
     assert "wrote 1 scenarios (1 train, 0 val); asked for 3" in done.stderr
     assert len(load_scenarios(out)) == 1
+
+
+async def test_a_batchs_answer_has_a_bounded_room_and_a_line_cut_at_its_end_is_left_out() -> None:
+    cut = Reply("What is the weather in Lyon today?\nConvert 20 euros to y", finish_reason="length")
+    tools = [Tool("get_weather", "The weather in a city today.", {})]
+    async with running_scripted_judge(cut, Reply("How many dollars is 300 kroner?")) as served:
+        writer = LitellmJudge("openai/writer", base_url=served.base_url)
+        try:
+            written = await write_scenarios(
+                writer, lambda count, avoid: tools_prompt(tools, count, avoid), count=2
+            )
+        finally:
+            await writer.aclose()
+
+    assert [request["max_tokens"] for request in served.requests] == [
+        2 * TOKENS_PER_TASK + TOKENS_BESIDE_TASKS,
+        1 * TOKENS_PER_TASK + TOKENS_BESIDE_TASKS,
+    ]
+    assert sorted(scenario.input for scenario in written.scenarios) == [
+        "How many dollars is 300 kroner?",
+        "What is the weather in Lyon today?",
+    ]
 
 
 def test_without_exactly_one_source_or_with_a_bad_tools_file_it_is_a_one_line_error(

@@ -34,6 +34,7 @@ class JudgeReply:
     prompt_tokens: int
     completion_tokens: int
     cost_usd: float
+    cut: bool = False  # stopped at the request's max_tokens: the text may end mid-word
 
 
 class JudgeClient(Protocol):

@@ -217,6 +217,7 @@ def _reply(response: Any) -> JudgeReply:
         prompt_tokens=int(getattr(usage, "prompt_tokens", 0) or 0),
         completion_tokens=int(getattr(usage, "completion_tokens", 0) or 0),
         cost_usd=_cost(response),
+        cut=getattr(choice, "finish_reason", None) == "length",
     )
 
 

@@ -30,6 +30,7 @@ class Reply:
     content: str = ""
     status: int = 200  # anything else: an OpenAI-shaped error with this status
     logprobs: list[dict[str, Any]] | None = None  # choices[0].logprobs.content
+    finish_reason: str = "stop"  # "length": the answer stopped at max_tokens
 
 
 Script = Reply | Callable[[Body], Reply]
@@ -97,7 +98,7 @@ async def running_scripted_judge(
                     {
                         "index": 0,
                         "message": {"role": "assistant", "content": reply.content},
-                        "finish_reason": "stop",
+                        "finish_reason": reply.finish_reason,
                         "logprobs": None if reply.logprobs is None else {"content": reply.logprobs},
                     }
                 ],
