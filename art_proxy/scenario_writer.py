@@ -28,9 +28,10 @@ from art_proxy.scenarios import Scenario, scenario_id_of
 
 MIN_CHARS, MAX_CHARS = 12, 500
 BATCH = 10  # tasks asked for in one call
-# The room a batch's answer gets, in tokens: a task is a line of a few dozen tokens, and a writer
-# that rambles on (a small local model may go to the end of its context) stops there.
-TOKENS_PER_TASK, TOKENS_BESIDE_TASKS = 64, 32
+# The room a batch's answer gets, in tokens: a task of MAX_CHARS fits, and a reasoning model's
+# thinking (which counts against max_tokens) has some; a writer that rambles on (a small local
+# model may go to the end of its context) stops there.
+TOKENS_PER_TASK, TOKENS_BESIDE_TASKS = MAX_CHARS // 3, 1024
 _NUMBERING = re.compile(r"^\s*(?:[-*\u2022]|\(?\d{1,3}[.):]|task\s*\d*[.:])\s*", re.IGNORECASE)
 _QUOTES = "\"'\u201c\u201d\u2018\u2019`"
 
@@ -189,8 +190,8 @@ async def write_scenarios(
         room = asked * TOKENS_PER_TASK + TOKENS_BESIDE_TASKS
         request = JudgeRequest(prompt(asked, tasks), mode="json", labels=0, max_tokens=room)
         reply = await writer.complete(request)
-        # An answer cut at its room may end in a task cut short: its last line is left out.
-        answer = reply.text.rpartition("\n")[0] if reply.cut else reply.text
+        # An answer cut at its room may end in a task cut short: a last line with no line end.
+        answer = reply.text[: reply.text.rfind("\n") + 1] if reply.cut else reply.text
         lines += len(answer.splitlines())
         for task in tasks_of(answer):
             key = dedup_key(task)

@@ -252,7 +252,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             nproc,
             sizes.repeats,
             grpo_batch(loaded, lora_model(loaded.model, TrainerConfig()), sizes),
-            QUICK_MEMORY_MODEL if sizes == QUICK else MEMORY_MODEL,
+            QUICK_MEMORY_MODEL if sizes is QUICK else MEMORY_MODEL,  # --quick
         )
         return
     print_report(run(sizes))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import AsyncIterator
 from typing import Any, cast
 
@@ -18,9 +19,10 @@ import openai
 import pytest
 from openai.types.responses import FunctionToolParam, ResponseInputParam
 
-from art_proxy.ids import new_id
+from art_proxy.ids import made_at_s, new_id
 from art_proxy.journal import ingester
 from art_proxy.proxy import lookups
+from art_proxy.proxy.dialects import responses
 from art_proxy.proxy.server import RunningProxy, running_proxy
 from art_proxy.records import CallRecord
 from art_proxy.testing.fake_vllm import FakeVllm, FakeVllmConfig, ScriptedCall, running_fake_vllm
@@ -180,8 +182,10 @@ async def test_a_chain_continues_on_a_second_proxy_before_the_first_has_stored_i
 ) -> None:
     """Behind a load balancer the next call of a chain, and a read of the response it names, can
     reach another replica before the one that answered has ingested its answer: they wait for it
-    instead of answering 400 and 404."""
-    monkeypatch.setattr(ingester, "_LINGER_S", 4.0)  # the store gets the first proxy's calls late
+    instead of answering 400 and 404, also when the answer took longer than the wait (an id is
+    made when its call arrives)."""
+    monkeypatch.setattr(lookups, "OTHER_PROXY_WAIT_S", 4.0)
+    monkeypatch.setattr(ingester, "_LINGER_S", 6.0)  # the store gets the first proxy's calls late
     first = await client.responses.create(model=MODEL, input="Weather in Paris?", tools=[WEATHER])
     other_first = await client.responses.create(model=MODEL, input="Weather in Lyon?")
     [call] = first.output
@@ -190,7 +194,12 @@ async def test_a_chain_continues_on_a_second_proxy_before_the_first_has_stored_i
         running_proxy(proxy_settings(store_url, vllm.base_url)) as other,
         openai.AsyncOpenAI(base_url=other.base_url, api_key="unused") as other_client,
     ):
-        assert await other.parts.store.call_row(first.id[len("resp_") :]) is None
+        call_id = responses.call_id_of(first.id)
+        made_at = made_at_s(call_id or "")
+        assert call_id is not None and made_at is not None
+        assert await other.parts.store.call_row(call_id) is None
+        # The ids are older than the wait by now, as after a long answer; still not stored.
+        await asyncio.sleep(max(0.0, made_at + 4.5 - time.time()))
         second, fetched = await asyncio.gather(
             other_client.responses.create(
                 model=MODEL,
@@ -206,7 +215,7 @@ async def test_a_chain_continues_on_a_second_proxy_before_the_first_has_stored_i
     assert fetched.id == other_first.id and fetched.output_text == other_first.output_text
 
 
-async def test_a_recent_response_id_that_never_comes_is_refused_once_its_wait_is_over(
+async def test_a_response_id_that_never_comes_is_refused_once_its_wait_is_over(
     proxy: RunningProxy, client: openai.AsyncOpenAI, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(lookups, "OTHER_PROXY_WAIT_S", 0.5)
@@ -215,6 +224,25 @@ async def test_a_recent_response_id_that_never_comes_is_refused_once_its_wait_is
         await client.responses.create(model=MODEL, previous_response_id=unknown, input="and?")
     with pytest.raises(openai.NotFoundError):
         await client.responses.retrieve(unknown)
+
+
+async def test_an_old_id_or_one_past_the_waiting_bound_is_refused_without_waiting(
+    proxy: RunningProxy, client: openai.AsyncOpenAI, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An id made longer ago than an answer can take (the upstream's timeout, 600 s here) is not
+    on its way; nor is any while `_MAX_WAITING` lookups wait. Waiting would take 120 s here."""
+    monkeypatch.setattr(lookups, "OTHER_PROXY_WAIT_S", 120.0)
+    an_hour_ago = f"{(time.time_ns() // 1_000_000 - 3_600_000):012x}" + new_id()[12:]
+    with pytest.raises(openai.BadRequestError, match="not found"):
+        await asyncio.wait_for(
+            client.responses.create(
+                model=MODEL, previous_response_id=f"resp_{an_hour_ago}", input="?"
+            ),
+            30,
+        )
+    monkeypatch.setattr(lookups, "_MAX_WAITING", 0)
+    with pytest.raises(openai.NotFoundError):
+        await asyncio.wait_for(client.responses.retrieve(f"resp_{new_id()}"), 30)
 
 
 async def test_responses_input_tokens_is_the_prompt_a_responses_call_gets(

@@ -7,8 +7,8 @@ databases are its own already.
 
 Tests marked `xdist_group(NAME)` run on one worker, one after another: real vLLM's (they load
 adapters, read the server's model list and compare its logprobs with the trainer's to 1e-3; spread
-over two workers, three of those comparisons failed by up to 3.4 nats, each passing alone) and a
-module whose fixture runs an example once. xdist's
+over two workers, three of those comparisons failed by up to 3.4 nats, each passing alone), a
+module whose fixture runs an example once, and tests that share one torchrun launch. xdist's
 own `--dist loadgroup` renames a grouped test's node id through an attribute pytest 9 no longer
 reads, so its groups fall apart; here each worker writes the groups it collected to the shared
 folder before it reports its collection, and the controller's scheduler reads them from there.

@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import functools
 import logging
+import math
 from collections.abc import AsyncIterator, Callable
 from typing import Literal
 
@@ -187,6 +188,7 @@ def _lifecycle(settings: ProxySettings) -> Callable[[web.Application], AsyncIter
                 store,
                 aliases,
                 read_your_writes=functools.partial(settle_reads, journal),
+                answered_within_s=settings.upstream_timeout or math.inf,  # 0: no limit
             )
             relay = Relay(
                 upstreams,

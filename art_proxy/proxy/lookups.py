@@ -22,11 +22,13 @@ from .dialects import anthropic, responses, responses_answer
 from .translation import loaded_body
 from .upstream import Upstreams, client_auth, read_body
 
-# How long after it was made a call another proxy answered is awaited in the store: its ingester
-# normally takes 10-20 ms, seconds in a backlog (docs/operations.md, "What readers see"). An id
-# that does not come (unknown, or not stored) is refused once this has passed since it was made.
+# How long a call another proxy may still be ingesting is awaited in the store: an ingester
+# normally takes 10-20 ms, seconds in a backlog (docs/operations.md, "What readers see").
 OTHER_PROXY_WAIT_S = 10.0
 _OTHER_PROXY_POLL_S = 0.05
+# Lookups waiting at once: past it, a call not in the store is not found at once, so that ids
+# made up to look recent cannot hold many requests open, each asking the store 20 times a second.
+_MAX_WAITING = 32
 
 
 class Lookups:
@@ -37,27 +39,45 @@ class Lookups:
         aliases: Aliases,
         *,
         read_your_writes: Callable[[], Awaitable[None]],
+        answered_within_s: float,
     ) -> None:
+        """`answered_within_s`: the longest a call's answer may take (the upstream's timeout)."""
         self._upstreams = upstreams
         self._store = store
         self._aliases = aliases
         self._read_your_writes = read_your_writes
+        self._answered_within_s = answered_within_s
+        self._waiting = 0
 
     async def stored_call(self, call_id: str) -> JsonObject | None:
-        """A recorded call's row, once this proxy's own records before it are in the store; a
-        call another proxy made in the last `OTHER_PROXY_WAIT_S` is awaited until then."""
+        """A recorded call's row, once this proxy's own records before it are in the store. A
+        call not there whose id says it may still be on its way from another proxy is awaited
+        for up to `OTHER_PROXY_WAIT_S`."""
         await self._read_your_writes()
         row = await self._store.call_row(call_id)
-        made_at = made_at_s(call_id)
-        if row is not None or made_at is None:
-            return row
-        # Behind a load balancer a chain's next call may reach this proxy before the one that
-        # answered the last has ingested it: a 400 would break the client's conversation.
-        deadline = min(made_at, time.time()) + OTHER_PROXY_WAIT_S
-        while row is None and time.time() < deadline:
-            await asyncio.sleep(_OTHER_PROXY_POLL_S)
-            row = await self._store.call_row(call_id)
+        if row is None and self._may_be_on_its_way(call_id):
+            # Behind a load balancer a chain's next call may reach this proxy before the one
+            # that answered the last has ingested it: a 400 would break the conversation.
+            self._waiting += 1
+            try:
+                deadline = time.monotonic() + OTHER_PROXY_WAIT_S
+                while row is None and time.monotonic() < deadline:
+                    await asyncio.sleep(_OTHER_PROXY_POLL_S)
+                    row = await self._store.call_row(call_id)
+            finally:
+                self._waiting -= 1
         return row
+
+    def _may_be_on_its_way(self, call_id: str) -> bool:
+        """Whether a proxy made `call_id` recently enough that its answer may still be coming or
+        not yet ingested: an id is made when its call arrives, and the answer can take up to the
+        upstream's timeout."""
+        made_at = made_at_s(call_id)
+        return (
+            made_at is not None
+            and time.time() - made_at < self._answered_within_s + OTHER_PROXY_WAIT_S
+            and self._waiting < _MAX_WAITING
+        )
 
     async def stored_response(self, request: web.Request) -> web.Response:
         """`GET /v1/responses/{id}`: a stored response, rendered again from its call's record."""

@@ -34,7 +34,7 @@ class JudgeReply:
     prompt_tokens: int
     completion_tokens: int
     cost_usd: float
-    cut: bool = False  # stopped at the request's max_tokens: the text may end mid-word
+    cut: bool = False  # stopped at a token limit (finish_reason "length"): it may end mid-word
 
 
 class JudgeClient(Protocol):
