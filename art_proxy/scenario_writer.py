@@ -162,6 +162,19 @@ def tasks_of(answer: str) -> list[str]:
     return tasks
 
 
+async def _answer_room(writer: JudgeClient, messages: list[JsonObject], asked: int) -> int:
+    """The tokens a batch's answer may take: room for `asked` tasks, within what the writer's
+    context leaves after the prompt where its server says its context (`check()`); a server
+    refuses a `max_tokens` past it."""
+    room = asked * TOKENS_PER_TASK + TOKENS_BESIDE_TASKS
+    if writer.context_tokens is None:
+        return room
+    prompt = await writer.prompt_tokens(messages)
+    if prompt is None:  # no /tokenize: a token every 3 characters, more than most tokenizers make
+        prompt = sum(len(str(message.get("content", ""))) // 3 + 8 for message in messages)
+    return max(1, min(room, writer.context_tokens - prompt))
+
+
 def dedup_key(task: str) -> str:
     """What two tasks that differ only in case, punctuation or spacing share."""
     return " ".join(re.findall(r"\w+", task.lower()))
@@ -187,8 +200,9 @@ async def write_scenarios(
     while len(tasks) < count and rounds < rounds_allowed:
         rounds += 1
         asked = min(BATCH, count - len(tasks))
-        room = asked * TOKENS_PER_TASK + TOKENS_BESIDE_TASKS
-        request = JudgeRequest(prompt(asked, tasks), mode="json", labels=0, max_tokens=room)
+        messages = prompt(asked, tasks)
+        room = await _answer_room(writer, messages, asked)
+        request = JudgeRequest(messages, mode="json", labels=0, max_tokens=room)
         reply = await writer.complete(request)
         # An answer cut at its room may end in a task cut short: a last line with no line end.
         answer = reply.text[: reply.text.rfind("\n") + 1] if reply.cut else reply.text

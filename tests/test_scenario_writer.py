@@ -28,7 +28,7 @@ from art_proxy.scenario_writer import (
     write_scenarios,
 )
 from art_proxy.scenarios import load_scenarios
-from tests.ruler.scripted_judge import Reply, ScriptedJudge, running_scripted_judge
+from tests.ruler.scripted_judge import Reply, ScriptedJudge, running_scripted_judge, tokens_in
 
 TOOLS = [
     {
@@ -189,6 +189,24 @@ async def test_a_batchs_answer_has_a_bounded_room_and_a_line_cut_at_its_end_is_l
         "How many dollars is 300 kroner?",
         "What is the weather in Lyon today?",
     ]
+
+
+async def test_a_batchs_room_is_what_the_writers_context_leaves_after_the_prompt() -> None:
+    """A server refuses a `max_tokens` past its context (vLLM, local-llm: 400)."""
+    tools = [Tool("get_weather", "The weather in a city today.", {})]
+    answer = Reply("What is the weather in Lyon today?")
+    async with running_scripted_judge(answer, context_tokens=400) as served:
+        writer = LitellmJudge("openai/writer", base_url=served.base_url)
+        try:
+            await writer.check()
+            await write_scenarios(
+                writer, lambda count, avoid: tools_prompt(tools, count, avoid), count=1
+            )
+        finally:
+            await writer.aclose()
+
+    [request] = served.requests
+    assert request["max_tokens"] == 400 - tokens_in(request["messages"])
 
 
 def test_without_exactly_one_source_or_with_a_bad_tools_file_it_is_a_one_line_error(

@@ -23,6 +23,7 @@ async def test_the_bundled_model_writes_scenarios_for_a_tool_list(
         "openai/SmolLM2-135M-Instruct", base_url=local_llm.base_url, temperature=1.0
     )
     try:
+        await writer.check()  # as `art-proxy scenarios generate` does: the server's context
         written = await write_scenarios(
             writer,
             lambda count, avoid: tools_prompt(TOOLS, count, avoid),
