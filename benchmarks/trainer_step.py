@@ -53,6 +53,7 @@ from art_proxy_trainer.step import train_step
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks.trainer_ranks import MEMORY_MODEL, QUICK_MEMORY_MODEL
 from benchmarks.trainer_step_batch import (
     FORWARD,
     KL_COEF,
@@ -215,7 +216,7 @@ def parse_args(argv: Sequence[str] | None) -> tuple[Sizes, int, int]:
         action="store_true",
         help=f"a smoke run: {QUICK.group} rows, a prompt of the template's length, "
         f"{QUICK.completion_tokens} tokens, {QUICK.repeats} round, no warm-up; with --nproc, "
-        "a 2 x 256 model for the memory figures",
+        f"a {QUICK_MEMORY_MODEL.name} for the memory figures",
     )
     parser.add_argument(
         "--nproc",
@@ -244,7 +245,6 @@ def main(argv: Sequence[str] | None = None) -> None:
     warnings.filterwarnings("ignore", "`is_gradient_checkpointing` is deprecated", FutureWarning)
     if nproc > 1:
         sys.path.insert(0, str(REPO))  # run as a script, the repository root is not on the path
-        from benchmarks.trainer_ranks import MEMORY_MODEL, QUICK_MEMORY_MODEL
         from benchmarks.trainer_ranks import run as run_ranks
 
         loaded = load_model(None)

@@ -23,6 +23,7 @@ from art_proxy.scenario_writer import (
     TOKENS_BESIDE_TASKS,
     TOKENS_PER_TASK,
     Tool,
+    Written,
     tasks_of,
     tools_prompt,
     write_scenarios,
@@ -169,17 +170,24 @@ async def test_a_writer_that_repeats_itself_stops_with_fewer_and_says_so(tmp_pat
     assert len(load_scenarios(out)) == 1
 
 
+async def write_in_process(served: ScriptedJudge, count: int) -> Written:
+    """`write_scenarios` for a weather tool with `served` as the writer, checked first as the
+    command checks it (its context, where it says one)."""
+    tools = [Tool("get_weather", "The weather in a city today.", {})]
+    writer = LitellmJudge("openai/writer", base_url=served.base_url)
+    try:
+        await writer.check()
+        return await write_scenarios(
+            writer, lambda asked, avoid: tools_prompt(tools, asked, avoid), count=count
+        )
+    finally:
+        await writer.aclose()
+
+
 async def test_a_batchs_answer_has_a_bounded_room_and_a_line_cut_at_its_end_is_left_out() -> None:
     cut = Reply("What is the weather in Lyon today?\nConvert 20 euros to y", finish_reason="length")
-    tools = [Tool("get_weather", "The weather in a city today.", {})]
     async with running_scripted_judge(cut, Reply("How many dollars is 300 kroner?")) as served:
-        writer = LitellmJudge("openai/writer", base_url=served.base_url)
-        try:
-            written = await write_scenarios(
-                writer, lambda count, avoid: tools_prompt(tools, count, avoid), count=2
-            )
-        finally:
-            await writer.aclose()
+        written = await write_in_process(served, count=2)
 
     assert [request["max_tokens"] for request in served.requests] == [
         2 * TOKENS_PER_TASK + TOKENS_BESIDE_TASKS,
@@ -193,17 +201,9 @@ async def test_a_batchs_answer_has_a_bounded_room_and_a_line_cut_at_its_end_is_l
 
 async def test_a_batchs_room_is_what_the_writers_context_leaves_after_the_prompt() -> None:
     """A server refuses a `max_tokens` past its context (vLLM, local-llm: 400)."""
-    tools = [Tool("get_weather", "The weather in a city today.", {})]
     answer = Reply("What is the weather in Lyon today?")
     async with running_scripted_judge(answer, context_tokens=400) as served:
-        writer = LitellmJudge("openai/writer", base_url=served.base_url)
-        try:
-            await writer.check()
-            await write_scenarios(
-                writer, lambda count, avoid: tools_prompt(tools, count, avoid), count=1
-            )
-        finally:
-            await writer.aclose()
+        await write_in_process(served, count=1)
 
     [request] = served.requests
     assert request["max_tokens"] == 400 - tokens_in(request["messages"])
