@@ -21,6 +21,7 @@ from pathlib import Path
 
 import orjson
 
+from art_proxy.config.scenario_writer import THINKING_TOKENS
 from art_proxy.errors import ConfigError
 from art_proxy.records import JsonObject
 from art_proxy.ruler.client import JudgeClient, JudgeRequest
@@ -29,9 +30,9 @@ from art_proxy.scenarios import Scenario, scenario_id_of
 MIN_CHARS, MAX_CHARS = 12, 500
 BATCH = 10  # tasks asked for in one call
 # The room a batch's answer gets, in tokens: a task of MAX_CHARS fits, and a reasoning model's
-# thinking (which counts against max_tokens) has some; a writer that rambles on (a small local
-# model may go to the end of its context) stops there.
-TOKENS_PER_TASK, TOKENS_BESIDE_TASKS = MAX_CHARS // 3, 1024
+# thinking has some (`THINKING_TOKENS`, `--writer-thinking-tokens`); a writer that rambles on (a
+# small local model may go to the end of its context) stops there.
+TOKENS_PER_TASK = MAX_CHARS // 3
 _NUMBERING = re.compile(r"^\s*(?:[-*\u2022]|\(?\d{1,3}[.):]|task\s*\d*[.:])\s*", re.IGNORECASE)
 _QUOTES = "\"'\u201c\u201d\u2018\u2019`"
 
@@ -48,6 +49,7 @@ class Written:
     scenarios: list[Scenario]
     rounds: int  # calls made to the writer
     lines: int  # lines the writer answered with, before cleaning and deduplication
+    cut_while_thinking: int = 0  # answers that ran out of room before the writer had done thinking
 
 
 def tools_from_file(path: Path) -> list[Tool]:
@@ -162,11 +164,13 @@ def tasks_of(answer: str) -> list[str]:
     return tasks
 
 
-async def _answer_room(writer: JudgeClient, messages: list[JsonObject], asked: int) -> int:
-    """The tokens a batch's answer may take: room for `asked` tasks, within what the writer's
-    context leaves after the prompt where its server says its context (`check()`); a server
-    refuses a `max_tokens` past it."""
-    room = asked * TOKENS_PER_TASK + TOKENS_BESIDE_TASKS
+async def _answer_room(
+    writer: JudgeClient, messages: list[JsonObject], asked: int, thinking: int
+) -> int:
+    """The tokens a batch's answer may take: room for `asked` tasks and `thinking`, within what
+    the writer's context leaves after the prompt where its server says its context (`check()`);
+    a server refuses a `max_tokens` past it."""
+    room = asked * TOKENS_PER_TASK + thinking
     if writer.context_tokens is None:
         return room
     prompt = await writer.prompt_tokens(messages)
@@ -189,6 +193,7 @@ async def write_scenarios(
     seed: int = 0,
     max_rounds: int = 0,
     source: str = "tools",
+    thinking_tokens: int = THINKING_TOKENS,
 ) -> Written:
     """`count` distinct scenarios from `writer`; `prompt(batch, avoid)` is the messages for one
     batch (`tools_prompt` or `openings_prompt` with its source bound). Fewer when `max_rounds`
@@ -196,14 +201,15 @@ async def write_scenarios(
     rounds_allowed = max_rounds or 3 * -(-count // BATCH)
     tasks: list[str] = []
     seen: set[str] = set()
-    rounds = lines = 0
+    rounds = lines = cut_while_thinking = 0
     while len(tasks) < count and rounds < rounds_allowed:
         rounds += 1
         asked = min(BATCH, count - len(tasks))
         messages = prompt(asked, tasks)
-        room = await _answer_room(writer, messages, asked)
+        room = await _answer_room(writer, messages, asked, thinking_tokens)
         request = JudgeRequest(messages, mode="json", labels=0, max_tokens=room)
         reply = await writer.complete(request)
+        cut_while_thinking += reply.cut_while_thinking
         # An answer cut at its room may end in a task cut short: a last line with no line end.
         answer = reply.text[: reply.text.rfind("\n") + 1] if reply.cut else reply.text
         lines += len(answer.splitlines())
@@ -224,4 +230,4 @@ async def write_scenarios(
         )
         for index, task in enumerate(tasks)
     ]
-    return Written(scenarios, rounds, lines)
+    return Written(scenarios, rounds, lines, cut_while_thinking)

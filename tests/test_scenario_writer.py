@@ -17,10 +17,10 @@ from typing import Any
 
 import openai
 
+from art_proxy.config.scenario_writer import THINKING_TOKENS
 from art_proxy.proxy.server import RunningProxy
 from art_proxy.ruler.judge import LitellmJudge
 from art_proxy.scenario_writer import (
-    TOKENS_BESIDE_TASKS,
     TOKENS_PER_TASK,
     Tool,
     Written,
@@ -190,8 +190,8 @@ async def test_a_batchs_answer_has_a_bounded_room_and_a_line_cut_at_its_end_is_l
         written = await write_in_process(served, count=2)
 
     assert [request["max_tokens"] for request in served.requests] == [
-        2 * TOKENS_PER_TASK + TOKENS_BESIDE_TASKS,
-        1 * TOKENS_PER_TASK + TOKENS_BESIDE_TASKS,
+        2 * TOKENS_PER_TASK + THINKING_TOKENS,
+        1 * TOKENS_PER_TASK + THINKING_TOKENS,
     ]
     assert sorted(scenario.input for scenario in written.scenarios) == [
         "How many dollars is 300 kroner?",
@@ -207,6 +207,30 @@ async def test_a_batchs_room_is_what_the_writers_context_leaves_after_the_prompt
 
     [request] = served.requests
     assert request["max_tokens"] == 400 - tokens_in(request["messages"])
+
+
+async def test_a_writer_still_thinking_at_its_rooms_end_is_said_and_given_room_to_think(
+    tmp_path: Path,
+) -> None:
+    """A reasoning writer's thinking counts against `max_tokens` (vLLM): cut while it thinks,
+    its answer holds no task; the command says so and what gives it room."""
+    tools = tmp_path / "tools.json"
+    tools.write_text(json.dumps(TOOLS))
+    out = tmp_path / "scenarios.jsonl"
+    thinking = Reply("", reasoning="The user wants weather tasks, so", finish_reason="length")
+    async with running_scripted_judge(thinking) as writer:
+        done = await asyncio.to_thread(
+            generate,
+            *("--tools", str(tools), "--count", "2", "--writer-thinking-tokens", "3000"),
+            *writer_args(writer, out),
+        )
+
+    assert done.returncode == 0, done.stderr
+    assert writer.requests[0]["max_tokens"] == 2 * TOKENS_PER_TASK + 3000
+    assert "wrote 0 scenarios" in done.stderr
+    rounds = len(writer.requests)
+    assert f"{rounds} of its answers ran out of room while it was still thinking" in done.stderr
+    assert "--writer-thinking-tokens" in done.stderr
 
 
 def test_without_exactly_one_source_or_with_a_bad_tools_file_it_is_a_one_line_error(

@@ -109,10 +109,16 @@ def scenarios_generate(settings: ScenarioWriterSettings) -> None:
         if len(scenarios) < settings.count
         else ""
     )
+    if written.cut_while_thinking:
+        short += (
+            f"; {written.cut_while_thinking} of its answers ran out of room while it was still "
+            "thinking (--writer-thinking-tokens gives it more)"
+        )
     where = "standard output" if settings.out == "-" else settings.out
     stderr.print(
         f"wrote {len(scenarios)} scenarios ({len(scenarios) - val} train, {val} val){short} "
-        f"to {escape(where)}"
+        f"to {escape(where)}",
+        soft_wrap=True,  # one line, its path whole, whatever the terminal's width
     )
 
 
@@ -154,6 +160,7 @@ async def _written_scenarios(settings: ScenarioWriterSettings) -> Written:
                 val_fraction=settings.val_fraction,
                 seed=settings.seed,
                 source=source,
+                thinking_tokens=settings.writer_thinking_tokens,
             )
     except (JudgeUnavailable, JudgeRejected) as exc:
         raise ConfigError(f"writer {settings.writer}: {exc}") from exc

@@ -44,6 +44,13 @@ class JudgeChoice(Settings):
         "rotations); a trajectory's score is its mean over them, so a judge that favours a "
         "position cannot reward it. 1 = the given order only (half the judge calls).",
     )
+    judge_thinking_tokens: int = Field(
+        0,
+        ge=0,
+        description="Room for a reasoning judge's thinking (Qwen3, DeepSeek-R1...), added to "
+        "each answer's token cap where the judge's server says its context: its thinking counts "
+        "against the cap. 0 = a judge that answers at once.",
+    )
     judge_check_below: float = Field(
         0.3,
         ge=-1.0,
@@ -198,6 +205,7 @@ def judging_as_it_goes(choice: JudgeChoice, store: str) -> JudgeSettings:
         judge_base_url=choice.judge_base_url,
         judge_mode=choice.judge_mode,
         judge_orders=choice.judge_orders,
+        judge_thinking_tokens=choice.judge_thinking_tokens,
         judge_check_below=choice.judge_check_below,
         rubric=choice.rubric,
         judge_max_prompt_tokens=0,

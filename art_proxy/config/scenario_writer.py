@@ -7,6 +7,9 @@ from pydantic import Field, field_validator, model_validator
 from art_proxy.config.shared import PiiSettings, StoreSettings
 from art_proxy.records import Split
 
+# Room in a writer's answer for a reasoning model's thinking (which counts against max_tokens).
+THINKING_TOKENS = 1024
+
 
 class ScenarioWriterSettings(StoreSettings, PiiSettings):
     mcp: str | None = Field(
@@ -31,6 +34,12 @@ class ScenarioWriterSettings(StoreSettings, PiiSettings):
     writer_api_key: str | None = Field(None, description="The writer's key (else the provider's).")
     temperature: float = Field(
         0.7, ge=0, le=2, description="The writer's sampling temperature (lower: more alike)."
+    )
+    writer_thinking_tokens: int = Field(
+        THINKING_TOKENS,
+        ge=0,
+        description="Room for a reasoning writer's thinking in each answer, beside the tasks': "
+        "its thinking counts against the answer's token cap.",
     )
     val_fraction: float = Field(
         0.2, ge=0, le=1, description="Share of the scenarios put in the val split."

@@ -35,6 +35,9 @@ class JudgeReply:
     completion_tokens: int
     cost_usd: float
     cut: bool = False  # stopped at a token limit (finish_reason "length"): it may end mid-word
+    # Cut before its answer began: a reasoning model still thinking (its thinking counts against
+    # `max_tokens`), which the same room would cut again.
+    cut_while_thinking: bool = False
 
 
 class JudgeClient(Protocol):

@@ -61,6 +61,7 @@ def build_ruler(
         backoff=settings.judge_backoff,
         samples=settings.judge_samples,
         orders=settings.judge_orders,
+        thinking_tokens=settings.judge_thinking_tokens,
         reward=RewardRule(
             mix=settings.reward_weights,
             programmatic_for_validation=settings.programmatic_for is not None,

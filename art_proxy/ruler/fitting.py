@@ -82,7 +82,7 @@ class PromptFitter:
 
     def _answer_room(self, labels: int) -> int:
         """Tokens an answer over `labels` trajectories may take (a checklist's: a mark and a
-        sentence for each criterion of each)."""
+        sentence for each criterion of each), and a reasoning judge's thinking before it."""
         rubric = self._settings.rubric
         if self._settings.mode == "logprob":
             per_label = DIGIT_TOKENS_PER_LABEL
@@ -90,7 +90,7 @@ class PromptFitter:
             per_label = ANSWER_TOKENS_PER_LABEL
         else:
             per_label = CRITERION_TOKENS * len(rubric.criteria)
-        return per_label * labels + 16
+        return per_label * labels + 16 + self._settings.thinking_tokens
 
     async def _judge_count(self, prompt: JudgePrompt) -> int | None:
         counts = [await judge.prompt_tokens(prompt.messages) for judge in self._judges]

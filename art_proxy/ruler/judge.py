@@ -33,6 +33,8 @@ _LOGPROB_TOKENS_PER_LABEL = 8
 _CHECK_TIMEOUT_S = 10.0
 # After a prefilled `t1:`, the digit, or a space and then the digit.
 _PREFILLED_TOKENS = 2
+# Where a reasoning model's thinking shows inline (Qwen3, DeepSeek-R1 without a reasoning parser).
+_THINK_OPEN, _THINK_CLOSE = "<think>", "</think>"
 
 
 def litellm_module() -> ModuleType:
@@ -211,14 +213,28 @@ def _reply(response: Any) -> JudgeReply:
             )
             for entry in content
         ]
+    text = choice.message.content or ""
+    cut = getattr(choice, "finish_reason", None) == "length"
     return JudgeReply(
-        text=choice.message.content or "",
+        text=text,
         tokens=tokens,
         prompt_tokens=int(getattr(usage, "prompt_tokens", 0) or 0),
         completion_tokens=int(getattr(usage, "completion_tokens", 0) or 0),
         cost_usd=_cost(response),
-        cut=getattr(choice, "finish_reason", None) == "length",
+        cut=cut,
+        cut_while_thinking=cut and _still_thinking(choice.message, text),
     )
+
+
+def _still_thinking(message: Any, text: str) -> bool:
+    """A reasoning model's thinking with no answer after it: apart from the answer (vLLM's
+    `reasoning`, `reasoning_content` as older builds and litellm name it), or inline in a
+    `<think>` not yet closed (a server without a reasoning parser)."""
+    apart = getattr(message, "reasoning_content", None) or getattr(message, "reasoning", None)
+    if apart and not text.strip():
+        return True
+    opened = text.rfind(_THINK_OPEN)
+    return opened >= 0 and _THINK_CLOSE not in text[opened:]
 
 
 def _cost(response: Any) -> float:

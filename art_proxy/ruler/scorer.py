@@ -190,6 +190,8 @@ class Ruler:
             reply = await self._answer(judge, request, tally)
             if isinstance(reply, Outcome):
                 return reply
+            if reply.cut_while_thinking:  # the same room would cut a re-ask again
+                return Outcome("judge_failed", _still_thinking(request.max_tokens))
             try:
                 return Outcome("scored", scores=self._parse(reply, labels))
             except InvalidAnswer as exc:
@@ -343,3 +345,12 @@ def _same_result(cached: Judgment, judgment: Judgment) -> bool:
 
 def _label_order(item: tuple[str, ParsedScore]) -> int:
     return int(item[0].removeprefix("t"))
+
+
+def _still_thinking(room: int | None) -> str:
+    if room is None:  # no cap was sent: the judge's own limit (its context) cut it
+        return "the judge was still thinking when its context ran out"
+    return (
+        f"the judge was still thinking when its answer's room of {room} tokens ran out: give "
+        "a reasoning judge room to think with --judge-thinking-tokens"
+    )

@@ -21,6 +21,7 @@ class RulerSettings:
     backoff: float = 1.0  # seconds before the first retry; doubles each time
     samples: int = 1  # answers asked of each judge (several: sample at a temperature above 0)
     orders: int = 1  # orders each group is shown in (orders.py): position debiasing
+    thinking_tokens: int = 0  # a reasoning judge's room to think, beside its answer's
     reward: RewardRule = field(default_factory=RewardRule)
 
     def __post_init__(self) -> None:

@@ -31,6 +31,10 @@ class Reply:
     status: int = 200  # anything else: an OpenAI-shaped error with this status
     logprobs: list[dict[str, Any]] | None = None  # choices[0].logprobs.content
     finish_reason: str = "stop"  # "length": the answer stopped at max_tokens
+    # A reasoning model's thinking, apart from its answer (vLLM's `message.reasoning`; older
+    # builds' `reasoning_content` with `reasoning_field`).
+    reasoning: str | None = None
+    reasoning_field: str = "reasoning"
 
 
 Script = Reply | Callable[[Body], Reply]
@@ -97,7 +101,11 @@ async def running_scripted_judge(
                 "choices": [
                     {
                         "index": 0,
-                        "message": {"role": "assistant", "content": reply.content},
+                        "message": {
+                            "role": "assistant",
+                            "content": reply.content,
+                            **({reply.reasoning_field: reply.reasoning} if reply.reasoning else {}),
+                        },
                         "finish_reason": reply.finish_reason,
                         "logprobs": None if reply.logprobs is None else {"content": reply.logprobs},
                     }
