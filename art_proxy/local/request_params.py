@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from art_proxy.local.sampling import SamplingParams
+from art_proxy.local.sampling import SamplingParams, vllm_temperature
 from art_proxy.wire import ApiError, bool_field, float_field, int_field
 
 # Fields accepted only with these values (the ones that change nothing).
@@ -51,7 +51,9 @@ def sampling_params(body: dict[str, Any], *, max_tokens: int, top_logprobs: int)
     seed = int_field(body, "seed", None, minimum=-(2**63))
     return SamplingParams(
         max_tokens=max_tokens,
-        temperature=float_field(body, "temperature", 1.0, minimum=0.0, maximum=100.0),
+        temperature=vllm_temperature(
+            float_field(body, "temperature", 1.0, minimum=0.0, maximum=100.0)
+        ),
         top_p=top_p,
         top_k=max(top_k, 0),  # vLLM reads -1 as "off", like 0
         seed=seed,

@@ -17,6 +17,7 @@ from rich.console import Console
 from art_proxy.config import TrainerConfig, TrainSettings
 from art_proxy.local.cli import set_torch_threads
 from art_proxy.local.model_loading import load_model
+from art_proxy.local.request_params import sampling_params
 from art_proxy.records import CallRecord, GroupOutcome, TrainableGroup, TrainingStep
 from art_proxy_trainer.batch import TrajectorySample, build_batch
 from art_proxy_trainer.checkpoint import Checkpoints, TrainerState
@@ -85,6 +86,24 @@ def test_tokens_are_scored_at_the_temperature_they_were_sampled_at() -> None:
     # An unset temperature, or greedy decoding, scores at 1.
     plain = build_batch([TrajectorySample("t1", [call(0, [1, 2], [3], [-0.5])], 1.0)])
     assert plain.transforms.temperatures_B_T is None
+
+
+def test_a_tiny_temperature_is_scored_as_vllm_samples_it_at_its_lowest_not_as_greedy() -> None:
+    """vLLM raises a temperature above 0 and under 0.01 to 0.01 before it reads greedy decoding
+    (sampling_params.py `_MAX_TEMP`), so such a call samples, with its top-p; only 0 is greedy.
+    The local server samples so too."""
+    for asked in (1e-6, 5e-3, 0.01):
+        tiny = call(0, [1, 2], [3, 4], [-0.5, -0.7]).model_copy(
+            update={"sampling": {"temperature": asked, "top_p": 0.9}}
+        )
+        transforms = build_batch([TrajectorySample("t1", [tiny], 1.0)]).transforms
+        assert transforms.temperatures_B_T is not None, asked
+        temperatures = transforms.temperatures_B_T.tolist()[0]
+        assert temperatures == pytest.approx([1.0, 1.0, 0.01, 0.01]), asked
+        assert transforms.top_p_B_T is not None, asked
+    body = {"temperature": 1e-6, "top_p": 0.9}
+    assert sampling_params(body, max_tokens=4, top_logprobs=0).temperature == 0.01
+    assert sampling_params({"temperature": 0}, max_tokens=4, top_logprobs=0).temperature == 0
 
 
 def test_the_step_of_an_adapter_is_read_off_its_name() -> None:

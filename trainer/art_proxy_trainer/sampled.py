@@ -12,7 +12,13 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from art_proxy.local.sampling import biased, min_p_filtered, penalized, top_k_top_p_filtered
+from art_proxy.local.sampling import (
+    biased,
+    min_p_filtered,
+    penalized,
+    top_k_top_p_filtered,
+    vllm_temperature,
+)
 from art_proxy.records import CallRecord
 from art_proxy.wire import MIN_LOGPROB
 from art_proxy_trainer.bitmask import allowed_mask
@@ -43,8 +49,6 @@ class SampledFrom:
 NOT_FILTERED = SampledFrom()
 # vLLM's bounds on a logit bias (SamplingParams.from_optional clamps each one to them).
 _LOGIT_BIAS_BOUND = 100.0
-# vLLM reads a temperature under this as greedy decoding (vllm/sampling_params.py).
-_GREEDY_BELOW = 1e-5
 
 
 def sampled_from(call: CallRecord) -> SampledFrom:
@@ -66,8 +70,8 @@ def sampled_from(call: CallRecord) -> SampledFrom:
         if isinstance(bias, dict)
         else (),
     )
-    temperature = _number(sampling.get("temperature"), 1.0)
-    if temperature < _GREEDY_BELOW:
+    temperature = vllm_temperature(_number(sampling.get("temperature"), 1.0))
+    if temperature == 0:
         return changes
     top_k = _number(sampling.get("top_k"), 0)
     top_p = _number(sampling.get("top_p"), 1.0)
