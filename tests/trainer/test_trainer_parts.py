@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import os
 import re
+import uuid
 from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -19,6 +20,8 @@ from art_proxy.local.cli import set_torch_threads
 from art_proxy.local.model_loading import load_model
 from art_proxy.local.request_params import sampling_params
 from art_proxy.records import CallRecord, GroupOutcome, TrainableGroup, TrainingStep
+from art_proxy.store.trajectory_store import TrajectoryStore
+from art_proxy.store.writer import Batch
 from art_proxy_trainer.batch import TrajectorySample, build_batch
 from art_proxy_trainer.checkpoint import Checkpoints, TrainerState
 from art_proxy_trainer.command import _Display
@@ -30,8 +33,10 @@ from art_proxy_trainer.policy import Policy, trained_parameters
 from art_proxy_trainer.samples import trajectory_samples
 from art_proxy_trainer.scoring import token_logprobs
 from art_proxy_trainer.step import train_step
-from art_proxy_trainer.swap import _same_model, step_of
+from art_proxy_trainer.swap import _same_model, adapter_name, step_of
 from art_proxy_trainer.trainer import Trainer
+from art_proxy_trainer.validation import validated_step
+from tests.store_rows import call_row, group_row, scenario_row, trajectory_row
 from tests.trainer.records import call
 from tests.trainer.test_step import _model
 
@@ -210,6 +215,72 @@ def test_validation_without_improvement_for_patience_rounds_is_a_plateau(tmp_pat
         trainer.stopping.validated(trainer.state, step, reward)
     assert trainer.stopping.plateaued()
     assert trainer.state.best_step == 0
+
+
+async def _seed_group(
+    store: TrajectoryStore, split: str, served_by: str, rewards: list[float]
+) -> TrainableGroup:
+    """A finished group in `store` whose calls `served_by` answered (trainable, tokens of the
+    tiny model's vocabulary), and its rewards as the trainer gets them."""
+    at = datetime(2026, 1, 1, tzinfo=UTC)
+    scenario, group = f"s-{uuid.uuid4().hex[:8]}", uuid.uuid4().hex
+    rows = [scenario_row(scenario, at), group_row(group, scenario, at)]
+    members = {f"{group[:8]}-{index}": reward for index, reward in enumerate(rewards)}
+    for trajectory in members:
+        rows.append(trajectory_row(trajectory, scenario, group, at, split=split, call_count=1))
+        rows.append(
+            call_row(
+                trajectory,
+                at,
+                model=served_by,
+                response={},
+                prompt_token_ids=[1, 2],
+                completion_token_ids=[[3, 4]],
+                logprobs=[[-0.5, -0.7]],
+                trainable=True,
+            )
+        )
+    await store.write(Batch(rows))
+    return TrainableGroup.model_validate(
+        {
+            "group_id": group,
+            "scenario_id": scenario,
+            "created_at": at,
+            "split": split,
+            "rewards": members,
+            "judge_cost_usd": 0.0,
+        }
+    )
+
+
+async def test_the_best_checkpoint_is_the_weights_its_validation_was_served_by(
+    tmp_path: Path, store: TrajectoryStore
+) -> None:
+    """A step's validation is sampled before it trains, by the adapter then served: the best
+    checkpoint is that adapter's step, not the step whose weights nobody validated yet."""
+    trainer = _trainer(tmp_path, val_every=1)
+    trainer.store = store
+    trainer.state.step = trainer.state.policy_step = 1  # as a run that trained step 1 is
+    trainer.checkpoints.save(trainer.policy.model, trainer.policy.state(), trainer.state)
+    served = adapter_name(trainer.alias, 1, trainer.state.run_tag)
+    val = await _seed_group(store, "val", served, [0.8, 0.6])
+    train = await _seed_group(store, "train", served, [0.0, 1.0])
+
+    with trainer.sink:
+        record = await trainer.train([train, val], extra_metrics={"val_reward": 0.7})
+
+    assert record.step == 2 and record.status == "applied"
+    assert trainer.state.best_step == 1
+    assert trainer.checkpoints._pointed("best") == 1
+    assert trainer.checkpoints.path(1).is_dir()  # kept: the best is never pruned
+
+
+def test_a_validation_is_of_the_oldest_weights_of_this_run_that_served_it() -> None:
+    tag = "3f9a1c"
+    assert validated_step({"m@2-3f9a1c": 0.5, "m@1-3f9a1c": 0.7}, "m", tag) == 1
+    assert validated_step({"SmolLM2-135M-Instruct": 0.4}, "m", tag) == 0  # the base model
+    assert validated_step({"m@4-aaaaaa": 0.9}, "m", tag) is None  # another run's adapter
+    assert validated_step({"m@4": 0.9}, "m", "") == 4  # a run from before tags
 
 
 def _served(group_id: str, model: str) -> tuple[TrainableGroup, dict[str, list[CallRecord]]]:

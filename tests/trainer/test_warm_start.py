@@ -193,9 +193,9 @@ async def test_a_warm_start_is_recorded_and_swapped_in_and_grpo_goes_on_from_it(
     assert steps[2].metrics["val_reward"] >= 0 and "trained" in steps[2].groups.values()
     assert untagged(alias.model) == f"{TINY_NAME}@3"
     assert summary.trainer is not None
-    # The base model validated before the warm start; the first GRPO step, sampled by the warm
-    # start's adapter, validated it.
-    assert [s for s, _ in summary.trainer.state.val_history] == [0, 3]
+    # The base model validated before the warm start; the first GRPO step's validation, sampled
+    # by the warm start's adapter (step 2's weights), validated it.
+    assert [s for s, _ in summary.trainer.state.val_history] == [0, 2]
     # The run's first step carries the base model's validation, the dashboard's point at step 0.
     assert steps[0].metrics["val_reward_base"] == summary.trainer.state.val_history[0][1]
     assert all("val_reward_base" not in s.metrics for s in steps[1:])

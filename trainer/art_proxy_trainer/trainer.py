@@ -43,7 +43,7 @@ from art_proxy_trainer.promoter import Promoter
 from art_proxy_trainer.samples import trajectory_samples
 from art_proxy_trainer.sleep import UpstreamSleep
 from art_proxy_trainer.swap import AdapterSwapper, adapter_name, step_of
-from art_proxy_trainer.validation import Stopping, validation_by_model
+from art_proxy_trainer.validation import Stopping, validated_step, validation_by_model
 
 log = logging.getLogger(__name__)
 # Where every step's torch work runs (see `_optimise_batch`).
@@ -177,9 +177,17 @@ class Trainer:
         status, reason = await self._optimise(samples, metrics, outcomes)
         if rewards:
             self.state.reward_history.append((number, metrics["reward_mean"]))
-        best = "val_reward" in metrics and self.stopping.validated(
-            self.state, number, metrics["val_reward"]
-        )
+        best = None
+        if "val_reward" in metrics:
+            # Sampled before this step trains: it validates the weights that served it.
+            weights = (
+                validated_step(validated, self.alias, self.state.run_tag)
+                if validated
+                else self.state.policy_step  # its calls do not say: the weights served now
+            )
+            val_reward = metrics["val_reward"]
+            if weights is not None and self.stopping.validated(self.state, weights, val_reward):
+                best = weights
         return await self._commit(
             number, "grpo", status, reason, outcomes, metrics, started, promotion, best=best
         )
@@ -211,10 +219,11 @@ class Trainer:
         started: float,
         promotion: str | None = None,
         *,
-        best: bool = False,
+        best: int | None = None,
     ) -> TrainingStep:
         """Record step `number`: checkpoint, store, swap, metrics, in the order that makes a
-        kill at any moment harmless (see the module docstring)."""
+        kill at any moment harmless (see the module docstring); `best`: the step whose weights
+        are now the best validated."""
         base = [reward for step, reward in self.state.val_history if step == 0]
         if number == 1 and base:
             # The base model's validation, before any step: the first record carries it (the
@@ -243,8 +252,8 @@ class Trainer:
         # An abandoned step leaves the weights as they were: no second copy of them.
         trained = self.policy.state() if status == "applied" else None
         self.checkpoints.save(self.policy.model, trained, self.state)
-        if best:
-            self.checkpoints.mark_best(number)
+        if best is not None:
+            self.checkpoints.mark_best(best)
         await self.store.record_step(record)
         metrics["seconds_checkpoint"] = time.perf_counter() - saving
         if record.swap is None:
