@@ -308,6 +308,7 @@ def _samples_of(
         metrics,
         policy_step=trainer.state.policy_step,
         alias=trainer.alias,
+        run_tag=trainer.state.run_tag,
         staleness_bound=trainer.settings.staleness_bound,
         scale_by_std=trainer.settings.scale_advantages_by_std,
     )
@@ -325,14 +326,32 @@ def test_staleness_counts_from_the_weights_trained_not_from_the_step_number(
     assert outcomes == {"base": "trained"}
     # Once step 3 changed the weights, the base model is one step old and adapter 1 two.
     trainer.state.policy_step = 3
-    old, old_calls = _served("old", "policy@1")
+    old, old_calls = _served("old", adapter_name("policy", 1, trainer.state.run_tag))
     outcomes = {}
     _samples_of(trainer, [base, old], base_calls | old_calls, outcomes, {})
     assert outcomes == {"base": "stale", "old": "stale"}
-    recent, recent_calls = _served("recent", "policy@2")
+    recent, recent_calls = _served("recent", adapter_name("policy", 2, trainer.state.run_tag))
     outcomes = {}
     _samples_of(trainer, [recent], recent_calls, outcomes, {})
     assert outcomes == {"recent": "trained"}
+
+
+def test_a_group_another_runs_adapter_served_is_past_any_staleness_bound(tmp_path: Path) -> None:
+    """Its weights lie on no step of this run (an earlier run's adapter, still served after a new
+    `--out`): its step number, read as this run's, made it steps ahead and so fresh."""
+    trainer = _trainer(tmp_path, alias="policy", max_staleness=1)
+    trainer.state.step = trainer.state.policy_step = 2
+    foreign, calls = _served("foreign", "policy@40-aaaaaa")
+    outcomes: dict[str, GroupOutcome] = {}
+    _samples_of(trainer, [foreign], calls, outcomes, {})
+    assert outcomes == {"foreign": "stale"}
+    # Without a bound it trains (its recorded logprobs are its sampler's), counted apart.
+    unbounded = _trainer(tmp_path / "unbounded", alias="policy", max_staleness=0)
+    unbounded.state.step = unbounded.state.policy_step = 2
+    outcomes, metrics = {}, dict[str, float]()
+    assert len(_samples_of(unbounded, [foreign], calls, outcomes, metrics)) == 2
+    assert outcomes == {"foreign": "trained"}
+    assert metrics["groups_of_other_runs"] == 1 and "staleness_max" not in metrics
 
 
 def test_the_sidecar_consumes_groups_past_max_off_policy_steps_as_stale(tmp_path: Path) -> None:
@@ -343,8 +362,8 @@ def test_the_sidecar_consumes_groups_past_max_off_policy_steps_as_stale(tmp_path
     )
     trainer.state.step = trainer.state.policy_step = 3
     outcomes: dict[str, GroupOutcome] = {}
-    for name, served in (("old", "policy@1"), ("recent", "policy@2")):  # 2 and 1 steps behind
-        group, calls = _served(name, served)
+    for name, step in (("old", 1), ("recent", 2)):  # 2 and 1 steps behind
+        group, calls = _served(name, adapter_name("policy", step, trainer.state.run_tag))
         _samples_of(trainer, [group], calls, outcomes, {})
     assert outcomes == {"old": "stale", "recent": "trained"}
 

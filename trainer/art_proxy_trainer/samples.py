@@ -11,7 +11,7 @@ from art_proxy.records import CallRecord, GroupOutcome, TrainableGroup
 from art_proxy.rewards import has_signal
 from art_proxy_trainer.advantages import group_advantages, pooled, pooled_rewards
 from art_proxy_trainer.batch import TrajectorySample
-from art_proxy_trainer.swap import step_of
+from art_proxy_trainer.swap import step_of_run
 
 
 def trajectory_samples(
@@ -22,6 +22,7 @@ def trajectory_samples(
     *,
     policy_step: int,
     alias: str,
+    run_tag: str,
     staleness_bound: int,
     scale_by_std: bool,
 ) -> list[TrajectorySample]:
@@ -30,13 +31,15 @@ def trajectory_samples(
     `zero_variance` (its pool's rewards carry no signal) or `trained`; the trained groups'
     staleness goes into `metrics`."""
     # Age is counted from the weights trained now, not from the step number: after steps
-    # abandoned for want of signal, the base model's new samples are still on-policy.
-    behind: dict[str, int] = {}
+    # abandoned for want of signal, the base model's new samples are still on-policy. An
+    # adapter of another run is on none of this run's steps: past any bound.
+    behind: dict[str, float] = {}
     current: list[TrainableGroup] = []
     for group in groups:
         served = [c.model for t in group.rewards for c in calls.get(t, [])]
+        steps = [step_of_run(model, alias, run_tag) for model in served]
         behind[group.group_id] = max(
-            (policy_step - step_of(model, alias) for model in served),
+            (math.inf if step is None else policy_step - step for step in steps),
             default=0,
         )
         bound = staleness_bound
@@ -47,6 +50,7 @@ def trajectory_samples(
     # A guided retry shares its unguided group's baseline (advantages.pooled).
     fresh: dict[str, dict[str, float]] = {}
     staleness: list[float] = []
+    other_runs = 0
     for pool, members in pooled(current).items():
         rewards = pooled_rewards(members)
         if not has_signal(rewards.values()):
@@ -54,7 +58,11 @@ def trajectory_samples(
             continue
         fresh[pool] = rewards
         outcomes |= {group.group_id: "trained" for group in members}
-        staleness += [float(max(behind[group.group_id], 0)) for group in members]
+        ages = [behind[group.group_id] for group in members]
+        staleness += [float(max(age, 0)) for age in ages if age != math.inf]
+        other_runs += sum(age == math.inf for age in ages)
+    if other_runs:
+        metrics["groups_of_other_runs"] = float(other_runs)
     if staleness:
         metrics["staleness_mean"] = math.fsum(staleness) / len(staleness)
         metrics["staleness_max"] = max(staleness)

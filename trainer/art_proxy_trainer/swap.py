@@ -62,6 +62,15 @@ def step_of(model: str | None, alias: str) -> int:
     return int(step) if step.isdigit() else 0
 
 
+def step_of_run(model: str | None, alias: str, run_tag: str) -> int | None:
+    """`step_of` for a model this run's weights served (an adapter of this run, the base
+    model); None for an adapter of another run, whose weights lie on none of this run's steps."""
+    step = step_of(model, alias)
+    if step and model != adapter_name(alias, step, run_tag):
+        return None
+    return step
+
+
 class AdapterSwapper:
     def __init__(
         self,

@@ -160,6 +160,7 @@ class Trainer:
             metrics,
             policy_step=self.state.policy_step,
             alias=self.alias,
+            run_tag=self.state.run_tag,
             staleness_bound=self.settings.staleness_bound,
             scale_by_std=self.settings.scale_advantages_by_std,
         )

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from art_proxy.records import CallRecord, TrainableGroup
 from art_proxy.rewards import mean_or_nan
 from art_proxy_trainer.checkpoint import TrainerState
-from art_proxy_trainer.swap import adapter_name, step_of
+from art_proxy_trainer.swap import step_of_run
 
 log = logging.getLogger(__name__)
 
@@ -82,10 +82,6 @@ def validated_step(validated: Mapping[str, float], alias: str, run_tag: str) -> 
     """The step whose weights served a validation (`validation_by_model`'s models; 0: the base
     model), the oldest where a swap came while it ran; None where an adapter of another run
     served some of it, which validates none of this run's weights."""
-    steps = []
-    for model in validated:
-        step = step_of(model, alias)
-        if step and model != adapter_name(alias, step, run_tag):
-            return None
-        steps.append(step)
-    return min(steps)
+    steps = [step_of_run(model, alias, run_tag) for model in validated]
+    known = [step for step in steps if step is not None]
+    return min(known) if len(known) == len(steps) else None
