@@ -84,7 +84,10 @@ LOGIT_CHANGES: list[dict[str, Any]] = [
         LOGIT_BIAS: True,
     },
     {"temperature": 0, "repetition_penalty": 1.3},  # greedy: the penalties still apply
+    {"temperature": 1e-6, "top_p": 0.9},  # not greedy: vLLM samples at 0.01, with its top-p
 ]
+# The breach of that last one: scored as greedy decoding (before temperature and filters).
+_TINY_TEMPERATURE = len(LOGIT_CHANGES) - 1
 
 
 @pytest.fixture
@@ -458,6 +461,10 @@ async def test_penalties_min_p_and_logit_bias_are_scored_as_vllm_sampled_with_th
             policy, batch.tokens_B_T, batch.attention_mask_B_T, batch.mask_B_T, batch.transforms
         ).logprobs_B_T
         without = token_logprobs(logits, batch.tokens_B_T, untouched)
+        as_greedy = replace(untouched, temperatures_B_T=None, top_k_B_T=None, top_p_B_T=None)
+        without[_TINY_TEMPERATURE] = token_logprobs(logits, batch.tokens_B_T, as_greedy)[
+            _TINY_TEMPERATURE
+        ]
     for row, changes in enumerate(LOGIT_CHANGES):
         tokens = sampled[row]
         # Both of the trainer's scorings, float32 on both sides: the distribution vLLM drew from.
