@@ -147,3 +147,36 @@ async def test_a_calls_span_joins_the_clients_trace_and_a_trajectory_links_to_it
     assert first["trace_id"] == second["trace_id"] == trace_id
     assert first["parent"] == second["parent"] == client_span
     assert first["links"] == [] and second["links"] == [first["span_id"]]
+
+
+async def test_an_upstream_error_that_quotes_the_prompt_leaves_no_text_in_the_span(
+    sqlite_url: str, collector: tuple[str, list[dict[str, Any]]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """vLLM's 400s quote the request (a pydantic error's `input=...`): the error text is the
+    record's, scrubbed there; the span says only that the call failed, and how."""
+    endpoint, spans = collector
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint)
+
+    async def chat(request: web.Request) -> web.Response:
+        quoted = (await request.json())["messages"][0]
+        error = {"object": "error", "message": f"invalid: input={quoted!r}", "code": 400}
+        return web.json_response({**error, "type": "BadRequestError"}, status=400)
+
+    async def models(_request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [{"id": "m", "object": "model"}]})
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", chat)
+    app.router.add_get("/v1/models", models)
+    body = {"model": "m", "messages": [{"role": "user", "content": SECRET_PROMPT}]}
+    async with (
+        serving(app) as upstream,
+        aiohttp.ClientSession() as http,
+        running_proxy(proxy_settings(sqlite_url, upstream + "/v1")) as proxy,
+        http.post(proxy.base_url + "/chat/completions", json=body) as response,
+    ):
+        assert response.status == 400
+
+    [failed] = spans
+    assert failed["status"] == 2 and failed["attributes"]["error.type"] == "400"  # ERROR
+    assert b"4111" not in failed["raw"]

@@ -127,7 +127,8 @@ class CallSpans:
                 self._first.popitem(last=False)
         if row["status"] != "ok":
             span.set_attribute("error.type", str(row["http_status"] or row["status"]))
-            span.set_status(Status(StatusCode.ERROR, row["error"]))
+            # Not the error's text: an upstream's 4xx quotes the request (spans carry no text).
+            span.set_status(Status(StatusCode.ERROR, f"{row['status']} {row['http_status']}"))
         span.end(end_time=_ns(ended))
 
     def shutdown(self) -> None:
