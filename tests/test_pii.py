@@ -68,7 +68,8 @@ async def test_the_dashboard_and_export_show_placeholders_and_keep_the_token_ids
             )
         [recorded] = await trajectories(proxy)
         admin = []
-        for path in ("/art/v1/trajectories", f"/art/v1/trajectories/{recorded.id}"):
+        routes = ("/art/v1/trajectories", f"/art/v1/trajectories/{recorded.id}")
+        for path in (*routes, "/art/v1/scenarios"):  # a scenario keeps its opening
             async with http.get(proxy.root_url + path) as response:
                 assert response.status == 200
                 admin.append(await response.text())
@@ -85,7 +86,7 @@ async def test_the_dashboard_and_export_show_placeholders_and_keep_the_token_ids
 
     for page in [*pages, *admin]:
         assert EMAIL not in page and CARD not in page and OTHER not in page
-    assert "<EMAIL_ADDRESS_" in admin[1]
+    assert "<EMAIL_ADDRESS_" in admin[1] and "<EMAIL_ADDRESS_" in admin[2]
     assert "&lt;CREDIT_CARD_1&gt;" in pages[1] and "&lt;EMAIL_ADDRESS_" in pages[1]
     assert result.returncode == 0, result.stderr
     [line] = [json.loads(text) for text in result.stdout.splitlines()]

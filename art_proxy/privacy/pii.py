@@ -21,7 +21,13 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from art_proxy.errors import ConfigError
-from art_proxy.records import CallRecord, ExportedTrajectory, Judgment, TrajectoryRecord
+from art_proxy.records import (
+    CallRecord,
+    ExportedTrajectory,
+    Judgment,
+    ScenarioRecord,
+    TrajectoryRecord,
+)
 
 if TYPE_CHECKING:
     from presidio_analyzer import AnalyzerEngine
@@ -210,6 +216,11 @@ def redacted_export(exported: ExportedTrajectory, placeholders: Placeholders) ->
             "messages": placeholders.value(exported.messages),
         }
     )
+
+
+def redacted_scenario(scenario: ScenarioRecord, placeholders: Placeholders) -> ScenarioRecord:
+    """The scenario's opening redacted (a conversation's first messages, as first seen)."""
+    return scenario.model_copy(update={"opening": placeholders.value(scenario.opening)})
 
 
 def redacted_judgment(judgment: Judgment, placeholders: Placeholders) -> Judgment:

@@ -14,7 +14,12 @@ from pydantic import BaseModel, ValidationError
 from art_proxy.errors import BadRequest, NotFound, StoreUnavailable
 from art_proxy.journal.segments import Journal
 from art_proxy.privacy.erasure import forget
-from art_proxy.privacy.pii import PiiRedactor, redacted_judgment, redacted_trajectory
+from art_proxy.privacy.pii import (
+    PiiRedactor,
+    redacted_judgment,
+    redacted_scenario,
+    redacted_trajectory,
+)
 from art_proxy.records import AliasRequest, FeedbackRequest, FinishRequest, SubjectSelector
 from art_proxy.records.erasure import stored_subject_id
 from art_proxy.store.trajectory_store import TrajectoryStore
@@ -147,7 +152,11 @@ class Admin:
         return json_response(found)
 
     async def scenarios(self, request: web.Request) -> web.Response:
-        return json_response(await self._store.scenarios())
+        found = await self._store.scenarios()
+        if self._redactor is not None:
+            placeholders = self._redactor.placeholders()
+            found = [redacted_scenario(scenario, placeholders) for scenario in found]
+        return json_response(found)
 
     async def aliases(self, request: web.Request) -> web.Response:
         return json_response(await self._store.aliases())
