@@ -15,6 +15,7 @@ from typing import Any
 import aiohttp
 import anthropic
 import openai
+import pytest
 
 from art_proxy.proxy.server import RunningProxy
 from tests.conftest import trajectories
@@ -170,12 +171,20 @@ async def test_a_call_naming_another_subjects_trajectory_is_refused_not_joined(
         json=body,
         headers={"X-Art-User": "bob", "X-Art-Tenant": "globex"},
     )
+    # A stored response is alice's too: to another subject it is not there (nothing is told of
+    # it), and continuing from it would copy her conversation into his.
     async with openai.AsyncOpenAI(
         base_url=proxy.base_url, api_key="unused", default_headers=bob
     ) as client:
-        await client.responses.create(
-            model=MODEL, input="bob's follow-up", previous_response_id=started.id
-        )
+        with pytest.raises(openai.BadRequestError, match="not found"):
+            await client.responses.create(
+                model=MODEL, input="bob's follow-up", previous_response_id=started.id
+            )
+    for reader in (bob, {"X-Art-User": "alice", "X-Art-Tenant": "globex"}, {}):
+        read = await http.get(f"{proxy.base_url}/responses/{started.id}", headers=reader)
+        assert read.status == 404, reader
+    mine = await http.get(f"{proxy.base_url}/responses/{started.id}", headers=alice)
+    assert mine.status == 200
 
     for refused in (header, url):
         assert refused.status == 409
@@ -188,3 +197,4 @@ async def test_a_call_naming_another_subjects_trajectory_is_refused_not_joined(
             by_user.setdefault(trajectory.user_id, []).append(json.dumps(call.request))
     assert not any("bob" in request for request in by_user["alice"])
     assert any("bob's follow-up" in request for request in by_user["bob"])
+    assert not any("alice" in request for request in by_user["bob"])

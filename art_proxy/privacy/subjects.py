@@ -28,6 +28,17 @@ class Subject:
 NO_SUBJECT = Subject()
 
 
+def subject_of_row(row: Mapping[str, Any]) -> Subject:
+    """The subject of a stored trajectory row (none before migration 0015)."""
+    return Subject(row.get("user_id"), row.get("tenant_id"))
+
+
+def may_read(reader: Subject, owner: Subject) -> bool:
+    """Whether a request of `reader` may read what was recorded under `owner` (a stored
+    Responses answer): the owner's tenant and user where it has them, none where it has none."""
+    return owner.tenant in (None, reader.tenant) and owner.user in (None, reader.user)
+
+
 def subject_of(headers: Mapping[str, str], body: Mapping[str, Any] | None) -> Subject:
     """The subject the headers name, else the body's user field; `BadRequest` for a header that
     is empty, unprintable or longer than the store keeps."""

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from art_proxy.errors import StoreError
+from art_proxy.privacy.subjects import subject_of_row
 from art_proxy.records import JsonObject
 from art_proxy.store.trajectory_store import TrajectoryStore
 
@@ -34,7 +35,6 @@ from .open_trajectories import (
     Restored,
     fits,
     sequences_of,
-    subject_of_row,
 )
 
 log = logging.getLogger(__name__)

@@ -13,13 +13,14 @@ from aiohttp import web
 
 from art_proxy.errors import NotFound, UpstreamError
 from art_proxy.ids import made_at_s
+from art_proxy.privacy.subjects import may_read, subject_of, subject_of_row
 from art_proxy.records import AliasRecord, JsonObject
 from art_proxy.store.trajectory_store import TrajectoryStore
 
 from .aliases import Aliases
 from .answering import json_answer
 from .dialects import anthropic, responses, responses_answer
-from .translation import loaded_body
+from .translation import check_reader, loaded_body
 from .upstream import Upstreams, client_auth, read_body
 
 # How long a call another proxy may still be ingesting is awaited in the store: an ingester
@@ -84,8 +85,10 @@ class Lookups:
         response_id = request.match_info["response"]
         call_id = responses.call_id_of(response_id)
         row = await self.stored_call(call_id) if call_id else None
-        if row is None or not responses.retrievable(row):
+        reader = subject_of(request.headers, None)
+        if not responses.retrievable(row) or not may_read(reader, subject_of_row(row or {})):
             raise NotFound(f"no response with id {response_id!r}", param="response_id")
+        assert row is not None  # retrievable
         created = row["created_at"].timestamp()
         body = responses_answer.response_object(
             call_id or "", row["client_request"], row["response"], created
@@ -115,7 +118,10 @@ class Lookups:
         """OpenAI's `POST /v1/responses/input_tokens`: the body's prompt, translated as
         `/v1/responses` translates it (instructions, tools and a `previous_response_id`'s
         conversation included), counted by the upstream (`_counted`)."""
-        chat = (await responses.translate(await loaded_body(request), self.stored_call)).chat
+        loaded = await loaded_body(request)
+        done = await responses.translate(loaded, self.stored_call)
+        check_reader(done.owner, subject_of(request.headers, loaded), loaded)
+        chat = done.chat
         prompt: JsonObject = {"model": self._aliases.resolve(chat["model"])}
         prompt |= {key: chat[key] for key in ("messages", "tools") if key in chat}
         counted = await self._counted(request, prompt)

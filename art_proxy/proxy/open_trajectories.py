@@ -12,7 +12,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from art_proxy.privacy.subjects import NO_SUBJECT, Subject
+from art_proxy.privacy.subjects import NO_SUBJECT, Subject, subject_of_row
 from art_proxy.records import JsonObject, Split
 from art_proxy.store.rows import NewTrajectoryRows
 
@@ -186,11 +186,6 @@ def _next_seq(row: JsonObject) -> int:
     """After the last recorded call: a lost call leaves the count short of the seqs."""
     last = row.get("last_seq")
     return int(row["call_count"]) if last is None else max(int(row["call_count"]), last + 1)
-
-
-def subject_of_row(row: JsonObject) -> Subject:
-    """The subject of a stored trajectory row (none before migration 0015)."""
-    return Subject(row.get("user_id"), row.get("tenant_id"))
 
 
 def sequences_of(row: JsonObject) -> list[list[int]]:

@@ -40,7 +40,7 @@ from .shadow import ShadowSampler
 from .stream_relay import answer_as_stream, relay_stream
 from .tracing import TRACE_HEADERS
 from .tracker import Assignment, TrajectoryTracker
-from .translation import StoredCall, Translated, read_body, translate
+from .translation import StoredCall, Translated, check_reader, read_body, translate
 from .upstream import PATHS, Upstreams, client_auth
 from .upstream import read_body as read_upstream_body
 
@@ -104,9 +104,12 @@ class Relay:
         # 2. attribute it to a trajectory
         if not isinstance(translated, Rejection):
             try:
+                client = translated.client or translated.body
+                subject = subject_of(request.headers, client)
+                check_reader(translated.owner, subject, client)
                 explicit = replace(
                     explicit_attribution(request.match_info, request.headers, self._default_split),
-                    subject=subject_of(request.headers, translated.client or translated.body),
+                    subject=subject,
                 )
                 asked = asked_candidates(request.headers)
                 guidance = guidance_of(request.headers) if kind == "chat" else None

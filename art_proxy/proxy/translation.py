@@ -11,6 +11,7 @@ from aiohttp import web
 from aiohttp.web_protocol import RequestPayloadError
 
 from art_proxy.errors import BadRequest
+from art_proxy.privacy.subjects import Subject, may_read
 from art_proxy.records import CallKind, Dialect, JsonObject
 
 from .dialects import anthropic, responses
@@ -29,6 +30,7 @@ class Translated:
     body: JsonObject
     client: JsonObject | None = None
     continues: str | None = None
+    owner: Subject | None = None  # whose `continues` is (responses.ChatRequest)
 
 
 async def read_body(request: web.Request) -> bytes | Rejection:
@@ -67,12 +69,20 @@ async def translate(
     try:
         if dialect == "responses":
             done = await responses.translate(loaded, stored_call)
-            chat, continues = done.chat, done.continues
+            chat, continues, owner = done.chat, done.continues, done.owner
         else:
-            chat, continues = anthropic.translate(loaded), None
+            chat, continues, owner = anthropic.translate(loaded), None, None
     except BadRequest as exc:
         return Rejection(exc, loaded, messages_valid=False)
     checked = check_body(chat, "chat")
     if isinstance(checked, Rejection):  # what the client sent inside the items, e.g. a role
         return Rejection(checked.error, loaded, messages_valid=False)
-    return Translated(chat, client=loaded, continues=continues)
+    return Translated(chat, client=loaded, continues=continues, owner=owner)
+
+
+def check_reader(owner: Subject | None, reader: Subject, body: JsonObject) -> None:
+    """`BadRequest` when `body` continues a stored response (`previous_response_id`) of `owner`
+    that `reader` may not read: as for one that does not exist, so that nothing is told of
+    another user's or tenant's."""
+    if owner is not None and not may_read(reader, owner):
+        raise responses.previous_not_found(str(body.get("previous_response_id")))

@@ -86,17 +86,22 @@ class AttributionReads(StoreBase):
 
     async def call_row(self, call_id: str) -> JsonObject | None:
         """What a Responses call's `previous_response_id` and `GET /v1/responses/{id}` read of a
-        recorded call: its trajectory, dialect, status, bodies and answer."""
+        recorded call: its trajectory and that one's subject (`user_id`, `tenant_id`), dialect,
+        status, bodies and answer."""
         row = await self._first(
             sa.select(
                 C.c.trajectory_id,
+                T.c.user_id,
+                T.c.tenant_id,
                 C.c.dialect,
                 C.c.status,
                 C.c.created_at,
                 C.c.request,
                 C.c.client_request,
                 C.c.response,
-            ).where(C.c.id == call_id)
+            )
+            .select_from(C.join(T, T.c.id == C.c.trajectory_id))
+            .where(C.c.id == call_id)
         )
         return None if row is None else {**row, "created_at": aware(row["created_at"])}
 

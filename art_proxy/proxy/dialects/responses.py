@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from art_proxy.errors import BadRequest
+from art_proxy.privacy.subjects import Subject, subject_of_row
 from art_proxy.records import JsonObject
 
 from .chat_reply import PASSED_FIELDS, a_list, joined_text, require
@@ -36,6 +37,7 @@ class ChatRequest:
 
     chat: JsonObject
     continues: str | None  # the trajectory of the response `previous_response_id` names
+    owner: Subject | None = None  # whose that trajectory is (`may_read` says who may continue it)
 
 
 def call_id_of(response_id: str) -> str | None:
@@ -56,11 +58,11 @@ async def translate(body: JsonObject, lookup: CallLookup) -> ChatRequest:
         instructions is None or isinstance(instructions, str), "instructions", "must be a string"
     )
     history: list[JsonObject] = []
-    continues = None
+    continues = owner = None
     previous_id = body.get("previous_response_id")
     if previous_id is not None:
         require(isinstance(previous_id, str), "previous_response_id", "must be a string")
-        history, continues = await _previous_conversation(previous_id, lookup)
+        history, continues, owner = await _previous_conversation(previous_id, lookup)
     messages = [{"role": "system", "content": instructions}] if instructions else []
     messages += history + _input_messages(body.get("input"))
     require(bool(messages), "input", "must not be empty")
@@ -79,20 +81,18 @@ async def translate(body: JsonObject, lookup: CallLookup) -> ChatRequest:
     response_format = _response_format(body.get("text"))
     if response_format is not None:
         chat["response_format"] = response_format
-    return ChatRequest(chat, continues)
+    return ChatRequest(chat, continues, owner)
 
 
 async def _previous_conversation(
     response_id: str, lookup: CallLookup
-) -> tuple[list[JsonObject], str | None]:
+) -> tuple[list[JsonObject], str | None, Subject]:
     """The messages of a stored response's conversation (without its instructions), its reply
-    included, and its trajectory."""
+    included, its trajectory, and whose that is."""
     call_id = call_id_of(response_id)
     row = await lookup(call_id) if call_id else None
     if not retrievable(row):
-        raise BadRequest(
-            f"previous response with id {response_id!r} not found", param="previous_response_id"
-        )
+        raise previous_not_found(response_id)
     assert row is not None
     client, chat = row["client_request"] or {}, row["request"]
     messages = list(chat.get("messages") or [])
@@ -102,7 +102,15 @@ async def _previous_conversation(
     messages.append(
         {key: reply[key] for key in ("role", "content", "tool_calls") if reply.get(key) is not None}
     )
-    return messages, row["trajectory_id"]
+    return messages, row["trajectory_id"], subject_of_row(row)
+
+
+def previous_not_found(response_id: str) -> BadRequest:
+    """A `previous_response_id` that names nothing, or something of another subject's: alike,
+    so that the answer tells nothing of what another user or tenant has."""
+    return BadRequest(
+        f"previous response with id {response_id!r} not found", param="previous_response_id"
+    )
 
 
 def retrievable(row: JsonObject | None) -> bool:
