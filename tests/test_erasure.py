@@ -291,6 +291,22 @@ async def test_a_user_is_erased_by_the_id_the_client_sent_whatever_it_holds(
     assert ALICE not in await store_text(proxy.parts.store)
 
 
+async def test_a_call_refused_for_one_bad_subject_header_is_erased_with_the_rest_of_its_subject(
+    proxy: RunningProxy, http: aiohttp.ClientSession
+) -> None:
+    """The refused body is recorded (what the client sent), under what of its subject can be
+    read: before, one bad header threw the valid user away and kept the words under no one."""
+    body = {"model": MODEL, "messages": [{"role": "user", "content": f"my card {ALICE}"}]}
+    for headers in ({"X-Art-User": "alice", "X-Art-Tenant": " "}, {"X-Art-Tenant": "\t"}):
+        sent = {**body, "user": "alice"} if "X-Art-User" not in headers else body
+        async with http.post(f"{proxy.base_url}/chat/completions", json=sent, headers=headers) as r:
+            assert r.status == 400
+    await proxy.parts.settled()
+    async with http.post(f"{proxy.root_url}/art/v1/forget", json={"user": "alice"}) as response:
+        assert (await response.json())["deleted"]["trajectories"] == 2
+    assert ALICE not in await store_text(proxy.parts.store)
+
+
 async def test_a_call_in_flight_during_the_erasure_is_not_recorded_after_it(
     store_url: str, tmp_path: Path, http: aiohttp.ClientSession
 ) -> None:

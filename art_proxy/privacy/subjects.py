@@ -39,13 +39,25 @@ def may_read(reader: Subject, owner: Subject) -> bool:
     return owner.tenant in (None, reader.tenant) and owner.user in (None, reader.user)
 
 
-def subject_of(headers: Mapping[str, str], body: Mapping[str, Any] | None) -> Subject:
+def subject_of(
+    headers: Mapping[str, str], body: Mapping[str, Any] | None, *, refused: bool = False
+) -> Subject:
     """The subject the headers name, else the body's user field; `BadRequest` for a header that
-    is empty, unprintable or longer than the store keeps."""
-    user = _header(headers, USER_HEADER)
+    is empty, unprintable or longer than the store keeps. `refused`: a refused request's, whose
+    record is erased with its subject: what of it can be read, a bad header read as none."""
+
+    def header(name: str) -> str | None:
+        try:
+            return _header(headers, name)
+        except BadRequest:
+            if not refused:
+                raise
+            return None
+
+    user = header(USER_HEADER)
     if user is None and body is not None:
         user = _body_user(body)
-    return Subject(user, _header(headers, TENANT_HEADER))
+    return Subject(user, header(TENANT_HEADER))
 
 
 def _header(headers: Mapping[str, str], name: str) -> str | None:

@@ -256,8 +256,8 @@ class Relay:
         except BadRequest:
             explicit = explicit_attribution({}, {}, self._default_split)
         body = rejection.body
-        with contextlib.suppress(BadRequest):  # the refused call is erasable with its user's
-            explicit = replace(explicit, subject=subject_of(request.headers, body))
+        # The refused call is erasable with its user's, whatever else of the request is wrong.
+        explicit = replace(explicit, subject=subject_of(request.headers, body, refused=True))
         messages = body.get("messages") if body is not None and rejection.messages_valid else None
         assignment = await self._tracker.assign(explicit, messages)
         stored = body if body is not None else {"unreadable_body": rejection.error.message}
