@@ -354,6 +354,41 @@ async def test_a_call_in_flight_during_the_erasure_is_not_recorded_after_it(
 
 
 @pytest.mark.postgres
+async def test_a_shadow_sample_of_a_call_answered_after_the_erasure_is_not_recorded(
+    sqlite_url: str, tmp_path: Path, http: aiohttp.ClientSession
+) -> None:
+    """A shadow sample is drawn once the served call is answered, after the erasure here: it
+    holds her words from before it, so it is dropped as her served call is."""
+    async with running_fake_vllm(FakeVllmConfig(delay_s=1.5)) as slow:
+        settings = proxy_settings(
+            sqlite_url,
+            slow.base_url,
+            journal=str(tmp_path / "journal"),
+            shadow_fraction=1.0,
+            shadow_samples=1,
+        )
+        async with running_proxy(settings) as proxy:
+            headers = {"X-Art-User": "alice", "X-Art-Split": "prod"}
+            async with openai.AsyncOpenAI(
+                base_url=proxy.base_url, api_key="unused", default_headers=headers
+            ) as client:
+                served = asyncio.create_task(
+                    client.chat.completions.create(
+                        model=MODEL, messages=[{"role": "user", "content": f"my card {ALICE}"}]
+                    )
+                )
+                await until(lambda: len(slow.requests) == 1, 10, "the served call upstream")
+                async with http.post(
+                    f"{proxy.root_url}/art/v1/forget", json={"user": "alice"}
+                ) as done:
+                    assert done.status == 200, await done.text()
+                await served
+                await until(lambda: proxy.parts.counters.shadow_samples == 1, 20, "the sample")
+            await proxy.parts.settled()
+            assert ALICE not in await store_text(proxy.parts.store)
+            assert await proxy.parts.store.trajectories(user="alice") == []
+
+
 async def test_another_proxys_backlog_of_an_erased_user_is_dropped_when_it_arrives(
     postgres_url: str, vllm: FakeVllm, tmp_path: Path, http: aiohttp.ClientSession
 ) -> None:

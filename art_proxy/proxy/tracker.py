@@ -346,7 +346,9 @@ def _sibling(
 ) -> Assignment:
     """A finished one-call trajectory in `rows`' group, `served`'s scenario, split and upstream.
     The served call's creation rows: its scenario and group rows are idempotent inserts, which
-    keeps the sibling recordable even if the served record was lost."""
+    keeps the sibling recordable even if the served record was lost. It begins when the served
+    call did, whose words it holds: an erasure fence dropping that call drops it too, though it
+    is drawn after the answer (store/fences.py)."""
     now = utcnow()
     trajectory_id = new_id()
     trajectory: TrajectoryRow = {
@@ -356,7 +358,7 @@ def _sibling(
         "status": "finished",
         "finish_reason": finish_reason,
         "finished_at": now,
-        "created_at": now,
+        "created_at": rows.trajectory["created_at"],
         "updated_at": now,
         "metadata": metadata,
     }
