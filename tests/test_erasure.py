@@ -74,6 +74,28 @@ async def first_turn(client: openai.AsyncOpenAI, marker: str) -> list[Any]:
     ]
 
 
+def shared_judgment(ids: dict[str, str]) -> Judgment:
+    """A judgment of group `shared` (its members `ids`, by user) that quotes alice."""
+    scores = [
+        TrajectoryScore(trajectory_id=tid, label=f"t{i}", score=0.5, explanation="", reward=0.5)
+        for i, tid in enumerate(ids.values())
+    ]
+    return Judgment(
+        id="j-shared",
+        group_id="shared",
+        judge_model="judge",
+        mode="json",
+        rubric_hash="r",
+        cache_key="k-shared",
+        status="scored",
+        reason=f"t0 read back {ALICE} correctly",
+        trajectory_ids=list(ids.values()),
+        scores=scores,
+        attempts=1,
+        created_at=utcnow(),
+    )
+
+
 async def recorded_and_trained(proxy: RunningProxy) -> dict[str, str]:
     """alice and bob side by side in group `shared`, alice alone in `alone`; the shared group
     judged and trained on at step 1 of run `r1`, which saves adapters at steps 1 and 2."""
@@ -84,26 +106,7 @@ async def recorded_and_trained(proxy: RunningProxy) -> dict[str, str]:
     store = proxy.parts.store
     ids = {t.user_id or "": t.id for t in await store.trajectories(group="shared")}
     await store.add_feedback(FeedbackRequest(trajectory_id=ids["alice"], comment=f"{ALICE} ok"))
-    scores = [
-        TrajectoryScore(trajectory_id=tid, label=f"t{i}", score=0.5, explanation="", reward=0.5)
-        for i, tid in enumerate(ids.values())
-    ]
-    await store.add_judgment(
-        Judgment(
-            id="j-shared",
-            group_id="shared",
-            judge_model="judge",
-            mode="json",
-            rubric_hash="r",
-            cache_key="k-shared",
-            status="scored",
-            reason=f"t0 read back {ALICE} correctly",
-            trajectory_ids=list(ids.values()),
-            scores=scores,
-            attempts=1,
-            created_at=utcnow(),
-        )
-    )
+    assert await store.add_judgment(shared_judgment(ids))
     for number, groups in ((1, {"shared": "trained"}), (2, {})):
         await store.record_step(
             TrainingStep(
@@ -354,6 +357,24 @@ async def test_a_call_in_flight_during_the_erasure_is_not_recorded_after_it(
 
 
 @pytest.mark.postgres
+async def test_a_judgment_of_a_group_whose_member_was_erased_while_it_was_judged_is_not_stored(
+    proxy: RunningProxy, http: aiohttp.ClientSession
+) -> None:
+    """The judge read alice's and bob's group, then alice was erased: what it says of her (its
+    reason and explanations quote the conversations) is not stored; the group stays unjudged."""
+    await converse(proxy, "alice", ALICE, "shared")
+    await converse(proxy, "bob", BOB, "shared")
+    await proxy.parts.settled()
+    store = proxy.parts.store
+    ids = {t.user_id or "": t.id for t in await store.trajectories(group="shared")}
+    async with http.post(f"{proxy.root_url}/art/v1/forget", json={"user": "alice"}) as done:
+        assert done.status == 200, await done.text()
+
+    assert not await store.add_judgment(shared_judgment(ids))
+    assert await store.judgments(group="shared") == []
+    assert ALICE not in await store_text(store)
+
+
 async def test_a_shadow_sample_of_a_call_answered_after_the_erasure_is_not_recorded(
     sqlite_url: str, tmp_path: Path, http: aiohttp.ClientSession
 ) -> None:

@@ -99,8 +99,16 @@ class Ruler:
     async def score_group(self, group_id: str, members: Sequence[Member]) -> Judgment:
         """Judge `members` (the finished trajectories of `group_id`) and store the judgment."""
         judgment, new = await self._judge(group_id, members)
-        if new:
-            await self.store.add_judgment(judgment)
+        if new and not await self.store.add_judgment(judgment):
+            # Nothing of what the judge said of it is kept; the group's other members may be
+            # judged again without it.
+            return judgment.model_copy(
+                update={
+                    "status": "skipped",
+                    "reason": "a member was erased while the group was judged",
+                    "scores": [],
+                }
+            )
         return judgment
 
     async def judgment(self, group_id: str, members: Sequence[Member]) -> Judgment:

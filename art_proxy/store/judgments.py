@@ -20,7 +20,7 @@ from art_proxy.store.base import (
 )
 from art_proxy.store.rows import JudgmentRow
 
-G, J = schema.groups, schema.judgments
+G, J, T = schema.groups, schema.judgments, schema.trajectories
 
 
 class JudgmentRecords(StoreBase):
@@ -82,9 +82,20 @@ class JudgmentRecords(StoreBase):
         assert created is not None  # groups.created_at is NOT NULL
         return GroupPosition(created, row["id"])
 
-    async def add_judgment(self, judgment: Judgment) -> None:
+    async def add_judgment(self, judgment: Judgment) -> bool:
+        """Store a judgment; False (nothing written) when a trajectory it judged is no longer
+        in the store: erased while it was judged, whose words its reason and explanations
+        quote. The members are locked until it is written, so an erasure waits for it (and
+        then deletes it with them)."""
+        judged = set(judgment.trajectory_ids)
         async with self._transaction() as connection:
+            present = sa.select(T.c.id).where(T.c.id.in_(judged))
+            if connection.dialect.name == "postgresql":
+                present = present.with_for_update(read=True)
+            if len((await connection.execute(present)).all()) < len(judged):
+                return False
             await connection.execute(sa.insert(J).values(judgment_row(judgment)))
+        return True
 
     async def judgments(self, *, group: str | None = None, limit: int = 100) -> list[Judgment]:
         """Newest first."""
