@@ -294,6 +294,24 @@ async def test_a_user_is_erased_by_the_id_the_client_sent_whatever_it_holds(
     assert ALICE not in await store_text(proxy.parts.store)
 
 
+async def test_a_named_call_going_on_from_an_anonymous_conversation_is_erased_with_its_user(
+    proxy: RunningProxy, http: aiohttp.ClientSession
+) -> None:
+    """It does not join the anonymous trajectory, which keeps no subject and so no erasure
+    finds: it opens its own, under its user."""
+    async with openai.AsyncOpenAI(base_url=proxy.base_url, api_key="unused") as anonymous:
+        messages = await first_turn(anonymous, "hello")
+    async with openai.AsyncOpenAI(
+        base_url=proxy.base_url, api_key="unused", default_headers={"X-Art-User": "alice"}
+    ) as alice:
+        await alice.chat.completions.create(model=MODEL, messages=messages)
+    await proxy.parts.settled()
+    async with http.post(f"{proxy.root_url}/art/v1/forget", json={"user": "alice"}) as response:
+        assert (await response.json())["deleted"]["trajectories"] == 1
+    text = await store_text(proxy.parts.store)
+    assert "my card is hello" in text and "and my phone is hello" not in text
+
+
 async def test_a_call_refused_for_one_bad_subject_header_is_erased_with_the_rest_of_its_subject(
     proxy: RunningProxy, http: aiohttp.ClientSession
 ) -> None:

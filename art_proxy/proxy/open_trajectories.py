@@ -174,10 +174,11 @@ def fits(
 
 
 def same_subject(said: Subject, kept: Subject) -> bool:
-    """Whether a call that said `said` may join a trajectory of `kept`: no user or tenant it
-    names differs from the trajectory's."""
+    """Whether a call that said `said` may join a trajectory of `kept`: each user or tenant it
+    names is the trajectory's. A trajectory keeps the subject of its first call, so a named call
+    never joins one without that name, where no erasure of it would find its words."""
     return all(
-        spoken is None or known is None or spoken == known
+        spoken is None or spoken == known
         for spoken, known in ((said.user, kept.user), (said.tenant, kept.tenant))
     )
 
