@@ -393,6 +393,35 @@ async def test_a_judgment_of_a_group_whose_member_was_erased_while_it_was_judged
     assert ALICE not in await store_text(store)
 
 
+async def test_a_conversation_opened_during_the_erasure_and_continued_after_is_not_set_aside(
+    sqlite_url: str, tmp_path: Path, http: aiohttp.ClientSession
+) -> None:
+    """Its first call, in flight during the erasure, is dropped on arrival with its trajectory's
+    row; her next turn continues the trajectory the proxy still holds, which the store never
+    got: refused there, it was set aside in rejected-records with her words, where no erasure
+    reached them. A call of an erased trajectory is dropped instead."""
+    journal = tmp_path / "journal"
+    async with running_fake_vllm(FakeVllmConfig(delay_s=1.5)) as slow:
+        settings = proxy_settings(sqlite_url, slow.base_url, journal=str(journal))
+        async with running_proxy(settings) as proxy:
+            async with openai.AsyncOpenAI(
+                base_url=proxy.base_url, api_key="unused", default_headers={"X-Art-User": "alice"}
+            ) as client:
+                first = asyncio.create_task(first_turn(client, ALICE))
+                await until(lambda: len(slow.requests) == 1, 10, "the first call upstream")
+                async with http.post(
+                    f"{proxy.root_url}/art/v1/forget", json={"user": "alice"}
+                ) as done:
+                    assert done.status == 200, await done.text()
+                messages = await first
+                await proxy.parts.settled()
+                await client.chat.completions.create(model=MODEL, messages=messages)
+            await proxy.parts.settled()
+            assert ALICE not in await store_text(proxy.parts.store)
+            assert proxy.parts.store.writer.erased_on_arrival == 2
+            assert proxy.parts.ingester is not None and proxy.parts.ingester.state.rejected == 0
+
+
 async def test_a_shadow_sample_of_a_call_answered_after_the_erasure_is_not_recorded(
     sqlite_url: str, tmp_path: Path, http: aiohttp.ClientSession
 ) -> None:

@@ -166,10 +166,13 @@ class Ingester:
                 if stop - start > 1:
                     alone = True  # find the record the store refuses, keep its neighbours
                     continue
-                await self._reject(pending[start], exc)
                 entry = entries[start]
-                if entry is not None:
-                    await self._create_its_trajectory(entry.batch)
+                if entry is not None and await self._erased(entry.batch):
+                    self._store.writer.erased_on_arrival += 1  # dropped, as a fence drops one
+                else:
+                    await self._reject(pending[start], exc)
+                    if entry is not None:
+                        await self._create_its_trajectory(entry.batch)
             else:
                 self._doubtful = False
                 self._available()
@@ -213,6 +216,14 @@ class Ingester:
                 time.time() - since,
                 self._journal.backlog_frames,
             )
+
+    async def _erased(self, refused: Batch) -> bool:
+        """Whether a refused record is of a trajectory an erasure fenced: set aside, it would
+        keep erased words where no erasure reaches (its trajectory is gone for good)."""
+        try:
+            return await self._store.of_an_erased_trajectory(refused)
+        except StoreError:
+            return False  # set aside: `journal replay` and `forget --journal` still see it
 
     async def _create_its_trajectory(self, refused: Batch) -> None:
         """After a record is refused: its trajectory's rows, if it was the first call, so that

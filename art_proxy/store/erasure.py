@@ -31,6 +31,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from art_proxy.records import Erasure, LearnedAt, Lineage, SubjectSelector
 from art_proxy.store import fences, schema
 from art_proxy.store.base import StoreBase, utcnow
+from art_proxy.store.rows import Batch
 
 T, C, F, J = schema.trajectories, schema.calls, schema.feedback, schema.judgments
 G, S, CG, TS = schema.groups, schema.scenarios, schema.consumed_groups, schema.training_steps
@@ -123,6 +124,12 @@ class ErasureRecords(StoreBase):
             await self.refresh_statistics()
         await self.checkpoint_wal()
         return Erasure(subject=subject.describe(), lineage=lineage, deleted=deleted)
+
+    async def of_an_erased_trajectory(self, batch: Batch) -> bool:
+        """Whether a batch the store refused records a trajectory an erasure fenced
+        (`fences.names_an_erased_trajectory`): to be dropped, not set aside."""
+        async with self._transaction() as connection:
+            return await connection.run_sync(fences.names_an_erased_trajectory, batch)
 
     async def _fence(self, keys: list[str], fence: fences.Fence) -> None:
         """The subject's fence put up. On PostgreSQL the fence table is locked first, which

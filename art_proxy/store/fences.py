@@ -125,6 +125,14 @@ def unfenced(connection: sa.Connection, batches: Sequence[Batch]) -> list[Batch]
     return kept
 
 
+def names_an_erased_trajectory(connection: sa.Connection, batch: Batch) -> bool:
+    """Whether `batch` records a trajectory an erasure fenced, whenever its call began. Asked of
+    a batch the store refused: its trajectory is gone (erased, or dropped on arrival while its
+    proxy went on with it), so it could only ever be set aside, holding erased words."""
+    arrival = _arrival(batch)
+    return arrival is not None and bool(_fences(connection, list(arrival.trajectories)))
+
+
 def _matched(arrival: _Arrival, fences: dict[str, Fence]) -> Fence | None:
     """The fence that drops `arrival`, if one does (the latest, if several)."""
     named = [fence for key in arrival.keys if (fence := fences.get(key)) is not None]
