@@ -420,6 +420,8 @@ async def test_a_conversation_opened_during_the_erasure_and_continued_after_is_n
             assert ALICE not in await store_text(proxy.parts.store)
             assert proxy.parts.store.writer.erased_on_arrival == 2
             assert proxy.parts.ingester is not None and proxy.parts.ingester.state.rejected == 0
+            # ... nor kept in the journal's live segment, the proxy running on.
+            assert ALICE.encode() not in journal_text(journal)
 
 
 async def test_a_shadow_sample_of_a_call_answered_after_the_erasure_is_not_recorded(

@@ -148,6 +148,7 @@ class Ingester:
                 await self._reject(item, exc)
                 entries.append(None)
         self.state.oldest_pending_at = _oldest(entries)
+        erased = self._store.writer.erased_on_arrival
         start, alone, backoff = 0, False, _BACKOFF_S[0]
         while start < len(pending):
             stop = start + 1 if alone else len(pending)
@@ -180,6 +181,10 @@ class Ingester:
             self._journal.consume(pending[stop - 1].end, stop - start)
             start = stop
             self.state.oldest_pending_at = _oldest(entries[start:])
+        if self._store.writer.erased_on_arrival > erased:
+            # Records an erasure dropped on arrival: their bytes leave the disk now, not when
+            # their segment fills (`seal` deletes every segment whose records are all ingested).
+            self._journal.seal()
 
     def _unavailable(self, exc: Exception) -> None:
         now = time.time()
