@@ -43,7 +43,7 @@ from art_proxy_trainer.promoter import Promoter
 from art_proxy_trainer.samples import trajectory_samples
 from art_proxy_trainer.sleep import UpstreamSleep
 from art_proxy_trainer.swap import AdapterSwapper, adapter_name, step_of
-from art_proxy_trainer.validation import Stopping, validated_step, validation_by_model
+from art_proxy_trainer.validation import Stopping, validation_by_model
 
 log = logging.getLogger(__name__)
 # Where every step's torch work runs (see `_optimise_batch`).
@@ -180,15 +180,9 @@ class Trainer:
             self.state.reward_history.append((number, metrics["reward_mean"]))
         best = None
         if "val_reward" in metrics:
-            # Sampled before this step trains: it validates the weights that served it.
-            weights = (
-                validated_step(validated, self.alias, self.state.run_tag)
-                if validated
-                else self.state.policy_step  # its calls do not say: the weights served now
+            best = self.stopping.served_validation(
+                self.state, validated, metrics["val_reward"], self.alias
             )
-            val_reward = metrics["val_reward"]
-            if weights is not None and self.stopping.validated(self.state, weights, val_reward):
-                best = weights
         return await self._commit(
             number, "grpo", status, reason, outcomes, metrics, started, promotion, best=best
         )

@@ -42,6 +42,17 @@ class Stopping:
             self._watch_for_reward_hacking(state, previous, step, val_reward)
         return best and step > 0
 
+    def served_validation(
+        self, state: TrainerState, served: Mapping[str, float], val_reward: float, alias: str
+    ) -> int | None:
+        """Track a step's validation, sampled before the step trains, as that of the weights
+        that served it (`validated_step`; where its calls do not say, those served now): the step
+        whose checkpoint is now the best validated, else None."""
+        weights = validated_step(served, alias, state.run_tag) if served else state.policy_step
+        if weights is None or not self.validated(state, weights, val_reward):
+            return None
+        return weights
+
     def _watch_for_reward_hacking(
         self, state: TrainerState, previous: tuple[int, float], step: int, val_reward: float
     ) -> None:
