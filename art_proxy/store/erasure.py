@@ -29,6 +29,7 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from art_proxy.records import Erasure, LearnedAt, Lineage, SubjectSelector
+from art_proxy.records.trajectories import BEST_OF, SHADOW_OF
 from art_proxy.store import fences, schema
 from art_proxy.store.base import StoreBase, utcnow
 from art_proxy.store.rows import Batch
@@ -81,8 +82,8 @@ class ErasureRecords(StoreBase):
         """A trajectory's copies: its best-of candidates and shadow samples hold its opening.
         (A user's or tenant's carry its subject and go with it.) Both sit in its scenario."""
         marked = sa.or_(
-            T.c.metadata["best_of"].as_string() == trajectory_id,
-            T.c.metadata["shadow_of"].as_string() == trajectory_id,
+            T.c.metadata[BEST_OF].as_string() == trajectory_id,
+            T.c.metadata[SHADOW_OF].as_string() == trajectory_id,
         )
         return await self._all(
             sa.select(T.c.id, T.c.group_id, T.c.scenario_id).where(
@@ -239,12 +240,14 @@ def _joined(first: Lineage, late: Lineage) -> Lineage:
 async def _delete_trajectories(
     connection: AsyncConnection, trajectory_ids: list[str]
 ) -> tuple[dict[str, int], set[str], list[str]]:
-    """Delete the trajectories and what hangs on them; the counts, their scenarios and groups."""
-    rows = (
-        await connection.execute(
-            sa.select(T.c.group_id, T.c.scenario_id).where(T.c.id.in_(trajectory_ids))
-        )
-    ).all()
+    """Delete the trajectories and what hangs on them; the counts, their scenarios and groups.
+    On PostgreSQL the trajectories are locked before their groups' judgments are read: a
+    judgment being stored of one of them holds a share lock until it commits, so it is read here
+    and deleted, or it waits and finds its member gone (store/judgments.py)."""
+    members = sa.select(T.c.group_id, T.c.scenario_id).where(T.c.id.in_(trajectory_ids))
+    if connection.dialect.name == "postgresql":
+        members = members.with_for_update()
+    rows = (await connection.execute(members)).all()
     groups = sorted({row.group_id for row in rows})
     judgments = [
         row.id

@@ -85,16 +85,24 @@ class JudgmentRecords(StoreBase):
     async def add_judgment(self, judgment: Judgment) -> bool:
         """Store a judgment; False (nothing written) when a trajectory it judged is no longer
         in the store: erased while it was judged, whose words its reason and explanations
-        quote. The members are locked until it is written, so an erasure waits for it (and
-        then deletes it with them)."""
+        quote."""
         judged = set(judgment.trajectory_ids)
-        async with self._transaction() as connection:
-            present = sa.select(T.c.id).where(T.c.id.in_(judged))
-            if connection.dialect.name == "postgresql":
-                present = present.with_for_update(read=True)
-            if len((await connection.execute(present)).all()) < len(judged):
-                return False
-            await connection.execute(sa.insert(J).values(judgment_row(judgment)))
+        present = sa.select(T.c.id).where(T.c.id.in_(judged))
+        if len(await self._all(present)) < len(judged):
+            return False  # gone already: its group may be too, which the insert would not find
+        try:
+            async with self._transaction() as connection:
+                # Written first: on SQLite the insert takes the one writer's lock, so an erasure
+                # either committed before it (its members are gone below) or waits for it and
+                # then reads it among the group's judgments; on PostgreSQL the members' share
+                # locks wait for an erasure that locked them (store/erasure.py).
+                await connection.execute(sa.insert(J).values(judgment_row(judgment)))
+                if connection.dialect.name == "postgresql":
+                    present = present.with_for_update(read=True)
+                if len((await connection.execute(present)).all()) < len(judged):
+                    raise _MemberErased
+        except _MemberErased:
+            return False  # rolled back
         return True
 
     async def judgments(self, *, group: str | None = None, limit: int = 100) -> list[Judgment]:
@@ -113,6 +121,10 @@ class JudgmentRecords(StoreBase):
             .limit(1)
         )
         return None if row is None else _judgment(row)
+
+
+class _MemberErased(Exception):
+    """A judged trajectory is gone: the judgment's transaction rolls back."""
 
 
 def judgment_row(judgment: Judgment) -> JudgmentRow:
