@@ -183,8 +183,14 @@ async def test_a_call_naming_another_subjects_trajectory_is_refused_not_joined(
     for reader in (bob, {"X-Art-User": "alice", "X-Art-Tenant": "globex"}, {}):
         read = await http.get(f"{proxy.base_url}/responses/{started.id}", headers=reader)
         assert read.status == 404, reader
-    mine = await http.get(f"{proxy.base_url}/responses/{started.id}", headers=alice)
-    assert mine.status == 200
+    unrecorded = {"model": MODEL, "input": "and?", "previous_response_id": started.id}
+    off = {**bob, "X-Art-Record": "off"}  # not recorded, still not his to continue
+    async with http.post(f"{proxy.base_url}/responses", json=unrecorded, headers=off) as r:
+        assert r.status == 400
+    # Hers, and her tenant's application's, which names no user (a retrieve has no user field).
+    for reader in (alice, {"X-Art-Tenant": "acme"}):
+        read = await http.get(f"{proxy.base_url}/responses/{started.id}", headers=reader)
+        assert read.status == 200, reader
 
     for refused in (header, url):
         assert refused.status == 409

@@ -35,8 +35,13 @@ def subject_of_row(row: Mapping[str, Any]) -> Subject:
 
 def may_read(reader: Subject, owner: Subject) -> bool:
     """Whether a request of `reader` may read what was recorded under `owner` (a stored
-    Responses answer): the owner's tenant and user where it has them, none where it has none."""
-    return owner.tenant in (None, reader.tenant) and owner.user in (None, reader.user)
+    Responses answer): the owner's tenant, where it has one; a user the reader names must be the
+    owner's, where it has one. A reader that names no user reads as the tenant's application: a
+    chain may name its user on its first call only, and the SDKs have no user field on a
+    retrieve or a count; continued so, a call joins the owner's trajectory, and its erasure."""
+    return owner.tenant in (None, reader.tenant) and (
+        reader.user is None or owner.user in (None, reader.user)
+    )
 
 
 def subject_of(

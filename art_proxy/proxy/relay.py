@@ -97,6 +97,8 @@ class Relay:
         if not recorded:
             if isinstance(translated, Rejection):
                 raise translated.error
+            client = translated.client or translated.body
+            check_reader(translated.owner, subject_of(request.headers, client), client)
             unrecorded = self._tracker.unrecorded(self._default_split)
             return await self._forward(
                 request, self._call(request, kind, dialect, translated, unrecorded, recorded=False)
