@@ -24,6 +24,7 @@ from typing import Literal
 from art_proxy.errors import Conflict, StoreError
 from art_proxy.ids import new_id
 from art_proxy.records import Attribution, JsonObject, Split
+from art_proxy.records.trajectories import BEST_OF, SHADOW_OF
 from art_proxy.store.rows import GroupRow, NewTrajectoryRows, TrajectoryRow
 from art_proxy.store.trajectory_store import TrajectoryStore, utcnow
 
@@ -126,8 +127,8 @@ class TrajectoryTracker:
                 # Joined, the call would be filed (and erased, and listed) under the other's
                 # name: an id is no proof of whose conversation it is.
                 raise Conflict(
-                    f"trajectory {explicit.trajectory_id!r} belongs to another user or tenant; "
-                    "start a new trajectory id",
+                    f"trajectory {explicit.trajectory_id!r} belongs to another user or tenant "
+                    "(or to none, which a named call does not join): start a new trajectory id",
                     param="trajectory",
                 )
             if known is not None:
@@ -321,7 +322,7 @@ class TrajectoryTracker:
         assert served.seq == 0, "only a call that opened its trajectory is shadowed"
         self.groups.add_shadow((served.scenario_id, served.split), served.group_id)
         assert served.new_rows is not None
-        return _sibling(served, served.new_rows, "shadow", {"shadow_of": served.trajectory_id})
+        return _sibling(served, served.new_rows, "shadow", {SHADOW_OF: served.trajectory_id})
 
     def best_of_group(self, served: Assignment, n: int) -> list[Assignment]:
         """`n` new one-call trajectories, the candidates of a best-of-N call (best_of.py): a group
@@ -334,7 +335,7 @@ class TrajectoryTracker:
             "created_at": utcnow(),
         }
         rows = replace(served.new_rows, group=group)
-        marked = {"best_of": served.trajectory_id}
+        marked = {BEST_OF: served.trajectory_id}
         return [_sibling(served, rows, "best_of", marked) for _ in range(n)]
 
 
@@ -346,9 +347,8 @@ def _sibling(
 ) -> Assignment:
     """A finished one-call trajectory in `rows`' group, `served`'s scenario, split and upstream.
     The served call's creation rows: its scenario and group rows are idempotent inserts, which
-    keeps the sibling recordable even if the served record was lost. It begins when the served
-    call did, whose words it holds: an erasure fence dropping that call drops it too, though it
-    is drawn after the answer (store/fences.py)."""
+    keeps the sibling recordable even if the served record was lost. Its metadata names the
+    served trajectory, whose erasure drops it whenever it arrives (store/fences.py)."""
     now = utcnow()
     trajectory_id = new_id()
     trajectory: TrajectoryRow = {
@@ -358,7 +358,7 @@ def _sibling(
         "status": "finished",
         "finish_reason": finish_reason,
         "finished_at": now,
-        "created_at": rows.trajectory["created_at"],
+        "created_at": now,
         "updated_at": now,
         "metadata": metadata,
     }

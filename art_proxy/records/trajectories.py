@@ -41,6 +41,8 @@ ROLLOUT_ERROR = "rollout_error"
 Attribution = Literal[
     "url", "header", "response", "continuation", "rerendered", "new", "shadow", "best_of"
 ]
+# The metadata of a shadow sample, of a best-of candidate: the trajectory it was drawn from.
+SHADOW_OF, BEST_OF = "shadow_of", "best_of"
 # The API a client spoke: openai (chat and legacy completions), responses (OpenAI's Responses API)
 # or anthropic (Anthropic's Messages API). The proxy speaks chat completions upstream for all three.
 Dialect = Literal["openai", "responses", "anthropic"]

@@ -26,6 +26,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 
 from art_proxy.records import SubjectSelector
+from art_proxy.records.trajectories import BEST_OF, SHADOW_OF
 from art_proxy.store import schema
 from art_proxy.store.rows import Batch, CallRow, RowKind, TouchRow, TrajectoryRow
 
@@ -67,16 +68,26 @@ class _Arrival:
     keys: tuple[str, ...]
     trajectories: tuple[str, ...]  # the keys of its trajectories, among `keys`
     began: datetime
+    # The keys of the trajectories whose words a shadow sample or best-of candidate of it holds
+    # (its metadata names them), among `keys`: fenced, they drop it whenever its call began.
+    origins: tuple[str, ...] = ()
 
 
 def _arrival(batch: Batch) -> _Arrival | None:
     keys: list[str] = []
     trajectories: list[str] = []
+    origins: list[str] = []
     began: datetime | None = None
     for kind, row in batch.rows:
         if kind is RowKind.trajectory:
             trajectory = cast(TrajectoryRow, row)
             trajectories.append(fence_key("trajectory", trajectory["id"]))
+            metadata = trajectory.get("metadata") or {}
+            origins += [
+                fence_key("trajectory", str(metadata[marker]))
+                for marker in (SHADOW_OF, BEST_OF)
+                if metadata.get(marker)
+            ]
             subjects = (
                 ("user", trajectory.get("user_id")),
                 ("tenant", trajectory.get("tenant_id")),
@@ -91,7 +102,7 @@ def _arrival(batch: Batch) -> _Arrival | None:
             trajectories.append(fence_key("trajectory", cast(TouchRow, row)["b_id"]))
     if began is None or not (keys or trajectories):
         return None
-    return _Arrival((*keys, *trajectories), tuple(trajectories), began)
+    return _Arrival((*keys, *trajectories, *origins), tuple(trajectories), began, tuple(origins))
 
 
 def unfenced(connection: sa.Connection, batches: Sequence[Batch]) -> list[Batch]:
@@ -137,6 +148,8 @@ def _matched(arrival: _Arrival, fences: dict[str, Fence]) -> Fence | None:
     """The fence that drops `arrival`, if one does (the latest, if several)."""
     named = [fence for key in arrival.keys if (fence := fences.get(key)) is not None]
     dropping = [fence for fence in named if arrival.began < fence.before]
+    # Drawn from words an erasure took (after their call was answered, so perhaps after it).
+    dropping += [fence for key in arrival.origins if (fence := fences.get(key)) is not None]
     return max(dropping, key=lambda fence: fence.before) if dropping else None
 
 
