@@ -137,7 +137,10 @@ class Checkpoints:
         return final
 
     def mark_best(self, step: int) -> None:
-        self._point("best", step)
+        """Point `best.json` at `step`, where its checkpoint is still kept: a validation served by
+        an adapter older than those kept loaded names weights pruned already (the pointer stays)."""
+        if self.path(step).is_dir():
+            self._point("best", step)
 
     def latest(self) -> TrainerState | None:
         step = self._pointed("latest")

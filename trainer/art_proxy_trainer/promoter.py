@@ -25,7 +25,7 @@ from art_proxy.records import AliasMove, AliasRequest, LiveReward, MoveReason
 from art_proxy.store.trajectory_store import TrajectoryStore
 from art_proxy_trainer.checkpoint import TrainerState
 from art_proxy_trainer.errors import SwapError
-from art_proxy_trainer.swap import AdapterSwapper, step_of
+from art_proxy_trainer.swap import AdapterSwapper, step_of, step_of_run
 
 
 @dataclass(frozen=True)
@@ -100,9 +100,11 @@ class Promoter:
     async def consider(self, validated: Mapping[str, float], state: TrainerState) -> str | None:
         """Promote the newest adapter this step validated (served model -> validation reward)
         when the evidence says so; a line for the step's record (None: nothing was up)."""
-        if not validated:
+        alias, tag = self._swapper.alias, self._swapper.run_tag
+        ours = [model for model in validated if step_of_run(model, alias, tag) is not None]
+        if not ours:  # nothing validated, or only another run's adapters
             return None
-        candidate = max(validated, key=lambda model: step_of(model, self._swapper.alias))
+        candidate = max(ours, key=lambda model: step_of(model, alias))
         moves = await self._moves()
         current = moves[0].model if moves else self._swapper.base_name
         if candidate == current:
