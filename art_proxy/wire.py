@@ -184,15 +184,21 @@ def chat_max_tokens(body: dict[str, Any]) -> tuple[int | None, str]:
     return None, "max_tokens"
 
 
-# vLLM treats a temperature below this as greedy (`_SAMPLING_EPS` in its sampling params).
-GREEDY_TEMPERATURE = 1e-5
+# vLLM raises a temperature above 0 and under this to it, before it reads greedy decoding
+# (vllm/sampling_params.py `_MAX_TEMP`): a tiny temperature samples, at this one; only 0 is greedy.
+LOWEST_TEMPERATURE = 1e-2
+
+
+def vllm_temperature(asked: float) -> float:
+    """The temperature vLLM samples at when `asked` is asked for (0: greedy)."""
+    return max(asked, LOWEST_TEMPERATURE) if asked > 0 else 0.0
 
 
 def choice_count(body: dict[str, Any]) -> int:
     """`n`; more than one greedy choice is a 400 in vLLM (they would all be the same)."""
     n = int_field(body, "n", 1, minimum=1) or 1
     temperature = body.get("temperature")
-    greedy = isinstance(temperature, int | float) and temperature < GREEDY_TEMPERATURE
+    greedy = isinstance(temperature, int | float) and vllm_temperature(temperature) == 0
     if n > 1 and greedy and not isinstance(temperature, bool):
         raise ApiError(400, f"n must be 1 when using greedy sampling, got {n}.")
     return n

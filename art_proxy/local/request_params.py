@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from art_proxy.local.sampling import SamplingParams, vllm_temperature
-from art_proxy.wire import ApiError, bool_field, float_field, int_field
+from art_proxy.local.sampling import SamplingParams
+from art_proxy.wire import ApiError, bool_field, float_field, int_field, vllm_temperature
 
 # Fields accepted only with these values (the ones that change nothing).
 _NEUTRAL_ONLY: dict[str, tuple[Any, ...]] = {

@@ -16,15 +16,6 @@ import torch
 
 from art_proxy.vllm_api.engine import TokenLogprob
 
-# vLLM raises a temperature above 0 and under this to it, before it reads greedy decoding
-# (vllm/sampling_params.py `_MAX_TEMP`): a tiny temperature samples, at this one; only 0 is greedy.
-LOWEST_TEMPERATURE = 1e-2
-
-
-def vllm_temperature(asked: float) -> float:
-    """The temperature vLLM samples at when `asked` is asked for (0: greedy)."""
-    return max(asked, LOWEST_TEMPERATURE) if asked > 0 else 0.0
-
 
 @dataclass(frozen=True, slots=True)
 class SamplingParams:

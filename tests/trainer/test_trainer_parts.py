@@ -22,6 +22,7 @@ from art_proxy.local.request_params import sampling_params
 from art_proxy.records import CallRecord, GroupOutcome, TrainableGroup, TrainingStep
 from art_proxy.store.trajectory_store import TrajectoryStore
 from art_proxy.store.writer import Batch
+from art_proxy.wire import ApiError, choice_count
 from art_proxy_trainer.batch import TrajectorySample, build_batch
 from art_proxy_trainer.checkpoint import Checkpoints, TrainerState
 from art_proxy_trainer.command import _Display
@@ -109,6 +110,9 @@ def test_a_tiny_temperature_is_scored_as_vllm_samples_it_at_its_lowest_not_as_gr
     body = {"temperature": 1e-6, "top_p": 0.9}
     assert sampling_params(body, max_tokens=4, top_logprobs=0).temperature == 0.01
     assert sampling_params({"temperature": 0}, max_tokens=4, top_logprobs=0).temperature == 0
+    assert choice_count({**body, "n": 2}) == 2  # vLLM takes n > 1 there: it samples
+    with pytest.raises(ApiError, match="greedy"):
+        choice_count({"temperature": 0, "n": 2})
 
 
 def test_the_step_of_an_adapter_is_read_off_its_name() -> None:
@@ -183,6 +187,16 @@ def test_a_checkpoint_restores_the_adapter_and_optimizer(tmp_path: Path) -> None
         torch.testing.assert_close(restored, trained, msg=name)
     assert fresh_optimizer.state_dict()["state"].keys() == optimizer.state_dict()["state"].keys()
     assert (tmp_path / "checkpoints" / "step-000001" / "adapter" / "adapter_config.json").is_file()
+
+
+def test_the_best_pointer_names_only_a_checkpoint_still_kept(tmp_path: Path) -> None:
+    """A validation served by an adapter older than those kept loaded names pruned weights."""
+    checkpoints = Checkpoints(tmp_path)
+    policy = _trained_policy(TrainerConfig())
+    checkpoints.save(policy.model, policy.state(), TrainerState(run="r", step=2))
+    checkpoints.mark_best(2)
+    checkpoints.mark_best(1)  # never saved here: pruned
+    assert checkpoints._pointed("best") == 2
 
 
 def test_a_damaged_pointer_is_a_checkpoint_error(tmp_path: Path) -> None:

@@ -12,15 +12,9 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from art_proxy.local.sampling import (
-    biased,
-    min_p_filtered,
-    penalized,
-    top_k_top_p_filtered,
-    vllm_temperature,
-)
+from art_proxy.local.sampling import biased, min_p_filtered, penalized, top_k_top_p_filtered
 from art_proxy.records import CallRecord
-from art_proxy.wire import MIN_LOGPROB
+from art_proxy.wire import MIN_LOGPROB, vllm_temperature
 from art_proxy_trainer.bitmask import allowed_mask
 
 
