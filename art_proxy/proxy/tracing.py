@@ -128,7 +128,8 @@ class CallSpans:
         if row["status"] != "ok":
             span.set_attribute("error.type", str(row["http_status"] or row["status"]))
             # Not the error's text: an upstream's 4xx quotes the request (spans carry no text).
-            span.set_status(Status(StatusCode.ERROR, f"{row['status']} {row['http_status']}"))
+            said = (row["status"], row["http_status"])
+            span.set_status(Status(StatusCode.ERROR, " ".join(str(s) for s in said if s)))
         span.end(end_time=_ns(ended))
 
     def shutdown(self) -> None:

@@ -84,9 +84,9 @@ class PromptFitter:
         """Tokens an answer over `labels` trajectories may take (a checklist's: a mark and a
         sentence for each criterion of each), and a reasoning judge's thinking before it."""
         rubric = self._settings.rubric
-        if self._settings.mode == "logprob":
-            per_label = DIGIT_TOKENS_PER_LABEL
-        elif isinstance(rubric, str):
+        if self._settings.mode == "logprob":  # read off a begun answer: no room to think
+            return DIGIT_TOKENS_PER_LABEL * labels + 16
+        if isinstance(rubric, str):
             per_label = ANSWER_TOKENS_PER_LABEL
         else:
             per_label = CRITERION_TOKENS * len(rubric.criteria)

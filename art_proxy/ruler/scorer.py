@@ -100,8 +100,8 @@ class Ruler:
         """Judge `members` (the finished trajectories of `group_id`) and store the judgment."""
         judgment, new = await self._judge(group_id, members)
         if new and not await self.store.add_judgment(judgment):
-            # Nothing of what the judge said of it is kept; the group's other members may be
-            # judged again without it.
+            # Nothing of what the judge said of it is kept; a later `judge` run judges the
+            # group's other members without it.
             return judgment.model_copy(
                 update={
                     "status": "skipped",
