@@ -191,6 +191,16 @@ async def test_a_call_naming_another_subjects_trajectory_is_refused_not_joined(
     for reader in (alice, {"X-Art-Tenant": "acme"}):
         read = await http.get(f"{proxy.base_url}/responses/{started.id}", headers=reader)
         assert read.status == 200, reader
+    # Continued so, the call is hers, in her trajectory or (finished, as here) a new one: it
+    # holds her conversation.
+    [asked] = [t.id for t in await trajectories(proxy) if "alice's question" in str(t.calls)]
+    async with http.post(f"{proxy.root_url}/art/v1/trajectories/{asked}/finish", json={}) as r:
+        assert r.status == 200, await r.text()
+    app = {"model": MODEL, "input": "the app goes on", "previous_response_id": started.id}
+    async with http.post(
+        f"{proxy.base_url}/responses", json=app, headers={"X-Art-Tenant": "acme"}
+    ) as response:
+        assert response.status == 200, await response.text()
 
     for refused in (header, url):
         assert refused.status == 409
@@ -204,3 +214,5 @@ async def test_a_call_naming_another_subjects_trajectory_is_refused_not_joined(
     assert not any("bob" in request for request in by_user["alice"])
     assert any("bob's follow-up" in request for request in by_user["bob"])
     assert not any("alice" in request for request in by_user["bob"])
+    assert any("the app goes on" in request for request in by_user["alice"])
+    assert None not in by_user  # nothing of hers under no one

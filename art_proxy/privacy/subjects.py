@@ -44,6 +44,15 @@ def may_read(reader: Subject, owner: Subject) -> bool:
     )
 
 
+def continuing(reader: Subject, owner: Subject | None) -> Subject:
+    """The subject of a call that continues a stored answer of `owner` (`may_read`): the owner's
+    where the reader names none, since it holds the owner's conversation; erasing the owner
+    takes it, in the owner's trajectory or a new one (the owner's was finished)."""
+    if owner is None:
+        return reader
+    return Subject(reader.user or owner.user, reader.tenant or owner.tenant)
+
+
 def subject_of(
     headers: Mapping[str, str], body: Mapping[str, Any] | None, *, refused: bool = False
 ) -> Subject:

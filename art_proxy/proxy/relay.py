@@ -24,7 +24,7 @@ from aiohttp import web
 from art_proxy.config import RecordPolicy
 from art_proxy.errors import ArtProxyError, BadRequest, StoreUnavailable
 from art_proxy.privacy.consent import records_call
-from art_proxy.privacy.subjects import subject_of
+from art_proxy.privacy.subjects import continuing, subject_of
 from art_proxy.records import CallKind, Dialect, Split
 
 from .aliases import Aliases
@@ -109,6 +109,7 @@ class Relay:
                 client = translated.client or translated.body
                 subject = subject_of(request.headers, client)
                 check_reader(translated.owner, subject, client)
+                subject = continuing(subject, translated.owner)
                 explicit = replace(
                     explicit_attribution(request.match_info, request.headers, self._default_split),
                     subject=subject,
