@@ -163,3 +163,18 @@ async def test_a_later_recorded_turn_carries_the_conversation_its_client_sends(
         recorded = await recorded_text(proxy)
     assert "UNRECORDED-TURN-5512" not in kept_out
     assert "UNRECORDED-TURN-5512" in recorded
+
+
+async def test_a_call_that_says_off_is_answered_whatever_subject_headers_it_carries(
+    sqlite_proxy: RunningProxy, http: aiohttp.ClientSession
+) -> None:
+    """Nothing of it is kept, so nothing is filed under a subject: its subject headers are not
+    read (a recorded call with an unreadable one is refused)."""
+    body = {"model": MODEL, "messages": marked("OFF-SUBJECT-7301")}
+    async with http.post(
+        f"{sqlite_proxy.base_url}/chat/completions",
+        json=body,
+        headers={**OFF, "X-Art-User": " ", "X-Art-Tenant": "tab\tbed"},
+    ) as response:
+        assert response.status == 200, await response.text()
+    assert await trajectories(sqlite_proxy) == []

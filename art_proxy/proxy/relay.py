@@ -24,7 +24,7 @@ from aiohttp import web
 from art_proxy.config import RecordPolicy
 from art_proxy.errors import ArtProxyError, BadRequest, StoreUnavailable
 from art_proxy.privacy.consent import records_call
-from art_proxy.privacy.subjects import continuing, subject_of
+from art_proxy.privacy.subjects import subject_of
 from art_proxy.records import CallKind, Dialect, Split
 
 from .aliases import Aliases
@@ -40,7 +40,7 @@ from .shadow import ShadowSampler
 from .stream_relay import answer_as_stream, relay_stream
 from .tracing import TRACE_HEADERS
 from .tracker import Assignment, TrajectoryTracker
-from .translation import StoredCall, Translated, check_reader, read_body, translate
+from .translation import StoredCall, Translated, read_body, subject_of_call, translate
 from .upstream import PATHS, Upstreams, client_auth
 from .upstream import read_body as read_upstream_body
 
@@ -97,8 +97,8 @@ class Relay:
         if not recorded:
             if isinstance(translated, Rejection):
                 raise translated.error
-            client = translated.client or translated.body
-            check_reader(translated.owner, subject_of(request.headers, client), client)
+            if translated.owner is not None:  # kept out, still not another's to continue
+                subject_of_call(translated, request.headers)
             unrecorded = self._tracker.unrecorded(self._default_split)
             return await self._forward(
                 request, self._call(request, kind, dialect, translated, unrecorded, recorded=False)
@@ -106,13 +106,9 @@ class Relay:
         # 2. attribute it to a trajectory
         if not isinstance(translated, Rejection):
             try:
-                client = translated.client or translated.body
-                subject = subject_of(request.headers, client)
-                check_reader(translated.owner, subject, client)
-                subject = continuing(subject, translated.owner)
                 explicit = replace(
                     explicit_attribution(request.match_info, request.headers, self._default_split),
-                    subject=subject,
+                    subject=subject_of_call(translated, request.headers),
                 )
                 asked = asked_candidates(request.headers)
                 guidance = guidance_of(request.headers) if kind == "chat" else None

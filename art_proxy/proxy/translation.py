@@ -4,14 +4,14 @@ their dialects/), or the reason it is refused."""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 
 from aiohttp import web
 from aiohttp.web_protocol import RequestPayloadError
 
 from art_proxy.errors import BadRequest
-from art_proxy.privacy.subjects import Subject, may_read
+from art_proxy.privacy.subjects import Subject, continuing, may_read, subject_of
 from art_proxy.records import CallKind, Dialect, JsonObject
 
 from .dialects import anthropic, responses
@@ -78,6 +78,16 @@ async def translate(
     if isinstance(checked, Rejection):  # what the client sent inside the items, e.g. a role
         return Rejection(checked.error, loaded, messages_valid=False)
     return Translated(chat, client=loaded, continues=continues, owner=owner)
+
+
+def subject_of_call(translated: Translated, headers: Mapping[str, str]) -> Subject:
+    """Whose call `translated` is (`subject_of` its headers and body); continuing a stored
+    answer, the answer's owner's where it names none (`continuing`), and `BadRequest` where its
+    subject may not read that answer (`check_reader`)."""
+    client = translated.client or translated.body
+    subject = subject_of(headers, client)
+    check_reader(translated.owner, subject, client)
+    return continuing(subject, translated.owner)
 
 
 def check_reader(owner: Subject | None, reader: Subject, body: JsonObject) -> None:

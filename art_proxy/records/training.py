@@ -100,8 +100,8 @@ class TrainingStep(Record):
         "update_drift (loss to update_drift: means over the step's updates; with several, "
         "updates, loss_last, clip_fraction_last and update_drift_last are the last update's), "
         "mean_ratio, is_weight_std, is_capped, mismatch, mismatch_kl, entropy, staleness_mean, "
-        "staleness_max, groups_of_other_runs, tokens, too_long_rows, fewer_updates_rows, skipped_groups, "
-        "stitch_misses, judge_cost_usd, "
+        "staleness_max, groups_of_other_runs, tokens, too_long_rows, fewer_updates_rows, "
+        "skipped_groups, stitch_misses, judge_cost_usd, "
         "seconds_<phase>, and agent/<name>: the mean of what the step's training rollouts "
         "reported as metrics (RolloutOutcome.metrics)...",
     )
