@@ -8,12 +8,14 @@ through it lands in that trajectory; the split travels as the `X-Art-Split` head
 
 When the agent returns, the runner finishes the trajectory with the reward it returned. A bad rollout
 is data, not a crash: an agent that raises or runs past the timeout leaves a finished trajectory
-whose metadata holds `rollout_error`, which judging leaves out, and the other rollouts go on.
+whose metadata holds `rollout_error`, which judging leaves out, and the other rollouts go on. A
+rollout cancelled (a trainer shutting down) finishes its trajectory the same way before it stops.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -33,6 +35,7 @@ if TYPE_CHECKING:
     import openai
 
 __all__ = [
+    "CANCELLED",
     "Agent",
     "AgentResult",
     "GroupReport",
@@ -48,6 +51,10 @@ __all__ = [
 
 # Seconds to wait for the proxy's admin endpoints (a finish is one small transaction).
 _ADMIN_TIMEOUT_S = 30.0
+# A cancelled rollout's finish: short, as whoever cancelled it is shutting down.
+_CANCELLED_FINISH_S = 5.0
+# The `rollout_error` of a rollout cancelled before its agent returned.
+CANCELLED = "cancelled before the agent returned"
 
 
 @dataclass(frozen=True)
@@ -286,7 +293,15 @@ class _Runner:
         trajectory = rollout.trajectory_id
         async with self._semaphore:
             started = time.perf_counter()
-            outcome, error = await self._call_agent(rollout)
+            try:
+                outcome, error = await self._call_agent(rollout)
+            except asyncio.CancelledError:
+                # Left open, its trajectory would hold its adapter's lease (and keep the
+                # trainer from unloading it) until the proxy's idle timeout, with 0 forever.
+                with contextlib.suppress(asyncio.CancelledError, TimeoutError):
+                    async with asyncio.timeout(_CANCELLED_FINISH_S):
+                        await self._finish(rollout, group, {"metadata": {ROLLOUT_ERROR: CANCELLED}})
+                raise
             group.seconds[trajectory] = time.perf_counter() - started
         if error is not None:
             group.errors[trajectory] = error

@@ -19,6 +19,7 @@ from art_proxy.errors import ConfigError, ScenarioFileError
 from art_proxy.proxy.server import RunningProxy, running_proxy
 from art_proxy.records import ROLLOUT_ERROR
 from art_proxy.rollout import (
+    CANCELLED,
     Agent,
     GroupReport,
     Rollout,
@@ -175,6 +176,43 @@ async def test_a_hanging_agent_is_cut_by_the_timeout_and_recorded(
     recorded = await sqlite_proxy.parts.store.trajectory(hung, with_calls=False)
     assert recorded is not None and recorded.status == "finished"
     assert recorded.metadata == {ROLLOUT_ERROR: "timeout after 5s"}
+
+
+async def test_a_cancelled_rollout_finishes_its_trajectory_before_it_stops(
+    sqlite_proxy: RunningProxy,
+) -> None:
+    """A trainer shutting down cancels its rollouts: left open, each trajectory would hold its
+    adapter's lease until the proxy's idle timeout (with 0, for ever)."""
+    called = asyncio.Event()
+
+    async def waits_on_a_tool(rollout: Rollout) -> float:
+        await ask_once(rollout)
+        called.set()
+        await asyncio.sleep(3600)
+        return 1.0
+
+    groups: list[GroupReport] = []
+    running = asyncio.create_task(
+        run_rollouts(
+            waits_on_a_tool,
+            scenarios(("trip", "train")),
+            proxy_url=sqlite_proxy.root_url,
+            group_size=1,
+            concurrency=1,
+            timeout_s=0,
+            model=MODEL,
+            groups_out=groups,
+        )
+    )
+    await asyncio.wait_for(called.wait(), 30)
+    running.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await running
+    await sqlite_proxy.parts.settled()
+    (trajectory,) = groups[0].trajectory_ids
+    recorded = await sqlite_proxy.parts.store.trajectory(trajectory, with_calls=False)
+    assert recorded is not None and recorded.status == "finished"
+    assert recorded.metadata == {ROLLOUT_ERROR: CANCELLED}
 
 
 async def test_at_most_concurrency_agents_run_at_once(sqlite_proxy: RunningProxy) -> None:

@@ -280,6 +280,15 @@ class TrainSettings(JudgeChoice, UpstreamSettings, StoreSettings, ReportSettings
                 "--max-off-policy-steps samples while a step trains, and --sleep-upstreams puts "
                 "vLLM to sleep for each step: choose one"
             )
+        if self.max_off_policy_steps and self.keep_adapters <= self.max_off_policy_steps:
+            # A rollout sampled K steps behind runs on an adapter K swaps old: with no more kept,
+            # each swap could unload one a running rollout is about to call (and only its lease,
+            # once the proxy sees it, would keep it).
+            raise ValueError(
+                f"--keep-adapters {self.keep_adapters} is at or below --max-off-policy-steps "
+                f"{self.max_off_policy_steps}: keep at least {self.max_off_policy_steps + 1} "
+                "adapters loaded, so those the overlapped rollouts sample from stay"
+            )
         if self.max_staleness and self.max_off_policy_steps > self.max_staleness:
             raise ValueError(
                 f"--max-off-policy-steps {self.max_off_policy_steps} is past --max-staleness "

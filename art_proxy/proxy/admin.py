@@ -20,7 +20,13 @@ from art_proxy.privacy.pii import (
     redacted_scenario,
     redacted_trajectory,
 )
-from art_proxy.records import AliasRequest, FeedbackRequest, FinishRequest, SubjectSelector
+from art_proxy.records import (
+    AliasRequest,
+    FeedbackRequest,
+    FinishRequest,
+    Lease,
+    SubjectSelector,
+)
 from art_proxy.records.erasure import stored_subject_id
 from art_proxy.store.trajectory_store import TrajectoryStore
 
@@ -162,9 +168,13 @@ class Admin:
         return json_response(await self._store.aliases())
 
     async def leases(self, request: web.Request) -> web.Response:
-        """The models open trajectories hold (every proxy's, from the store): the trainer unloads
-        none of them."""
-        return json_response(await self._store.leases())
+        """The models open trajectories hold: the trainer unloads none of them. The store's
+        (every proxy's recorded calls) and this proxy's memory, which also knows a lease whose
+        first call is still running or still in the journal."""
+        held = {lease.model: lease.trajectories for lease in await self._store.leases()}
+        for model, count in self._tracker.held_leases().items():
+            held[model] = max(held.get(model, 0), count)
+        return json_response([Lease(model=m, trajectories=n) for m, n in sorted(held.items())])
 
     async def set_alias(self, request: web.Request) -> web.Response:
         """Move an alias; the trainer calls it once every upstream has loaded the adapter."""

@@ -12,8 +12,11 @@ operator who unloaded it) breaks it, and the trajectory moves to what the alias 
 call records the model that served it, as every call does, and the break is counted
 (`/health` `leases.broken`). The trainer keeps the adapters open trajectories hold loaded
 (`GET /art/v1/leases`, from the store, so it sees every proxy's), and unloads them once those
-trajectories finish. Leases live in the proxy's memory with the trajectory: a trajectory another
-proxy (or an earlier run) started takes a lease at its first call here.
+trajectories finish; the proxy answers with its memory too, where a lease whose first call is
+still running, or still in the journal, lives before the store has it. Leases live in the proxy's
+memory with the trajectory: a trajectory another proxy (or this one before a restart) started
+keeps, at its next call here, the model that served its last call (`served_before`, read from
+the store), while that model is served.
 """
 
 from __future__ import annotations
@@ -44,9 +47,10 @@ def leased_model(
     lease's model while it is served, else `target` (and the lease is taken or moved)."""
     if trajectory is None:  # an unrecorded call: nothing to keep it on
         return target
-    held = trajectory.leases.get(alias)
+    held = trajectory.leases.get(alias, trajectory.served_before)
     if held is not None:
         if held == target or served(held):
+            trajectory.leases[alias] = held
             return held
         counters.broken += 1
     trajectory.leases[alias] = target

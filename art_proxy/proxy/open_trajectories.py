@@ -52,6 +52,9 @@ class OpenTrajectory:
     subject: Subject = NO_SUBJECT  # whose conversation it is (privacy/subjects.py)
     # Its leases: alias -> the model the alias served its first call through it (leases.py).
     leases: dict[str, str] = field(default_factory=dict)
+    # Read from the store (another proxy, or this one before a restart, served its calls): the
+    # model that served its last call, which its next call through an alias keeps (leases.py).
+    served_before: str | None = None
 
     def fits(self, explicit: Explicit) -> bool:
         """Whether this trajectory can take a call that said `explicit`."""
@@ -69,6 +72,7 @@ class OpenTrajectory:
             next_seq=_next_seq(row),
             previous_sequences=sequences_of(row),
             subject=subject_of_row(row),
+            served_before=row.get("last_model"),
         )
 
 

@@ -40,7 +40,8 @@ class AttributionReads(StoreBase):
     ) -> tuple[dict[str, list[JsonObject]], dict[str, list[JsonObject]]]:
         """Open trajectories whose latest answered call has one of `keys` (its messages plus its
         reply), and those whose latest answered call's messages have one of `prompt_keys`, oldest
-        first, each with that call's token ids (for the stitch check) and its response.
+        first, each with that call's token ids (for the stitch check), its response and the model
+        that served it (its lease, proxy/leases.py).
 
         Trajectories are found by the indexes of their tip's keys: through an index led by
         `status` (there was one until migration 0011), SQLite's planner without statistics read
@@ -51,7 +52,13 @@ class AttributionReads(StoreBase):
         if prompt_keys:
             matches = sa.or_(matches, T.c.tip_prompt_key.in_(prompt_keys))
         query = (
-            sa.select(T, C.c.prompt_token_ids, C.c.completion_token_ids, C.c.response)
+            sa.select(
+                T,
+                C.c.prompt_token_ids,
+                C.c.completion_token_ids,
+                C.c.response,
+                C.c.model.label("last_model"),
+            )
             .join(C, sa.and_(C.c.trajectory_id == T.c.id, C.c.continuation_key == T.c.tip_key))
             .where(matches, T.c.status == "open")
             .order_by(T.c.created_at, C.c.seq)
@@ -76,12 +83,22 @@ class AttributionReads(StoreBase):
         if row is None:
             return None
         last = await self._first(
-            sa.select(C.c.seq.label("last_seq"), C.c.prompt_token_ids, C.c.completion_token_ids)
+            sa.select(
+                C.c.seq.label("last_seq"),
+                C.c.prompt_token_ids,
+                C.c.completion_token_ids,
+                C.c.model.label("last_model"),
+            )
             .where(C.c.trajectory_id == trajectory_id)
             .order_by(C.c.seq.desc())
             .limit(1)
         )
-        none = {"last_seq": None, "prompt_token_ids": None, "completion_token_ids": None}
+        none = {
+            "last_seq": None,
+            "prompt_token_ids": None,
+            "completion_token_ids": None,
+            "last_model": None,
+        }
         return {**row, **(last or none)}
 
     async def call_row(self, call_id: str) -> JsonObject | None:

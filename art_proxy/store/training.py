@@ -178,9 +178,10 @@ class TrainingRecords(StoreBase):
         settled_before: datetime | None = None,
         scenarios: Sequence[str] = (),
         judged_since: datetime | None = None,
+        groups: Sequence[str] = (),
     ) -> list[TrainableGroup]:
         """Groups `run` has not consumed, oldest first, with their members' rewards; only those
-        of `scenarios` when some are given.
+        of `scenarios`, and only `groups`, when some are given.
 
         judgment: groups with a scored judgment; rewards from the newest one, cost summed over all
         of the group's judgments. finish: groups with no open member and at least two finished
@@ -199,6 +200,8 @@ class TrainingRecords(StoreBase):
         )
         if scenarios:
             not_consumed = sa.and_(not_consumed, G.c.scenario_id.in_(list(scenarios)))
+        if groups:
+            not_consumed = sa.and_(not_consumed, G.c.id.in_(list(groups)))
         if source == "judgment":
             if judged_since is not None:
                 lately = sa.select(J.c.group_id).where(J.c.created_at >= judged_since)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import re
 
 from openai.types.chat import ChatCompletion
@@ -68,3 +69,16 @@ async def rescued_when_guided(run: Rollout) -> float:
     its own, whose signal is against the unguided failures."""
     await _ask(run)
     return float(run.guidance is not None)
+
+
+# How long `slow_validation_agent`'s validation rollouts wait on their tool: longer than a tiny
+# model's steps, so a step that waited for its validation shows it.
+SLOW_VALIDATION_S = 6.0
+
+
+async def slow_validation_agent(run: Rollout) -> float:
+    """`length_agent`, whose validation rollouts then wait on a slow tool."""
+    reply = await _ask(run)
+    if run.scenario.split == "val":
+        await asyncio.sleep(SLOW_VALIDATION_S)
+    return length_reward(reply, run.index)

@@ -3,13 +3,18 @@ unloaded only once no open trajectory's lease names it (proxy/leases.py)."""
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import aiohttp
+import pytest
 
-from art_proxy.proxy.server import RunningProxy
-from art_proxy.testing.fake_vllm import FakeVllm
+from art_proxy.proxy.server import RunningProxy, running_proxy
+from art_proxy.testing.fake_vllm import FakeVllm, FakeVllmConfig, running_fake_vllm
 from art_proxy_trainer.swap import AdapterSwapper
+from tests.conftest import proxy_settings
 
 BASE = "Qwen/Qwen2.5-0.5B-Instruct"  # what the fake upstream serves
 
@@ -51,3 +56,99 @@ async def test_an_adapter_an_open_trajectory_holds_is_not_unloaded(
     assert loaded == [swapper.adapter_name(1), swapper.adapter_name(3)]
     # ...until it finished.
     assert after_finish == [swapper.adapter_name(4)]
+
+
+def _swapper(proxy: RunningProxy, vllm: FakeVllm, keep: int) -> AdapterSwapper:
+    return AdapterSwapper(
+        upstreams=[vllm.base_url],
+        upstream_api_key=None,
+        proxy=proxy.root_url,
+        admin_key=None,
+        alias=BASE,
+        keep=keep,
+    )
+
+
+async def _answer(
+    http: aiohttp.ClientSession, proxy: RunningProxy, trajectory: str, messages: list[Any]
+) -> dict[str, Any]:
+    body = {"model": BASE, "messages": messages, "max_tokens": 4}
+    async with http.post(
+        f"{proxy.base_url}/chat/completions", json=body, headers={"X-Art-Trajectory": trajectory}
+    ) as response:
+        assert response.status == 200, await response.text()
+        answer: dict[str, Any] = await response.json()
+        return answer
+
+
+async def _served(
+    http: aiohttp.ClientSession, proxy: RunningProxy, trajectory: str, messages: list[Any]
+) -> str:
+    """The model that served a call of `trajectory`."""
+    return str((await _answer(http, proxy, trajectory, messages))["model"])
+
+
+@pytest.fixture
+async def slow_vllm() -> AsyncIterator[FakeVllm]:
+    async with running_fake_vllm(FakeVllmConfig(delay_s=2.0)) as fake:
+        yield fake
+
+
+async def test_an_adapter_a_first_call_still_running_holds_is_not_unloaded(
+    store_url: str, slow_vllm: FakeVllm, http: aiohttp.ClientSession, tmp_path: Path
+) -> None:
+    """The lease of a trajectory whose first call is still upstream lives only in the proxy's
+    memory (the store learns of the call when it is answered): `GET /art/v1/leases` answers
+    with it, so the swaps meanwhile leave its adapter loaded for its next call."""
+    async with (
+        running_proxy(proxy_settings(store_url, slow_vllm.base_url)) as proxy,
+        _swapper(proxy, slow_vllm, keep=1) as swapper,
+    ):
+        await swapper.check_base_model({BASE})
+        swapper.run_tag = "r"
+        assert (await swapper.swap(1, tmp_path)).status == "swapped"
+        first = [{"role": "user", "content": "hi"}]
+        calling = asyncio.create_task(_served(http, proxy, "in-flight", first))
+        async with asyncio.timeout(10):  # the call reaches the proxy and takes its lease
+            while not proxy.parts.tracker.held_leases():  # noqa: ASYNC110 (no event to wait on)
+                await asyncio.sleep(0.02)
+        for step in (2, 3):
+            assert (await swapper.swap(step, tmp_path)).status == "swapped"
+        loaded = list(slow_vllm.adapters)
+        assert await calling == swapper.adapter_name(1)
+    assert loaded == [swapper.adapter_name(1), swapper.adapter_name(3)]
+
+
+async def test_a_trajectory_keeps_its_adapter_across_a_restart_of_the_proxy(
+    store_url: str, vllm: FakeVllm, http: aiohttp.ClientSession, tmp_path: Path
+) -> None:
+    """A proxy that meets an open trajectory in the store (a restart, or the second of two
+    proxies) keeps it on the adapter that served its calls, not the alias's newest."""
+    first = [{"role": "user", "content": "hi"}]
+    async with (
+        running_proxy(proxy_settings(store_url, vllm.base_url)) as before,
+        _swapper(before, vllm, keep=3) as swapper,
+    ):
+        await swapper.check_base_model({BASE})
+        swapper.run_tag = "r"
+        assert (await swapper.swap(1, tmp_path)).status == "swapped"
+        answer = await _answer(http, before, "kept", first)
+        assert answer["model"] == swapper.adapter_name(1)
+        await before.parts.settled()
+    async with (
+        running_proxy(proxy_settings(store_url, vllm.base_url)) as after,
+        _swapper(after, vllm, keep=3) as swapper,
+    ):
+        await swapper.check_base_model({BASE})
+        swapper.run_tag = "r"
+        swapper.adopt([swapper.adapter_name(1)])
+        assert (await swapper.swap(2, tmp_path)).status == "swapped"
+        async with http.get(f"{after.root_url}/art/v1/leases") as response:
+            leased = {lease["model"] for lease in (await response.json())["data"]}
+        assert swapper.adapter_name(1) in leased
+        reply = answer["choices"][0]["message"]
+        second = [*first, reply, {"role": "user", "content": "and then?"}]
+        assert await _served(http, after, "kept", second) == swapper.adapter_name(1)
+        # A new trajectory gets the alias's newest.
+        assert await _served(http, after, "fresh", first) == swapper.adapter_name(2)
+    assert after.parts.tracker.lease_counters.broken == 0

@@ -289,9 +289,12 @@ async def test_the_best_checkpoint_is_the_weights_its_validation_was_served_by(
     assert trainer.checkpoints.path(1).is_dir()  # kept: the best is never pruned
 
 
-def test_a_validation_is_of_the_oldest_weights_of_this_run_that_served_it() -> None:
+def test_a_validation_is_of_the_one_weights_of_this_run_that_served_it() -> None:
     tag = "3f9a1c"
-    assert validated_step({"m@2-3f9a1c": 0.5, "m@1-3f9a1c": 0.7}, "m", tag) == 1
+    assert validated_step({"m@2-3f9a1c": 0.5}, "m", tag) == 2
+    # Served by two adapters (a swap came while it ran): a mix, credited to neither (it was
+    # credited to the oldest, ranking step 1's checkpoint on step 2's rollouts).
+    assert validated_step({"m@2-3f9a1c": 0.5, "m@1-3f9a1c": 0.7}, "m", tag) is None
     assert validated_step({"SmolLM2-135M-Instruct": 0.4}, "m", tag) == 0  # the base model
     assert validated_step({"m@4-aaaaaa": 0.9}, "m", tag) is None  # another run's adapter
     assert validated_step({"m@4": 0.9}, "m", "") == 4  # a run from before tags
@@ -320,7 +323,7 @@ def _samples_of(
         calls,
         outcomes,
         metrics,
-        policy_step=trainer.state.policy_step,
+        applied_steps=trainer.state.applied_steps,
         alias=trainer.alias,
         run_tag=trainer.state.run_tag,
         staleness_bound=trainer.settings.staleness_bound,
@@ -338,16 +341,43 @@ def test_staleness_counts_from_the_weights_trained_not_from_the_step_number(
     outcomes: dict[str, GroupOutcome] = {}
     assert len(_samples_of(trainer, [base], base_calls, outcomes, {})) == 2
     assert outcomes == {"base": "trained"}
-    # Once step 3 changed the weights, the base model is one step old and adapter 1 two.
-    trainer.state.policy_step = 3
-    old, old_calls = _served("old", adapter_name("policy", 1, trainer.state.run_tag))
+    # Steps 3 and 4 changed the weights: the base model is two changes old, adapter 3 one.
+    trainer.state.policy_step, trainer.state.applied_steps = 4, [3, 4]
     outcomes = {}
-    _samples_of(trainer, [base, old], base_calls | old_calls, outcomes, {})
-    assert outcomes == {"base": "stale", "old": "stale"}
-    recent, recent_calls = _served("recent", adapter_name("policy", 2, trainer.state.run_tag))
-    outcomes = {}
-    _samples_of(trainer, [recent], recent_calls, outcomes, {})
-    assert outcomes == {"recent": "trained"}
+    _samples_of(trainer, [base], base_calls, outcomes, {})
+    old, old_calls = _served("old", adapter_name("policy", 3, trainer.state.run_tag))
+    _samples_of(trainer, [old], old_calls, outcomes, {})
+    assert outcomes == {"base": "stale", "old": "trained"}
+
+
+def test_an_abandoned_step_ages_no_group_sampled_before_it(tmp_path: Path) -> None:
+    """The overlapped loop with K = 1 after a step without signal: step 2 was abandoned, so the
+    batch adapter 1 sampled while step 2 ran is trained into step 3's weights, one change of the
+    weights behind (counted in step numbers it read as two, and every (K+1)-th batch after one
+    abandoned step was thrown away as stale for the rest of the run)."""
+    trainer = _trainer(
+        tmp_path, alias="policy", max_staleness=16, max_off_policy_steps=1, objective="tis"
+    )
+    trainer.state.step, trainer.state.policy_step, trainer.state.applied_steps = 3, 3, [1, 3]
+    group, calls = _served("batch4", adapter_name("policy", 1, trainer.state.run_tag))
+    outcomes: dict[str, GroupOutcome] = {}
+    metrics: dict[str, float] = {}
+    assert len(_samples_of(trainer, [group], calls, outcomes, metrics)) == 2
+    assert outcomes == {"batch4": "trained"}
+    assert metrics["staleness_max"] == 1.0
+
+
+def test_the_staleness_figures_are_of_every_group_a_step_consumes(tmp_path: Path) -> None:
+    """A step whose groups were all consumed as stale reports how stale they were (the chart
+    was blank exactly where the bound bit)."""
+    trainer = _trainer(tmp_path, alias="policy", max_staleness=1)
+    trainer.state.step, trainer.state.policy_step, trainer.state.applied_steps = 3, 3, [1, 2, 3]
+    group, calls = _served("old", adapter_name("policy", 1, trainer.state.run_tag))
+    outcomes: dict[str, GroupOutcome] = {}
+    metrics: dict[str, float] = {}
+    assert _samples_of(trainer, [group], calls, outcomes, metrics) == []
+    assert outcomes == {"old": "stale"}
+    assert (metrics["staleness_max"], metrics["stale_groups"]) == (2.0, 1.0)
 
 
 def test_a_group_another_runs_adapter_served_is_past_any_staleness_bound(tmp_path: Path) -> None:
@@ -375,6 +405,7 @@ def test_the_sidecar_consumes_groups_past_max_off_policy_steps_as_stale(tmp_path
         tmp_path, alias="policy", max_staleness=16, max_off_policy_steps=1, objective="tis"
     )
     trainer.state.step = trainer.state.policy_step = 3
+    trainer.state.applied_steps = [1, 2, 3]
     outcomes: dict[str, GroupOutcome] = {}
     for name, step in (("old", 1), ("recent", 2)):  # 2 and 1 steps behind
         group, calls = _served(name, adapter_name("policy", step, trainer.state.run_tag))

@@ -74,6 +74,9 @@ class TrainerState(BaseModel):
     # Abandoned steps count in `step` but not here, so they do not age the groups the same
     # weights go on sampling.
     policy_step: int = 0
+    # The steps that changed the weights, oldest first (`policy_step` is the last): a group's
+    # staleness is how many of them came after the weights that sampled it (samples.py).
+    applied_steps: list[int] = Field(default_factory=list)
     sft_steps: int = 0  # of `step`, those of the warm start (they come first)
     # The kind of the applied steps the optimiser's state comes from (None: none yet): the first
     # GRPO step after a warm start clears it, so GRPO does not go on in the warm start's direction.
@@ -93,10 +96,14 @@ class TrainerState(BaseModel):
 
     @model_validator(mode="before")
     @classmethod
-    def _policy_step_of_an_older_checkpoint(cls, data: Any) -> Any:
+    def _of_an_older_checkpoint(cls, data: Any) -> Any:
         # Checkpoints from before `policy_step` took the last step for the policy's.
         if isinstance(data, dict) and "policy_step" not in data:
-            return {**data, "policy_step": data.get("step", 0)}
+            data = {**data, "policy_step": data.get("step", 0)}
+        # Checkpoints from before `applied_steps`: every step up to the policy's counts as one
+        # that moved the weights (as staleness was counted then: never less stale than it is).
+        if isinstance(data, dict) and "applied_steps" not in data:
+            data = {**data, "applied_steps": list(range(1, int(data.get("policy_step", 0)) + 1))}
         return data
 
     @classmethod

@@ -13,10 +13,14 @@ the step, is that of the policy that sampled the step's training rollouts.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 import logging
 import random
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
 
 from art_proxy.config import TrainSettings
 from art_proxy.errors import ConfigError
@@ -29,8 +33,8 @@ from art_proxy.ruler.scorer import Ruler
 from art_proxy.scenarios import Scenario
 from art_proxy.store.trajectory_store import utcnow
 from art_proxy_trainer.advantages import pooled, pooled_rewards
+from art_proxy_trainer.ledger import SampledGroups
 from art_proxy_trainer.pipeline import Pipeline
-from art_proxy_trainer.swap import of_run
 from art_proxy_trainer.trainer import Trainer
 from art_proxy_trainer.warm_start import WarmStart
 
@@ -101,6 +105,7 @@ class WholeLoop:
         self._unchecked = ruler is not None and settings.judge_check
         self._judgments: list[Judgment] = []
         self._known: dict[str, float] = {}
+        self._ledger = SampledGroups(Path(settings.out))
 
     async def run(self) -> str:
         trainer, settings = self.trainer, self.settings
@@ -111,6 +116,14 @@ class WholeLoop:
             self.events.status(f"validation reward of the base model: {reward:.3f}")
         if self.warm_start is not None:
             await run_warm_start(trainer, self.warm_start, self.events)
+        left = await self._left_behind()
+        if left and stop_reason(trainer, settings) is None:
+            self.events.status(
+                f"training step {trainer.state.step + 1} on {len(left)} groups "
+                "sampled before the restart"
+            )
+            record = await trainer.train(left, extra_metrics={"resumed_groups": float(len(left))})
+            self.events.step(record)
         if settings.max_off_policy_steps:
             return await self._run_overlapped()
         while (reason := stop_reason(trainer, settings)) is None:
@@ -147,20 +160,13 @@ class WholeLoop:
         return number % settings.val_every == 0 or after_warm_start
 
     async def _run_overlapped(self) -> str:
-        """Steps trained while later steps' rollouts run (pipeline.py); a resumed run first
-        trains on what its killed predecessor sampled and did not train (`_left_behind`)."""
+        """Steps trained while later steps' rollouts run (pipeline.py), and the validations
+        that are due run beside both (`_Validations`)."""
         trainer, settings = self.trainer, self.settings
-        left = await self._left_behind() if trainer.state.step > trainer.state.sft_steps else []
-        if left and stop_reason(trainer, settings) is None:
-            self.events.status(
-                f"training step {trainer.state.step + 1} on {len(left)} groups "
-                "sampled before the restart"
-            )
-            record = await trainer.train(left, extra_metrics={"resumed_groups": float(len(left))})
-            self.events.step(record)
         taken = trainer.state.step - trainer.state.sft_steps
+        validations = _Validations(self)
         pipeline = Pipeline(
-            self._overlapped_batch,
+            functools.partial(self._overlapped_batch, validations),
             first=trainer.state.step + 1,
             max_off_policy_steps=settings.max_off_policy_steps,
             batches=max(settings.steps - taken, 0) if settings.steps else None,
@@ -171,54 +177,67 @@ class WholeLoop:
                 batch = await pipeline.take()
                 self._check_judge()
                 self.events.status(f"training step {batch.number}")
-                record = await trainer.train(batch.groups, extra_metrics=batch.metrics)
-                pipeline.stepped()
+                last = settings.steps and batch.number - trainer.state.sft_steps >= settings.steps
+                record = await trainer.train(
+                    batch.groups,
+                    extra_metrics=batch.metrics,
+                    validations=validations.finished(),
+                    # The run's last step: what validation is still running ends beside it.
+                    pending=validations.remaining() if last else None,
+                )
+                pipeline.stepped(
+                    moved_weights=record.status == "applied", served=record.swap == "swapped"
+                )
                 self.events.step(record)
         finally:
             await pipeline.aclose()
+            await validations.aclose()
         return reason
 
     async def _left_behind(self) -> list[TrainableGroup]:
-        """The groups this run sampled ahead of its trainer and never trained, before it was
-        killed: training groups of its scenarios, finished with rewards (or judged, with a
-        judge), every call served by one of this run's adapters (named with its tag: another
-        run's groups, or the base model's before the first step, cannot be told to be this
-        run's), none guided (a retry's baseline group is not recorded)."""
+        """The groups this run sampled for training (its ledger, ledger.py) and never trained,
+        before it was killed: those finished with rewards, or judged (with a judge: those not
+        judged yet are judged now). None were guided (the ledger leaves retries out)."""
         trainer = self.trainer
-        found = await trainer.store.trainable_groups(
+        sampled = SampledGroups(Path(self.settings.out)).group_ids()
+        if not sampled:
+            return []
+        left = set(sampled) - await trainer.store.consumed_group_ids(self.settings.run_name)
+        if not left:
+            return []
+        source: Literal["finish", "judgment"] = "finish" if self.ruler is None else "judgment"
+        found = await self._trainable(source, left)
+        if self.ruler is not None:
+            for group_id in sorted(left - {group.group_id for group in found}):
+                members = await finished_members(self.ruler.store, group_id)
+                await self.ruler.score_group(group_id, members)
+            found = await self._trainable(source, left)
+        return [group for group in found if group.split == "train" and len(group.rewards) >= 2]
+
+    async def _trainable(
+        self, source: Literal["finish", "judgment"], groups: set[str]
+    ) -> list[TrainableGroup]:
+        return await self.trainer.store.trainable_groups(
             self.settings.run_name,
-            source="finish" if self.ruler is None else "judgment",
-            full_size=self.settings.group_size,
+            source=source,
+            limit=len(groups),
             scenarios=[scenario.id for scenario in self.train_scenarios],
+            groups=sorted(groups),
         )
-        found = [group for group in found if group.split == "train" and len(group.rewards) >= 2]
-        calls = await trainer.store.calls([t for group in found for t in group.rewards])
 
-        def ours(group: TrainableGroup) -> bool:
-            made = [call for t in group.rewards for call in calls.get(t, [])]
-            return bool(made) and all(
-                call.guidance is None
-                and call.model is not None
-                and of_run(call.model, trainer.alias, trainer.state.run_tag)
-                for call in made
-            )
+    async def _overlapped_batch(
+        self, validations: _Validations, number: int
+    ) -> tuple[list[TrainableGroup], dict[str, float]]:
+        """Step `number`'s training groups; its validation, when due, starts beside them on the
+        adapter the alias serves now (the one sampling them), and never holds the batch up."""
+        if self._validates(number):
+            validations.start()
+        return await self._training_groups(number)
 
-        return [group for group in found if ours(group)]
-
-    async def _overlapped_batch(self, number: int) -> tuple[list[TrainableGroup], dict[str, float]]:
-        """Step `number`'s groups, its validation sampled beside them (by the same adapter,
-        unless a step lands meanwhile: the trainer reads which served each call)."""
-        if not self._validates(number):
-            return await self._training_groups(number)
-        (groups, metrics), (val_reward, val_groups) = await asyncio.gather(
-            self._training_groups(number), self.validate()
-        )
-        return groups + val_groups, metrics | {"val_reward": val_reward}
-
-    async def validate(self) -> tuple[float, list[TrainableGroup]]:
-        """Mean reward of the current policy on the validation scenarios."""
+    async def validate(self, model: str | None = None) -> tuple[float, list[TrainableGroup]]:
+        """Mean reward on the validation scenarios of `model` (None: the alias's policy)."""
         self.events.status("validating")
-        groups = await self._scored_groups(self.val_scenarios)
+        groups = await self._scored_groups(self.val_scenarios, model=model)
         rewards = [r for g in groups for r in g.rewards.values()]
         return mean_or_nan(rewards), groups
 
@@ -287,7 +306,10 @@ class WholeLoop:
         return drawn
 
     async def _scored_groups(
-        self, scenarios: Sequence[Scenario], guidance: Mapping[str, str] | None = None
+        self,
+        scenarios: Sequence[Scenario],
+        guidance: Mapping[str, str] | None = None,
+        model: str | None = None,
     ) -> list[TrainableGroup]:
         settings = self.settings
         report = await run_rollouts(
@@ -297,13 +319,15 @@ class WholeLoop:
             group_size=settings.group_size,
             concurrency=settings.concurrency,
             timeout_s=settings.rollout_timeout,
-            model=self.trainer.alias,
+            model=model or self.trainer.alias,
             admin_key=settings.admin_key,
             progress=self.events.rollouts,
             guidance=guidance,
         )
         for warning in report.warnings:
             log.warning("%s", warning)
+        if guidance is None:  # the run's own, before judging: a kill now loses none of them
+            self._ledger.add([group for group in report.groups if group.split == "train"])
         scored = [await self._score(group) for group in report.groups]
         return [group for group in scored if group is not None]
 
@@ -336,3 +360,47 @@ class WholeLoop:
             rewards=rewards,
             judge_cost_usd=cost,
         )
+
+
+class _Validations:
+    """The overlapped loop's validations, each beside the batches: sampled on the adapter the
+    alias served when it started (named, so a swap meanwhile moves none of its rollouts; held
+    loaded until it ends), recorded with the first step taken after it ends, against those
+    weights (the step's `val_of_step`)."""
+
+    def __init__(self, loop: WholeLoop) -> None:
+        self._loop = loop
+        self._running: list[asyncio.Task[list[TrainableGroup]]] = []
+
+    def start(self) -> None:
+        swapper = self._loop.trainer.swapper
+        model = swapper.serving if swapper is not None else self._loop.trainer.alias
+        self._running.append(
+            asyncio.create_task(self._validate(model), name="art-proxy-validation")
+        )
+
+    async def _validate(self, model: str) -> list[TrainableGroup]:
+        swapper = self._loop.trainer.swapper
+        with swapper.holding(model) if swapper is not None else contextlib.nullcontext():
+            _reward, groups = await self._loop.validate(model)
+        return groups
+
+    def finished(self) -> list[list[TrainableGroup]]:
+        """The validations that have ended, oldest first, taken (a step records them); a
+        failed one fails the run, as it did inside a batch."""
+        done = [task for task in self._running if task.done()]
+        self._running = [task for task in self._running if not task.done()]
+        return [task.result() for task in done]
+
+    async def remaining(self) -> list[list[TrainableGroup]]:
+        """Every validation still running, once ended, oldest first (the last step's)."""
+        running, self._running = self._running, []
+        return [await task for task in running]
+
+    async def aclose(self) -> None:
+        for task in self._running:
+            task.cancel()
+        for task in self._running:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        self._running.clear()

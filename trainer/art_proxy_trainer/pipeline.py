@@ -1,21 +1,26 @@
 """The whole loop overlapped (`--max-off-policy-steps K`): the rollouts of later steps are sampled
 while a step trains, and the trainer takes each batch as soon as it is ready.
 
-Batches are numbered from where the loop starts. Batch i (what the i-th step from now trains on)
-is admitted, its rollouts started, once i - K steps have been taken: the alias then serves weights
-at most K steps older than those batch i is trained into (a step's swap moves the alias before it
-returns; an abandoned step moves neither), so no group is trained more than K steps off the
-policy that sampled it. Beyond that rollouts wait (admission), they are neither trained staler nor
-thrown away; the decoupled objective (`--objective tis`) corrects for the lag within the bound.
-With K = 0 this would alternate as `WholeLoop.run` does, which is what K = 0 runs.
+Staleness is counted in changes of the weights (samples.py): a group sampled by the weights of
+step a and trained into those of step p is as many steps behind as steps between them changed the
+weights. An abandoned step (no signal, a NaN, every group stale) changes none, and a step whose
+adapter the upstream refused changes the weights but not what the alias serves. So admission
+reads both: batch i (the i-th step from now trains it) starts its rollouts once
 
-A batch's validation (every --val-every steps) is sampled with it, by the same adapter, so a
-step's validation reward stays that of the policy that sampled its training rollouts, and it never
-holds up a step. Each step records what the pipeline did: how long the trainer waited for its
-batch (`pipeline_trainer_wait_s`), how long its rollouts waited for admission
-(`pipeline_admission_wait_s`), how many batches were ready when it was taken
-(`pipeline_queue_depth`), and how many steps were taken between its admission and its training
-(`pipeline_lag_steps`, at most K).
+    (weights changed - weights the alias serves) + (steps still to take before batch i) <= K,
+
+the most that batch can be behind when it is trained, whatever the steps between do. Beyond that
+its rollouts wait; they are neither trained staler nor thrown away. A batch the trainer is waiting
+for is admitted whatever the bound says (waiting could only help if a swap lands, and none will
+while the trainer waits): with the alias stuck behind refused swaps, its groups are consumed as
+stale by the trainer's bound. With K = 0 this would alternate as `WholeLoop.run` does, which is
+what K = 0 runs.
+
+Validation is not a batch's: the loop runs it beside the batches, on the adapter it names
+(loop.py). Each step records what the pipeline did: how long the trainer waited for its batch
+(`pipeline_trainer_wait_s`), how long its rollouts waited for admission
+(`pipeline_admission_wait_s`) and how many batches were ready when it was taken
+(`pipeline_queue_depth`); how far behind its groups were is the step's staleness (samples.py).
 """
 
 from __future__ import annotations
@@ -28,35 +33,36 @@ from dataclasses import dataclass
 
 from art_proxy.records import TrainableGroup
 
-# Draws the groups of the batch for step `number` (validation included when it is due) and the
-# metrics of its rollouts.
+# Draws the groups of the batch for step `number` and the metrics of its rollouts.
 Producer = Callable[[int], Awaitable[tuple[list[TrainableGroup], dict[str, float]]]]
 
 
 @dataclass(frozen=True)
 class Batch:
-    """What one step trains on, and when it was made."""
+    """What one step trains on."""
 
     number: int
     groups: list[TrainableGroup]
     metrics: dict[str, float]
-    admitted_after: int  # steps taken when its rollouts began
 
 
 class Pipeline:
-    """Batches made ahead of the trainer, at most `max_off_policy_steps` steps ahead.
+    """Batches made ahead of the trainer, never more than `max_off_policy_steps` changes of the
+    weights behind those they are trained into.
 
     `take()` gives the batches in order; the trainer calls `stepped()` after each step, which
-    admits the next batch's rollouts. `batches`: how many to make in all (None: until closed)."""
+    may admit the next batch's rollouts. `batches`: how many to make in all (None: until closed)."""
 
     def __init__(
         self, produce: Producer, first: int, max_off_policy_steps: int, batches: int | None
     ) -> None:
         self._produce = produce
         self._first = first
-        self._ahead = max_off_policy_steps
+        self._bound = max_off_policy_steps
         self._limit = batches
         self._steps = 0  # taken since the pipeline started
+        self._moved = 0  # of those, steps that changed the weights
+        self._served = 0  # of those, the last one whose weights the alias serves
         self._stepped = asyncio.Event()
         self._ready: asyncio.Queue[Batch] = asyncio.Queue()
         self._task: asyncio.Task[None] | None = None
@@ -77,17 +83,25 @@ class Pipeline:
         batch = taking.result()
         batch.metrics["pipeline_trainer_wait_s"] = time.perf_counter() - waiting
         batch.metrics["pipeline_queue_depth"] = float(self._ready.qsize() + 1)
-        batch.metrics["pipeline_lag_steps"] = float(self._steps - batch.admitted_after)
         return batch
 
-    def stepped(self) -> None:
-        """A step was taken (applied or not): the next batch may be admitted."""
+    def stepped(self, *, moved_weights: bool, served: bool) -> None:
+        """A step was taken: `moved_weights`, it changed the weights (applied); `served`, the
+        alias serves them now (its adapter swapped in)."""
         self._steps += 1
+        self._moved += moved_weights
+        if served:
+            self._served = self._moved
         self._stepped.set()
 
+    def behind_at_most(self, index: int) -> int:
+        """How many changes of the weights batch `index`, sampled now, could be behind the
+        weights it is trained into."""
+        return (self._moved - self._served) + max(index - self._steps, 0)
+
     async def aclose(self) -> None:
-        """Stop making batches; rollouts under way are cancelled (their groups stay in the
-        store, unconsumed)."""
+        """Stop making batches; rollouts under way are cancelled (they finish their
+        trajectories as cancelled: rollout.py)."""
         if self._task is not None:
             self._task.cancel()
             # A producer's own failure is what `take()` raised.
@@ -98,12 +112,12 @@ class Pipeline:
         index = 0
         while self._limit is None or index < self._limit:
             waiting = time.perf_counter()
-            while self._steps < index - self._ahead:
+            # Batch `index` is the one the trainer waits for once `index` steps are taken.
+            while self.behind_at_most(index) > self._bound and self._steps < index:
                 self._stepped.clear()
                 await self._stepped.wait()
             admission_wait = time.perf_counter() - waiting
-            admitted_after = self._steps
             groups, metrics = await self._produce(self._first + index)
             metrics["pipeline_admission_wait_s"] = admission_wait
-            self._ready.put_nowait(Batch(self._first + index, groups, metrics, admitted_after))
+            self._ready.put_nowait(Batch(self._first + index, groups, metrics))
             index += 1

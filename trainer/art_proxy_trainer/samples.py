@@ -20,26 +20,28 @@ def trajectory_samples(
     outcomes: dict[str, GroupOutcome],
     metrics: dict[str, float],
     *,
-    policy_step: int,
+    applied_steps: Sequence[int],
     alias: str,
     run_tag: str,
     staleness_bound: int,
     scale_by_std: bool,
 ) -> list[TrajectorySample]:
     """The trajectories a step trains on, each with its advantage. Each group's outcome is set
-    in `outcomes`: `stale` (sampled more than `staleness_bound` steps behind `policy_step`),
-    `zero_variance` (its pool's rewards carry no signal) or `trained`; the trained groups'
-    staleness goes into `metrics`."""
-    # Age is counted from the weights trained now, not from the step number: after steps
-    # abandoned for want of signal, the base model's new samples are still on-policy. An
-    # adapter of another run is on none of this run's steps: past any bound.
+    in `outcomes`: `stale` (sampled by weights that more than `staleness_bound` of the steps in
+    `applied_steps`, those that changed the weights, came after), `zero_variance` (its pool's
+    rewards carry no signal) or `trained`. The staleness of every group the step consumes,
+    trained or not, goes into `metrics` (`staleness_mean`, `staleness_max`; `stale_groups`)."""
+    # Age is counted in changes of the weights, not in step numbers: an abandoned step (no
+    # signal, a NaN) changes nothing, so the groups the same weights go on sampling stay as
+    # fresh as they were. An adapter of another run is on none of this run's steps: past any
+    # bound.
     behind: dict[str, float] = {}
     current: list[TrainableGroup] = []
     for group in groups:
         served = [c.model for t in group.rewards for c in calls.get(t, [])]
         steps = [step_of_run(model, alias, run_tag) for model in served]
         behind[group.group_id] = max(
-            (math.inf if step is None else policy_step - step for step in steps),
+            (math.inf if step is None else _moved_since(applied_steps, step) for step in steps),
             default=0,
         )
         bound = staleness_bound
@@ -47,9 +49,15 @@ def trajectory_samples(
             outcomes[group.group_id] = "stale"
         else:
             current.append(group)
+    ages = [age for age in behind.values() if age != math.inf]
+    if ages:
+        metrics["staleness_mean"] = math.fsum(ages) / len(ages)
+        metrics["staleness_max"] = max(ages)
+    stale = sum(outcome == "stale" for outcome in outcomes.values())
+    if stale:
+        metrics["stale_groups"] = float(stale)
     # A guided retry shares its unguided group's baseline (advantages.pooled).
     fresh: dict[str, dict[str, float]] = {}
-    staleness: list[float] = []
     other_runs = 0
     for pool, members in pooled(current).items():
         rewards = pooled_rewards(members)
@@ -58,17 +66,18 @@ def trajectory_samples(
             continue
         fresh[pool] = rewards
         outcomes |= {group.group_id: "trained" for group in members}
-        ages = [behind[group.group_id] for group in members]
-        staleness += [float(max(age, 0)) for age in ages if age != math.inf]
-        other_runs += sum(age == math.inf for age in ages)
+        other_runs += sum(behind[group.group_id] == math.inf for group in members)
     if other_runs:
         metrics["groups_of_other_runs"] = float(other_runs)
-    if staleness:
-        metrics["staleness_mean"] = math.fsum(staleness) / len(staleness)
-        metrics["staleness_max"] = max(staleness)
     advantages = group_advantages(fresh, scale_by_std=scale_by_std).by_trajectory
     return [
         TrajectorySample(t, calls.get(t, []), advantages[t])
         for rewards in fresh.values()
         for t in rewards
     ]
+
+
+def _moved_since(applied_steps: Sequence[int], step: int) -> int:
+    """How many of `applied_steps` (the steps that changed the weights) came after `step`'s
+    weights (0: the base model's)."""
+    return sum(1 for applied in applied_steps if applied > step)

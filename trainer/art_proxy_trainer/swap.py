@@ -20,7 +20,9 @@ that took it, and the refusal is returned as data for the step's record.
 from __future__ import annotations
 
 import asyncio
-from collections import deque
+import contextlib
+from collections import Counter, deque
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -94,6 +96,9 @@ class AdapterSwapper:
         self._loaded: deque[str] = deque()
         self._session: aiohttp.ClientSession | None = None
         self.pinned: set[str] = set()  # kept loaded though no alias points at them
+        # Adapters the trainer's own rollouts name directly (a validation beside the batches):
+        # a count each, as two validations may hold one adapter.
+        self._held: Counter[str] = Counter()
 
     async def __aenter__(self) -> AdapterSwapper:
         self._session = aiohttp.ClientSession(timeout=_TIMEOUT)
@@ -204,6 +209,22 @@ class AdapterSwapper:
         return SwapOutcome("swapped")
 
     @property
+    def serving(self) -> str:
+        """What the alias serves now: the newest adapter swapped in, else the base model."""
+        return self._loaded[-1] if self._loaded else self.base_name
+
+    @contextlib.contextmanager
+    def holding(self, name: str) -> Iterator[None]:
+        """Keep `name` loaded while the block runs (rollouts that call it by name)."""
+        self._held[name] += 1
+        try:
+            yield
+        finally:
+            self._held[name] -= 1
+            if not self._held[name]:
+                del self._held[name]
+
+    @property
     def loaded(self) -> list[str]:
         """Our adapters loaded upstream, oldest first."""
         return list(self._loaded)
@@ -222,7 +243,7 @@ class AdapterSwapper:
             return
         try:
             aliased = {record.model for record in await self.aliases()}
-            pinned = self.pinned | aliased | await self.leased()
+            pinned = self.pinned | set(self._held) | aliased | await self.leased()
         except SwapError:
             return  # pins unknown: a spare adapter costs memory, a pinned one gone fails calls
         for name in beyond:

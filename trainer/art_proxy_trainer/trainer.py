@@ -19,7 +19,7 @@ import functools
 import logging
 import math
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 from art_proxy.config import TrainSettings
@@ -134,31 +134,32 @@ class Trainer:
         return state.step
 
     async def train(
-        self, groups: Sequence[TrainableGroup], *, extra_metrics: Mapping[str, float] = {}
+        self,
+        groups: Sequence[TrainableGroup],
+        *,
+        extra_metrics: Mapping[str, float] = {},
+        validations: Sequence[list[TrainableGroup]] = (),
+        pending: Awaitable[list[list[TrainableGroup]]] | None = None,
     ) -> TrainingStep:
+        """One GRPO step on `groups`; validation groups among them are one validation, recorded
+        and not trained, as is each of `validations` (sampled beside the batches, each by one
+        adapter). `pending`: validations still being sampled (the overlapped loop's last step),
+        awaited once the step has trained and recorded with it."""
         started = time.perf_counter()
         await self.watch_production()
         number = self.state.step + 1
         outcomes: dict[str, GroupOutcome] = {}
         metrics: dict[str, float] = dict(extra_metrics)
         val = [g for g in groups if g.split == "val"]
-        for group in val:
-            outcomes[group.group_id] = "validation"
-        if val and "val_reward" not in metrics:
-            metrics["val_reward"] = mean_or_nan([r for g in val for r in g.rewards.values()])
+        measured = [val, *validations] if val else list(validations)
         train_groups = [g for g in groups if g.split in ("train", "prod")]
-        calls = await self.store.calls([t for g in groups for t in g.rewards])
-        validated = validation_by_model(val, calls)
-        self.state.validated |= validated
-        promotion = None
-        if self.promoter is not None:
-            promotion = await self.promoter.consider(validated, self.state)
+        calls = await self.store.calls([t for g in train_groups for t in g.rewards])
         samples = trajectory_samples(
             train_groups,
             calls,
             outcomes,
             metrics,
-            policy_step=self.state.policy_step,
+            applied_steps=self.state.applied_steps,
             alias=self.alias,
             run_tag=self.state.run_tag,
             staleness_bound=self.settings.staleness_bound,
@@ -171,21 +172,55 @@ class Trainer:
         metrics |= {
             "reward_mean": mean_or_nan(rewards),
             "reward_std": mean_or_nan([population_std(g.rewards.values()) for g in train_groups]),
-            "judge_cost_usd": math.fsum(g.judge_cost_usd for g in groups),
-            "groups": float(len(groups)),
-            "skipped_groups": float(sum(o != "trained" for o in outcomes.values())),
         }
         status, reason = await self._optimise(samples, metrics, outcomes)
+        if pending is not None:
+            waiting = time.perf_counter()
+            measured += await pending
+            metrics["pipeline_validation_wait_s"] = time.perf_counter() - waiting
         if rewards:
             self.state.reward_history.append((number, metrics["reward_mean"]))
-        best = None
-        if "val_reward" in metrics:
-            best = self.stopping.served_validation(
-                self.state, validated, metrics["val_reward"], self.alias
-            )
+        promotion, best = await self._validations(measured, outcomes, metrics)
+        val = [group for validation in measured for group in validation]
+        metrics |= {
+            "judge_cost_usd": math.fsum(g.judge_cost_usd for g in [*train_groups, *val]),
+            "groups": float(len(train_groups) + len(val)),
+            "skipped_groups": float(sum(o != "trained" for o in outcomes.values())),
+        }
         return await self._commit(
             number, "grpo", status, reason, outcomes, metrics, started, promotion, best=best
         )
+
+    async def _validations(
+        self,
+        measured: Sequence[Sequence[TrainableGroup]],
+        outcomes: dict[str, GroupOutcome],
+        metrics: dict[str, float],
+    ) -> tuple[str | None, int | None]:
+        """A step's validations, oldest first, each recorded against the weights that served it
+        (the step's `val_reward` and `val_of_step` are the newest's): what the production alias
+        is offered (`promoter`), and the step now the best validated (None: none of these)."""
+        validated_all: dict[str, float] = {}
+        best = None
+        for val in measured:
+            outcomes |= {group.group_id: "validation" for group in val}
+            metrics["val_reward"] = mean_or_nan([r for g in val for r in g.rewards.values()])
+            calls = await self.store.calls([t for g in val for t in g.rewards])
+            validated = validation_by_model(val, calls)
+            validated_all |= validated
+            weights = self.stopping.served_weights(self.state, validated, self.alias)
+            metrics.pop("val_of_step", None)
+            if weights is not None:
+                metrics["val_of_step"] = float(weights)
+            newly = self.stopping.served_validation(
+                self.state, validated, metrics["val_reward"], self.alias
+            )
+            best = best if newly is None else newly
+        self.state.validated |= validated_all
+        promotion = None
+        if self.promoter is not None:
+            promotion = await self.promoter.consider(validated_all, self.state)
+        return promotion, best
 
     async def train_sft(
         self, batch: TrainingBatch, *, extra_metrics: Mapping[str, float] = {}
@@ -242,6 +277,7 @@ class Trainer:
         self.state.step = number
         if status == "applied":
             self.state.policy_step = number
+            self.state.applied_steps.append(number)
         self.state.record = record
         saving = time.perf_counter()
         # An abandoned step leaves the weights as they were: no second copy of them.

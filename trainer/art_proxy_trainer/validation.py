@@ -42,13 +42,19 @@ class Stopping:
             self._watch_for_reward_hacking(state, previous, step, val_reward)
         return best and step > 0
 
+    def served_weights(
+        self, state: TrainerState, served: Mapping[str, float], alias: str
+    ) -> int | None:
+        """The step whose weights served a validation (`validated_step`; where its calls do
+        not say, those trained now)."""
+        return validated_step(served, alias, state.run_tag) if served else state.policy_step
+
     def served_validation(
         self, state: TrainerState, served: Mapping[str, float], val_reward: float, alias: str
     ) -> int | None:
-        """Track a step's validation, sampled before the step trains, as that of the weights
-        that served it (`validated_step`; where its calls do not say, those served now): the step
+        """Track a validation as that of the weights that served it (`served_weights`): the step
         whose checkpoint is now the best validated, else None."""
-        weights = validated_step(served, alias, state.run_tag) if served else state.policy_step
+        weights = self.served_weights(state, served, alias)
         if weights is None or not self.validated(state, weights, val_reward):
             return None
         return weights
@@ -91,8 +97,11 @@ def validation_by_model(
 
 def validated_step(validated: Mapping[str, float], alias: str, run_tag: str) -> int | None:
     """The step whose weights served a validation (`validation_by_model`'s models; 0: the base
-    model), the oldest where a swap came while it ran; None where an adapter of another run
-    served some of it, which validates none of this run's weights."""
-    steps = [step_of_run(model, alias, run_tag) for model in validated]
-    known = [step for step in steps if step is not None]
-    return min(known) if len(known) == len(steps) else None
+    model). None where it measured no one weights of this run: an adapter of another run served
+    some of it, or a swap came while it ran and several of this run's served it (its mean is of
+    a mix, and crediting any one of them would rank a checkpoint on another's rollouts; the
+    whole loop names its validation's adapter, so only the sidecar's can be mixed)."""
+    steps = {step_of_run(model, alias, run_tag) for model in validated}
+    if len(steps) != 1 or None in steps:
+        return None
+    return steps.pop()
