@@ -88,6 +88,14 @@ async def _programmatic_by_step(store_url: str, run: str) -> dict[int, float]:
         await store.aclose()
 
 
+async def _first_rollout_at(store_url: str) -> datetime | None:
+    """When the run's first rollout began (the model loaded: the base model's validation, or
+    step 1's rollouts)."""
+    async with TrajectoryStore.opened(store_url, writer=False) as store:
+        first = await store.trajectories(limit=1, oldest_first=True)
+    return first[0].created_at if first else None
+
+
 def main(args: argparse.Namespace) -> None:
     share_cpu_cores()  # the trainer here shares the cores with the stack; before torch loads
     if args.task == "tools":
@@ -227,6 +235,7 @@ async def _train(
         json.loads(line) for line in (work / "train" / "metrics.jsonl").read_text().splitlines()
     ]
     programmatic = await _programmatic_by_step(store, settings.run_name)
+    first_rollout = await _first_rollout_at(store)
     rows = []
     reached: tuple[int, float] | None = None
     for record in records:
@@ -255,6 +264,12 @@ async def _train(
         guided_retries=sum(r["metrics"].get("guided_retries", 0.0) for r in records),
         guided_rescued=sum(r["metrics"].get("guided_rescued", 0.0) for r in records),
         step_seconds=sum(r["metrics"].get("seconds_step", 0.0) for r in records),
+        first_rollout_s=(first_rollout - started).total_seconds() if first_rollout else 0.0,
+        trainer_waits={
+            r["step"]: r["metrics"]["pipeline_trainer_wait_s"]
+            for r in records
+            if "pipeline_trainer_wait_s" in r["metrics"]
+        },
     )
 
 

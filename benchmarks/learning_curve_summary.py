@@ -4,7 +4,7 @@ step rows, and the one-screen summary that ends the run, its key figure last."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from rich.console import Console
@@ -48,6 +48,10 @@ class EngineRun:
     guided_retries: float = 0.0  # all-fail groups run again guided, over the run
     guided_rescued: float = 0.0  # of those, the ones whose retry had a reward spread
     step_seconds: float = 0.0  # the trainer's seconds in steps, over the run (seconds_step)
+    # Seconds from the start of `run_train` to the run's first rollout: the model's load, which
+    # the run's own wall time leaves out.
+    first_rollout_s: float = 0.0
+    trainer_waits: dict[int, float] = field(default_factory=dict)  # step -> waited for its batch
 
 
 @dataclass(frozen=True)
