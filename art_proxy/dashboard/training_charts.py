@@ -78,7 +78,8 @@ def _off_policy_chart(steps: Sequence[TrainingStep]) -> Chart | None:
 
 def _staleness_chart(steps: Sequence[TrainingStep]) -> Chart | None:
     return line_chart(
-        "Staleness: steps between the sampling adapter and the trained one",
+        "Staleness: changes of the weights between the sampling adapter and the trained one "
+        "(every group a step consumed)",
         [
             _metric_series(steps, "staleness_mean", "mean"),
             _metric_series(steps, "staleness_max", "max"),
@@ -104,7 +105,7 @@ def _pipeline_ahead_chart(steps: Sequence[TrainingStep]) -> Chart | None:
     return line_chart(
         "Pipeline: how far the rollouts ran ahead",
         [
-            _metric_series(steps, "pipeline_lag_steps", "steps since the batch's rollouts began"),
+            _metric_series(steps, "pipeline_steps_ahead", "steps still to take when they began"),
             _metric_series(steps, "pipeline_queue_depth", "batches ready when one was taken"),
         ],
         floor=0.0,

@@ -28,9 +28,10 @@ from art_proxy.records import (
     SubjectSelector,
 )
 from art_proxy.records.erasure import stored_subject_id
-from art_proxy.store.trajectory_store import TrajectoryStore
+from art_proxy.store.trajectory_store import TrajectoryStore, utcnow
 
 from .aliases import Aliases
+from .lease_publisher import published_since
 from .request_body import MAX_DEPTH, within_depth
 from .tracker import TrajectoryTracker
 
@@ -169,9 +170,11 @@ class Admin:
 
     async def leases(self, request: web.Request) -> web.Response:
         """The models open trajectories hold: the trainer unloads none of them. The store's
-        (every proxy's recorded calls) and this proxy's memory, which also knows a lease whose
-        first call is still running or still in the journal."""
-        held = {lease.model: lease.trajectories for lease in await self._store.leases()}
+        (every proxy's recorded calls, and what every proxy published of its memory's leases,
+        lease_publisher.py) and this proxy's memory, which knows a lease whose first call is
+        still running or still in the journal before any publication does."""
+        since = utcnow() - published_since()
+        held = {lease.model: lease.trajectories for lease in await self._store.leases(since)}
         for model, count in self._tracker.held_leases().items():
             held[model] = max(held.get(model, 0), count)
         return json_response([Lease(model=m, trajectories=n) for m, n in sorted(held.items())])

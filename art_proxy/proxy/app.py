@@ -36,6 +36,7 @@ from .best_of import BestOf, best_of_chooser
 from .counters import Counters
 from .health import health
 from .housekeeping import housekeeping, retention
+from .lease_publisher import LeasePublisher
 from .lookups import Lookups
 from .metrics import ProxyMetrics
 from .middlewares import auth, errors_as_json, own_records_first, settle_reads
@@ -216,11 +217,13 @@ def _lifecycle(settings: ProxySettings) -> Callable[[web.Application], AsyncIter
                 redactor,
             )
             app[PARTS] = parts
+            leases = LeasePublisher(store, tracker)
             background = [
                 asyncio.create_task(
                     housekeeping(settings.idle_timeout, store, tracker, aliases, journal)
                 ),
                 asyncio.create_task(watch_aliases(upstreams, aliases)),
+                asyncio.create_task(leases.run()),
             ]
             if settings.retain_days > 0:
                 background.append(
@@ -235,6 +238,7 @@ def _lifecycle(settings: ProxySettings) -> Callable[[web.Application], AsyncIter
                     task.cancel()
                     with contextlib.suppress(asyncio.CancelledError):
                         await task
+                await leases.withdraw()
                 await _stop_recording(store, journal, ingester)
                 if spans is not None:
                     await asyncio.to_thread(spans.shutdown)  # exports what is batched

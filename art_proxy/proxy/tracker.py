@@ -90,6 +90,8 @@ class TrajectoryTracker:
             max_explicit=MAX_TRAJECTORIES_IN_MEMORY,
         )
         self.lease_counters = LeaseCounters()
+        # Told of the model each lease is taken on (lease_publisher.py).
+        self.on_lease: Callable[[str], None] = lambda _model: None
         self._memory = OpenTrajectories(
             on_forget=lambda state: self.groups.member_finished(
                 (state.scenario_id, state.split), state.id
@@ -105,7 +107,10 @@ class TrajectoryTracker:
         trajectory = (
             self._memory.get(assignment.trajectory_id) if assignment.trajectory_id else None
         )
-        return leased_model(trajectory, alias, target, served, self.lease_counters)
+        model = leased_model(trajectory, alias, target, served, self.lease_counters)
+        if trajectory is not None:
+            self.on_lease(model)
+        return model
 
     def held_leases(self) -> dict[str, int]:
         """This proxy's open trajectories by the model each lease holds."""

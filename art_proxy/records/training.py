@@ -100,7 +100,9 @@ class TrainingStep(Record):
         "update_drift (loss to update_drift: means over the step's updates; with several, "
         "updates, loss_last, clip_fraction_last and update_drift_last are the last update's), "
         "mean_ratio, is_weight_std, is_capped, mismatch, mismatch_kl, entropy, staleness_mean, "
-        "staleness_max, groups_of_other_runs, tokens, too_long_rows, fewer_updates_rows, "
+        "staleness_max (of every group the step consumed, in changes of the weights), "
+        "stale_groups, val_of_step (the step whose weights the validation measured), "
+        "pipeline_trainer_wait_s, pipeline_validation_wait_s, pipeline_steps_ahead, groups_of_other_runs, tokens, too_long_rows, fewer_updates_rows, "
         "skipped_groups, stitch_misses, judge_cost_usd, "
         "seconds_<phase>, and agent/<name>: the mean of what the step's training rollouts "
         "reported as metrics (RolloutOutcome.metrics)...",

@@ -187,6 +187,18 @@ alias_moves = sa.Table(
     sa.Index("ix_alias_moves_alias_moved", "alias", "moved_at"),
 )
 
+# The models each running proxy's open trajectories hold in its memory (proxy/lease_publisher.py),
+# replaced whole by that proxy every few seconds: a lease whose first call is still running or
+# journaled, which the calls above do not show yet. Rows not refreshed lately are a stopped proxy's.
+proxy_leases = sa.Table(
+    "proxy_leases",
+    metadata,
+    sa.Column("proxy_id", sa.String(64), primary_key=True),
+    sa.Column("model", sa.String(200), primary_key=True),
+    sa.Column("trajectories", sa.Integer, nullable=False),
+    sa.Column("updated_at", Timestamp, nullable=False),
+)
+
 # One row per step of a trainer run (records.TrainingStep); `groups` repeats consumed_groups
 # so a step reads back whole.
 training_steps = sa.Table(

@@ -34,6 +34,7 @@ from art_proxy.store import schema
 from art_proxy.store.base import StoreBase, aware, group_split, not_an_evaluation, utcnow
 
 A, M, TS, CG = schema.aliases, schema.alias_moves, schema.training_steps, schema.consumed_groups
+PL = schema.proxy_leases
 G, T, J, C = schema.groups, schema.trajectories, schema.judgments, schema.calls
 
 # Where a trainable group's rewards come from: RULER's judgment, or what the agent reported at finish.
@@ -71,18 +72,52 @@ class TrainingRecords(StoreBase):
             for row in rows
         ]
 
-    async def leases(self) -> list[Lease]:
-        """The models that served open trajectories' calls, with how many hold each: what the
-        trainer keeps loaded (proxy/leases.py). Read from the store: every proxy's."""
+    async def leases(self, published_since: datetime | None = None) -> list[Lease]:
+        """The models open trajectories hold, with how many hold each: what the trainer keeps
+        loaded (proxy/leases.py). Every proxy's: those that served their recorded calls and, with
+        `published_since`, those proxies published since then of their memory's leases (a first
+        call still running or journaled), the larger count where both name a model."""
         trajectories = sa.func.count(sa.distinct(T.c.id)).label("trajectories")
         query = (
             sa.select(C.c.model, trajectories)
             .select_from(T.join(C, C.c.trajectory_id == T.c.id))
             .where(schema.IS_OPEN, C.c.model.is_not(None))
             .group_by(C.c.model)
-            .order_by(C.c.model)
         )
-        return [Lease.model_validate(row) for row in await self._all(query)]
+        held = {row["model"]: int(row["trajectories"]) for row in await self._all(query)}
+        if published_since is not None:
+            published = (
+                sa.select(PL.c.model, sa.func.sum(PL.c.trajectories).label("trajectories"))
+                .where(PL.c.updated_at >= published_since)
+                .group_by(PL.c.model)
+            )
+            for row in await self._all(published):
+                held[row["model"]] = max(held.get(row["model"], 0), int(row["trajectories"]))
+        return [Lease(model=model, trajectories=n) for model, n in sorted(held.items())]
+
+    async def publish_leases(self, proxy_id: str, held: dict[str, int]) -> None:
+        """Replace what proxy `proxy_id` holds (its memory's leases) with `held`."""
+        now = utcnow()
+        async with self._transaction() as connection:
+            await connection.execute(sa.delete(PL).where(PL.c.proxy_id == proxy_id))
+            if held:
+                await connection.execute(
+                    sa.insert(PL),
+                    [
+                        {"proxy_id": proxy_id, "model": m, "trajectories": n, "updated_at": now}
+                        for m, n in held.items()
+                    ],
+                )
+
+    async def withdraw_leases(self, proxy_id: str, stale_before: datetime) -> None:
+        """Forget proxy `proxy_id`'s published leases (it stops), and any other proxy's not
+        published since `stale_before` (a proxy that was killed)."""
+        async with self._transaction() as connection:
+            await connection.execute(
+                sa.delete(PL).where(
+                    sa.or_(PL.c.proxy_id == proxy_id, PL.c.updated_at < stale_before)
+                )
+            )
 
     async def alias_moves(self, alias: str | None = None, limit: int = 100) -> list[AliasMove]:
         """Newest first."""

@@ -140,7 +140,8 @@ async def test_training_page_plots_reward_loss_agent_kl_off_policy_staleness_pip
         "Agent metrics (mean per training rollout)",
         "KL to the base model",
         "Off-policy: mismatch and correction",
-        "Staleness: steps between the sampling adapter and the trained one",
+        "Staleness: changes of the weights between the sampling adapter and the trained one "
+        "(every group a step consumed)",
         "Pipeline: seconds waited",
         "Pipeline: how far the rollouts ran ahead",
     ]

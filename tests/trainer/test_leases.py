@@ -4,7 +4,8 @@ unloaded only once no open trajectory's lease names it (proxy/leases.py)."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+import contextlib
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -58,15 +59,20 @@ async def test_an_adapter_an_open_trajectory_holds_is_not_unloaded(
     assert after_finish == [swapper.adapter_name(4)]
 
 
-def _swapper(proxy: RunningProxy, vllm: FakeVllm, keep: int) -> AdapterSwapper:
-    return AdapterSwapper(
+@contextlib.asynccontextmanager
+async def _swapper(proxy: RunningProxy, vllm: FakeVllm, keep: int) -> AsyncIterator[AdapterSwapper]:
+    """A trainer's swapper of run `r`, through `proxy`, its base model checked."""
+    async with AdapterSwapper(
         upstreams=[vllm.base_url],
         upstream_api_key=None,
         proxy=proxy.root_url,
         admin_key=None,
         alias=BASE,
         keep=keep,
-    )
+    ) as swapper:
+        await swapper.check_base_model({BASE})
+        swapper.run_tag = "r"
+        yield swapper
 
 
 async def _answer(
@@ -104,14 +110,10 @@ async def test_an_adapter_a_first_call_still_running_holds_is_not_unloaded(
         running_proxy(proxy_settings(store_url, slow_vllm.base_url)) as proxy,
         _swapper(proxy, slow_vllm, keep=1) as swapper,
     ):
-        await swapper.check_base_model({BASE})
-        swapper.run_tag = "r"
         assert (await swapper.swap(1, tmp_path)).status == "swapped"
         first = [{"role": "user", "content": "hi"}]
         calling = asyncio.create_task(_served(http, proxy, "in-flight", first))
-        async with asyncio.timeout(10):  # the call reaches the proxy and takes its lease
-            while not proxy.parts.tracker.held_leases():  # noqa: ASYNC110 (no event to wait on)
-                await asyncio.sleep(0.02)
+        await _eventually(lambda: bool(proxy.parts.tracker.held_leases()))  # the call's lease
         for step in (2, 3):
             assert (await swapper.swap(step, tmp_path)).status == "swapped"
         loaded = list(slow_vllm.adapters)
@@ -129,8 +131,6 @@ async def test_a_trajectory_keeps_its_adapter_across_a_restart_of_the_proxy(
         running_proxy(proxy_settings(store_url, vllm.base_url)) as before,
         _swapper(before, vllm, keep=3) as swapper,
     ):
-        await swapper.check_base_model({BASE})
-        swapper.run_tag = "r"
         assert (await swapper.swap(1, tmp_path)).status == "swapped"
         answer = await _answer(http, before, "kept", first)
         assert answer["model"] == swapper.adapter_name(1)
@@ -139,8 +139,6 @@ async def test_a_trajectory_keeps_its_adapter_across_a_restart_of_the_proxy(
         running_proxy(proxy_settings(store_url, vllm.base_url)) as after,
         _swapper(after, vllm, keep=3) as swapper,
     ):
-        await swapper.check_base_model({BASE})
-        swapper.run_tag = "r"
         swapper.adopt([swapper.adapter_name(1)])
         assert (await swapper.swap(2, tmp_path)).status == "swapped"
         async with http.get(f"{after.root_url}/art/v1/leases") as response:
@@ -152,3 +150,34 @@ async def test_a_trajectory_keeps_its_adapter_across_a_restart_of_the_proxy(
         # A new trajectory gets the alias's newest.
         assert await _served(http, after, "fresh", first) == swapper.adapter_name(2)
     assert after.parts.tracker.lease_counters.broken == 0
+
+
+async def test_a_lease_taken_on_another_proxy_of_the_store_is_seen_before_its_call_is_recorded(
+    store_url: str, slow_vllm: FakeVllm, http: aiohttp.ClientSession, tmp_path: Path
+) -> None:
+    """Two proxies on one store: a trajectory's first call is still upstream through the one,
+    and the trainer asks the other for the leases. Each proxy publishes its memory's leases
+    (lease_publisher.py), so the adapter stays loaded."""
+    async with (
+        running_proxy(proxy_settings(store_url, slow_vllm.base_url)) as serving,
+        running_proxy(proxy_settings(store_url, slow_vllm.base_url)) as trainers,
+        _swapper(trainers, slow_vllm, keep=1) as swapper,
+    ):
+        assert (await swapper.swap(1, tmp_path)).status == "swapped"
+        # The serving proxy merges the alias from the store.
+        await _eventually(lambda: serving.parts.aliases.resolve(BASE) == swapper.adapter_name(1))
+        first = [{"role": "user", "content": "hi"}]
+        calling = asyncio.create_task(_served(http, serving, "elsewhere", first))
+        while swapper.adapter_name(1) not in await swapper.leased():  # noqa: ASYNC110
+            await asyncio.sleep(0.05)  # its lease reaches the store (within PUBLISH_EVERY_S)
+        for step in (2, 3):
+            assert (await swapper.swap(step, tmp_path)).status == "swapped"
+        loaded = list(slow_vllm.adapters)
+        assert await calling == swapper.adapter_name(1)
+    assert loaded == [swapper.adapter_name(1), swapper.adapter_name(3)]
+
+
+async def _eventually(holds: Callable[[], bool], timeout_s: float = 10) -> None:
+    async with asyncio.timeout(timeout_s):
+        while not holds():  # noqa: ASYNC110 (what it waits for sets no event)
+            await asyncio.sleep(0.02)

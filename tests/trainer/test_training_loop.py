@@ -184,9 +184,12 @@ async def finished_groups(stack: Stack, *, scenarios: int, rounds: int) -> set[s
     return groups
 
 
-async def rollout_groups(stack: Stack, scenarios: list[Scenario]) -> set[str]:
-    """A group of 4 rollouts of the agent on each of `scenarios`, served through the alias and
-    rewarded at finish; their ids."""
+async def rollout_groups(
+    stack: Stack, scenarios: list[Scenario], model: str = TINY_NAME, ledger: Path | None = None
+) -> set[str]:
+    """A group of 4 rollouts of the agent on each of `scenarios`, served through `model` (the
+    alias) and rewarded at finish; their ids. `ledger`: the --out of the run they are written
+    to as sampled, as its loop writes a batch before it judges or trains it."""
     report = await run_rollouts(
         load_agent(AGENT),
         scenarios,
@@ -194,8 +197,10 @@ async def rollout_groups(stack: Stack, scenarios: list[Scenario]) -> set[str]:
         group_size=4,
         concurrency=8,
         timeout_s=60,
-        model=TINY_NAME,
+        model=model,
     )
+    if ledger is not None:
+        SampledGroups(ledger).add(report.groups)
     return {group.group_id for group in report.groups}
 
 
@@ -456,11 +461,12 @@ async def test_overlapped_the_next_steps_rollouts_run_while_a_step_trains_within
     assert [(s.step, s.status, s.swap) for s in steps] == [
         (n, "applied", "swapped") for n in (1, 2, 3)
     ]
-    # Step 2's batch was sampled by the base model while step 1 trained: one change behind.
-    assert began[2] < steps[0].created_at
-    assert steps[1].metrics["staleness_max"] == 1
+    # Step 2's batch began before step 1 was taken. Its calls' times cannot show it, nor can
+    # its staleness: a tiny model's step may end before the batch's first call reaches the proxy.
+    assert steps[1].metrics["pipeline_steps_ahead"] == 1
+    assert began[2] < steps[1].created_at
     for step in steps:
-        assert step.metrics["staleness_max"] <= 1
+        assert step.metrics["pipeline_steps_ahead"] <= 1 and step.metrics["staleness_max"] <= 1
     consumed = [g for s in steps for g in s.groups]
     assert len(consumed) == len(set(consumed))
 
@@ -468,11 +474,11 @@ async def test_overlapped_the_next_steps_rollouts_run_while_a_step_trains_within
 async def test_overlapped_validation_runs_beside_the_batches_and_holds_up_no_step(
     stack: Stack, tmp_path: Path
 ) -> None:
-    """A validation is sampled beside the batches, on the adapter the alias served when it
-    started (named: a swap meanwhile moves none of its rollouts), and recorded with a step taken
-    after it ended, against those weights; the step it was due at trains without waiting for
-    it (it waited: 85 of the 137 s a 12-step run's trainer waited). The last step records what
-    validation is still running."""
+    """A validation due at step n starts once step n - 1 is taken, on its adapter (the weights
+    step n starts from, as the alternating loop validates them; named, so a swap meanwhile
+    moves none of its rollouts), runs beside the batches and is recorded with a step taken
+    after it ended, against those weights. Step n trains without waiting for it (it waited: 85
+    of the 137 s a 12-step run's trainer waited). The last step records what is still running."""
     settings = _settings(
         stack,
         tmp_path / "run",
@@ -495,16 +501,33 @@ async def test_overlapped_validation_runs_beside_the_batches_and_holds_up_no_ste
                     }
     assert summary.stopped == "reached --steps 4"
     assert [s.status for s in steps] == ["applied"] * 4
-    # Due at step 2 (sampled by the base model, as step 2's batch was), it ran past step 2.
+    # Due at step 2 (on step 1's adapter), it ran past step 2.
     assert "val_reward" not in steps[1].metrics
     assert "validation" not in steps[1].groups.values()
-    # Step 4's (sampled by step 2's adapter) was still running when the last step trained.
-    assert steps[3].metrics["val_of_step"] == 2
+    # Step 4's (on step 3's adapter) was still running when the last step trained.
+    assert steps[3].metrics["val_of_step"] == 3
     assert steps[3].metrics["pipeline_validation_wait_s"] > 0
-    # Each validation's rollouts all on the one model it named: the base model's for step 2,
-    # step 2's adapter for step 4.
+    # Each validation's rollouts all on the one model it named: step 1's adapter for step 2,
+    # step 3's for step 4.
     assert all(len(models) == 1 for models in validated.values())
-    assert sorted(min(models) for models in validated.values()) == [TINY_NAME, f"{TINY_NAME}@2"]
+    assert sorted(min(models) for models in validated.values()) == [
+        f"{TINY_NAME}@1",
+        f"{TINY_NAME}@3",
+    ]
+
+
+def test_overlap_is_refused_with_ppo_past_the_staleness_bound_or_too_few_adapters_kept(
+    tmp_path: Path,
+) -> None:
+    base = {"store": "sqlite:///x.db", "agent": AGENT, "scenarios": SCENARIOS}
+    for extra, message in (
+        ({"objective": "ppo"}, "needs --objective tis or mis"),
+        ({"max_staleness": 1, "max_off_policy_steps": 2}, "past --max-staleness 1"),
+        # A rollout K swaps behind runs on an adapter K swaps old: K + 1 must stay loaded.
+        ({"keep_adapters": 2}, "--keep-adapters 2 is at or below --max-off-policy-steps 2"),
+    ):
+        with pytest.raises(ValueError, match=message):
+            TrainSettings.model_validate({**base, "max_off_policy_steps": 2, **extra})
 
 
 @pytest.mark.parametrize("overlap", [0, 1])
@@ -520,19 +543,8 @@ async def test_a_resumed_run_trains_first_on_every_group_it_sampled_and_never_tr
     # What a killed run had sampled ahead: a batch by its newest adapter, and one by the base
     # model (the first batch of a run, or one after steps without signal), never trained.
     train = [s for s in load_scenarios(SCENARIOS) if s.split == "train"][:2]
-    sampled: set[str] = set()
-    for model in (TINY_NAME, f"{TINY_NAME}@0"):
-        report = await run_rollouts(
-            load_agent(AGENT),
-            train[:1] if model == TINY_NAME else train[1:],
-            proxy_url=stack.proxy.root_url,
-            group_size=4,
-            concurrency=8,
-            timeout_s=60,
-            model=model,
-        )
-        SampledGroups(out).add(report.groups)
-        sampled |= {group.group_id for group in report.groups}
+    sampled = await rollout_groups(stack, train[:1], ledger=out)
+    sampled |= await rollout_groups(stack, train[1:], f"{TINY_NAME}@0", ledger=out)
     # Unconsumed groups of another run on the same store are not this run's to take.
     others = await rollout_groups(stack, train[:1])
     resumed = _settings(stack, out, steps=3, val_every=0, max_off_policy_steps=overlap)
@@ -545,3 +557,36 @@ async def test_a_resumed_run_trains_first_on_every_group_it_sampled_and_never_tr
     consumed = [g for s in steps for g in s.groups]
     assert len(consumed) == len(set(consumed))
     assert not others & set(consumed)
+
+
+async def test_a_resumed_run_judges_and_trains_the_groups_it_sampled_and_never_judged(
+    stack: Stack, tmp_path: Path
+) -> None:
+    """With a judge, a kill between a batch's rollouts and its judgment leaves groups with no
+    judgment, which no store query for judged groups finds: the resumed run judges them first."""
+    from tests.ruler.test_judge_check import at_random
+
+    out = tmp_path / "run"
+    async with running_scripted_judge(at_random(3)) as judge:  # type: ignore[arg-type]
+        judged = {
+            "judge": ["openai/j"],
+            "judge_base_url": [judge.base_url],
+            "judge_check": False,
+            "val_every": 0,
+            "max_off_policy_steps": 1,
+        }
+        await asyncio.wait_for(
+            run_train(_settings(stack, out, steps=1, **judged), Console(quiet=True)), 600
+        )
+        train = [s for s in load_scenarios(SCENARIOS) if s.split == "train"][:2]
+        # Sampled, and the run killed before the judge saw them.
+        sampled = await rollout_groups(stack, train, ledger=out)
+        await asyncio.wait_for(
+            run_train(_settings(stack, out, steps=2, **judged), Console(quiet=True)), 600
+        )
+    async with TrajectoryStore.opened(stack.store_url, writer=False) as store:
+        steps = await store.training_steps(run="run")
+        judgments = {j.group_id for j in await store.judgments(limit=100)}
+    assert [s.step for s in steps] == [1, 2]
+    assert set(steps[1].groups) == sampled and sampled <= judgments
+    assert steps[1].metrics["resumed_groups"] == 2.0

@@ -56,9 +56,9 @@ _COLUMNS = (
     ("|dlogp|", "mismatch", "{:.3f}"),
     ("tokens", "tokens", "{:.0f}"),
     ("s", "seconds_step", "{:.1f}"),
-    # --max-off-policy-steps: steps taken since the batch's rollouts began, and the seconds the
-    # trainer waited for it.
-    ("lag", "pipeline_lag_steps", "{:.0f}"),
+    # How many changes of the weights the step's groups were behind at most (production traffic,
+    # --max-off-policy-steps), and the seconds the overlapped loop's trainer waited for its batch.
+    ("behind", "staleness_max", "{:.0f}"),
     ("wait s", "pipeline_trainer_wait_s", "{:.1f}"),
 )
 _REWARDS_SHOWN = 6  # the summary's reward row: longer runs show the first and the last few

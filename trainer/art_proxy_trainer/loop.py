@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
 import random
 from collections.abc import Callable, Mapping, Sequence
@@ -160,13 +159,15 @@ class WholeLoop:
         return number % settings.val_every == 0 or after_warm_start
 
     async def _run_overlapped(self) -> str:
-        """Steps trained while later steps' rollouts run (pipeline.py), and the validations
-        that are due run beside both (`_Validations`)."""
+        """Steps trained while later steps' rollouts run (pipeline.py). A validation due at a
+        step starts when the step before it has been taken, on the weights the step starts
+        from (those the alternating loop validates there), and runs beside the batches and the
+        steps (`_Validations`), so that it holds none of them up."""
         trainer, settings = self.trainer, self.settings
         taken = trainer.state.step - trainer.state.sft_steps
         validations = _Validations(self)
         pipeline = Pipeline(
-            functools.partial(self._overlapped_batch, validations),
+            self._training_groups,
             first=trainer.state.step + 1,
             max_off_policy_steps=settings.max_off_policy_steps,
             batches=max(settings.steps - taken, 0) if settings.steps else None,
@@ -174,6 +175,9 @@ class WholeLoop:
         pipeline.start()
         try:
             while (reason := stop_reason(trainer, settings)) is None:
+                if self._validates(trainer.state.step + 1):
+                    # The weights the step starts from, as the alternating loop validates them.
+                    validations.start()
                 batch = await pipeline.take()
                 self._check_judge()
                 self.events.status(f"training step {batch.number}")
@@ -224,15 +228,6 @@ class WholeLoop:
             scenarios=[scenario.id for scenario in self.train_scenarios],
             groups=sorted(groups),
         )
-
-    async def _overlapped_batch(
-        self, validations: _Validations, number: int
-    ) -> tuple[list[TrainableGroup], dict[str, float]]:
-        """Step `number`'s training groups; its validation, when due, starts beside them on the
-        adapter the alias serves now (the one sampling them), and never holds the batch up."""
-        if self._validates(number):
-            validations.start()
-        return await self._training_groups(number)
 
     async def validate(self, model: str | None = None) -> tuple[float, list[TrainableGroup]]:
         """Mean reward on the validation scenarios of `model` (None: the alias's policy)."""
@@ -364,7 +359,7 @@ class WholeLoop:
 
 class _Validations:
     """The overlapped loop's validations, each beside the batches: sampled on the adapter the
-    alias served when it started (named, so a swap meanwhile moves none of its rollouts; held
+    alias serves when it starts (named, so a swap meanwhile moves none of its rollouts; held
     loaded until it ends), recorded with the first step taken after it ends, against those
     weights (the step's `val_of_step`)."""
 

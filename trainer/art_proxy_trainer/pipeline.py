@@ -19,8 +19,10 @@ what K = 0 runs.
 Validation is not a batch's: the loop runs it beside the batches, on the adapter it names
 (loop.py). Each step records what the pipeline did: how long the trainer waited for its batch
 (`pipeline_trainer_wait_s`), how long its rollouts waited for admission
-(`pipeline_admission_wait_s`) and how many batches were ready when it was taken
-(`pipeline_queue_depth`); how far behind its groups were is the step's staleness (samples.py).
+(`pipeline_admission_wait_s`), how many steps were still to be taken before it when its rollouts
+began (`pipeline_steps_ahead`, at most K: how far ahead they ran, not how stale they were) and how
+many batches were ready when it was taken (`pipeline_queue_depth`); how far behind its groups
+were is the step's staleness (samples.py).
 """
 
 from __future__ import annotations
@@ -117,7 +119,9 @@ class Pipeline:
                 self._stepped.clear()
                 await self._stepped.wait()
             admission_wait = time.perf_counter() - waiting
+            ahead = max(index - self._steps, 0)
             groups, metrics = await self._produce(self._first + index)
             metrics["pipeline_admission_wait_s"] = admission_wait
+            metrics["pipeline_steps_ahead"] = float(ahead)
             self._ready.put_nowait(Batch(self._first + index, groups, metrics))
             index += 1

@@ -7,7 +7,8 @@ proxy's alias, so no request can name an adapter some replica lacks. Adapters ol
 both keep an adapter alive for the rows that use it), and a proxy that has not yet seen the move
 (they refresh every second) still names one of the kept ones. An adapter some alias on the proxy
 points at (a production alias serving an older step), one an open trajectory's lease holds (the
-proxy's `/art/v1/leases`: its calls stay on the adapter its first call got), or one in `pinned` (a
+proxy's `/art/v1/leases`: its calls stay on the adapter its first call got), one the trainer's own
+rollouts call by name (`holding`: a validation beside the batches), or one in `pinned` (a
 rollback target), is never unloaded: it stays until it is none of these and older than the last
 `keep`. A trainer unloads only
 adapters of its own run (named with the run's tag): an upstream shared by several proxies and stores
