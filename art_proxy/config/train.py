@@ -65,9 +65,10 @@ class TrainSettings(JudgeChoice, UpstreamSettings, StoreSettings, ReportSettings
         0,
         ge=0,
         description="The whole loop: sample later steps' rollouts while a step trains, by "
-        "whichever adapter the alias serves, at most this many steps behind the weights they "
-        "are trained into (rollouts wait beyond it); 0 = alternate: sample, train, sample. The "
-        "sidecar: groups more than this many steps behind are consumed as stale.",
+        "whichever adapter the alias serves, at most this many changes of the weights behind "
+        "those they are trained into (rollouts wait beyond it; an abandoned step changes none); "
+        "0 = alternate: sample, train, sample. Needs --keep-adapters above it. The sidecar: "
+        "groups more than this many changes behind are consumed as stale.",
     )
     max_staleness: int = Field(
         16,

@@ -6,8 +6,11 @@ Whole loop: each step runs the agent `group_size` times on `groups_per_step` tra
 through the proxy (the alias serves the newest adapter), scores the groups (RULER with --judge,
 else the rewards the agent returned), and refills with more scenarios when too few groups carry a
 signal (a base model that fails every rollout of a scenario teaches nothing: DAPO's dynamic
-sampling). Every `val_every` steps the validation scenarios run too; their reward, recorded with
-the step, is that of the policy that sampled the step's training rollouts.
+sampling). Every `val_every` steps the validation scenarios run too, on the weights the step
+starts from: alternating, before the step and recorded with it; overlapped
+(`--max-off-policy-steps`), beside the steps, recorded with the first one taken after they end
+(`val_of_step` names the weights). Each group sampled for training is written to the run's ledger
+(ledger.py) before it is judged, so a resumed run trains first on what it never consumed.
 """
 
 from __future__ import annotations
@@ -229,10 +232,10 @@ class WholeLoop:
             groups=sorted(groups),
         )
 
-    async def validate(self, model: str | None = None) -> tuple[float, list[TrainableGroup]]:
-        """Mean reward on the validation scenarios of `model` (None: the alias's policy)."""
+    async def validate(self) -> tuple[float, list[TrainableGroup]]:
+        """Mean reward of the current policy on the validation scenarios."""
         self.events.status("validating")
-        groups = await self._scored_groups(self.val_scenarios, model=model)
+        groups = await self._scored_groups(self.val_scenarios)
         rewards = [r for g in groups for r in g.rewards.values()]
         return mean_or_nan(rewards), groups
 
@@ -377,8 +380,8 @@ class _Validations:
     async def _validate(self, model: str) -> list[TrainableGroup]:
         swapper = self._loop.trainer.swapper
         with swapper.holding(model) if swapper is not None else contextlib.nullcontext():
-            _reward, groups = await self._loop.validate(model)
-        return groups
+            # No status line: the trainer's steps go on meanwhile, and the display says those.
+            return await self._loop._scored_groups(self._loop.val_scenarios, model=model)
 
     def finished(self) -> list[list[TrainableGroup]]:
         """The validations that have ended, oldest first, taken (a step records them); a
