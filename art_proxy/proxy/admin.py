@@ -59,8 +59,10 @@ class Admin:
         aliases: Aliases,
         journal: Journal | None = None,
         redactor: PiiRedactor | None = None,
+        proxy_id: str | None = None,
     ) -> None:
         self._store = store
+        self._proxy_id = proxy_id  # what this proxy publishes its leases as (lease_publisher.py)
         self._tracker = tracker
         self._aliases = aliases
         self._journal = journal
@@ -174,7 +176,8 @@ class Admin:
         lease_publisher.py) and this proxy's memory, which knows a lease whose first call is
         still running or still in the journal before any publication does."""
         since = utcnow() - published_since()
-        held = {lease.model: lease.trajectories for lease in await self._store.leases(since)}
+        recorded = await self._store.leases(since, but_proxy=self._proxy_id)
+        held = {lease.model: lease.trajectories for lease in recorded}
         for model, count in self._tracker.held_leases().items():
             held[model] = max(held.get(model, 0), count)
         return json_response([Lease(model=m, trajectories=n) for m, n in sorted(held.items())])

@@ -202,7 +202,8 @@ def _lifecycle(settings: ProxySettings) -> Callable[[web.Application], AsyncIter
                 default_split=settings.default_split,
                 record_policy=settings.record,
             )
-            admin = Admin(store, tracker, aliases, journal, redactor)
+            leases = LeasePublisher(store, tracker)
+            admin = Admin(store, tracker, aliases, journal, redactor, proxy_id=leases.proxy_id)
             parts = ProxyParts(
                 settings,
                 store,
@@ -217,7 +218,6 @@ def _lifecycle(settings: ProxySettings) -> Callable[[web.Application], AsyncIter
                 redactor,
             )
             app[PARTS] = parts
-            leases = LeasePublisher(store, tracker)
             background = [
                 asyncio.create_task(
                     housekeeping(settings.idle_timeout, store, tracker, aliases, journal)

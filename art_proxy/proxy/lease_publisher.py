@@ -3,7 +3,9 @@ so a trainer asking any proxy of a shared store sees a lease before its trajecto
 is recorded (the call still running upstream, or its record still in the journal).
 
 The rows are replaced whole every `PUBLISH_EVERY_S`, and at once when a trajectory takes a lease
-on a model the last publication did not name (the hot path only sets an event). A proxy's rows
+on a model the last publication did not name, or one that held leases leaves memory (finished:
+the hot path only sets an event). The proxy that answers `GET /art/v1/leases` reads its own
+from memory, never its rows, which may lag it. A proxy's rows
 count for `FRESH_S` after it last wrote them: a proxy killed, or cut off from the store, stops
 holding anything then (its recorded calls still hold their models through the store's open
 trajectories). A stopping proxy withdraws its rows. Publishing is best effort: while the store
@@ -40,6 +42,7 @@ class LeasePublisher:
         self._published: dict[str, int] = {}
         self._changed = asyncio.Event()
         tracker.on_lease = self.leased
+        tracker.on_leases_released = self._changed.set
 
     def leased(self, model: str) -> None:
         """A trajectory took a lease on `model`: publish now unless it is out already."""

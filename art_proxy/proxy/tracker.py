@@ -90,13 +90,16 @@ class TrajectoryTracker:
             max_explicit=MAX_TRAJECTORIES_IN_MEMORY,
         )
         self.lease_counters = LeaseCounters()
-        # Told of the model each lease is taken on (lease_publisher.py).
+        # Told of the model each lease is taken on, and that leases were given up (a trajectory
+        # that held some left memory): lease_publisher.py.
         self.on_lease: Callable[[str], None] = lambda _model: None
-        self._memory = OpenTrajectories(
-            on_forget=lambda state: self.groups.member_finished(
-                (state.scenario_id, state.split), state.id
-            )
-        )
+        self.on_leases_released: Callable[[], None] = lambda: None
+        self._memory = OpenTrajectories(on_forget=self._forgotten)
+
+    def _forgotten(self, state: OpenTrajectory) -> None:
+        self.groups.member_finished((state.scenario_id, state.split), state.id)
+        if state.leases:
+            self.on_leases_released()
 
     @property
     def open_count(self) -> int:

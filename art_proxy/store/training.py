@@ -72,11 +72,14 @@ class TrainingRecords(StoreBase):
             for row in rows
         ]
 
-    async def leases(self, published_since: datetime | None = None) -> list[Lease]:
+    async def leases(
+        self, published_since: datetime | None = None, but_proxy: str | None = None
+    ) -> list[Lease]:
         """The models open trajectories hold, with how many hold each: what the trainer keeps
         loaded (proxy/leases.py). Every proxy's: those that served their recorded calls and, with
         `published_since`, those proxies published since then of their memory's leases (a first
-        call still running or journaled), the larger count where both name a model."""
+        call still running or journaled), the larger count where both name a model; `but_proxy`'s
+        publication left out (the proxy asking knows its own better)."""
         trajectories = sa.func.count(sa.distinct(T.c.id)).label("trajectories")
         query = (
             sa.select(C.c.model, trajectories)
@@ -88,7 +91,7 @@ class TrainingRecords(StoreBase):
         if published_since is not None:
             published = (
                 sa.select(PL.c.model, sa.func.sum(PL.c.trajectories).label("trajectories"))
-                .where(PL.c.updated_at >= published_since)
+                .where(PL.c.updated_at >= published_since, PL.c.proxy_id != (but_proxy or ""))
                 .group_by(PL.c.model)
             )
             for row in await self._all(published):
