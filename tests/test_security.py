@@ -9,16 +9,22 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
+import ipaddress
 import logging
+import socket
 import sqlite3
+import struct
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import aiohttp
 import orjson
 import pytest
+import pytest_socket
 from aiohttp import web
 
 from art_proxy.config import ProxySettings
@@ -489,3 +495,57 @@ async def test_allowed_hosts_name_what_the_admin_api_answers_to(
             f"{proxy.root_url}/v1/chat/completions", json=CHAT, headers={"Host": "evil.example"}
         )
     assert (named.status, other.status, agents.status) == (200, 403, 200)
+
+
+def _address_beyond_loopback() -> str:
+    """An IPv4 address of this machine's beyond loopback (its interfaces', read by ioctl: no
+    packet leaves), let past pytest-socket for this test."""
+    siocgifaddr = 0x8915
+    for _index, name in socket.if_nameindex():
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            try:
+                packed = fcntl.ioctl(
+                    probe.fileno(), siocgifaddr, struct.pack("256s", name.encode())
+                )
+            except OSError:
+                continue  # no IPv4 address on it
+        address = socket.inet_ntoa(packed[20:24])
+        if not ipaddress.ip_address(address).is_loopback:
+            pytest_socket.socket_allow_hosts(
+                ["127.0.0.0/8", "::1", address], allow_unix_socket=True
+            )
+            return address
+    pytest.skip("this machine has no address beyond loopback to call the proxy from")
+
+
+@pytest.mark.parametrize(
+    ("keys", "opened"),
+    [({}, False), ({"open_admin": True}, True), ({"admin_key": ADMIN_KEY}, True)],
+    ids=["no-admin-key", "open-admin", "admin-key"],
+)
+async def test_without_an_admin_key_the_admin_api_answers_clients_on_this_machine_only(
+    sqlite_url: str, vllm: FakeVllm, http: aiohttp.ClientSession, keys: dict[str, Any], opened: bool
+) -> None:
+    """Bound beyond loopback (the image's and the manifests' way), a keyless admin API read a
+    user's words and erased her data for any client that could reach the port. Closed by
+    default: a client elsewhere gets 403 saying what opens it; the agents' calls are served."""
+    address = _address_beyond_loopback()
+    settings = proxy_settings(sqlite_url, vllm.base_url, host="0.0.0.0", **keys)
+    headers = bearer(ADMIN_KEY) if "admin_key" in keys else {}
+    async with running_proxy(settings) as proxy:
+        port = urlsplit(proxy.root_url).port
+        elsewhere, here_root = f"http://{address}:{port}", f"http://127.0.0.1:{port}"
+        called = await http.post(f"{elsewhere}/v1/chat/completions", json=CHAT)
+        listed = await http.get(f"{elsewhere}/art/v1/trajectories", headers=headers)
+        page = await http.get(f"{elsewhere}/dashboard", headers=headers)
+        here = await http.get(f"{here_root}/art/v1/trajectories", headers=headers)
+        # A page that rebinds its name to this machine: a loopback peer naming another host.
+        rebound = await http.get(
+            f"{here_root}/art/v1/trajectories", headers={**headers, "Host": "evil.example"}
+        )
+    assert (called.status, here.status) == (200, 200)
+    if opened:
+        assert (listed.status, page.status) == (200, 200)
+    else:
+        assert (listed.status, page.status, rebound.status) == (403, 403, 403)
+        assert "--admin-key" in (await listed.json())["error"]["message"]

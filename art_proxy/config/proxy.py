@@ -68,7 +68,9 @@ class ProxySettings(JournalSettings, UpstreamSettings, StoreSettings, PiiSetting
     port: int = Field(8100, description="Port to bind (0 = any free port).")
     api_key: str | None = Field(None, description="Key clients must send as Bearer (unset = open).")
     admin_key: str | None = Field(
-        None, description="Key the /art/ endpoints require (unset = open)."
+        None,
+        description="Key the /art/ endpoints and the dashboard require (unset: they answer "
+        "clients on this machine only, unless --open-admin).",
     )
     idle_timeout: float = Field(
         300.0, description="Seconds without a call after which a trajectory finishes (0 = never)."
@@ -126,8 +128,9 @@ class ProxySettings(JournalSettings, UpstreamSettings, StoreSettings, PiiSetting
     )
     open_admin: bool = Field(
         False,
-        description="Serve /art/ and the dashboard without a key beyond loopback although "
-        "--api-key guards the calls (refused otherwise: /art/ can redirect every agent's model).",
+        description="Serve /art/ and the dashboard without --admin-key to clients beyond this "
+        "machine (without it they answer loopback clients only: /art/ reads every trajectory "
+        "and can redirect every agent's model), and bind beyond loopback with --api-key alone.",
     )
     shadow_max_in_flight: int = Field(
         8,

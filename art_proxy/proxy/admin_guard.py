@@ -1,7 +1,9 @@
-"""What guards the admin API and the dashboard from a web page and from input the store cannot take.
+"""What guards the admin API and the dashboard from other machines, from a web page and from input
+the store cannot take.
 
-Without `--admin-key` (the default on loopback; with one, the key decides) anything that can
-reach the port can call `/art/v1`: a web page too, two ways. A cross-site form or `fetch` can POST a body without CORS's
+Without `--admin-key` (with one, the key decides) they answer only clients on this machine (a
+loopback peer; `--open-admin` serves them to anyone who can reach the port), where a browser is
+the other party: a web page can call `/art/v1` two ways. A cross-site form or `fetch` can POST a body without CORS's
 preflight when its type is `text/plain` or a form's, so a state-changing admin request must carry
 JSON (`Content-Type: application/json`, which no page can send cross-origin without a preflight
 this proxy never answers) and, when a browser names its `Origin`, come from the proxy's own. DNS
@@ -38,6 +40,14 @@ def admin_guard(settings: ProxySettings) -> Middleware:
         # A key is a header no page can send cross-origin without a preflight: with one, the
         # key decides (`_auth`).
         if settings.admin_key is None:
+            if not settings.open_admin and not is_loopback(request.remote or ""):
+                # Closed by default: a keyless admin API reads every user's words, erases
+                # them and moves the alias every agent calls.
+                raise Forbidden(
+                    "the admin API and the dashboard answer only clients on this machine "
+                    "without an admin key: set --admin-key (ART_PROXY_ADMIN_KEY) and send it as "
+                    "Bearer, or --open-admin to serve them to anyone who can reach the port"
+                )
             if not host_served(request.host, settings):
                 raise Forbidden(
                     f"Host {request.host!r} is not a name this proxy serves (a page on another "
@@ -53,10 +63,11 @@ def admin_guard(settings: ProxySettings) -> Middleware:
 
 
 def host_served(host: str, settings: ProxySettings) -> bool:
-    """Whether `host` (the Host header, port and all) names this proxy. Checked on loopback, where
-    the only other party is a browser on this machine, and wherever `--allowed-hosts` lists names;
-    a proxy bound beyond loopback without it serves whatever name its network gives it."""
-    if not settings.allowed_hosts and not is_loopback(settings.host):
+    """Whether `host` (the Host header, port and all) names this proxy: a loopback name, the
+    bound address or one of `--allowed-hosts`. A keyless admin API answers only clients on this
+    machine, where a browser is the other party; only `--open-admin` beyond loopback without
+    `--allowed-hosts` serves whatever name its network gives it."""
+    if settings.open_admin and not settings.allowed_hosts and not is_loopback(settings.host):
         return True
     if "*" in settings.allowed_hosts:
         return True

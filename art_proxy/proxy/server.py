@@ -34,24 +34,29 @@ class RunningProxy:
 def warn_if_exposed(settings: ProxySettings) -> None:
     if settings.api_key and not settings.admin_key:
         log.warning(
-            "--api-key is set without --admin-key: /art/ and the dashboard are open to anyone "
-            "who can reach %s (they can read every trajectory and move model aliases)",
-            settings.host,
+            "--api-key is set without --admin-key: /art/ and the dashboard are open to %s "
+            "(they can read every trajectory and move model aliases)",
+            f"anyone who can reach {settings.host}"
+            if settings.open_admin
+            else "every client on this machine",
         )
     if is_loopback(settings.host):
         return
-    if not settings.api_key or not settings.admin_key:
+    missing = []
+    if not settings.api_key:
+        missing.append("--api-key: anyone who can reach it can call its models")
+    if not settings.admin_key and settings.open_admin:
+        missing.append("--admin-key: anyone who can reach it can read and change its records")
+    elif not settings.admin_key:
+        missing.append(
+            "--admin-key: /art/ and the dashboard answer clients on this machine only (a "
+            "trainer or judge elsewhere needs the key)"
+        )
+    if missing:
         log.warning(
-            "art-proxy binds %s, beyond loopback, without %s: anyone who can reach it can use it",
+            "art-proxy binds %s, beyond loopback, without %s",
             settings.host,
-            " and ".join(
-                flag
-                for flag, key in (
-                    ("--api-key", settings.api_key),
-                    ("--admin-key", settings.admin_key),
-                )
-                if not key
-            ),
+            "; without ".join(missing),
         )
 
 
