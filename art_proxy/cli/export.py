@@ -16,6 +16,7 @@ from art_proxy.cli.options import settings_command
 from art_proxy.cli.output import fail, stderr
 from art_proxy.config import ExportSettings
 from art_proxy.errors import ConfigError, StoreError
+from art_proxy.privacy.private_files import open_private
 
 if TYPE_CHECKING:
     from art_proxy.records import ExportedTrajectory
@@ -38,7 +39,8 @@ def export(settings: ExportSettings) -> None:
         if settings.format in ("parquet", "hf"):
             count = asyncio.run(_export_table(settings))
         else:
-            with nullcontext(sys.stdout) if settings.out == "-" else open(settings.out, "w") as out:
+            file = sys.stdout if settings.out == "-" else open_private(settings.out, "w")
+            with nullcontext(file) if settings.out == "-" else file as out:
                 if settings.format == "trl":
                     count = asyncio.run(_export_trl(settings, out))
                     what = "preference pairs" if settings.pairs else "rows"

@@ -13,6 +13,7 @@ Face dataset directory (`datasets.load_from_disk`).
 
 from __future__ import annotations
 
+import tempfile
 from collections.abc import AsyncIterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ from typing import Any
 import orjson
 
 from art_proxy.errors import ConfigError
+from art_proxy.privacy.private_files import create_private, make_private
 from art_proxy.records import CallRecord, ExportedTrajectory
 
 # Rows written to the file at a time.
@@ -107,6 +109,8 @@ async def write_parquet(trajectories: AsyncIterable[ExportedTrajectory], path: P
     count = 0
     rows: list[dict[str, Any]] = []
     partial = path.with_name(path.name + ".partial")
+    partial.unlink(missing_ok=True)
+    create_private(partial)  # the writer keeps its mode
     with pq.ParquetWriter(partial, schema) as writer:
         async for exported in trajectories:
             count += 1
@@ -129,7 +133,12 @@ async def write_hf_dataset(trajectories: AsyncIterable[ExportedTrajectory], path
     staged = path.with_name(path.name + ".parquet")
     count = await write_parquet(trajectories, staged)
     try:
-        datasets.Dataset.from_parquet(str(staged)).save_to_disk(str(path))
+        # Its Arrow copy in a cache of its own, deleted after: `datasets`' default cache (under
+        # ~/.cache) would keep every exported user's words where no `forget` reaches.
+        with tempfile.TemporaryDirectory(prefix="art-proxy-export-") as cache:
+            dataset = datasets.Dataset.from_parquet(str(staged), cache_dir=cache)
+            dataset.save_to_disk(str(path))
+        make_private(path)
     finally:
         staged.unlink(missing_ok=True)
     return count

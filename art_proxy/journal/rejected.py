@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import cast
 
 from art_proxy.errors import StoreError
+from art_proxy.privacy.private_files import open_private
 from art_proxy.records import SubjectSelector
 from art_proxy.store.rows import CallRow, RowKind, TrajectoryRow
 from art_proxy.store.trajectory_store import TrajectoryStore
@@ -65,7 +66,7 @@ def set_aside(directory: Path, payload: bytes) -> None:
     of the record next. OSError if the disk refuses."""
     with _locked(directory) as path:
         created = not path.exists()
-        with open(path, "ab") as file:
+        with open_private(path, "ab") as file:
             whole = file.tell()
             try:
                 file.write(frame_bytes(payload, _UNSEQUENCED))
@@ -203,7 +204,7 @@ def _keep(directory: Path, kept: Callable[[SetAside], bool], *, keep_damage: boo
             path.unlink(missing_ok=True)
             return len(records)
         partial = path.with_name(path.name + ".partial")
-        with open(partial, "wb") as file:
+        with open_private(partial, "wb") as file:
             file.writelines(frame_bytes(r.payload, _UNSEQUENCED) for r in staying)
             # Bytes no reader could read are no verdict on what they held: they stay, after the
             # whole records (`art-proxy journal drop` removes them).

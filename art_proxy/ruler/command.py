@@ -29,6 +29,7 @@ from art_proxy.errors import ConfigError
 from art_proxy.ids import short_id
 from art_proxy.journal.left_behind import opened_for_reading
 from art_proxy.privacy.pii import pii_redactor
+from art_proxy.privacy.redaction import redact_url
 from art_proxy.records import Judgment
 from art_proxy.ruler.check import JudgeCheck, check_judgments
 from art_proxy.ruler.ensemble import ensemble_name
@@ -121,7 +122,8 @@ async def run_judge_check(settings: JudgeSettings, rubric: Rubric) -> JudgeCheck
                 break
     if not judgments:
         raise ConfigError(
-            f"nothing to check the judge on: {settings.store} has no group with 2 finished runs "
+            f"nothing to check the judge on: {redact_url(settings.store)} has no group with 2 "
+            "finished runs "
             "(art-proxy rollout makes some)"
         )
     return check_judgments(judgments, known, settings.judge_check_below)

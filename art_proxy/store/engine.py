@@ -29,6 +29,7 @@ from sqlalchemy.exc import ArgumentError
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from art_proxy.errors import ConfigError
+from art_proxy.privacy.private_files import create_private
 
 _MIGRATIONS = Path(__file__).parent / "migrations"
 # Seconds a SQLite writer waits for another writer (a second proxy, `export` while serving).
@@ -101,6 +102,7 @@ def create_engine(url: str) -> AsyncEngine:
         assert database is not None
         if not Path(database).parent.exists():
             raise ConfigError(f"store {url!r}: folder {Path(database).parent} does not exist")
+        create_private(Path(database))  # its -wal and -shm take its mode
         engine = create_async_engine(full_url, **_ENGINE_OPTIONS)
         event.listen(engine.sync_engine, "connect", _sqlite_pragmas)
         return engine
@@ -181,6 +183,8 @@ class SqliteThreadRunner:
 
     def __init__(self, url: str, *, power_safe: bool = False) -> None:
         database = make_url(async_url(url)).database
+        assert database is not None
+        create_private(Path(database))  # its -wal and -shm take its mode
         self._engine = sa.create_engine(
             f"sqlite:///{database}",
             pool_size=1,
