@@ -16,6 +16,7 @@ import aiohttp
 import anthropic
 import openai
 import pytest
+from multidict import CIMultiDict
 
 from art_proxy.proxy.server import RunningProxy
 from tests.conftest import trajectories
@@ -216,3 +217,35 @@ async def test_a_call_naming_another_subjects_trajectory_is_refused_not_joined(
     assert not any("alice" in request for request in by_user["bob"])
     assert any("the app goes on" in request for request in by_user["alice"])
     assert None not in by_user  # nothing of hers under no one
+
+
+async def test_a_subject_header_sent_twice_is_refused_not_read_as_the_first(
+    proxy: RunningProxy, http: aiohttp.ClientSession
+) -> None:
+    """Behind a gateway that appends its own X-Art-Tenant, the first value was the client's:
+    taken, one tenant read another's answers."""
+    for name in ("X-Art-Tenant", "X-Art-User"):
+        twice = CIMultiDict([(name, "client-said"), (name, "gateway-said")])
+        async with http.post(
+            f"{proxy.base_url}/chat/completions",
+            json={"model": MODEL, "messages": task("whose?")},
+            headers=twice,
+        ) as response:
+            assert response.status == 400, name
+            assert f"{name} sent 2 times" in (await response.json())["error"]["message"]
+
+
+async def test_a_tenant_header_alone_does_not_read_a_tenantless_users_answer(
+    proxy: RunningProxy, http: aiohttp.ClientSession
+) -> None:
+    alice = {"X-Art-User": "alice"}
+    async with openai.AsyncOpenAI(
+        base_url=proxy.base_url, api_key="unused", default_headers=alice
+    ) as client:
+        started = await client.responses.create(model=MODEL, input="alice's own question")
+    readers = (alice, {}, {"X-Art-Tenant": "globex"}, {"X-Art-Tenant": "globex", **alice})
+    statuses = []
+    for reader in readers:
+        async with http.get(f"{proxy.base_url}/responses/{started.id}", headers=reader) as read:
+            statuses.append(read.status)
+    assert statuses == [200, 200, 404, 404]

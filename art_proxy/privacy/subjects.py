@@ -12,6 +12,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from multidict import CIMultiDictProxy
+
 from art_proxy.errors import BadRequest
 from art_proxy.records.erasure import MAX_SUBJECT_ID as _MAX_LENGTH
 from art_proxy.records.erasure import stored_subject_id
@@ -35,11 +37,12 @@ def subject_of_row(row: Mapping[str, Any]) -> Subject:
 
 def may_read(reader: Subject, owner: Subject) -> bool:
     """Whether a request of `reader` may read what was recorded under `owner` (a stored
-    Responses answer): the owner's tenant, where it has one; a user the reader names must be the
-    owner's, where it has one. A reader that names no user reads as the tenant's application: a
+    Responses answer): the reader's tenant must be the owner's, none where it has none (a
+    tenant's application reading a tenantless user's answer is another tenant reading it); a
+    user the reader names must be the owner's, where it has one. A reader that names no user reads as the tenant's application: a
     chain may name its user on its first call only, and the SDKs have no user field on a
     retrieve or a count; continued so, a call joins the owner's trajectory, and its erasure."""
-    return owner.tenant in (None, reader.tenant) and (
+    return owner.tenant == reader.tenant and (
         reader.user is None or owner.user in (None, reader.user)
     )
 
@@ -75,6 +78,14 @@ def subject_of(
 
 
 def _header(headers: Mapping[str, str], name: str) -> str | None:
+    values = headers.getall(name, []) if isinstance(headers, CIMultiDictProxy) else None
+    if values is not None and len(values) > 1:
+        # Behind a gateway that appends its own, the first is the client's: taken, one tenant
+        # read another's answers.
+        raise BadRequest(
+            f"{name} sent {len(values)} times: send it once (a gateway that sets it must "
+            "replace the client's, not add to it)"
+        )
     value = headers.get(name)
     if value is None:
         return None
