@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from typing import Any
 
 import aiohttp
@@ -17,7 +18,10 @@ import anthropic
 import openai
 import pytest
 from multidict import CIMultiDict
+from yarl import URL
 
+from art_proxy.ids import new_id
+from art_proxy.proxy import lookups
 from art_proxy.proxy.server import RunningProxy
 from tests.conftest import trajectories
 from tests.test_export import export
@@ -249,3 +253,37 @@ async def test_a_tenant_header_alone_does_not_read_a_tenantless_users_answer(
         async with http.get(f"{proxy.base_url}/responses/{started.id}", headers=reader) as read:
             statuses.append(read.status)
     assert statuses == [200, 200, 404, 404]
+
+
+async def test_another_subjects_response_id_reads_as_a_made_up_one_in_time_too(
+    proxy: RunningProxy, http: aiohttp.ClientSession, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A fresh id not in the store is awaited (it may be another proxy's, on its way); another
+    subject's was refused at once, which told that it exists. Both now take the wait."""
+    monkeypatch.setattr(lookups, "OTHER_PROXY_WAIT_S", 0.5)
+    async with openai.AsyncOpenAI(
+        base_url=proxy.base_url, api_key="unused", default_headers={"X-Art-User": "alice"}
+    ) as client:
+        started = await client.responses.create(model=MODEL, input="alice's question")
+    waited = {}
+    for name, response_id in (("hers", started.id), ("made up", f"resp_{new_id()}")):
+        began = time.monotonic()
+        async with http.get(
+            f"{proxy.base_url}/responses/{response_id}", headers={"X-Art-User": "bob"}
+        ) as read:
+            assert read.status == 404
+            assert (await read.json())["error"]["message"] == f"no response with id {response_id!r}"
+        waited[name] = time.monotonic() - began
+    assert min(waited.values()) >= 0.5, waited
+
+
+async def test_a_nul_in_a_response_id_is_no_response_not_a_server_error(
+    proxy: RunningProxy, http: aiohttp.ClientSession
+) -> None:
+    """PostgreSQL refuses a NUL in text: looked up, the id was a 500."""
+    read = await http.get(URL(f"{proxy.base_url}/responses/resp_0%00x", encoded=True))
+    assert read.status == 404, await read.text()
+    body = {"model": MODEL, "input": "go on", "previous_response_id": "resp_0\x00x"}
+    async with http.post(f"{proxy.base_url}/responses", json=body) as continued:
+        assert continued.status == 400, await continued.text()
+        assert "not found" in (await continued.json())["error"]["message"]

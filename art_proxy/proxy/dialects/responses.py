@@ -41,7 +41,9 @@ class ChatRequest:
 
 
 def call_id_of(response_id: str) -> str | None:
-    if not response_id.startswith(RESPONSE_ID_PREFIX):
+    """The call a response id names (None: none can: a NUL, which PostgreSQL refuses in text,
+    or anything unprintable is in no id this proxy made)."""
+    if not response_id.startswith(RESPONSE_ID_PREFIX) or not response_id.isprintable():
         return None
     return response_id[len(RESPONSE_ID_PREFIX) :]
 
