@@ -247,7 +247,12 @@ async def test_a_tenant_header_alone_does_not_read_a_tenantless_users_answer(
         base_url=proxy.base_url, api_key="unused", default_headers=alice
     ) as client:
         started = await client.responses.create(model=MODEL, input="alice's own question")
-    readers = (alice, {}, {"X-Art-Tenant": "globex"}, {"X-Art-Tenant": "globex", **alice})
+    readers: list[dict[str, str]] = [
+        alice,
+        {},
+        {"X-Art-Tenant": "globex"},
+        {"X-Art-Tenant": "globex", **alice},
+    ]
     statuses = []
     for reader in readers:
         async with http.get(f"{proxy.base_url}/responses/{started.id}", headers=reader) as read:
