@@ -5,10 +5,12 @@ from __future__ import annotations
 from typing import Any
 
 import aiohttp
+from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
 from art_proxy.proxy.server import RunningProxy, running_proxy
 from art_proxy.testing.fake_vllm import FakeVllm
+from art_proxy.testing.loopback import serving
 from tests.conftest import proxy_settings, trajectories
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
@@ -117,3 +119,59 @@ async def test_metrics_count_tokens_and_time_calls_by_served_model_and_alias(
     assert ("art_proxy_requests_in_flight", ()) in samples
     assert ("process_cpu_seconds_total", ()) in samples
     assert samples[("art_proxy_best_of_calls_total", ())] == 0
+
+
+def answers_any_name() -> web.Application:
+    """An OpenAI-compatible upstream that answers whatever model a call names (a hosted API's
+    gateway, a server that maps every name to its one model), listing one."""
+
+    async def models(_request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [{"id": LISTED, "object": "model"}]})
+
+    async def chat_completions(request: web.Request) -> web.Response:
+        body = await request.json()
+        return web.json_response(
+            {
+                "id": "chatcmpl-1",
+                "object": "chat.completion",
+                "created": 0,
+                "model": body["model"],
+                "choices": [
+                    {
+                        "index": 0,
+                        "message": {"role": "assistant", "content": "hello"},
+                        "finish_reason": "stop",
+                    }
+                ],
+                "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4},
+            }
+        )
+
+    app = web.Application()
+    app.router.add_get("/v1/models", models)
+    app.router.add_post("/v1/chat/completions", chat_completions)
+    return app
+
+
+LISTED = "the-one-model"
+
+
+async def test_a_model_name_a_client_made_up_labels_no_series_of_its_own(
+    sqlite_url: str, http: aiohttp.ClientSession
+) -> None:
+    """An upstream that answers any model name grew a series a name: 30 invented names took
+    /metrics from 124 lines to 862, an e-mail address among them, on the endpoint every scraper
+    reads. Names no upstream lists and no alias names count as `other`."""
+    async with (
+        serving(answers_any_name()) as upstream,
+        running_proxy(proxy_settings(sqlite_url, upstream + "/v1")) as proxy,
+    ):
+        for model in (LISTED, "alice@example.com", "made-up-1", "made-up-2"):
+            assert await chat(http, proxy, model) == 200, model
+        await proxy.parts.settled()
+        samples = await scrape(http, proxy)
+    named = {
+        dict(labels)["model"] for name, labels in samples if name == "art_proxy_call_seconds_count"
+    }
+    assert named == {LISTED, "other"}
+    assert samples[("art_proxy_call_seconds_count", (("alias", ""), ("model", "other")))] == 3

@@ -74,6 +74,16 @@ class Aliases:
     def is_alias(self, model: str) -> bool:
         return model in self._targets
 
+    def named(self, model: str) -> bool:
+        """Whether `model` is a name this proxy knows: an alias, a model an alias moved to, or
+        one every upstream listed when last asked (`/metrics` labels only such names)."""
+        return (
+            model in self._targets
+            or model in self._targets.values()
+            or model in self._moved_to
+            or (self._everywhere is not None and model in self._everywhere)
+        )
+
     def is_served(self, model: str) -> bool:
         """Whether every upstream serves `model`: it did when last asked (yes, before any
         answer), or an alias moved to it since (the trainer loads an adapter everywhere first)."""

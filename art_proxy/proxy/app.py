@@ -167,6 +167,7 @@ def _lifecycle(settings: ProxySettings) -> Callable[[web.Application], AsyncIter
                     _journaled_records_stored, journal, ingester, BEHIND_BACKLOG_TIMEOUT_S
                 ),
                 spans=spans,
+                named=aliases.named,
             )
             shadow = ShadowSampler(
                 upstreams,

@@ -44,6 +44,10 @@ log = logging.getLogger(__name__)
 _REPORT_EVERY_S = 10.0  # the journal's refusals, logged at most this often
 
 
+# The /metrics label of a model no upstream lists and no alias names.
+OTHER_MODEL = "other"
+
+
 class Recorder:
     def __init__(
         self,
@@ -55,8 +59,11 @@ class Recorder:
         *,
         journaled_before_stored: Callable[[], Awaitable[bool]] | None = None,
         spans: CallSpans | None = None,
+        named: Callable[[str], bool] = lambda _model: True,
     ) -> None:
         self._store = store
+        # Whether a model or alias name may label /metrics (aliases.py `Aliases.named`).
+        self._named = named
         self._spans = spans  # OpenTelemetry, when a collector is configured
         # Waits for the journal's records to reach the store; whether they did (app.py).
         self._journaled_before_stored = journaled_before_stored
@@ -238,8 +245,15 @@ class Recorder:
         alias = requested if isinstance(requested, str) and requested != call.model else ""
         usage = outcome.response.get("usage") if outcome.response else None
         first = None if call.first_chunk_at is None else call.first_chunk_at - call.started
+        # A name a client made up labels nothing: an upstream that answers any name (a hosted
+        # API, local-llm) would grow a series for each, an e-mail address among them, on an
+        # endpoint every scraper reads.
         self.counters.by_model.observe(
-            call.model, alias, usage if isinstance(usage, dict) else None, seconds, first
+            call.model if self._named(call.model) else OTHER_MODEL,
+            alias if not alias or self._named(alias) else OTHER_MODEL,
+            usage if isinstance(usage, dict) else None,
+            seconds,
+            first,
         )
 
     @staticmethod
