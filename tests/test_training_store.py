@@ -17,6 +17,7 @@ from art_proxy.records import (
     GroupOutcome,
     Judgment,
     JudgmentStatus,
+    SubjectSelector,
     TrainingStep,
     TrajectoryScore,
 )
@@ -240,3 +241,18 @@ async def test_finish_groups_wait_for_full_size_or_settling_as_the_judge_does(
 
     assert await ready(newest_start) == ["full"]
     assert await ready(newest_start + timedelta(seconds=1)) == ["full", "two-so-far"]
+
+
+async def test_a_step_whose_group_was_erased_while_it_trained_is_recorded_without_it(
+    store: TrajectoryStore,
+) -> None:
+    """Every member of a group the step consumed was erased while it trained: its consumed row
+    failed the groups' foreign key, the step was never recorded, and a resume replayed it for
+    ever."""
+    await add_group(store, "kept", 2)
+    await add_group(store, "erased", 2)
+    await store.forget(SubjectSelector(trajectory="erased-t0"))
+    await store.forget(SubjectSelector(trajectory="erased-t1"))
+    assert await store.record_step(step("run", 1, {"kept": "trained", "erased": "trained"}))
+    assert [s.step for s in await store.training_steps("run")] == [1]
+    assert await store.consumed_group_ids("run") == {"kept"}

@@ -152,19 +152,26 @@ class TrainingRecords(StoreBase):
             clashes = {str(group_id): int(at) for group_id, at in consumed}
             if clashes:
                 raise GroupAlreadyConsumed(step.run, step.step, clashes)  # rolls the step back
-            await connection.execute(
-                sa.insert(CG),
-                [
-                    {
-                        "run": step.run,
-                        "group_id": group_id,
-                        "step": step.step,
-                        "outcome": outcome,
-                        "consumed_at": now,
-                    }
-                    for group_id, outcome in step.groups.items()
-                ],
+            # A group every member of which was erased while the step trained is gone: its row
+            # would fail the foreign key, the step would never be recorded and a resume would
+            # replay it for ever. The step's own record still names it.
+            existing = await connection.execute(
+                sa.select(G.c.id).where(G.c.id.in_(list(step.groups)))
             )
+            present = {str(group_id) for (group_id,) in existing}
+            rows = [
+                {
+                    "run": step.run,
+                    "group_id": group_id,
+                    "step": step.step,
+                    "outcome": outcome,
+                    "consumed_at": now,
+                }
+                for group_id, outcome in step.groups.items()
+                if group_id in present
+            ]
+            if rows:
+                await connection.execute(sa.insert(CG), rows)
         return True
 
     async def set_step_swap(
