@@ -23,6 +23,7 @@ from typing import Any
 
 import aiohttp
 import pytest
+import sqlalchemy as sa
 from aiohttp import web
 from rich.console import Console
 
@@ -35,6 +36,7 @@ from art_proxy.proxy.server import RunningProxy, running_proxy
 from art_proxy.records import ArmResult, Estimate, EvaluationReport
 from art_proxy.rollout import Rollout
 from art_proxy.scenarios import Scenario
+from art_proxy.store import schema
 from art_proxy.store.trajectory_store import TrajectoryStore
 from art_proxy.testing.fake_vllm import FakeVllm, FakeVllmConfig, running_fake_vllm
 from art_proxy.testing.loopback import serving
@@ -517,3 +519,24 @@ def test_pricing_the_arms_reads_litellms_own_price_table_not_the_networks() -> N
         [sys.executable, "-c", script], capture_output=True, text=True, env=env, check=True
     )
     assert done.stdout.strip() == "True"
+
+
+async def test_a_stored_report_of_another_version_is_skipped_not_a_broken_page(
+    sqlite_proxy: RunningProxy,
+) -> None:
+    """One report another version wrote (or a hand) made `/dashboard/evaluations` a 500."""
+    store = sqlite_proxy.parts.store
+    async with store.engine.begin() as connection:
+        await connection.execute(
+            sa.insert(schema.evaluations).values(
+                id="from-elsewhere", created_at=datetime.now(UTC), report={"version": 99}
+            )
+        )
+    before = store.unreadable_rows
+    async with (
+        aiohttp.ClientSession() as http,
+        http.get(f"{sqlite_proxy.root_url}/dashboard/evaluations") as page,
+    ):
+        assert page.status == 200, await page.text()
+    assert await store.evaluations() == []
+    assert store.unreadable_rows > before

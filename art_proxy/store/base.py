@@ -5,19 +5,24 @@ Timestamps are stored in UTC; SQLite hands them back naive, so they are made awa
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import logging
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
 import sqlalchemy as sa
+from pydantic import BaseModel, ValidationError
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from art_proxy.errors import StoreError
 from art_proxy.records import GroupRecord, JsonObject
 from art_proxy.store import schema
+
+log = logging.getLogger(__name__)
+Record = TypeVar("Record", bound=BaseModel)
 
 
 @dataclass(frozen=True)
@@ -148,6 +153,7 @@ def store_unreachable(error: StoreError) -> bool:
 
 class StoreBase:
     engine: AsyncEngine
+    unreadable_rows: int  # rows `_readable` skipped, since the store opened (on /health)
 
     @asynccontextmanager
     async def _transaction(self) -> AsyncIterator[AsyncConnection]:
@@ -172,3 +178,19 @@ class StoreBase:
                 return [dict(zip(keys, row, strict=True)) for row in result]
         except DATABASE_ERRORS as exc:
             raise StoreError(f"{type(exc).__name__}: {exc}") from exc
+
+    def _readable(self, make: Callable[..., Record], row: JsonObject, *args: Any) -> Record | None:
+        """`make(row, *args)`, or None for a row that is not a valid record (written by an older
+        version, or by hand): readers skip it, count it (`unreadable_rows`, on /health) and log
+        it, so one bad row never makes a whole list unreadable."""
+        try:
+            return make(row, *args)
+        except ValidationError as exc:
+            self.unreadable_rows += 1
+            log.warning(
+                "skipped unreadable row %r (%d so far): %s",
+                row.get("id"),
+                self.unreadable_rows,
+                exc.errors(include_url=False, include_input=False),
+            )
+            return None

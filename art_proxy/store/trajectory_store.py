@@ -10,12 +10,10 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from datetime import datetime
-from typing import Any, TypeVar
 
 import sqlalchemy as sa
-from pydantic import BaseModel, ValidationError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from art_proxy.errors import StoreError
@@ -57,7 +55,6 @@ from art_proxy.store.writer import GroupCommitWriter
 __all__ = ["TrajectoryStore", "final_messages", "utcnow"]
 
 log = logging.getLogger(__name__)
-Record = TypeVar("Record", bound=BaseModel)
 
 T, C, G, S = schema.trajectories, schema.calls, schema.groups, schema.scenarios
 
@@ -231,22 +228,6 @@ class TrajectoryStore(
             if record is not None:
                 by_trajectory.setdefault(row["trajectory_id"], []).append(record)
         return by_trajectory
-
-    def _readable(self, make: Callable[..., Record], row: JsonObject, *args: Any) -> Record | None:
-        """`make(row, *args)`, or None for a row that is not a valid record (written by an older
-        version, or by hand): readers skip it, count it (`unreadable_rows`, on /health) and log
-        it, so one bad row never makes a whole list unreadable."""
-        try:
-            return make(row, *args)
-        except ValidationError as exc:
-            self.unreadable_rows += 1
-            log.warning(
-                "skipped unreadable row %r (%d so far): %s",
-                row.get("id"),
-                self.unreadable_rows,
-                exc.errors(include_url=False, include_input=False),
-            )
-            return None
 
     async def groups(
         self, *, scenario: str | None = None, limit: int = 100, offset: int = 0
