@@ -494,3 +494,24 @@ async def test_store_unavailable_with_fail_policy_ends_a_stream_with_an_error_ev
         error = orjson.loads(payloads[-2])["error"]
         assert error["code"] == 503 and error["type"] == "StoreUnavailableError"
         assert proxy.parts.counters.lost_records == 1
+
+
+async def test_ready_is_503_while_no_upstream_answers_and_health_stays_200(
+    sqlite_url: str, http: aiohttp.ClientSession
+) -> None:
+    """One /health served liveness and readiness and answered 200 while the upstream was down:
+    a Ready pod answered its clients 502s. /ready (the readiness probe, no key needed) asks the
+    upstreams; /health (liveness) stays 200, as restarting the proxy would not help."""
+    upstream = running_fake_vllm(FakeVllmConfig())
+    vllm = await upstream.__aenter__()
+    settings = proxy_settings(sqlite_url, vllm.base_url, api_key="k", admin_key="a")
+    async with running_proxy(settings) as proxy:
+        async with http.get(f"{proxy.root_url}/ready") as answered:
+            assert answered.status == 200, await answered.text()
+            assert (await answered.json())["upstreams"] == {vllm.base_url: "ok"}
+        await upstream.__aexit__(None, None, None)
+        async with http.get(f"{proxy.root_url}/ready") as down:
+            assert down.status == 503
+            assert (await down.json())["status"] == "no upstream answers"
+        async with http.get(f"{proxy.root_url}/health") as alive:
+            assert alive.status == 200

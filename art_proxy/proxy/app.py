@@ -34,7 +34,7 @@ from .admin_guard import admin_guard
 from .aliases import Aliases
 from .best_of import BestOf, best_of_chooser
 from .counters import Counters
-from .health import health
+from .health import health, ready
 from .housekeeping import housekeeping, retention
 from .lease_publisher import LeasePublisher
 from .lookups import Lookups
@@ -217,6 +217,7 @@ def _lifecycle(settings: ProxySettings) -> Callable[[web.Application], AsyncIter
                 journal,
                 ingester,
                 redactor,
+                upstreams,
             )
             app[PARTS] = parts
             background = [
@@ -295,6 +296,7 @@ def _add_routes(router: web.UrlDispatcher) -> None:
         return handle
 
     router.add_get("/health", health)
+    router.add_get("/ready", ready)
     scenario, group, trajectory = (
         "/scenario/{scenario}",
         "/group/{group}",

@@ -1,18 +1,29 @@
-"""`/health`: whether the proxy answers and records, with its counters and its journal's state.
+"""`/health`: whether the proxy answers and records, with its counters and its journal's state;
+`/ready`: whether it should be sent calls now.
 
 While the store is down calls are still answered and recorded (in the journal), so the status says
 so with 200 and the proxy stays in a load balancer's rotation; 503 only when calls go unrecorded.
+`/health` is the liveness probe (the process works: restarting it would not help an upstream
+that is down). `/ready` is the readiness probe: 503 also while no upstream answers `/models`
+(asked then, each within `READY_UPSTREAM_TIMEOUT_S`), which a Ready pod would answer with 502s.
 """
 
 from __future__ import annotations
+
+import asyncio
 
 from aiohttp import web
 
 from art_proxy.journal.ingester import age_s
 from art_proxy.records import JsonObject
 
+from .aliases import ServedModels
 from .counters import Counters
 from .parts import PARTS, ProxyParts
+from .upstream_models import served_models
+
+# How long /ready waits for an upstream's model list: a probe's own timeout is a second or so.
+READY_UPSTREAM_TIMEOUT_S = 2.0
 
 
 def journal_health(parts: ProxyParts) -> dict[str, object] | None:
@@ -102,3 +113,32 @@ def best_of_health(counters: Counters) -> JsonObject:
         else None,
         "mean_judge_cost_usd": counters.best_of_judge_cost_usd / calls if calls else None,
     }
+
+
+async def ready(request: web.Request) -> web.Response:
+    """200 while calls are recorded and some upstream answers; 503 saying why otherwise."""
+    parts = request.app[PARTS]
+    status, recording = health_status(parts)
+    urls = parts.settings.upstream
+    answers = await asyncio.gather(*(_asked(parts, url) for url in urls))
+    upstreams = dict(zip(urls, answers, strict=True))
+    answering = any(answer == "ok" for answer in upstreams.values())
+    reasons = [] if recording else [status]
+    if not answering:
+        reasons.append("no upstream answers")
+    return web.json_response(
+        {"status": "; ".join(reasons) or "ready", "upstreams": upstreams},
+        status=200 if not reasons else 503,
+    )
+
+
+async def _asked(parts: ProxyParts, url: str) -> str:
+    """ "ok", or why `url` did not list its models."""
+    if parts.upstreams is None:
+        return "not started"
+    try:
+        async with asyncio.timeout(READY_UPSTREAM_TIMEOUT_S):
+            answer = await served_models(parts.upstreams, url)
+    except TimeoutError:
+        return f"no answer within {READY_UPSTREAM_TIMEOUT_S:g} s"
+    return "ok" if isinstance(answer, ServedModels) else answer

@@ -98,7 +98,11 @@ def auth(settings: ProxySettings) -> Middleware:
                 request, handler, settings.admin_key, _bearer_matches
             )
         key = settings.admin_key if path.startswith("/art/") else settings.api_key
-        if key and path not in ("/health", "/metrics") and not _bearer_matches(request, key):
+        if (
+            key
+            and path not in ("/health", "/ready", "/metrics")
+            and not _bearer_matches(request, key)
+        ):
             error = Unauthorized(
                 "missing or wrong API key (send Authorization: Bearer KEY, or x-api-key: KEY)"
             )

@@ -19,6 +19,7 @@ from .counters import Counters
 from .lookups import Lookups
 from .relay import Relay
 from .tracker import TrajectoryTracker
+from .upstream import Upstreams
 
 
 @dataclass
@@ -34,6 +35,7 @@ class ProxyParts:
     journal: Journal | None = None
     ingester: Ingester | None = None
     redactor: PiiRedactor | None = None  # personal data kept off the dashboard (--redact-pii)
+    upstreams: Upstreams | None = None  # asked by /ready
 
     async def settled(self, timeout_s: float | None = None) -> None:
         """Return once every call recorded so far is in the store (at once with no journal);
