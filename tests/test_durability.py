@@ -471,7 +471,9 @@ async def test_a_restarted_proxy_ingests_what_it_adopted_before_it_answers(
     monkeypatch.setattr(engine, "_SQLITE_BUSY_TIMEOUT_MS", 100)
     monkeypatch.setattr(app, "DRAIN_TIMEOUT_S", 0.5)
     monkeypatch.setattr(ingester, "_LINGER_S", 2.0)  # an ingester slow to start on its own
-    settings = proxy_settings(sqlite_url, vllm.base_url, journal=str(tmp_path / "journal"))
+    settings = proxy_settings(
+        sqlite_url, vllm.base_url, journal=str(tmp_path / "journal"), drain_timeout=0.5
+    )
     locker = sqlite3.connect(sqlite_url.removeprefix("sqlite:///"), isolation_level=None)
     try:
         async with running_proxy(settings) as first, aiohttp.ClientSession() as http:

@@ -61,6 +61,14 @@ class JournalSettings(Settings):
         "past it a record is committed to the store directly, then --on-store-error applies "
         "(0 = as much as the disk holds).",
     )
+    drain_timeout: float = Field(
+        10.0,
+        ge=0,
+        description="Seconds a stopping proxy goes on moving its journal into the store; what is "
+        "left waits in the journal for the next proxy started on the same directory. Keep it "
+        "inside the grace period the proxy is stopped with (Kubernetes' "
+        "terminationGracePeriodSeconds, compose's stop_grace_period).",
+    )
 
 
 class ProxySettings(JournalSettings, UpstreamSettings, StoreSettings, PiiSettings):

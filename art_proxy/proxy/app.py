@@ -59,7 +59,8 @@ LOOKUP_SETTLE_TIMEOUT_S = 1.0
 # the store, before it is counted lost (or answered 503): written ahead of them it would name a
 # trajectory the store lacks yet and land out of order.
 BEHIND_BACKLOG_TIMEOUT_S = 10.0
-# How long a stopping proxy goes on ingesting; what is left waits in the journal for the next start.
+# How long a starting proxy waits for what an earlier one left in the journal before it answers
+# (a stopping one waits --drain-timeout).
 DRAIN_TIMEOUT_S = 10.0
 
 
@@ -241,7 +242,7 @@ def _lifecycle(settings: ProxySettings) -> Callable[[web.Application], AsyncIter
                     with contextlib.suppress(asyncio.CancelledError):
                         await task
                 await leases.withdraw()
-                await _stop_recording(store, journal, ingester)
+                await _stop_recording(store, journal, ingester, settings.drain_timeout)
                 if spans is not None:
                     await asyncio.to_thread(spans.shutdown)  # exports what is batched
 
@@ -267,12 +268,16 @@ async def _journaled_records_stored(
 
 
 async def _stop_recording(
-    store: TrajectoryStore, journal: Journal | None, ingester: Ingester | None
+    store: TrajectoryStore,
+    journal: Journal | None,
+    ingester: Ingester | None,
+    drain_timeout_s: float = DRAIN_TIMEOUT_S,
 ) -> None:
-    """Ingest what the journal holds (for a while), then close the journal and the store."""
+    """Ingest what the journal holds (for up to `drain_timeout_s`), then close the journal and
+    the store."""
     try:
         if ingester is not None:
-            await ingester.aclose(DRAIN_TIMEOUT_S)
+            await ingester.aclose(drain_timeout_s)
         if journal is not None:
             left = journal.close()
             if left:
