@@ -180,3 +180,32 @@ async def test_an_upstream_error_that_quotes_the_prompt_leaves_no_text_in_the_sp
     [failed] = spans
     assert failed["status"] == 2 and failed["attributes"]["error.type"] == "400"  # ERROR
     assert b"4111" not in failed["raw"]
+
+
+async def test_a_model_name_or_stop_sequence_the_client_wrote_never_reaches_the_collector(
+    sqlite_url: str, collector: tuple[str, list[dict[str, Any]]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The requested model and the stop sequences went on spans as the client sent them, before
+    any scrubbing: a full `sk-` key and an e-mail address reached the collector. A model name no
+    upstream lists and no alias names is `other`; stop sequences are left off."""
+    endpoint, spans = collector
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint)
+    from tests.test_metrics import answers_any_name
+
+    secret, address = "sk-proj-" + "a1B2" * 10, "alice@example.com"
+    body = {
+        "model": address,
+        "messages": [{"role": "user", "content": "hi"}],
+        "stop": [secret],
+    }
+    async with (
+        serving(answers_any_name()) as upstream,
+        aiohttp.ClientSession() as http,
+        running_proxy(proxy_settings(sqlite_url, upstream + "/v1")) as proxy,
+        http.post(proxy.base_url + "/chat/completions", json=body) as response,
+    ):
+        assert response.status == 200
+    [span] = spans
+    assert span["attributes"]["gen_ai.request.model"] == "other"
+    assert span["name"] == "chat other"
+    assert secret.encode() not in span["raw"] and address.encode() not in span["raw"]

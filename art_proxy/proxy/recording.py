@@ -156,7 +156,9 @@ class Recorder:
                 "" if stitched or assignment.seq == 0 else ", not stitched",
             )
         if self._spans is not None:
-            self._spans.emit(row, assignment, call.created_at, utcnow(), call.trace)
+            self._spans.emit(
+                row, assignment, call.created_at, utcnow(), call.trace, named=self._named
+            )
         if outcome.status != "ok":
             self.counters.failed_calls += 1
         elif untrainable is not None:

@@ -7,7 +7,8 @@ variables (headers, service name, sampler) apply as usual. Each span follows the
 conventions for a model call (operation, request and response model, sampling, token usage,
 finish reasons, the upstream as the server) and carries the call's trajectory, group, scenario and
 attribution, so a trace backend can be joined with the store. Message content is never put on a
-span: prompts and replies stay in the store, behind its keys.
+span: prompts and replies stay in the store, behind its keys; nor is other text a client wrote
+(stop sequences, a model name no upstream lists and no alias names: `other`).
 
 A call that carries a W3C `traceparent` (the Agents SDK's, LangGraph's, any instrumented client's)
 gets its span in that trace, under the client's span; and every later call of a trajectory links
@@ -18,7 +19,7 @@ from __future__ import annotations
 
 import os
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import datetime
 from typing import Any
 from urllib.parse import urlsplit
@@ -53,8 +54,10 @@ _SAMPLING = {
     "seed": "gen_ai.request.seed",
     "presence_penalty": "gen_ai.request.presence_penalty",
     "frequency_penalty": "gen_ai.request.frequency_penalty",
-    "stop": "gen_ai.request.stop_sequences",
 }
+# The name a span gives a model no upstream lists and no alias names: the client's own text (a
+# key, an address) would reach the collector. Stop sequences, the client's text too, are left off.
+OTHER_MODEL = "other"
 
 
 class CallSpans:
@@ -82,12 +85,16 @@ class CallSpans:
         started: datetime,
         ended: datetime,
         trace: Mapping[str, str] | None = None,
+        named: Callable[[str], bool] = lambda _model: True,
     ) -> None:
         """The span of one call record (`recording.CallRow`), from its arrival to its answer;
-        `trace`: the client's Trace Context headers, whose span is its parent."""
+        `trace`: the client's Trace Context headers, whose span is its parent; `named`: whether a
+        model name is one the proxy knows (else the span says `other`)."""
         operation = _OPERATIONS.get(row["kind"], row["kind"])
         request: JsonObject = row["request"]
         requested = request.get("model")
+        if isinstance(requested, str) and not named(requested):
+            requested = OTHER_MODEL
         attributes: dict[str, Any] = {
             "gen_ai.operation.name": operation,
             "gen_ai.provider.name": "openai",  # the upstream's API: vLLM's OpenAI-compatible one
@@ -105,12 +112,13 @@ class CallSpans:
             "http.response.status_code": row["http_status"],
             **_server(row["upstream"]),
             **_sampling(row["sampling"]),
-            **_response(row["response"]),
+            **_response(row["response"], named),
         }
         if isinstance(requested, str):
             attributes["gen_ai.request.model"] = requested
-        if row["model"] is not None and row["model"] != requested:
-            attributes["art_proxy.served_model"] = row["model"]  # an alias's target
+        served = row["model"]
+        if served is not None and served != request.get("model") and named(served):
+            attributes["art_proxy.served_model"] = served  # an alias's target
         trajectory = assignment.trajectory_id
         first = self._first.get(trajectory) if trajectory else None
         span = self._tracer.start_span(
@@ -161,14 +169,16 @@ def _sampling(sampling: Mapping[str, Any]) -> dict[str, Any]:
     return attributes
 
 
-def _response(response: JsonObject | None) -> dict[str, Any]:
+def _response(response: JsonObject | None, named: Callable[[str], bool]) -> dict[str, Any]:
     if not response:
         return {}
     attributes: dict[str, Any] = {}
     if isinstance(response.get("id"), str):
         attributes["gen_ai.response.id"] = response["id"]
     if isinstance(response.get("model"), str):
-        attributes["gen_ai.response.model"] = response["model"]
+        # The upstream may echo the name the client sent.
+        model = response["model"]
+        attributes["gen_ai.response.model"] = model if named(model) else OTHER_MODEL
     choices = response.get("choices")
     if isinstance(choices, list):
         reasons = [c.get("finish_reason") for c in choices if isinstance(c, dict)]
