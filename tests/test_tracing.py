@@ -209,3 +209,35 @@ async def test_a_model_name_or_stop_sequence_the_client_wrote_never_reaches_the_
     assert span["attributes"]["gen_ai.request.model"] == "other"
     assert span["name"] == "chat other"
     assert secret.encode() not in span["raw"] and address.encode() not in span["raw"]
+
+
+async def test_the_clients_traceparent_reaches_the_upstream(sqlite_url: str) -> None:
+    """vLLM traces a request under the `traceparent` it is sent: without it, its own spans could
+    not join the agent's trace."""
+    from tests.test_metrics import answers_any_name
+
+    seen: list[dict[str, str]] = []
+    upstream_app = answers_any_name()
+
+    @web.middleware
+    async def keep_headers(request: web.Request, handler: Any) -> web.StreamResponse:
+        if request.path.endswith("/chat/completions"):
+            seen.append(dict(request.headers))
+        response: web.StreamResponse = await handler(request)
+        return response
+
+    upstream_app.middlewares.append(keep_headers)
+    parent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    body = {"model": "the-one-model", "messages": [{"role": "user", "content": "hi"}]}
+    async with (
+        serving(upstream_app) as upstream,
+        aiohttp.ClientSession() as http,
+        running_proxy(proxy_settings(sqlite_url, upstream + "/v1")) as proxy,
+        http.post(
+            proxy.base_url + "/chat/completions",
+            json=body,
+            headers={"traceparent": parent, "tracestate": "vendor=1"},
+        ) as response,
+    ):
+        assert response.status == 200
+    assert [(h.get("traceparent"), h.get("tracestate")) for h in seen] == [(parent, "vendor=1")]

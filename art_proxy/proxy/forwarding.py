@@ -36,7 +36,7 @@ async def forward(upstreams: Upstreams, call: CallInProgress, auth: str | None) 
     if call.unguided_messages is not None:
         unguided = {**sent, "messages": call.unguided_messages}
         call.unguided_prompt_ids = await _prompt_ids(upstreams, upstream, unguided, auth)
-    response = await upstreams.post(upstream, PATHS[call.kind], sent, auth)
+    response = await upstreams.post(upstream, PATHS[call.kind], sent, auth, call.trace)
     if response.status == 400 and token_ids:
         raw = await read_body(upstream, response)
         if b"return_token_ids" not in raw:
@@ -47,7 +47,7 @@ async def forward(upstreams: Upstreams, call: CallInProgress, auth: str | None) 
             log.warning("upstream %s returns no token ids: its calls are not trainable", upstream)
         upstreams.mark_without_token_ids(upstream)
         sent, call.asks = call.upstream_body(token_ids=False)
-        response = await upstreams.post(upstream, PATHS[call.kind], sent, auth)
+        response = await upstreams.post(upstream, PATHS[call.kind], sent, auth, call.trace)
     if response.status >= 400 or not call.stream:
         return Forwarded(response, await read_body(upstream, response))
     return Forwarded(response, None)

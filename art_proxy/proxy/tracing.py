@@ -11,7 +11,8 @@ span: prompts and replies stay in the store, behind its keys; nor is other text 
 (stop sequences, a model name no upstream lists and no alias names: `other`).
 
 A call that carries a W3C `traceparent` (the Agents SDK's, LangGraph's, any instrumented client's)
-gets its span in that trace, under the client's span; and every later call of a trajectory links
+gets its span in that trace, under the client's span, and is forwarded upstream with it (and its
+`tracestate`), so vLLM's own spans join the same trace; every later call of a trajectory links
 to its first call's span, so a backend shows an episode's calls together.
 """
 

@@ -7,6 +7,7 @@ prompted baseline) is remembered, and its calls are recorded as text only, not t
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from types import TracebackType
 
 import aiohttp
@@ -78,12 +79,17 @@ class Upstreams:
         return headers
 
     async def post(
-        self, upstream: str, path: str, body: JsonObject, client_authorization: str | None
+        self,
+        upstream: str,
+        path: str,
+        body: JsonObject,
+        client_authorization: str | None,
+        trace: Mapping[str, str] | None = None,
     ) -> aiohttp.ClientResponse:
-        """Send `body`; the caller reads (and releases) the response."""
-        return await self._request(
-            "POST", upstream, path, orjson.dumps(body), self._headers(client_authorization)
-        )
+        """Send `body`; the caller reads (and releases) the response. `trace`: the client's W3C
+        Trace Context headers, passed on so that vLLM's own spans join the client's trace."""
+        headers = self._headers(client_authorization) | dict(trace or {})
+        return await self._request("POST", upstream, path, orjson.dumps(body), headers)
 
     async def get(
         self, upstream: str, path: str, client_authorization: str | None
