@@ -175,3 +175,19 @@ async def test_a_model_name_a_client_made_up_labels_no_series_of_its_own(
     }
     assert named == {LISTED, "other"}
     assert samples[("art_proxy_call_seconds_count", (("alias", ""), ("model", "other")))] == 3
+
+
+async def test_calls_kept_out_of_the_record_count_in_the_token_and_latency_metrics(
+    proxy: RunningProxy, vllm: FakeVllm, http: aiohttp.ClientSession
+) -> None:
+    """A call sent with `X-Art-Record: off` is answered and not recorded; a gateway's token and
+    latency figures missed it."""
+    model = vllm.config.model
+    assert await chat(http, proxy, model) == 200
+    assert await chat(http, proxy, model, **{"X-Art-Record": "off"}) == 200
+    await proxy.parts.settled()
+    samples = await scrape(http, proxy)
+    labels = (("alias", ""), ("model", model))
+    assert samples[("art_proxy_call_seconds_count", labels)] == 2
+    assert samples[("art_proxy_prompt_tokens_total", labels)] > 0
+    assert len(await trajectories(proxy)) == 1

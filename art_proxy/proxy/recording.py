@@ -79,6 +79,10 @@ class Recorder:
         A call that is not to be recorded is only counted."""
         if not call.recorded:
             self.counters.unrecorded_calls += 1
+            # Counted as any answered call is on /metrics (tokens, seconds): nothing of it is
+            # kept, but a gateway's figures must not miss the traffic that opted out.
+            if outcome.status == "ok" and call.model is not None:
+                self._observe(call, outcome, time.perf_counter() - call.started)
             return
         assignment = call.assignment
         tokens = (
