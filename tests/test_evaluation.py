@@ -540,3 +540,28 @@ async def test_a_stored_report_of_another_version_is_skipped_not_a_broken_page(
         assert page.status == 200, await page.text()
     assert await store.evaluations() == []
     assert store.unreadable_rows > before
+
+
+async def test_the_proxys_client_key_never_reaches_an_arms_own_server(
+    sqlite_url: str, tmp_path: Path
+) -> None:
+    """`eval --api-key` is the proxy's client key: an arm on its own server with no key of its own
+    was sent it (2 requests in 3), a key that server has no business seeing."""
+    from tests.test_security import fake_vllm_seeing_authorization
+
+    proxy_key = "sk-proxy-client-5e7a9c1b3d"
+    async with (
+        running_fake_vllm(FakeVllmConfig(reply="no")) as upstream,
+        fake_vllm_seeing_authorization() as (hosted, seen),
+        running_proxy(proxy_settings(sqlite_url, upstream.base_url, api_key=proxy_key)) as proxy,
+    ):
+        settings = _settings(
+            proxy,
+            tmp_path,
+            model=["base", f"{FakeVllmConfig().model}@{hosted}"],
+            repeats=1,
+            api_key=proxy_key,
+        )
+        report = await run_evaluation(settings, says_yes, SCENARIOS)
+    assert [arm.rollouts for arm in report.arms] == [3, 3]
+    assert seen and not [header for header in seen if header and proxy_key in header]

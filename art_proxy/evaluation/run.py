@@ -124,7 +124,7 @@ async def _prepare(
         served_by = spec.upstream
     run = ArmRun(spec, spec.model, served_by, proxy_url=proxy)
     try:
-        models = await _served(proxy, settings.api_key)
+        models = await _served(proxy, _client_key(run, settings))
     except ConfigError as exc:
         run.error = str(exc)
         return run
@@ -178,6 +178,13 @@ async def _recording_proxy(
     await site.start()
     port = runner.addresses[0][1]
     return f"http://127.0.0.1:{port}"
+
+
+def _client_key(run: ArmRun, settings: EvalSettings) -> str | None:
+    """The key an arm's calls carry: the proxy's client key (`--api-key`) for the proxy's arms
+    only. An arm on its own server is called through a recording proxy of its own on loopback,
+    which wants none and would pass it on to that server where the arm has no key of its own."""
+    return settings.api_key if run.served_by == "proxy" else None
 
 
 class _Silenced(logging.Filter):
@@ -246,7 +253,7 @@ async def _roll(
                 concurrency=settings.concurrency,
                 timeout_s=settings.timeout,
                 model=run.model,
-                api_key=settings.api_key,
+                api_key=_client_key(run, settings),
                 admin_key=settings.admin_key if run.served_by == "proxy" else None,
                 progress=None if progress is None else _for(progress, run.spec.label),
                 group_ids=group_ids,
