@@ -565,3 +565,40 @@ async def test_the_proxys_client_key_never_reaches_an_arms_own_server(
         report = await run_evaluation(settings, says_yes, SCENARIOS)
     assert [arm.rollouts for arm in report.arms] == [3, 3]
     assert seen and not [header for header in seen if header and proxy_key in header]
+
+
+async def test_a_server_that_quotes_the_arms_key_in_its_401_leaves_it_out_of_the_report(
+    two_models: tuple[RunningProxy, FakeVllm], tmp_path: Path
+) -> None:
+    """A key of any shape (this one is no `sk-` token the scrubber knows) quoted back by a 401
+    reached the stored report and the dashboard."""
+    key = "hunter2-plain-arm-key"
+
+    async def refuses(request: web.Request) -> web.Response:
+        said = request.headers.get("Authorization", "")
+        return web.json_response(
+            {"error": {"message": f"bad key {said.removeprefix('Bearer ')!r}"}}, status=401
+        )
+
+    async def models(_request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [{"id": "locked", "object": "model"}]})
+
+    app = web.Application()
+    app.router.add_get("/v1/models", models)
+    app.router.add_post("/v1/chat/completions", refuses)
+    proxy, _ = two_models
+    async with serving(app) as refusing:
+        settings = _settings(
+            proxy,
+            tmp_path,
+            model=["base", f"locked@{refusing}/v1"],
+            repeats=1,
+            arm_api_key=[f"locked={key}"],
+        )
+        report = await run_evaluation(settings, says_yes, SCENARIOS)
+    locked = report.arms[1]
+    assert locked.error is not None and "bad key" in locked.error, locked.error
+    assert key not in locked.error
+    async with TrajectoryStore.opened(proxy.parts.settings.store, writer=False) as store:
+        (stored,) = await store.evaluations()
+    assert key not in json.dumps(stored.model_dump(mode="json"))

@@ -20,7 +20,7 @@ from rich.table import Table
 
 from art_proxy.evaluation.arms import ArmSpec
 from art_proxy.evaluation.intervals import mean_interval, paired_difference, percentile
-from art_proxy.privacy.redaction import scrub_text
+from art_proxy.privacy.redaction import REDACTED, scrub_text
 from art_proxy.records.evaluations import ArmResult, EvaluationReport, ScoredBy
 from art_proxy.rollout import GroupReport
 from art_proxy.ruler.judge import litellm_module
@@ -42,6 +42,9 @@ class ArmRun:
     seconds: float = 0.0  # the arm's wall time
     error: str | None = None  # why the arm did not run
     tokens: dict[str, tuple[int, int]] = field(default_factory=dict)  # prompt, completion
+    # The keys its calls could meet (its own server's, the proxy's): a server's 401 may quote
+    # one back, in whatever shape it has; never in the report.
+    secrets: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -126,7 +129,7 @@ def _arm_result(
         rollouts=len(ended),
         failed=len(failures),
         # stored and shown on the dashboard: held to the rule of what the proxy records
-        error=_scrubbed(run.error or (failures[0] if failures else None)),
+        error=_scrubbed(run.error or (failures[0] if failures else None), run.secrets),
         reward=mean_interval([r for rs in by_scenario.values() for r in rs]),
         difference=None if reference is None else paired_difference(by_scenario, reference),
         latency_p50_s=percentile(seconds, 0.5) if seconds else None,
@@ -277,8 +280,12 @@ def write(report: EvaluationReport, out: Path) -> list[Path]:
     return [*written, chart] if chart is not None else written
 
 
-def _scrubbed(error: str | None) -> str | None:
-    return None if error is None else scrub_text(error)
+def _scrubbed(error: str | None, secrets: Sequence[str] = ()) -> str | None:
+    if error is None:
+        return None
+    for secret in secrets:
+        error = error.replace(secret, REDACTED)
+    return scrub_text(error)
 
 
 def _error_bar(arm: ArmResult) -> tuple[float, float]:

@@ -116,13 +116,15 @@ async def _prepare(
     when it cannot run."""
     proxy = settings.proxy
     served_by = "proxy"
+    key: str | None = None  # its own server's
     if spec.upstream is not None:
         key = settings.arm_keys.get(spec.label)
         if key is None and spec.key_variable:
             key = os.environ.get(spec.key_variable)
         proxy = await _recording_proxy(spec.upstream, key, settings, stack)
         served_by = spec.upstream
-    run = ArmRun(spec, spec.model, served_by, proxy_url=proxy)
+    secrets = tuple(secret for secret in (key, settings.api_key, settings.admin_key) if secret)
+    run = ArmRun(spec, spec.model, served_by, proxy_url=proxy, secrets=secrets)
     try:
         models = await _served(proxy, _client_key(run, settings))
     except ConfigError as exc:
