@@ -292,6 +292,32 @@ async def test_explicit_trajectory_survives_a_proxy_restart(
     assert whole.calls[1].stitched
 
 
+async def test_two_calls_at_once_naming_a_trajectory_only_the_store_knows_get_two_seqs(
+    store_url: str, vllm: FakeVllm, http: aiohttp.ClientSession
+) -> None:
+    """After a restart, two calls of one trajectory arrive together: each looked it up in the
+    store, and each made its own copy in memory, so both took seq 1 and the store set one aside
+    (seen under load in the fuzz test)."""
+    settings = proxy_settings(store_url, vllm.base_url)
+    headers = {"X-Art-Trajectory": "twice"}
+    messages = [{"role": "user", "content": "before restart"}]
+    async with running_proxy(settings) as proxy:
+        reply = await chat(http, proxy.base_url, messages, headers)
+    async with running_proxy(settings) as proxy:
+        await asyncio.gather(
+            *(
+                chat(http, proxy.base_url, continued(messages, reply, f"after {n}"), headers)
+                for n in (1, 2)
+            )
+        )
+        await proxy.parts.settled()
+        whole = await proxy.parts.store.trajectory("twice")
+        rejected = proxy.parts.ingester.state.rejected if proxy.parts.ingester else 0
+    assert whole is not None and whole.calls is not None
+    assert sorted(call.seq for call in whole.calls) == [0, 1, 2]
+    assert rejected == 0
+
+
 async def test_trajectory_stays_on_one_upstream(
     sqlite_url: str, http: aiohttp.ClientSession
 ) -> None:

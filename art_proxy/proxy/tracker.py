@@ -233,6 +233,11 @@ class TrajectoryTracker:
             # `art-proxy journal rejected`.
             looked_up_in_memory_only(f"trajectory {trajectory_id!r}", exc)
             return None
+        # Another call of it may have brought it into memory while the store answered: two
+        # states of one trajectory would give two calls the same seq (one set aside at ingest).
+        state = self._memory.get(trajectory_id)
+        if state is not None:
+            return state
         if row is None:
             return None
         if row["status"] != "open":
