@@ -9,6 +9,7 @@ from typing import Any
 import aiohttp
 import pytest
 
+from art_proxy.config import ProxySettings
 from art_proxy.proxy import groups, open_trajectories
 from art_proxy.proxy.attribution import as_sampled
 from art_proxy.proxy.server import RunningProxy, running_proxy
@@ -275,14 +276,21 @@ async def test_two_proxies_on_one_store_follow_an_agent_that_writes_its_calls_as
         assert tool_call_id in second_call.request["messages"][1]["content"]
 
 
+async def a_call_before_a_restart(
+    http: aiohttp.ClientSession, settings: ProxySettings, headers: dict[str, str]
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """A trajectory's first call through a proxy that then stops: its messages and reply."""
+    messages = [{"role": "user", "content": "before restart"}]
+    async with running_proxy(settings) as proxy:
+        return messages, await chat(http, proxy.base_url, messages, headers)
+
+
 async def test_explicit_trajectory_survives_a_proxy_restart(
     store_url: str, vllm: FakeVllm, http: aiohttp.ClientSession
 ) -> None:
     settings = proxy_settings(store_url, vllm.base_url)
     headers = {"X-Art-Trajectory": "long-run"}
-    messages = [{"role": "user", "content": "before restart"}]
-    async with running_proxy(settings) as proxy:
-        reply = await chat(http, proxy.base_url, messages, headers)
+    messages, reply = await a_call_before_a_restart(http, settings, headers)
     async with running_proxy(settings) as proxy:
         await chat(http, proxy.base_url, continued(messages, reply, "after"), headers)
         await proxy.parts.settled()
@@ -300,9 +308,7 @@ async def test_two_calls_at_once_naming_a_trajectory_only_the_store_knows_get_tw
     (seen under load in the fuzz test)."""
     settings = proxy_settings(store_url, vllm.base_url)
     headers = {"X-Art-Trajectory": "twice"}
-    messages = [{"role": "user", "content": "before restart"}]
-    async with running_proxy(settings) as proxy:
-        reply = await chat(http, proxy.base_url, messages, headers)
+    messages, reply = await a_call_before_a_restart(http, settings, headers)
     async with running_proxy(settings) as proxy:
         await asyncio.gather(
             *(
