@@ -32,6 +32,10 @@ log = logging.getLogger(__name__)
 BASE_STEP = "0"
 
 
+# What `Aliases.label` calls a model name no upstream lists and no alias names.
+OTHER_MODEL = "other"
+
+
 @dataclass(frozen=True)
 class ServedModels:
     """What one upstream answered to `GET /v1/models` (upstream_models.py)."""
@@ -74,15 +78,18 @@ class Aliases:
     def is_alias(self, model: str) -> bool:
         return model in self._targets
 
-    def named(self, model: str) -> bool:
-        """Whether `model` is a name this proxy knows: an alias, a model an alias moved to, or
-        one every upstream listed when last asked (`/metrics` labels only such names)."""
-        return (
+    def label(self, model: str) -> str:
+        """`model` as `/metrics` and the spans name it: itself when this proxy knows the name (an
+        alias, a model an alias moved to, one every upstream listed when last asked), else
+        `OTHER_MODEL`. A name a client made up is its own text (a key, an address), and an
+        upstream that answers any name would grow a series for each."""
+        known = (
             model in self._targets
             or model in self._targets.values()
             or model in self._moved_to
             or (self._everywhere is not None and model in self._everywhere)
         )
+        return model if known else OTHER_MODEL
 
     def is_served(self, model: str) -> bool:
         """Whether every upstream serves `model`: it did when last asked (yes, before any

@@ -168,7 +168,7 @@ def _lifecycle(settings: ProxySettings) -> Callable[[web.Application], AsyncIter
                     _journaled_records_stored, journal, ingester, BEHIND_BACKLOG_TIMEOUT_S
                 ),
                 spans=spans,
-                named=aliases.named,
+                label=aliases.label,
             )
             shadow = ShadowSampler(
                 upstreams,

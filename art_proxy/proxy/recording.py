@@ -44,10 +44,6 @@ log = logging.getLogger(__name__)
 _REPORT_EVERY_S = 10.0  # the journal's refusals, logged at most this often
 
 
-# The /metrics label of a model no upstream lists and no alias names.
-OTHER_MODEL = "other"
-
-
 class Recorder:
     def __init__(
         self,
@@ -59,11 +55,11 @@ class Recorder:
         *,
         journaled_before_stored: Callable[[], Awaitable[bool]] | None = None,
         spans: CallSpans | None = None,
-        named: Callable[[str], bool] = lambda _model: True,
+        label: Callable[[str], str] = lambda model: model,
     ) -> None:
         self._store = store
-        # Whether a model or alias name may label /metrics (aliases.py `Aliases.named`).
-        self._named = named
+        # A model or alias name as /metrics and the spans say it (aliases.py `Aliases.label`).
+        self._label = label
         self._spans = spans  # OpenTelemetry, when a collector is configured
         # Waits for the journal's records to reach the store; whether they did (app.py).
         self._journaled_before_stored = journaled_before_stored
@@ -161,7 +157,7 @@ class Recorder:
             )
         if self._spans is not None:
             self._spans.emit(
-                row, assignment, call.created_at, utcnow(), call.trace, named=self._named
+                row, assignment, call.created_at, utcnow(), call.trace, label=self._label
             )
         if outcome.status != "ok":
             self.counters.failed_calls += 1
@@ -251,12 +247,9 @@ class Recorder:
         alias = requested if isinstance(requested, str) and requested != call.model else ""
         usage = outcome.response.get("usage") if outcome.response else None
         first = None if call.first_chunk_at is None else call.first_chunk_at - call.started
-        # A name a client made up labels nothing: an upstream that answers any name (a hosted
-        # API, local-llm) would grow a series for each, an e-mail address among them, on an
-        # endpoint every scraper reads.
         self.counters.by_model.observe(
-            call.model if self._named(call.model) else OTHER_MODEL,
-            alias if not alias or self._named(alias) else OTHER_MODEL,
+            self._label(call.model),
+            self._label(alias) if alias else "",
             usage if isinstance(usage, dict) else None,
             seconds,
             first,

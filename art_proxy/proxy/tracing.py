@@ -56,9 +56,8 @@ _SAMPLING = {
     "presence_penalty": "gen_ai.request.presence_penalty",
     "frequency_penalty": "gen_ai.request.frequency_penalty",
 }
-# The name a span gives a model no upstream lists and no alias names: the client's own text (a
-# key, an address) would reach the collector. Stop sequences, the client's text too, are left off.
-OTHER_MODEL = "other"
+# Stop sequences are left off: the client's own text (a key, an address) would reach the
+# collector. So would a model name it made up, which a span names as `Aliases.label` does.
 
 
 class CallSpans:
@@ -86,16 +85,16 @@ class CallSpans:
         started: datetime,
         ended: datetime,
         trace: Mapping[str, str] | None = None,
-        named: Callable[[str], bool] = lambda _model: True,
+        label: Callable[[str], str] = lambda model: model,
     ) -> None:
         """The span of one call record (`recording.CallRow`), from its arrival to its answer;
-        `trace`: the client's Trace Context headers, whose span is its parent; `named`: whether a
-        model name is one the proxy knows (else the span says `other`)."""
+        `trace`: the client's Trace Context headers, whose span is its parent; `label`: a model
+        name as the span says it (`Aliases.label`)."""
         operation = _OPERATIONS.get(row["kind"], row["kind"])
         request: JsonObject = row["request"]
         requested = request.get("model")
-        if isinstance(requested, str) and not named(requested):
-            requested = OTHER_MODEL
+        if isinstance(requested, str):
+            requested = label(requested)
         attributes: dict[str, Any] = {
             "gen_ai.operation.name": operation,
             "gen_ai.provider.name": "openai",  # the upstream's API: vLLM's OpenAI-compatible one
@@ -113,12 +112,12 @@ class CallSpans:
             "http.response.status_code": row["http_status"],
             **_server(row["upstream"]),
             **_sampling(row["sampling"]),
-            **_response(row["response"], named),
+            **_response(row["response"], label),
         }
         if isinstance(requested, str):
             attributes["gen_ai.request.model"] = requested
         served = row["model"]
-        if served is not None and served != request.get("model") and named(served):
+        if served is not None and served != request.get("model") and label(served) == served:
             attributes["art_proxy.served_model"] = served  # an alias's target
         trajectory = assignment.trajectory_id
         first = self._first.get(trajectory) if trajectory else None
@@ -170,7 +169,7 @@ def _sampling(sampling: Mapping[str, Any]) -> dict[str, Any]:
     return attributes
 
 
-def _response(response: JsonObject | None, named: Callable[[str], bool]) -> dict[str, Any]:
+def _response(response: JsonObject | None, label: Callable[[str], str]) -> dict[str, Any]:
     if not response:
         return {}
     attributes: dict[str, Any] = {}
@@ -178,8 +177,7 @@ def _response(response: JsonObject | None, named: Callable[[str], bool]) -> dict
         attributes["gen_ai.response.id"] = response["id"]
     if isinstance(response.get("model"), str):
         # The upstream may echo the name the client sent.
-        model = response["model"]
-        attributes["gen_ai.response.model"] = model if named(model) else OTHER_MODEL
+        attributes["gen_ai.response.model"] = label(response["model"])
     choices = response.get("choices")
     if isinstance(choices, list):
         reasons = [c.get("finish_reason") for c in choices if isinstance(c, dict)]
