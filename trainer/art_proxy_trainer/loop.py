@@ -206,7 +206,7 @@ class WholeLoop:
         before it was killed: those finished with rewards, or judged (with a judge: those not
         judged yet are judged now). None were guided (the ledger leaves retries out)."""
         trainer = self.trainer
-        sampled = SampledGroups(Path(self.settings.out)).group_ids()
+        sampled = self._ledger.group_ids()
         if not sampled:
             return []
         left = set(sampled) - await trainer.store.consumed_group_ids(self.settings.run_name)

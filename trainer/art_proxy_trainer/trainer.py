@@ -212,9 +212,7 @@ class Trainer:
             metrics.pop("val_of_step", None)
             if weights is not None:
                 metrics["val_of_step"] = float(weights)
-            newly = self.stopping.served_validation(
-                self.state, validated, metrics["val_reward"], self.alias
-            )
+            newly = self.stopping.served_validation(self.state, weights, metrics["val_reward"])
             best = best if newly is None else newly
         self.state.validated |= validated_all
         promotion = None

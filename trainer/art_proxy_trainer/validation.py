@@ -50,11 +50,11 @@ class Stopping:
         return validated_step(served, alias, state.run_tag) if served else state.policy_step
 
     def served_validation(
-        self, state: TrainerState, served: Mapping[str, float], val_reward: float, alias: str
+        self, state: TrainerState, weights: int | None, val_reward: float
     ) -> int | None:
-        """Track a validation as that of the weights that served it (`served_weights`): the step
-        whose checkpoint is now the best validated, else None."""
-        weights = self.served_weights(state, served, alias)
+        """Track a validation as that of `weights` (`served_weights`; None: of no one weights of
+        this run, tracked as none's): the step whose checkpoint is now the best validated, else
+        None."""
         if weights is None or not self.validated(state, weights, val_reward):
             return None
         return weights
