@@ -39,8 +39,9 @@ def export(settings: ExportSettings) -> None:
         if settings.format in ("parquet", "hf"):
             count = asyncio.run(_export_table(settings))
         else:
-            file = sys.stdout if settings.out == "-" else open_private(settings.out, "w")
-            with nullcontext(file) if settings.out == "-" else file as out:
+            with (
+                nullcontext(sys.stdout) if settings.out == "-" else open_private(settings.out, "w")
+            ) as out:
                 if settings.format == "trl":
                     count = asyncio.run(_export_trl(settings, out))
                     what = "preference pairs" if settings.pairs else "rows"

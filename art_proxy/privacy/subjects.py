@@ -39,9 +39,10 @@ def may_read(reader: Subject, owner: Subject) -> bool:
     """Whether a request of `reader` may read what was recorded under `owner` (a stored
     Responses answer): the reader's tenant must be the owner's, none where it has none (a
     tenant's application reading a tenantless user's answer is another tenant reading it); a
-    user the reader names must be the owner's, where it has one. A reader that names no user reads as the tenant's application: a
-    chain may name its user on its first call only, and the SDKs have no user field on a
-    retrieve or a count; continued so, a call joins the owner's trajectory, and its erasure."""
+    user the reader names must be the owner's, where it has one. A reader that names no user
+    reads as the tenant's application: a chain may name its user on its first call only, and the
+    SDKs have no user field on a retrieve or a count; continued so, a call joins the owner's
+    trajectory, and its erasure."""
     return owner.tenant == reader.tenant and (
         reader.user is None or owner.user in (None, reader.user)
     )

@@ -31,7 +31,7 @@ from art_proxy.records.erasure import stored_subject_id
 from art_proxy.store.trajectory_store import TrajectoryStore, utcnow
 
 from .aliases import Aliases
-from .lease_publisher import published_since
+from .lease_publisher import FRESH
 from .request_body import MAX_DEPTH, within_depth
 from .tracker import TrajectoryTracker
 
@@ -175,7 +175,7 @@ class Admin:
         (every proxy's recorded calls, and what every proxy published of its memory's leases,
         lease_publisher.py) and this proxy's memory, which knows a lease whose first call is
         still running or still in the journal before any publication does."""
-        since = utcnow() - published_since()
+        since = utcnow() - FRESH
         recorded = await self._store.leases(since, but_proxy=self._proxy_id)
         held = {lease.model: lease.trajectories for lease in recorded}
         for model, count in self._tracker.held_leases().items():

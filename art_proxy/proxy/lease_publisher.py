@@ -6,7 +6,7 @@ The rows are replaced whole every `PUBLISH_EVERY_S`, and at once when a trajecto
 on a model the last publication did not name, or one that held leases leaves memory (finished:
 the hot path only sets an event). The proxy that answers `GET /art/v1/leases` reads its own
 from memory, never its rows, which may lag it. A proxy's rows
-count for `FRESH_S` after it last wrote them: a proxy killed, or cut off from the store, stops
+count for `FRESH` after it last wrote them: a proxy killed, or cut off from the store, stops
 holding anything then (its recorded calls still hold their models through the store's open
 trajectories). A stopping proxy withdraws its rows. Publishing is best effort: while the store
 refuses writes the leases live on in this proxy's memory, which its own `GET /art/v1/leases`
@@ -30,7 +30,7 @@ log = logging.getLogger(__name__)
 
 PUBLISH_EVERY_S = 2.0
 # Five publications missed: a proxy that wrote none for this long is gone or cut off.
-FRESH_S = 5 * PUBLISH_EVERY_S
+FRESH = timedelta(seconds=5 * PUBLISH_EVERY_S)
 _REPORT_EVERY_S = 60.0  # a failing publication, logged at most this often
 
 
@@ -56,6 +56,8 @@ class LeasePublisher:
                 await asyncio.wait_for(self._changed.wait(), PUBLISH_EVERY_S)
             self._changed.clear()
             held = self._tracker.held_leases()
+            if not held and not self._published:
+                continue  # no row to write, replace or keep fresh: no write on the store
             try:
                 await self._store.publish_leases(self.proxy_id, held)
                 self._published = held
@@ -70,11 +72,4 @@ class LeasePublisher:
         """This proxy stops: its rows go, and any other proxy's that have not been fresh for a
         while (one killed)."""
         with contextlib.suppress(Exception):
-            await self._store.withdraw_leases(
-                self.proxy_id, utcnow() - timedelta(seconds=10 * FRESH_S)
-            )
-
-
-def published_since() -> timedelta:
-    """How far back a proxy's publication still counts."""
-    return timedelta(seconds=FRESH_S)
+            await self._store.withdraw_leases(self.proxy_id, utcnow() - 10 * FRESH)
