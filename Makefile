@@ -7,11 +7,13 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 VLLM_VENV := .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed
+CHECKOV_VENV := .venv-checkov
+CHECKOV_STAMP := $(CHECKOV_VENV)/.installed
 CHROMIUM := /usr/bin/chromium
 
 .PHONY: setup system-tools demo demo-ports test lint docs bench clean
 
-setup: $(STAMP) $(VLLM_STAMP) system-tools
+setup: $(STAMP) $(VLLM_STAMP) $(CHECKOV_STAMP) system-tools
 
 # torch goes first, pinned, and as its CPU build: resolved against PyPI alone torch==2.13.0 is the
 # CUDA build and gigabytes of CUDA libraries. A CPU wheel pip already has at hand (find-links) is
@@ -44,6 +46,13 @@ $(VLLM_STAMP): requirements-vllm.txt
 	$(VLLM_VENV)/bin/pip install --quiet -r requirements-vllm.txt
 	$(VLLM_VENV)/bin/pip uninstall --quiet --yes torchvision torchaudio torchcodec
 	touch $(VLLM_STAMP)
+
+# checkov, the scanner tests/test_deploy.py runs on deploy/ and the Containerfile, in an environment
+# of its own: it pins dozens of libraries the project's environment has at other versions.
+$(CHECKOV_STAMP):
+	test -d $(CHECKOV_VENV) || $(PYTHON) -m venv $(CHECKOV_VENV)
+	$(CHECKOV_VENV)/bin/pip install --quiet 'checkov==3.3.30'
+	touch $(CHECKOV_STAMP)
 
 # Debian's packages some tests drive: Chromium for the dashboard's browser tests (Playwright drives
 # it; a test tool's own browser download does not work offline), Prometheus for the alert rules
@@ -83,11 +92,11 @@ docs: $(STAMP)
 
 # ART_REQUIRE_VLLM: the real-vLLM tests fail, not skip, where vLLM cannot start. -n 2: a worker a
 # core (pytest-xdist; tests/xdist_run.py); the suite is CPU-bound there, a third worker was slower.
-test: lint docs system-tools $(VLLM_STAMP)
+test: lint docs system-tools $(VLLM_STAMP) $(CHECKOV_STAMP)
 	ART_REQUIRE_VLLM=1 $(BIN)/python -m pytest -q -n 2
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/proxy_overhead.py
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) .venv-litellm .pytest_cache .mypy_cache .ruff_cache site
+	rm -rf $(VENV) $(VLLM_VENV) $(CHECKOV_VENV) .venv-litellm .pytest_cache .mypy_cache .ruff_cache site

@@ -14,8 +14,10 @@ import re
 import shutil
 import subprocess
 import time
+import tomllib
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import jsonschema
@@ -25,6 +27,9 @@ import pytest
 import typer.core
 import typer.main
 import yaml
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+from packaging.version import Version
 
 from art_proxy.cli import app
 from art_proxy.proxy.server import RunningProxy
@@ -49,7 +54,8 @@ def test_the_compose_file_follows_the_compose_specification() -> None:
     jsonschema.Draft7Validator(schema).validate(compose)  # the schema names draft 07
     # The trainer writes adapters where vLLM loads them from: one volume, one path, in both.
     mounts = {
-        name: set(service.get("volumes", [])) for name, service in compose["services"].items()
+        name: {volume.removesuffix(":ro") for volume in service.get("volumes", [])}
+        for name, service in compose["services"].items()
     }
     assert "adapters:/adapters" in mounts["vllm"] & mounts["trainer"]
 
@@ -120,7 +126,7 @@ def test_the_alert_rules_pass_promtool() -> None:
         check=False,
     )
     assert checked.returncode == 0, checked.stdout + checked.stderr
-    assert "SUCCESS: 6 rules found" in checked.stdout
+    assert "SUCCESS: 8 rules found" in checked.stdout
 
 
 def _exposed(text: str) -> set[str]:
@@ -240,3 +246,319 @@ async def _read_until(
             return seen
         await asyncio.sleep(0.5)
     return seen
+
+
+# What the shipped deployment must be on its own, without an operator's edits: closed, hardened,
+# its model found, its journal kept, its alerts able to fire.
+
+CHECKOV = ROOT / ".venv-checkov" / "bin" / "checkov"
+CHECKOV_CONFIG = ROOT / "deploy" / "checkov.yaml"
+SCRAPE = ROOT / "deploy" / "prometheus" / "prometheus.yml"
+CONSTRAINTS = ROOT / "deploy" / "constraints.txt"
+OPERATIONS = ROOT / "docs" / "operations.md"
+DOWNLOAD = "huggingface_hub.snapshot_download(os.environ['MODEL'])"
+
+
+def _documents() -> list[dict[str, Any]]:
+    return [d for manifest in MANIFESTS for d in yaml.safe_load_all(manifest.read_text()) if d]
+
+
+def _workload(name: str) -> dict[str, Any]:
+    [found] = [
+        d
+        for d in _documents()
+        if d["kind"] in ("Deployment", "StatefulSet") and d["metadata"]["name"] == name
+    ]
+    return found
+
+
+def _pod(name: str) -> dict[str, Any]:
+    pod: dict[str, Any] = _workload(name)["spec"]["template"]["spec"]
+    return pod
+
+
+def _env(container: dict[str, Any]) -> dict[str, str]:
+    return {e["name"]: e.get("value", "<secret>") for e in container.get("env", [])}
+
+
+def _expand(argument: str, env: dict[str, str]) -> str:
+    """Kubernetes' $(VAR) in a container's arguments."""
+    return re.sub(r"\$\((\w+)\)", lambda m: env[m.group(1)], argument)
+
+
+def _flag(container: dict[str, Any], flag: str) -> str:
+    env = _env(container)
+    [value] = [
+        _expand(a.split("=", 1)[1], env) for a in container["args"] if a.startswith(f"{flag}=")
+    ]
+    return value
+
+
+def test_the_trainer_and_vllm_read_one_model_volume_filled_before_them() -> None:
+    """The trainer reads its base model from the local Hugging Face cache only: each file gives
+    it and vLLM one cache (HF_HOME) on a volume, filled by a download step before either starts,
+    and both read it offline (a restart downloads nothing)."""
+    compose = yaml.safe_load(COMPOSE.read_text())
+    services = compose["services"]
+    download = services["model"]
+    assert DOWNLOAD in " ".join(download["entrypoint"])
+    assert download["environment"]["HF_HOME"] == "/models"
+    assert "models:/models" in download["volumes"]
+    for name in ("vllm", "trainer"):
+        service = services[name]
+        assert service["environment"]["HF_HOME"] == "/models"
+        assert service["environment"]["HF_HUB_OFFLINE"] == "1"
+        assert "models:/models:ro" in service["volumes"]
+        assert service["depends_on"]["model"] == {"condition": "service_completed_successfully"}
+    models = set()
+    for name in ("art-proxy-vllm", "art-proxy-trainer"):
+        pod = _pod(name)
+        [main] = pod["containers"]
+        [init] = pod["initContainers"]
+        assert DOWNLOAD in " ".join(init["command"])
+        assert _env(init)["HF_HOME"] == _env(main)["HF_HOME"] == "/models"
+        assert _env(main)["HF_HUB_OFFLINE"] == "1"
+        models |= {_env(init)["MODEL"], _flag(main, "--model")}
+        claims = {v["name"]: v["persistentVolumeClaim"]["claimName"] for v in pod["volumes"]
+                  if "persistentVolumeClaim" in v}  # fmt: skip
+        assert claims["models"] == "art-proxy-models"
+        for container in (init, main):
+            assert "/models" in {m["mountPath"] for m in container["volumeMounts"]}
+    assert len(models) == 1, f"the pods name different models: {models}"
+
+
+def test_a_trainer_whose_model_is_not_in_the_cache_says_how_to_get_it(tmp_path: Path) -> None:
+    """The model volume empty (a download step turned off, or failed): one line naming the fix,
+    not a traceback and not a download."""
+    done = subprocess.run(
+        [str(ROOT / ".venv" / "bin" / "art-proxy"), "train", "--model", "someorg/not-here",
+         "--store", f"sqlite:///{tmp_path / 'art.db'}", "--out", str(tmp_path / "out"),
+         "--upstream", "http://127.0.0.1:9/v1"],
+        capture_output=True, text=True, timeout=300, check=False,
+        env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "HF_HOME": str(tmp_path / "hf"),
+             "HF_HUB_OFFLINE": "1"},
+    )  # fmt: skip
+    assert done.returncode != 0
+    said = (done.stdout + done.stderr).strip()
+    assert "Traceback" not in said
+    assert "someorg/not-here" in said and "hf download someorg/not-here" in said, said
+
+
+def test_each_proxy_pod_keeps_its_journal_on_a_claim_that_outlives_it() -> None:
+    proxy = _workload("art-proxy")
+    assert proxy["kind"] == "StatefulSet"
+    [claim] = [
+        c for c in proxy["spec"]["volumeClaimTemplates"] if c["metadata"]["name"] == "journal"
+    ]
+    pod = _pod("art-proxy")
+    assert "journal" not in {v["name"] for v in pod.get("volumes", [])}  # no emptyDir
+    [container] = pod["containers"]
+    assert {"name": "journal", "mountPath": "/journal"} in container["volumeMounts"]
+    assert _flag(container, "--journal") == "/journal"
+    size = claim["spec"]["resources"]["requests"]["storage"]
+    assert size.endswith("Gi")
+    assert int(_flag(container, "--journal-max-mb")) < int(size.removesuffix("Gi")) * 1024
+    # The preStop pause and the drain inside the grace period.
+    pause = container["lifecycle"]["preStop"]["sleep"]["seconds"]
+    drain = int(_flag(container, "--drain-timeout"))
+    assert pause >= 5
+    assert pause + drain + 5 <= pod["terminationGracePeriodSeconds"]
+    compose = yaml.safe_load(COMPOSE.read_text())["services"]["proxy"]
+    grace = int(compose["stop_grace_period"].removesuffix("s"))
+    assert (
+        int(next(a for a in compose["command"] if a.startswith("--drain-timeout=")).split("=")[1])
+        < grace
+    )
+
+
+def test_a_rolling_update_keeps_proxies_answering() -> None:
+    [container] = _pod("art-proxy")["containers"]
+    assert container["readinessProbe"]["httpGet"]["path"] == "/ready"
+    assert container["livenessProbe"]["httpGet"]["path"] == "/health"
+    [budget] = [d for d in _documents() if d["kind"] == "PodDisruptionBudget"]
+    assert budget["spec"]["selector"]["matchLabels"] == {"app.kubernetes.io/name": "art-proxy"}
+    assert budget["spec"]["maxUnavailable"] == 1 < _workload("art-proxy")["spec"]["replicas"]
+
+
+def _relabel_keeps(job: dict[str, Any], label: str, value: str) -> bool:
+    """Whether `job`'s keep rules on `label` keep a target whose label is `value`."""
+    rules = [r for r in job["relabel_configs"] if r.get("action") == "keep"
+             and r["source_labels"] == [label]]  # fmt: skip
+    return bool(rules) and all(re.fullmatch(r["regex"], value) for r in rules)
+
+
+def test_every_alert_reads_a_job_the_scrape_config_finds_in_the_manifests() -> None:
+    """An alert on up{job="X"} fires only if Prometheus scrapes a job X, and a job scrapes only
+    the pods its relabelling keeps: each job an alert names is in the shipped scrape
+    configuration and keeps a workload's pods at a port that workload declares."""
+    scrape = yaml.safe_load(SCRAPE.read_text())
+    assert scrape["rule_files"] == [ALERTS.name]
+    jobs = {job["job_name"]: job for job in scrape["scrape_configs"]}
+    named = set(re.findall(r'job="([^"]+)"', ALERTS.read_text()))
+    assert named == {"art-proxy", "art-proxy-trainer"}
+    assert named <= set(jobs)
+    for name, job in jobs.items():
+        kept = [
+            d for d in _documents()
+            if d["kind"] in ("Deployment", "StatefulSet") and _relabel_keeps(
+                job, "__meta_kubernetes_pod_label_app_kubernetes_io_name",
+                d["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/name"])
+        ]  # fmt: skip
+        assert len(kept) == 1, f"job {name} keeps {len(kept)} workloads"
+        ports = [
+            port["name"]
+            for container in kept[0]["spec"]["template"]["spec"]["containers"]
+            for port in container.get("ports", [])
+            if _relabel_keeps(job, "__meta_kubernetes_pod_container_port_name", port["name"])
+        ]
+        assert len(ports) == 1, f"job {name} keeps ports {ports}"
+    # The trainer serves what the job scrapes; nothing reads prometheus.io annotations.
+    [trainer] = _pod("art-proxy-trainer")["containers"]
+    [port] = trainer["ports"]
+    assert int(_flag(trainer, "--metrics-port")) == port["containerPort"]
+    assert "prometheus.io" not in "".join(m.read_text() for m in MANIFESTS)
+    # An alias served by another model than its target (vLLM lost its adapters) alerts.
+    rules = yaml.safe_load(ALERTS.read_text())["groups"][0]["rules"]
+    assert any("art_proxy_alias_fallback" in rule["expr"] for rule in rules)
+
+
+def test_the_trainer_serves_its_step_figures_for_prometheus(tmp_path: Path) -> None:
+    import urllib.request
+
+    from art_proxy.config import TrainSettings
+
+    port = free_port()
+    settings = TrainSettings(out=str(tmp_path), metrics_port=port)
+    step = TrainingStep(
+        run="r", step=3, status="applied", metrics={"reward_mean": 0.25}, groups={},
+        created_at=datetime.now(UTC),
+    )  # fmt: skip
+    with MetricsSink(tmp_path, settings) as sink:
+        sink.write(step)
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+            served = response.read().decode()
+    assert 'art_proxy_trainer_step{run="r"} 3.0' in served
+    assert 'art_proxy_trainer_step_reward_mean{run="r"} 0.25' in served
+    with pytest.raises(OSError):  # the port is let go with the sink
+        urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2)
+
+
+def test_no_secret_ships_in_the_files_and_each_is_documented() -> None:
+    """Secrets are the operator's: no Secret with a value in the manifests (re-applying one
+    would reset a real secret to it), compose refuses to start without them, and no password
+    is on a command line (any user of the host reads those)."""
+    text = COMPOSE.read_text() + "".join(m.read_text() for m in MANIFESTS)
+    assert "change-me" not in text
+    assert not [d for d in _documents() if d["kind"] == "Secret"]
+    compose = yaml.safe_load(COMPOSE.read_text())
+    assert compose["services"]["postgres"]["environment"]["POSTGRES_PASSWORD"].startswith(
+        "${POSTGRES_PASSWORD:?"
+    )
+    for name, service in compose["services"].items():
+        command = " ".join(service.get("command", []) + service.get("entrypoint", []))
+        assert "PASSWORD" not in command and "postgresql://" not in command, name
+    referenced = {
+        (env["valueFrom"]["secretKeyRef"]["name"], env["valueFrom"]["secretKeyRef"]["key"])
+        for d in _documents() if d["kind"] in ("Deployment", "StatefulSet")
+        for c in d["spec"]["template"]["spec"]["containers"]
+        for env in c.get("env", []) if "secretKeyRef" in env.get("valueFrom", {})
+    }  # fmt: skip
+    assert len(referenced) == 4
+    operations = OPERATIONS.read_text()
+    for secret, key in referenced:
+        assert f"kubectl create secret generic {secret}" in operations, secret
+        assert key in operations
+
+
+def test_no_image_is_latest_and_ours_carry_the_projects_version() -> None:
+    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    images = [
+        c["image"]
+        for d in _documents() if d["kind"] in ("Deployment", "StatefulSet")
+        for c in d["spec"]["template"]["spec"]["containers"]
+        + d["spec"]["template"]["spec"].get("initContainers", [])
+    ] + [s["image"] for s in yaml.safe_load(COMPOSE.read_text())["services"].values()]  # fmt: skip
+    for image in images:
+        name, _, tag = image.rpartition(":")
+        assert tag and tag != "latest" and "/" not in tag, image
+        if name.startswith("art-proxy"):
+            assert tag == version, image
+
+
+def test_the_image_installs_every_dependency_at_a_pinned_version() -> None:
+    """deploy/constraints.txt pins every package the images install (scripts/image_constraints.py)
+    at a version pyproject.toml allows, and both of the Containerfile's installs use it."""
+    pins = {}
+    for line in CONSTRAINTS.read_text().splitlines():
+        if line and not line.startswith("#"):
+            name, _, version = line.partition("==")
+            pins[canonicalize_name(name)] = Version(version)
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    trainer = tomllib.loads((ROOT / "trainer" / "pyproject.toml").read_text())["project"]
+    extras = project["optional-dependencies"]
+    wanted = [*project["dependencies"], *trainer["dependencies"],
+              *(r for e in ("pii", "export", "local", "trackers") for r in extras[e])]  # fmt: skip
+    for line in wanted:
+        requirement = Requirement(line)
+        name = canonicalize_name(requirement.name)
+        if name in ("art-proxy", "torch") or not (
+            requirement.marker is None or requirement.marker.evaluate()
+        ):
+            continue
+        assert name in pins, f"{name} is not pinned in {CONSTRAINTS.name}"
+        assert pins[name] in requirement.specifier, f"{name}=={pins[name]} outside {requirement}"
+    installs = [line for line in CONTAINERFILE.read_text().splitlines() if "pip install" in line
+                and "--no-deps" not in line and "torch==" not in line]  # fmt: skip
+    assert len(installs) == 2
+    assert all("--constraint constraints.txt" in line for line in installs)
+
+
+def test_network_policies_let_only_who_needs_it_reach_each_port() -> None:
+    policies = {d["spec"]["podSelector"]["matchLabels"]["app.kubernetes.io/name"]: d["spec"]
+                for d in _documents() if d["kind"] == "NetworkPolicy"}  # fmt: skip
+    workloads = {d["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/name"]
+                 for d in _documents() if d["kind"] in ("Deployment", "StatefulSet")}  # fmt: skip
+    assert set(policies) == workloads
+
+    def callers(name: str) -> set[str]:
+        [rule] = policies[name]["ingress"]
+        return {
+            peer["podSelector"]["matchLabels"]["app.kubernetes.io/name"] for peer in rule["from"]
+        }
+
+    assert callers("art-proxy-postgres") == {"art-proxy", "art-proxy-judge", "art-proxy-trainer"}
+    assert callers("art-proxy-vllm") == {"art-proxy", "art-proxy-trainer"}
+    assert "ingress" not in policies["art-proxy-judge"]
+
+
+def test_checkov_passes_the_manifests_and_the_containerfile(tmp_path: Path) -> None:
+    """checkov (its own environment, .venv-checkov: `make test` makes it) on deploy/ and the
+    Containerfile, offline, with the checks deploy/checkov.yaml skips, each with its reason."""
+    if not CHECKOV.exists():
+        pytest.skip("checkov is not installed: `make .venv-checkov/.installed` installs it")
+    # checkov knows a Dockerfile by its name only.
+    shutil.copytree(ROOT / "deploy", tmp_path / "deploy")
+    shutil.copy(CONTAINERFILE, tmp_path / "deploy" / "Dockerfile")
+    done = subprocess.run(
+        [str(CHECKOV), "--directory", str(tmp_path / "deploy"), "--config-file", str(CHECKOV_CONFIG),
+         "--output", "json", "--skip-download"],
+        capture_output=True, text=True, timeout=300, check=False,
+        env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "BC_SKIP_MAPPING": "TRUE"},
+    )  # fmt: skip
+    reports = json.loads(done.stdout)
+    reports = reports if isinstance(reports, list) else [reports]
+    assert {r["check_type"] for r in reports} == {"kubernetes", "dockerfile"}
+    failed = [
+        f"{c['check_id']} {c['resource']}" for r in reports for c in r["results"]["failed_checks"]
+    ]
+    assert not failed, failed
+    assert sum(r["summary"]["passed"] for r in reports) >= 400
+    # Each skip names its reason: a comment above it in the config, a text in an annotation.
+    config = CHECKOV_CONFIG.read_text().splitlines()
+    for n, line in enumerate(config):
+        if line.strip().startswith("- CKV"):
+            assert config[n - 1].strip().startswith("#"), line
+    for d in _documents():
+        for key, value in d["metadata"].get("annotations", {}).items():
+            if key.startswith("checkov.io/skip"):
+                assert re.fullmatch(r"CKV\w+=.{20,}", value), value

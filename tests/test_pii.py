@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from datetime import UTC, datetime
 from pathlib import Path
 
 import aiohttp
@@ -16,6 +17,7 @@ import openai
 
 from art_proxy.privacy.pii import pii_redactor
 from art_proxy.proxy.server import running_proxy
+from art_proxy.records.evaluations import ArmResult, Estimate, EvaluationReport
 from art_proxy.testing.fake_vllm import FakeVllm
 from tests.conftest import proxy_settings, trajectories
 from tests.test_export import export
@@ -103,3 +105,37 @@ def test_a_spacy_model_that_is_not_installed_is_a_one_line_error(sqlite_url: str
     assert result.returncode == 1
     assert "--pii-spacy-model en_no_such_model: not installed" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+async def test_an_evaluation_report_on_the_dashboard_shows_placeholders(
+    store_url: str, vllm: FakeVllm, http: aiohttp.ClientSession
+) -> None:
+    """A report keeps what its rollouts raised (`error`) and the agent's name: under
+    --redact-pii the evaluations page shows them with placeholders like every other page."""
+    unknown = Estimate(mean=None, low=None, high=None, n=0, method="none")
+    report = EvaluationReport(
+        id="e-pii",
+        created_at=datetime.now(UTC),
+        agent=f"agents/{OTHER}.py:rollout",
+        scenarios=1,
+        repeats=1,
+        reward_source="agent",
+        reference="base",
+        arms=[
+            ArmResult(
+                label="base", model=MODEL, served_by="proxy", rollouts=1, failed=1,
+                error=f"ValueError: no mailbox {EMAIL} (card {CARD})", reward=unknown,
+                latency_p50_s=None, latency_p95_s=None, prompt_tokens=None,
+                completion_tokens=None, cost_per_1000=None,
+            )
+        ],
+    )  # fmt: skip
+    settings = proxy_settings(store_url, vllm.base_url, redact_pii=True)
+    async with running_proxy(settings) as proxy:
+        await proxy.parts.store.add_evaluation(report)
+        async with http.get(proxy.root_url + "/dashboard/evaluations") as response:
+            assert response.status == 200
+            page = await response.text()
+    assert "no mailbox" in page  # the report is shown
+    assert EMAIL not in page and CARD not in page and OTHER not in page
+    assert "&lt;EMAIL_ADDRESS_1&gt;" in page

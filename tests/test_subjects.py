@@ -292,3 +292,35 @@ async def test_a_nul_in_a_response_id_is_no_response_not_a_server_error(
     async with http.post(f"{proxy.base_url}/responses", json=body) as continued:
         assert continued.status == 400, await continued.text()
         assert "not found" in (await continued.json())["error"]["message"]
+
+
+async def test_continuing_another_subjects_response_reads_as_a_made_up_id_in_text_and_time(
+    proxy: RunningProxy, http: aiohttp.ClientSession, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`previous_response_id` of another subject's answer: its conversation was looked up and
+    the body's later fields checked before the owner was, so a body with a bad field after it
+    answered that field's error (the id exists) where a made-up id answered "not found"; and it
+    was refused at once where a made-up fresh id is awaited. Both now answer alike, as late."""
+    monkeypatch.setattr(lookups, "OTHER_PROXY_WAIT_S", 0.5)
+    async with openai.AsyncOpenAI(
+        base_url=proxy.base_url, api_key="unused", default_headers={"X-Art-User": "alice"}
+    ) as client:
+        started = await client.responses.create(model=MODEL, input="alice's question")
+    bob = {"X-Art-User": "bob"}
+    answers: dict[tuple[str, str, str], tuple[int, str, float]] = {}
+    for name, response_id in (("hers", started.id), ("made up", f"resp_{new_id()}")):
+        for body_name, extra in (("good", {"input": "go on"}), ("bad input", {"input": []})):
+            for path in ("/responses", "/responses/input_tokens"):
+                body = {"model": MODEL, "previous_response_id": response_id, **extra}
+                began = time.monotonic()
+                async with http.post(f"{proxy.base_url}{path}", json=body, headers=bob) as sent:
+                    message = (await sent.json())["error"]["message"]
+                    answers[name, body_name, path] = (
+                        sent.status,
+                        message.replace(response_id, "ID"),
+                        time.monotonic() - began,
+                    )
+    for (name, body_name, path), (status, message, waited) in answers.items():
+        assert (status, message) == answers["made up", body_name, path][:2], (name, path)
+        assert status == 400 and message == "previous response with id 'ID' not found"
+        assert waited >= 0.5, (name, body_name, path, waited)

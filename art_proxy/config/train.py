@@ -49,6 +49,14 @@ class TrainSettings(JudgeChoice, UpstreamSettings, StoreSettings, ReportSettings
     run: str | None = Field(
         None, description="Name of the run in the store (default: the --out directory's name)."
     )
+    metrics_port: int | None = Field(
+        None,
+        ge=1,
+        le=65535,
+        description="Also serve each step's figures for Prometheus on this port, every "
+        "interface (GET /metrics: rewards, loss, swaps, the last step's time; no trajectory "
+        "content). Without it they are only written to --out/metrics.prom.",
+    )
     steps: int = Field(
         0,
         ge=0,

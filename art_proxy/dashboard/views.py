@@ -25,6 +25,7 @@ from art_proxy.privacy.pii import (
     PiiRedactor,
     Placeholders,
     redacted_call,
+    redacted_evaluation,
     redacted_judgment,
     redacted_trajectory,
 )
@@ -179,6 +180,9 @@ class Dashboard:
     async def evaluations(self, request: web.Request) -> web.Response:
         """`art-proxy eval`'s reports, newest first, each as the command printed it."""
         reports = await self._store_of(request).evaluations(MAX_EVALUATIONS)
+        placeholders = self._placeholders(request)
+        if placeholders is not None:
+            reports = [redacted_evaluation(report, placeholders) for report in reports]
         shown = [(title(r), headers(r), rows(r), notes(r), r.created_at) for r in reports]
         return self._page("evaluations.html", evaluations=shown)
 

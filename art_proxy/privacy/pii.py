@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 from art_proxy.errors import ConfigError
 from art_proxy.records import (
     CallRecord,
+    EvaluationReport,
     ExportedTrajectory,
     Judgment,
     ScenarioRecord,
@@ -231,6 +232,20 @@ def redacted_judgment(judgment: Judgment, placeholders: Placeholders) -> Judgmen
             "scores": [
                 score.model_copy(update={"explanation": placeholders.text(score.explanation)})
                 for score in judgment.scores
+            ],
+        }
+    )
+
+
+def redacted_evaluation(report: EvaluationReport, placeholders: Placeholders) -> EvaluationReport:
+    """A report's free text redacted: what its rollouts raised (which quotes their inputs) and
+    the agent's name; its figures as they are."""
+    return report.model_copy(
+        update={
+            "agent": placeholders.text(report.agent),
+            "arms": [
+                arm.model_copy(update={"error": placeholders.value(arm.error)})
+                for arm in report.arms
             ],
         }
     )

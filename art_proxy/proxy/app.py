@@ -200,7 +200,7 @@ def _lifecycle(settings: ProxySettings) -> Callable[[web.Application], AsyncIter
                 aliases,
                 shadow,
                 best_of,
-                stored_call=lookups.stored_call,
+                stored_call=lookups.readable_call,
                 default_split=settings.default_split,
                 record_policy=settings.record,
             )

@@ -13,14 +13,14 @@ from aiohttp import web
 
 from art_proxy.errors import NotFound, UpstreamError
 from art_proxy.ids import made_at_s
-from art_proxy.privacy.subjects import may_read, subject_of, subject_of_row
+from art_proxy.privacy.subjects import Subject, may_read, subject_of, subject_of_row
 from art_proxy.records import AliasRecord, JsonObject
 from art_proxy.store.trajectory_store import TrajectoryStore
 
 from .aliases import Aliases
 from .answering import json_answer
 from .dialects import anthropic, responses, responses_answer
-from .translation import check_reader, loaded_body
+from .translation import loaded_body
 from .upstream import Upstreams, client_auth, read_body
 
 # How long a call another proxy may still be ingesting is awaited in the store: an ingester
@@ -69,6 +69,17 @@ class Lookups:
                 self._waiting -= 1
         return row
 
+    async def readable_call(self, call_id: str, reader: Subject) -> JsonObject | None:
+        """`stored_call`'s row where `reader` may read it (`may_read`), else None, as late as
+        for an id not (yet) in the store: neither the answer nor its time tells another
+        subject's call apart from a made-up id."""
+        row = await self.stored_call(call_id)
+        if row is None or may_read(reader, subject_of_row(row)):
+            return row
+        if self._may_be_on_its_way(call_id):
+            await asyncio.sleep(OTHER_PROXY_WAIT_S)
+        return None
+
     def _may_be_on_its_way(self, call_id: str) -> bool:
         """Whether a proxy made `call_id` recently enough that its answer may still be coming or
         not yet ingested: an id is made when its call arrives, and the answer can take up to the
@@ -84,15 +95,9 @@ class Lookups:
         """`GET /v1/responses/{id}`: a stored response, rendered again from its call's record."""
         response_id = request.match_info["response"]
         call_id = responses.call_id_of(response_id)
-        row = await self.stored_call(call_id) if call_id else None
         reader = subject_of(request.headers, None)
+        row = await self.readable_call(call_id, reader) if call_id else None
         if not responses.retrievable(row):
-            raise NotFound(f"no response with id {response_id!r}", param="response_id")
-        if not may_read(reader, subject_of_row(row or {})):
-            # As long as an id not (yet) in the store takes (`stored_call`): the time would tell
-            # another subject's answer apart from a made-up id.
-            if call_id and self._may_be_on_its_way(call_id):
-                await asyncio.sleep(OTHER_PROXY_WAIT_S)
             raise NotFound(f"no response with id {response_id!r}", param="response_id")
         assert row is not None  # retrievable
         created = row["created_at"].timestamp()
@@ -125,8 +130,8 @@ class Lookups:
         `/v1/responses` translates it (instructions, tools and a `previous_response_id`'s
         conversation included), counted by the upstream (`_counted`)."""
         loaded = await loaded_body(request)
-        done = await responses.translate(loaded, self.stored_call)
-        check_reader(done.owner, subject_of(request.headers, loaded), loaded)
+        reader = subject_of(request.headers, loaded)
+        done = await responses.translate(loaded, lambda call: self.readable_call(call, reader))
         chat = done.chat
         prompt: JsonObject = {"model": self._aliases.resolve(chat["model"])}
         prompt |= {key: chat[key] for key in ("messages", "tools") if key in chat}

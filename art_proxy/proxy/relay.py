@@ -92,7 +92,7 @@ class Relay:
         translated = (
             raw
             if isinstance(raw, Rejection)
-            else await translate(raw, kind, dialect, self._stored_call)
+            else await translate(raw, kind, dialect, self._stored_call, request.headers)
         )
         if not recorded:
             if isinstance(translated, Rejection):

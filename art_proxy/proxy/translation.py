@@ -18,8 +18,9 @@ from .dialects import anthropic, responses
 from .request_body import Rejection, body_too_large, check_body, load_body, parse_body
 
 # A recorded call's row by its id (a Responses call's `previous_response_id`), once this proxy's
-# own records before it are in the store.
-StoredCall = Callable[[str], Awaitable[JsonObject | None]]
+# own records before it are in the store, where the subject given may read it (else None, as for
+# an id not in the store: `Lookups.readable_call`).
+StoredCall = Callable[[str, Subject], Awaitable[JsonObject | None]]
 
 
 @dataclass(frozen=True)
@@ -57,9 +58,14 @@ async def loaded_body(request: web.Request) -> JsonObject:
 
 
 async def translate(
-    raw: bytes, kind: CallKind, dialect: Dialect, stored_call: StoredCall
+    raw: bytes,
+    kind: CallKind,
+    dialect: Dialect,
+    stored_call: StoredCall,
+    headers: Mapping[str, str],
 ) -> Translated | Rejection:
-    """The body to send upstream, from the client's in its dialect."""
+    """The body to send upstream, from the client's in its dialect; a stored response it
+    continues, looked up as its subject (`headers`, the body) may read it."""
     if dialect == "openai":
         parsed = parse_body(raw, kind)
         return parsed if isinstance(parsed, Rejection) else Translated(parsed)
@@ -68,7 +74,8 @@ async def translate(
         return loaded
     try:
         if dialect == "responses":
-            done = await responses.translate(loaded, stored_call)
+            reader = subject_of(headers, loaded)
+            done = await responses.translate(loaded, lambda call: stored_call(call, reader))
             chat, continues, owner = done.chat, done.continues, done.owner
         else:
             chat, continues, owner = anthropic.translate(loaded), None, None

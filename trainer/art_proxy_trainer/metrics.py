@@ -4,7 +4,7 @@ the experiment trackers asked for (`--report-to tensorboard|wandb|mlflow`).
 One JSON object per line, the step's record as stored (metrics, groups and their outcomes, swap),
 appended and flushed per step, so a crash loses nothing already trained. `metrics.prom` is the
 latest step in Prometheus' text format, replaced whole each step, for node_exporter's textfile
-collector (or any scraper of files): the step, the time of the last step and of the last swap,
+collector (or any scraper of files), and served on `--metrics-port` when given: the step, the time of the last step and of the last swap,
 steps and swaps counted, and every metric of the step under a name of its own with its unit
 (`art_proxy_trainer_step_reward_mean`, `..._step_train_seconds`, `..._step_judge_cost_usd`), all
 labelled with the run.
@@ -21,10 +21,13 @@ from types import TracebackType
 from typing import IO, TYPE_CHECKING
 
 from art_proxy.config import TrainSettings
+from art_proxy.errors import ConfigError
 from art_proxy.records import TrainingStep
 from art_proxy.trackers import Tracker, open_trackers
 
 if TYPE_CHECKING:
+    from wsgiref.simple_server import WSGIServer
+
     from prometheus_client import Gauge
 
 
@@ -37,6 +40,7 @@ class MetricsSink:
         self._settings = settings
         self._file: IO[str] | None = None
         self._trackers: list[Tracker] = []
+        self._server: WSGIServer | None = None
 
     def __enter__(self) -> MetricsSink:
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -44,6 +48,8 @@ class MetricsSink:
         if self._settings is not None:
             try:
                 settings = self._settings
+                if settings.metrics_port is not None:
+                    self._server = self._prometheus.serve(settings.metrics_port)
                 self._trackers = open_trackers(
                     settings,
                     settings.run_name,
@@ -52,8 +58,15 @@ class MetricsSink:
                 )
             except BaseException:
                 self._file.close()
+                self._stop_serving()
                 raise
         return self
+
+    def _stop_serving(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
 
     def __exit__(
         self,
@@ -63,6 +76,7 @@ class MetricsSink:
     ) -> None:
         if self._file is not None:
             self._file.close()
+        self._stop_serving()
         for tracker in self._trackers:
             tracker.close()
 
@@ -116,6 +130,17 @@ class _PrometheusFile:
             ["run"], registry=self._registry,
         )  # fmt: skip
         self._metrics: dict[str, Gauge] = {}  # a step metric's name -> its gauge
+
+    def serve(self, port: int) -> WSGIServer:
+        """Serve the same figures on `port`, every interface, from a thread of their own (a
+        scraper is answered while a step holds the event loop)."""
+        from prometheus_client import start_http_server
+
+        try:
+            server, _thread = start_http_server(port, registry=self._registry)
+        except OSError as exc:
+            raise ConfigError(f"--metrics-port {port}: {exc.strerror or exc}") from exc
+        return server
 
     def log(self, record: TrainingStep) -> None:
         from prometheus_client import write_to_textfile
