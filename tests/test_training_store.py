@@ -256,3 +256,41 @@ async def test_a_step_whose_group_was_erased_while_it_trained_is_recorded_withou
     assert await store.record_step(step("run", 1, {"kept": "trained", "erased": "trained"}))
     assert [s.step for s in await store.training_steps("run")] == [1]
     assert await store.consumed_group_ids("run") == {"kept"}
+
+
+async def test_an_erasure_while_a_step_trains_on_the_subject_names_that_step_in_its_lineage(
+    store: TrajectoryStore,
+) -> None:
+    """The step's consumed groups were written when it committed: an erasure meanwhile answered
+    no step and no adapter, and the adapter trained on her data was recorded after. The step
+    claims its groups before it reads their calls; the erasure names it, training, and its run;
+    the claim goes when the step is recorded."""
+    await add_group(store, "shared", 2)
+    await store.claim_step("run", 1, ["shared"])
+    erased = await store.forget(SubjectSelector(trajectory="shared-t0"))
+    [learned] = erased.lineage.steps
+    assert (learned.run, learned.step, learned.status) == ("run", 1, "training")
+    assert learned.groups == {"shared": "training"} and learned.adapter is None
+    assert erased.lineage.training_runs == ["run"]
+    assert await store.record_step(step("run", 1, {"shared": "trained"}))
+    later = await store.lineage(SubjectSelector(trajectory="shared-t1"))
+    [learned] = later.steps
+    assert (learned.status, learned.adapter, learned.groups) == (
+        "applied", "agent@1", {"shared": "trained"},
+    )  # fmt: skip
+    assert later.training_runs == [] and later.derived_adapters == ["agent@1"]
+
+
+async def test_a_replayed_step_claims_its_groups_again_and_an_abandoned_one_lets_them_go(
+    store: TrajectoryStore,
+) -> None:
+    await add_group(store, "g", 2)
+    await store.claim_step("run", 3, ["g"])
+    await store.claim_step("run", 3, ["g"])  # the same step again, after a kill
+    abandoned = step("run", 3, {"g": "abandoned"}).model_copy(
+        update={"status": "abandoned", "adapter": None}
+    )
+    assert await store.record_step(abandoned)
+    lineage = await store.lineage(SubjectSelector(trajectory="g-t0"))
+    assert [(s.step, s.status) for s in lineage.steps] == [(3, "abandoned")]
+    assert lineage.training_runs == []

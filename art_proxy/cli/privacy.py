@@ -144,3 +144,10 @@ def _print_lineage(subject: str, lineage: Lineage) -> None:
         "adapters that learned from them, to retrain: "
         + (", ".join(escape(adapter) for adapter in adapters) if adapters else "none")
     )
+    if lineage.training_runs:
+        out.print(
+            "training on them now: "
+            + ", ".join(escape(run) for run in lineage.training_runs)
+            + " (the adapter each such step saves, and every later one of its run, learns from "
+            "them too)"
+        )

@@ -4,6 +4,7 @@ from). `art-proxy forget`, `POST /art/v1/forget` and `GET /art/v1/lineage` speak
 from __future__ import annotations
 
 import hashlib
+from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -55,17 +56,24 @@ class SubjectSelector(Record):
         raise AssertionError("validated: one is set")
 
 
+# A step that has claimed the subject's groups and is training on them now (recorded later).
+TRAINING = "training"
+
+
 class LearnedAt(Record):
     """A training step that read one of the subject's groups."""
 
     run: str
     step: int
     kind: StepKind
-    status: StepStatus
+    status: StepStatus | Literal["training"] = Field(
+        description="`training`: the step holds the groups now and has recorded nothing yet."
+    )
     adapter: str | None = Field(description="The adapter the step saved, if it saved one.")
-    groups: dict[str, GroupOutcome] = Field(
+    groups: dict[str, GroupOutcome | Literal["training"]] = Field(
         description="The subject's groups the step consumed, and what it did with each: "
-        "`trained` ones moved the weights; `validation` ones only informed promotion."
+        "`trained` ones moved the weights; `validation` ones only informed promotion; "
+        "`training` ones it is training on now."
     )
 
 
@@ -79,6 +87,12 @@ class Lineage(Record):
         description="Every adapter saved by a run at or after its first step that trained on "
         "the subject: each continues from the weights before it, so each carries what was "
         "learned. These are what to retrain (or stop serving)."
+    )
+    training_runs: list[str] = Field(
+        default_factory=list,
+        description="Runs with a step training on the subject's groups as this was read: the "
+        "adapter that step saves, and each its run saves after, learn from them too (none of "
+        "them has a name yet).",
     )
 
 

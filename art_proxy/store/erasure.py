@@ -14,7 +14,8 @@ goes too, and a scenario nothing names any more.
 
 Lineage: a step that consumed one of the subject's groups learned from it (`trained`) or read it
 for validation; every adapter its run saved from that step on continues from weights that did,
-so those are the adapters to retrain.
+so those are the adapters to retrain. A step training on one of them now has claimed it
+(`step_claims`) before reading its calls: it is named `training`, with its run.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from art_proxy.records import Erasure, LearnedAt, Lineage, SubjectSelector
+from art_proxy.records.erasure import TRAINING
 from art_proxy.records.trajectories import BEST_OF, SHADOW_OF
 from art_proxy.store import fences, schema
 from art_proxy.store.base import StoreBase, utcnow
@@ -36,6 +38,7 @@ from art_proxy.store.rows import Batch
 
 T, C, F, J = schema.trajectories, schema.calls, schema.feedback, schema.judgments
 G, S, CG, TS = schema.groups, schema.scenarios, schema.consumed_groups, schema.training_steps
+SC = schema.step_claims
 
 # Trajectories deleted per transaction: a tenant's thousands never hold the writer for long.
 BATCH = 200
@@ -70,12 +73,18 @@ class ErasureRecords(StoreBase):
             rows += await self._copies(subject.trajectory, rows[0]["scenario_id"])
         trajectories = sorted(row["id"] for row in rows)
         groups = sorted({row["group_id"] for row in rows})
+        return await self._learned(trajectories, groups)
+
+    async def _learned(self, trajectories: list[str], groups: list[str]) -> Lineage:
+        """The lineage of `trajectories` in `groups`: the steps that read the groups or are
+        training on them, and the adapters they led to."""
         steps = await self._steps_reading(groups)
         return Lineage(
             trajectories=trajectories,
             groups=groups,
             steps=steps,
             derived_adapters=await self._derived_adapters(steps),
+            training_runs=sorted({step.run for step in steps if step.status == TRAINING}),
         )
 
     async def _copies(self, trajectory_id: str, scenario_id: str) -> list[dict[str, Any]]:
@@ -117,6 +126,9 @@ class ErasureRecords(StoreBase):
             if not found.trajectories:
                 break
             lineage = _joined(lineage, found)
+        # A step that claimed a group after the lineage was read may have read its calls before
+        # they were deleted: its claim is committed by now.
+        lineage = _joined(lineage, await self._learned([], lineage.groups))
         async with self._transaction() as connection:
             deleted["groups"] = await _delete_orphan_groups(connection, lineage.groups)
             deleted["scenarios"] = await _clear_openings(connection, sorted(scenarios))
@@ -186,6 +198,8 @@ class ErasureRecords(StoreBase):
                 await connection.execute(sa.text(f"ANALYZE {table}"))
 
     async def _steps_reading(self, groups: Sequence[str]) -> list[LearnedAt]:
+        """The steps that consumed any of `groups`, and those that have claimed any and are
+        training on them (`training`: recorded, a step's claims are gone)."""
         consumed: list[dict[str, Any]] = []
         for start in range(0, len(groups), BATCH):
             chunk = groups[start : start + BATCH]
@@ -194,6 +208,10 @@ class ErasureRecords(StoreBase):
                     CG.c.group_id.in_(chunk)
                 )
             )
+            consumed += await self._all(
+                sa.select(SC.c.run, SC.c.step, SC.c.group_id, sa.literal(TRAINING).label("outcome"))
+                .where(SC.c.group_id.in_(chunk))
+            )  # fmt: skip
         by_step: dict[tuple[str, int], dict[str, Any]] = {}
         for row in consumed:
             by_step.setdefault((row["run"], row["step"]), {})[row["group_id"]] = row["outcome"]
@@ -204,8 +222,8 @@ class ErasureRecords(StoreBase):
                     TS.c.run == run, TS.c.step == step
                 )
             )
-            if found is None:  # consumed by a step whose row is not written yet
-                found = {"kind": "grpo", "status": "applied", "adapter": None}
+            if found is None:  # claimed by a step that is training now
+                found = {"kind": "grpo", "status": TRAINING, "adapter": None}
             steps.append(LearnedAt(run=run, step=step, groups=outcomes, **found))
         return steps
 
@@ -234,6 +252,7 @@ def _joined(first: Lineage, late: Lineage) -> Lineage:
         groups=sorted({*first.groups, *late.groups}),
         steps=[steps[key] for key in sorted(steps)],
         derived_adapters=list(dict.fromkeys([*first.derived_adapters, *late.derived_adapters])),
+        training_runs=sorted({*first.training_runs, *late.training_runs}),
     )
 
 

@@ -230,6 +230,18 @@ consumed_groups = sa.Table(
     sa.Column("consumed_at", Timestamp, nullable=False),
 )
 
+# The groups a step is training on now, claimed before it reads their calls and let go when the
+# step is recorded (migration 0021): an erasure meanwhile finds the step in its lineage. No foreign
+# key: an erased group's claim still names what the step holds in memory.
+step_claims = sa.Table(
+    "step_claims",
+    metadata,
+    sa.Column("run", sa.String(200), primary_key=True),
+    sa.Column("group_id", sa.String(64), primary_key=True),
+    sa.Column("step", sa.Integer, nullable=False),
+    sa.Column("claimed_at", Timestamp, nullable=False),
+)
+
 # Feedback on trajectories from production users (records.Feedback); a trajectory may have many.
 feedback = sa.Table(
     "feedback",

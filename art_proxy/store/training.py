@@ -34,6 +34,7 @@ from art_proxy.store import schema
 from art_proxy.store.base import StoreBase, aware, group_split, not_an_evaluation, utcnow
 
 A, M, TS, CG = schema.aliases, schema.alias_moves, schema.training_steps, schema.consumed_groups
+SC = schema.step_claims
 PL = schema.proxy_leases
 G, T, J, C = schema.groups, schema.trajectories, schema.judgments, schema.calls
 
@@ -131,12 +132,32 @@ class TrainingRecords(StoreBase):
 
     # --- trainer steps ---------------------------------------------------------------------------
 
+    async def claim_step(self, run: str, step: int, group_ids: Sequence[str]) -> None:
+        """Step `step` of `run` is about to read the calls of `group_ids` and train on them: an
+        erasure from now until it is recorded names it in the subject's lineage (`training`).
+        Claimed before the read, so that an erasure either deleted the calls before the step
+        read them or finds the claim. A step claimed again (after a kill) takes the groups over."""
+        if not group_ids:
+            return
+        rows = [
+            {"run": run, "group_id": group_id, "step": step, "claimed_at": utcnow()}
+            for group_id in dict.fromkeys(group_ids)
+        ]
+        async with self._transaction() as connection:
+            await connection.execute(
+                sa.delete(SC).where(SC.c.run == run, SC.c.group_id.in_(list(group_ids)))
+            )
+            await connection.execute(sa.insert(SC), rows)
+
     async def record_step(self, step: TrainingStep) -> bool:
-        """Record a step and the groups it consumed; False (nothing written) when the run has
-        this step already. Raises `GroupAlreadyConsumed` (nothing written) when one of its groups
-        was consumed by another step of the run."""
+        """Record a step and the groups it consumed, letting its claims go; False (nothing
+        written) when the run has this step already. Raises `GroupAlreadyConsumed` (nothing
+        written) when one of its groups was consumed by another step of the run."""
         now = utcnow()
         async with self._transaction() as connection:
+            await connection.execute(
+                sa.delete(SC).where(SC.c.run == step.run, SC.c.step == step.step)
+            )
             inserted = await connection.execute(
                 self._insert_new(TS, step.model_dump()).returning(TS.c.step)
             )

@@ -153,6 +153,11 @@ class Trainer:
         val = [g for g in groups if g.split == "val"]
         measured = [val, *validations] if val else list(validations)
         train_groups = [g for g in groups if g.split in ("train", "prod")]
+        # Claimed before their calls are read: an erasure from here on names this step in its
+        # lineage until the step is recorded; one before finds its calls gone from the read.
+        await self.store.claim_step(
+            self.settings.run_name, number, [g.group_id for g in train_groups]
+        )
         calls = await self.store.calls([t for g in train_groups for t in g.rewards])
         samples = trajectory_samples(
             train_groups,
