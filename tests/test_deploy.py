@@ -562,3 +562,13 @@ def test_checkov_passes_the_manifests_and_the_containerfile(tmp_path: Path) -> N
         for key, value in d["metadata"].get("annotations", {}).items():
             if key.startswith("checkov.io/skip"):
                 assert re.fullmatch(r"CKV\w+=.{20,}", value), value
+
+
+def test_every_service_running_an_image_of_ours_builds_it() -> None:
+    """No registry publishes art-proxy's images: a service that names one without building it
+    makes compose pull it, and fail."""
+    for name, service in yaml.safe_load(COMPOSE.read_text())["services"].items():
+        image = service["image"].split(":")[0]
+        if image in ("art-proxy", "art-proxy-trainer"):
+            expected = "trainer" if image == "art-proxy-trainer" else "proxy"
+            assert service["build"]["target"] == expected, name

@@ -1,7 +1,9 @@
 """The proxy's image (Containerfile), built on this machine and run: its own default command as the
 docs run it, `art-proxy serve` from the image in front of local-llm on the host recording into the
-host's PostgreSQL, and a container killed with records journaled while the store was down, whose
-journal a fresh container on the same volume moves into the store.
+host's PostgreSQL, the compose file's proxy service as compose starts it (local-llm and the host's
+PostgreSQL for its vLLM and PostgreSQL services: no GPU here, and no container runtime but
+buildah's), and a container killed with records journaled while the store was down, whose journal a
+fresh container on the same volume moves into the store.
 
 No container registry is reachable here, and podman cannot run containers under this kernel, but
 buildah builds and runs with `--isolation chroot` (Debian's buildah, installed by `make setup`).
@@ -17,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -29,6 +32,7 @@ from typing import Any
 import aiohttp
 import openai
 import pytest
+import yaml
 
 from art_proxy.local.server import RunningLocalLlm
 from art_proxy.store.trajectory_store import TrajectoryStore
@@ -304,3 +308,75 @@ async def _kill_with_records_journaled(
         await first.stop(signal.SIGKILL)
     finally:
         await first.remove()
+
+
+def _interpolated(value: str, environment: dict[str, str]) -> str:
+    """Compose's interpolation of the forms the compose file uses: ${NAME}, ${NAME:-default},
+    ${NAME:?message} (an error where NAME is unset or empty)."""
+
+    def one(match: re.Match[str]) -> str:
+        name, form, rest = match.group(1), match.group(2) or "", match.group(3) or ""
+        value = environment.get(name, "")
+        if form == ":?" and not value:
+            raise KeyError(f"{name}: {rest}")
+        return value or (rest if form == ":-" else "")
+
+    return re.sub(r"\$\{(\w+)(:\?|:-)?([^}]*)\}", one, value)
+
+
+async def test_the_compose_files_proxy_runs_from_the_image_as_compose_starts_it(
+    proxy_image: str, local_llm: RunningLocalLlm, postgres_url: str, tmp_path: Path
+) -> None:
+    """The compose file's proxy service, its command and environment as compose hands them to
+    the image (the secrets from the operator's environment), vLLM's and PostgreSQL's service
+    names pointed at local-llm and the host's PostgreSQL: ready, recording, and its admin API
+    answering only with the key."""
+    service = yaml.safe_load((ROOT / "deploy" / "compose.yaml").read_text())["services"]["proxy"]
+    operator = {"POSTGRES_PASSWORD": "s3cret-pw", "ART_PROXY_ADMIN_KEY": "k" * 64}
+    with pytest.raises(KeyError, match="POSTGRES_PASSWORD"):  # compose refuses without it
+        _interpolated(service["environment"]["ART_PROXY_STORE"], {})
+    environment = {k: _interpolated(v, operator) for k, v in service["environment"].items()}
+    assert environment["ART_PROXY_STORE"] == "postgresql://art:s3cret-pw@postgres:5432/art"
+    # The host's PostgreSQL (trust auth, a database of its own) stands for the `postgres` service.
+    environment["ART_PROXY_STORE"] = postgres_url
+    port = free_port()
+    command = [
+        word.replace("http://vllm:8000/v1", local_llm.base_url).replace("--port=8100", f"--port={port}")
+        for word in (_interpolated(w, operator) for w in service["command"])
+    ]  # fmt: skip
+    assert not any("s3cret" in word for word in command)  # nothing secret on the command line
+    journal = tmp_path / "journal"
+    journal.mkdir()
+    os.chown(journal, 10001, 10001)
+    options = ["--volume", f"{journal}:/journal"]
+    for name, value in environment.items():
+        options += ["--env", f"{name}={value}"]
+    container = _Container(proxy_image, *options)
+    root = f"http://127.0.0.1:{port}"
+    try:
+        await _healthy(root, await container.start("art-proxy", *command))
+        async with aiohttp.ClientSession() as http:
+            async with http.get(f"{root}/ready") as ready:
+                assert ready.status == 200, await ready.text()
+            async with openai.AsyncOpenAI(base_url=f"{root}/v1", api_key="unused") as client:
+                model = (await client.models.list()).data[0].id
+                await client.chat.completions.create(
+                    model=model,
+                    messages=[{"role": "user", "content": "Say hello."}],
+                    max_tokens=4,
+                    extra_headers={"X-Art-Trajectory": "from-compose"},
+                )
+            path = f"{root}/art/v1/trajectories/from-compose"
+            async with http.get(path) as keyless:
+                assert keyless.status == 401, await keyless.text()
+            key = {"Authorization": f"Bearer {operator['ART_PROXY_ADMIN_KEY']}"}
+            deadline = time.monotonic() + 30
+            while True:
+                async with http.get(path, headers=key) as read:
+                    if read.status == 200 or time.monotonic() > deadline:
+                        assert read.status == 200, await read.text()
+                        break
+                await asyncio.sleep(0.5)
+        assert await container.stop(signal.SIGTERM) == 0
+    finally:
+        await container.remove()
