@@ -861,3 +861,38 @@ async def test_vllm_shows_the_model_its_tools_and_calls_as_local_llm_and_the_tra
     assert text.count('{"name": "lookup_code_word", "arguments": {"city": "Zürich"}}') == (
         2 if len(messages) > 1 else 0
     )
+
+
+async def test_vllms_prompt_logprobs_are_local_llms_and_the_models_own(real_vllm: RealVllm) -> None:
+    """What the teacher reads (art_proxy/teacher.py) and local-llm serves in the same shape:
+    None for the first id, then per id a dict keyed by token id, the id itself with its logprob,
+    rank and text, and the top k; raw (the request's temperature not applied), the model's
+    log-softmax within float32 noise."""
+    tokenizer = AutoTokenizer.from_pretrained(real_vllm.model_dir)
+    ids = tokenizer("The capital of France is Paris.")["input_ids"]
+    body = {
+        "model": real_vllm.model,
+        "prompt": ids,
+        "max_tokens": 1,
+        "temperature": 0.5,
+        "prompt_logprobs": 2,
+    }
+    url = f"{real_vllm.base_url}/completions"
+    async with aiohttp.ClientSession() as http, http.post(url, json=body) as response:
+        assert response.status == 200, await response.text()
+        [choice] = (await response.json())["choices"]
+    entries = choice["prompt_logprobs"]
+    assert len(entries) == len(ids) and entries[0] is None
+    model = load_model(str(real_vllm.model_dir)).model
+    with torch.no_grad():
+        expected = torch.log_softmax(model(input_ids=torch.tensor([ids])).logits[0].float(), -1)
+    for position in range(1, len(ids)):
+        entry, row = entries[position], expected[position - 1]
+        actual = entry[str(ids[position])]
+        assert abs(actual["logprob"] - row[ids[position]].item()) < 1e-3
+        assert actual["rank"] == int((row > row[ids[position]]).sum()) + 1
+        assert actual["decoded_token"] == tokenizer.decode([ids[position]])
+        best = row.topk(2).indices.tolist()
+        assert [entry[str(token_id)]["rank"] for token_id in best] == [1, 2]
+        assert next(iter(entry)) == str(ids[position])  # the id itself first
+        assert set(entry) == {str(ids[position]), *map(str, best)}

@@ -66,6 +66,18 @@ class TrainerConfig(Settings):
     scale_advantages_by_std: bool = Field(
         False, description="Divide group advantages by the group's std (Dr. GRPO: off)."
     )
+    teacher_weight: float = Field(
+        1.0,
+        ge=0,
+        description="With --teacher: the weight of the teacher's per-token term, log p_teacher "
+        "minus the sampler's recorded logprob of each sampled token (on-policy distillation), "
+        "added to the group advantage.",
+    )
+    group_advantage: bool = Field(
+        True,
+        description="Train on the group-relative reward advantage (GRPO). --no-group-advantage "
+        "with --teacher: the teacher's term alone (on-policy distillation without rewards).",
+    )
     micro_batch_tokens: int = Field(
         8192,
         ge=0,

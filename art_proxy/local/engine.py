@@ -32,8 +32,8 @@ from art_proxy.local.detokenizer import Detokenizer
 from art_proxy.local.errors import AdapterNotFound
 from art_proxy.local.generation import Generation
 from art_proxy.local.kv_batch import KvBatch
-from art_proxy.local.sampling import Sampled, SamplingParams, sample
-from art_proxy.vllm_api.engine import ChoiceDelta, EngineFailure, FinishReason
+from art_proxy.local.sampling import Sampled, SamplingParams, prompt_logprobs, sample
+from art_proxy.vllm_api.engine import ChoiceDelta, EngineFailure, FinishReason, PromptLogprobs
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +66,7 @@ class _Row:
     generated: int = 0
     next_input: int = 0  # the id sampled last, fed to the next decode step
     done: bool = False
+    prompt_logprobs: PromptLogprobs | None = None  # sent on the row's first delta, when asked
 
 
 @dataclass(eq=False)
@@ -231,9 +232,18 @@ class Engine:
             position_ids=(mask_U_T.cumsum(dim=1) - 1).clamp(min=0),
             past_key_values=DynamicCache(),
             use_cache=True,
-            logits_to_keep=1,
+            # Every position's logits where a prompt's logprobs are asked for, else the last's.
+            logits_to_keep=0 if any(r.params.prompt_logprobs is not None for r in prompts) else 1,
             **self.adapters.forward_kwargs([r.adapter for r in prompts]),
         )
+        for index, first in enumerate(prompts):
+            k = first.params.prompt_logprobs
+            if k is not None:
+                pad = length - len(first.prompt_ids)
+                scored = prompt_logprobs(out.logits[index, pad:], first.prompt_ids, k)
+                for row, source in zip(rows, source_of_row, strict=True):
+                    if source == index:
+                        row.prompt_logprobs = scored
         self.stats.prefills += 1
         self.stats.rows_admitted += len(rows)
         self.stats.peak_rows = max(self.stats.peak_rows, len(prompts) + len(self._running))
@@ -282,6 +292,8 @@ class Engine:
                 row.detokenizer.finish()
             text = row.detokenizer.release(final=finish is not None)
             delta = ChoiceDelta(row.index, (token_id,), (logprob,), text, finish, stop_reason)
+            if row.prompt_logprobs is not None:
+                delta.prompt_logprobs, row.prompt_logprobs = row.prompt_logprobs, None
             deltas.setdefault(row.generation, []).append(delta)
             if finish is not None:
                 self._retire(row)

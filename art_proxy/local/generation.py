@@ -63,4 +63,5 @@ def _joined(deltas: list[ChoiceDelta]) -> ChoiceOutput:
         text="".join(delta.text or "" for delta in deltas),
         finish_reason=last.finish_reason,
         stop_reason=last.stop_reason,
+        prompt_logprobs=deltas[0].prompt_logprobs,
     )

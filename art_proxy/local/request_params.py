@@ -23,7 +23,6 @@ _NEUTRAL_ONLY: dict[str, tuple[Any, ...]] = {
     "logit_bias": (None, {}),
     "best_of": (None, 1),
     "use_beam_search": (None, False),
-    "prompt_logprobs": (None,),
     "echo": (None, False),
     "suffix": (None,),
     "response_format": (None, {"type": "text"}),
@@ -42,7 +41,13 @@ def check_supported(body: dict[str, Any]) -> None:
             raise ApiError(400, f"'{name}' is not supported by art-proxy local-llm.", param=name)
 
 
-def sampling_params(body: dict[str, Any], *, max_tokens: int, top_logprobs: int) -> SamplingParams:
+def sampling_params(
+    body: dict[str, Any],
+    *,
+    max_tokens: int,
+    top_logprobs: int,
+    prompt_logprobs: int | None = None,
+) -> SamplingParams:
     """The request's sampling; `max_tokens` is already checked against the context."""
     top_p = float_field(body, "top_p", 1.0, minimum=0.0, maximum=1.0)
     if top_p == 0:
@@ -61,6 +66,7 @@ def sampling_params(body: dict[str, Any], *, max_tokens: int, top_logprobs: int)
         stop_token_ids=_stop_token_ids(body.get("stop_token_ids")),
         ignore_eos=bool_field(body, "ignore_eos"),
         top_logprobs=top_logprobs,
+        prompt_logprobs=prompt_logprobs,
     )
 
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from art_proxy.vllm_api.engine import TokenLogprob
+from art_proxy.vllm_api.engine import PromptLogprob, PromptLogprobs, TokenLogprob
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,6 +28,7 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()  # ids that end a choice besides EOS
     ignore_eos: bool = False  # EOS does not end the choice (benchmarks, tests)
     top_logprobs: int = 0  # runners-up reported per token (0 = only the sampled one)
+    prompt_logprobs: int | None = None  # each prompt id's raw logprob and this many runners-up
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +68,30 @@ def sample(
         top = tuple(zip(ids[row][:n], values[row][:n], strict=True)) if n else ()
         logprobs_B.append(TokenLogprob(chosen_B[row], top))
     return Sampled(token_ids_B, logprobs_B)
+
+
+def prompt_logprobs(logits_T_V: torch.Tensor, ids: Sequence[int], k: int) -> PromptLogprobs:
+    """vLLM's `prompt_logprobs` of a prompt: each id's logprob after the ids before it (raw, no
+    temperature or filter), its rank, and the `k` likeliest ids there. `logits_T_V`: the forward
+    pass at each of the prompt's positions; the last, which predicts past the prompt, is unused."""
+    logprobs_N_V = torch.log_softmax(logits_T_V[: len(ids) - 1].float(), dim=-1)
+    targets_N = torch.tensor(ids[1:], dtype=torch.long)
+    chosen_N = logprobs_N_V.gather(1, targets_N[:, None])[:, 0]
+    ranks_N = (logprobs_N_V > chosen_N[:, None]).sum(dim=-1) + 1
+    top_ids: list[list[int]] = [[] for _ in range(len(targets_N))]
+    top_values: list[list[float]] = [[] for _ in range(len(targets_N))]
+    if k:
+        top_values_N_K, top_ids_N_K = logprobs_N_V.topk(k, dim=-1)
+        top_values, top_ids = top_values_N_K.tolist(), top_ids_N_K.tolist()
+    return (
+        None,
+        *(
+            PromptLogprob(logprob, rank, tuple(zip(top_ids[n], top_values[n], strict=True)))
+            for n, (logprob, rank) in enumerate(
+                zip(chosen_N.tolist(), ranks_N.tolist(), strict=True)
+            )
+        ),
+    )
 
 
 def processed_logprobs(

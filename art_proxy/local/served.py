@@ -103,6 +103,12 @@ class ServedModel:
         return cached
 
     async def chat(self, request: ChatRequest, prompt_ids: list[int], limit: int) -> Generation:
+        if request.body.get("prompt_logprobs") is not None:
+            raise ApiError(
+                400,
+                "'prompt_logprobs' is served by art-proxy local-llm on /v1/completions only.",
+                param="prompt_logprobs",
+            )
         reading = reads_tool_calls(request)
         params = sampling_params(request.body, max_tokens=limit, top_logprobs=request.top_logprobs)
         generation = self._submit([prompt_ids], params, request.n, request.adapter, request.model)
@@ -111,8 +117,17 @@ class ServedModel:
     async def complete(self, request: CompletionRequest, limits: list[int]) -> Generation:
         # One limit for the batch, the tightest prompt's: the engine takes one SamplingParams
         # per request (vLLM cuts each prompt to its own room).
+        if request.prompt_logprobs is not None and request.stream:
+            raise ApiError(
+                400,
+                "'prompt_logprobs' is served by art-proxy local-llm without 'stream' only.",
+                param="prompt_logprobs",
+            )
         params = sampling_params(
-            request.body, max_tokens=min(limits), top_logprobs=request.logprobs or 0
+            request.body,
+            max_tokens=min(limits),
+            top_logprobs=request.logprobs or 0,
+            prompt_logprobs=request.prompt_logprobs,
         )
         return self._submit(request.prompts, params, request.n, request.adapter, request.model)
 

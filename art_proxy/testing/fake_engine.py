@@ -11,6 +11,7 @@ on the wire, errors and request-field rules included, is `vllm_api`'s, which loc
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import time
 from collections.abc import Mapping
@@ -26,6 +27,8 @@ from art_proxy.vllm_api.engine import (
     ChoiceOutput,
     CompletionRequest,
     FinishReason,
+    PromptLogprob,
+    PromptLogprobs,
     TokenLogprob,
 )
 from art_proxy.wire import ApiError
@@ -117,6 +120,17 @@ class FakeEngine:
             for limit in limits
             for i in range(request.n)
         ]
+        if request.prompt_logprobs is not None:
+            k = request.prompt_logprobs
+            outputs = [
+                dataclasses.replace(
+                    output,
+                    prompt_logprobs=fake_prompt_logprobs(
+                        request.prompts[index // request.n], k, self._alternative_ids
+                    ),
+                )
+                for index, output in enumerate(outputs)
+            ]
         await self._before_answer()
 
         def text(index: int, start: int, end: int) -> tuple[str, tuple[dict[str, Any], ...]]:
@@ -197,3 +211,19 @@ class FakeEngine:
 
 def _sampled_logprob(position: int) -> float:
     return _SAMPLED_LOGPROBS[position % len(_SAMPLED_LOGPROBS)]
+
+
+def fake_prompt_logprob(token_id: int) -> float:
+    """The fake's `prompt_logprobs` of an id: a function of the id alone (exact decimals), so a
+    test knows what a teacher served by the fake says of any token."""
+    return -(10 + token_id % 13) / 100
+
+
+def fake_prompt_logprobs(ids: list[int], k: int, alternatives: list[int]) -> PromptLogprobs:
+    """Each prompt id after the first: `fake_prompt_logprob`, ranked first, then k runners-up."""
+    scored: list[PromptLogprob | None] = [None]
+    for token_id in ids[1:]:
+        top = [(token_id, fake_prompt_logprob(token_id))]
+        top += [(other, -3.0 - n) for n, other in enumerate(alternatives) if other != token_id]
+        scored.append(PromptLogprob(fake_prompt_logprob(token_id), 1, tuple(top[:k])))
+    return tuple(scored)

@@ -20,9 +20,10 @@ from art_proxy.vllm_api.engine import (
     CompletionRequest,
     Generation,
     InferenceEngine,
+    PromptLogprobs,
     TokenLogprob,
 )
-from art_proxy.vllm_api.logprobs import legacy_logprobs
+from art_proxy.vllm_api.logprobs import legacy_logprobs, prompt_logprob_entries
 from art_proxy.vllm_api.requests import read_completion
 from art_proxy.vllm_api.server_metrics import ServerMetrics
 from art_proxy.wire import completion_limit
@@ -65,6 +66,12 @@ def _logprobs(
     return legacy_logprobs(engine, ids, logprobs, text_offset)
 
 
+def _prompt_logprobs(
+    engine: InferenceEngine, ids: list[int], scored: PromptLogprobs | None
+) -> list[dict[str, dict[str, Any]] | None] | None:
+    return None if scored is None else prompt_logprob_entries(engine, ids, scored)
+
+
 def _response(
     engine: InferenceEngine,
     completion: CompletionRequest,
@@ -86,7 +93,9 @@ def _response(
                 "finish_reason": choice.finish_reason,
                 "stop_reason": choice.stop_reason,
                 "token_ids": list(choice.token_ids) if ids_wanted else None,
-                "prompt_logprobs": None,
+                "prompt_logprobs": _prompt_logprobs(
+                    engine, completion.prompts[index // completion.n], choice.prompt_logprobs
+                ),
                 "prompt_token_ids": (
                     completion.prompts[index // completion.n] if ids_wanted else None
                 ),

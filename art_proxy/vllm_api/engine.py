@@ -34,6 +34,19 @@ class TokenLogprob(NamedTuple):
     top: tuple[tuple[int, float], ...]  # the `top_logprobs` asked for, (id, logprob), best first
 
 
+class PromptLogprob(NamedTuple):
+    """A prompt id's logprob after the ids before it (vLLM's `prompt_logprobs`): raw, the
+    model's own distribution, whatever the request samples with."""
+
+    logprob: float
+    rank: int  # 1 for the likeliest id
+    top: tuple[tuple[int, float], ...]  # the top k asked for, (id, logprob), best first
+
+
+# One entry per prompt id; the first is None (nothing comes before it).
+PromptLogprobs = tuple[PromptLogprob | None, ...]
+
+
 @dataclass(slots=True)  # not frozen: one is made per token, and frozen makes one 4x slower
 class ChoiceDelta:
     """One step of one choice: its new ids, their logprobs, and what they say."""
@@ -47,6 +60,7 @@ class ChoiceDelta:
     finish_reason: FinishReason | None = None  # set on the choice's last delta only
     stop_reason: str | int | None = None  # the stop string or stop id that ended it; None for EOS
     tool_calls: tuple[dict[str, Any], ...] = ()  # chat: the tool-call fragments this step completes
+    prompt_logprobs: PromptLogprobs | None = None  # on a choice's first delta, when asked for
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +73,7 @@ class ChoiceOutput:
     finish_reason: FinishReason
     stop_reason: str | int | None = None
     tool_calls: tuple[dict[str, Any], ...] = ()  # chat: the message's parsed tool calls
+    prompt_logprobs: PromptLogprobs | None = None  # when the request asked for them
 
 
 class Generation(Protocol):
@@ -109,6 +124,7 @@ class CompletionRequest:
     return_token_ids: bool
     stream: bool
     include_usage: bool
+    prompt_logprobs: int | None = None  # the top k per prompt id besides its own; None = none
 
 
 class InferenceEngine(Protocol):

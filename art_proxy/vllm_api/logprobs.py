@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from art_proxy.vllm_api.engine import InferenceEngine, TokenLogprob
+from art_proxy.vllm_api.engine import InferenceEngine, PromptLogprobs, TokenLogprob
 from art_proxy.wire import MIN_LOGPROB
 
 
@@ -67,3 +67,30 @@ def legacy_logprobs(
         result["top_logprobs"].append(ranked)
         text_offset += len(piece)
     return result
+
+
+def prompt_logprob_entries(
+    engine: InferenceEngine, ids: list[int], scored: PromptLogprobs
+) -> list[dict[str, dict[str, Any]] | None]:
+    """vLLM's `prompt_logprobs`: None for the first id, then per id a dict keyed by token id,
+    the id itself first (its logprob, rank and text), then the top k not already in it."""
+    entries: list[dict[str, dict[str, Any]] | None] = []
+    for token_id, entry in zip(ids, scored, strict=True):
+        if entry is None:
+            entries.append(None)
+            continue
+        ranked = {str(token_id): _prompt_entry(engine, token_id, entry.logprob, entry.rank)}
+        for rank, (top_id, top_logprob) in enumerate(entry.top, start=1):
+            ranked.setdefault(str(top_id), _prompt_entry(engine, top_id, top_logprob, rank))
+        entries.append(ranked)
+    return entries
+
+
+def _prompt_entry(
+    engine: InferenceEngine, token_id: int, logprob: float, rank: int
+) -> dict[str, Any]:
+    return {
+        "logprob": wire_logprob(logprob),
+        "rank": rank,
+        "decoded_token": engine.piece(token_id)[0],
+    }

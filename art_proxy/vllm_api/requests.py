@@ -102,6 +102,7 @@ def _parse_completion(engine: InferenceEngine, body: dict[str, Any]) -> Completi
         return_token_ids=bool_field(body, "return_token_ids"),
         stream=stream,
         include_usage=include_usage(body, stream),
+        prompt_logprobs=int_field(body, "prompt_logprobs", None, minimum=0, maximum=MAX_LOGPROBS),
     )
 
 

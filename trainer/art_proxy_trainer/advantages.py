@@ -10,12 +10,19 @@ A guided retry (its group's `baseline_group` set) is pooled with the unguided gr
 the policy being trained is the unguided one, so its baseline is the unguided rollouts' rewards
 and the hinted ones' together. A retry the hint rescued entirely then carries signal (+/- against
 the failures) instead of being a second group without spread.
+
+On-policy distillation adds a per-token term (`token_advantages`): where a teacher scored a sampled
+token, `teacher_weight * (log p_teacher(y_t) - log mu(y_t))`, mu the sampler's recorded logprob,
+the single-sample estimate of minus the reverse KL from the teacher at that token. A group without
+reward spread still trains on it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+
+import torch
 
 from art_proxy.records import TrainableGroup
 from art_proxy.rewards import has_signal, mean_or_nan, population_std
@@ -59,3 +66,20 @@ def pooled(groups: Sequence[TrainableGroup]) -> dict[str, list[TrainableGroup]]:
 
 def pooled_rewards(members: Sequence[TrainableGroup]) -> dict[str, float]:
     return {t: r for group in members for t, r in group.rewards.items()}
+
+
+def token_advantages(
+    advantages_B: torch.Tensor,
+    teacher_logprobs_B_T: torch.Tensor,
+    old_logprobs_B_T: torch.Tensor,
+    *,
+    teacher_weight: float,
+    group_weight: float = 1.0,
+) -> torch.Tensor:
+    """Each token's advantage: its row's group advantage times `group_weight`, plus where the
+    teacher scored the token (not NaN) `teacher_weight` times the teacher's logprob minus the
+    sampler's (see the module docstring)."""
+    teacher_term_B_T = torch.where(
+        teacher_logprobs_B_T.isnan(), 0.0, teacher_logprobs_B_T - old_logprobs_B_T
+    )
+    return group_weight * advantages_B.float()[:, None] + teacher_weight * teacher_term_B_T

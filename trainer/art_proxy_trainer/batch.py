@@ -23,8 +23,10 @@ sampling transform.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from types import MappingProxyType
 
 import torch
 
@@ -64,6 +66,8 @@ class TrainingSequence:
     call_starts: list[int] = field(default_factory=list)
     # Per token, the packed bitmask of what its call's grammar allowed (None: no grammar).
     allowed: list[torch.Tensor | None] = field(default_factory=list)
+    # Per token, the teacher's logprob of it (NaN: context, or no teacher scored it).
+    teacher_logprobs: list[float] = field(default_factory=list)
 
     def add_context(self, token_ids: Sequence[int]) -> None:
         start = len(self.tokens)
@@ -73,6 +77,7 @@ class TrainingSequence:
         self.sampled_from.extend([NOT_FILTERED] * len(token_ids))
         self.call_starts.extend(range(start, start + len(token_ids)))
         self.allowed.extend([None] * len(token_ids))
+        self.teacher_logprobs.extend([math.nan] * len(token_ids))
 
     def add_demonstrated(self, token_ids: Sequence[int]) -> None:
         """Tokens a demonstration wrote: trained, with no sampler and so no recorded logprob."""
@@ -82,6 +87,7 @@ class TrainingSequence:
         self.mask.extend([1] * len(token_ids))
         self.old_logprobs.extend([0.0] * len(token_ids))
         self.sampled_from.extend([NOT_FILTERED] * len(token_ids))
+        self.teacher_logprobs.extend([math.nan] * len(token_ids))
 
     def add_sampled(
         self,
@@ -89,9 +95,17 @@ class TrainingSequence:
         logprobs: Sequence[float],
         sampled_from: SampledFrom = NOT_FILTERED,
         allowed_N_W: torch.Tensor | None = None,
+        teacher_logprobs: Sequence[float] | None = None,
     ) -> None:
         if len(token_ids) != len(logprobs):
             raise ValueError(f"{len(token_ids)} completion ids but {len(logprobs)} logprobs")
+        if teacher_logprobs is not None and len(teacher_logprobs) != len(token_ids):
+            raise ValueError(
+                f"{len(token_ids)} completion ids but {len(teacher_logprobs)} teacher logprobs"
+            )
+        self.teacher_logprobs.extend(
+            teacher_logprobs if teacher_logprobs is not None else [math.nan] * len(token_ids)
+        )
         self.call_starts.extend([len(self.tokens)] * len(token_ids))
         self.allowed.extend(
             list(allowed_N_W) if allowed_N_W is not None else [None] * len(token_ids)
@@ -129,6 +143,8 @@ class TrainingBatch:
     # The kind of step it is for: grpo, the policy gradient of recorded samples (old logprobs and
     # advantages used); sft, the likelihood of demonstrated tokens (a warm start; neither used).
     objective: StepKind = "grpo"
+    # float32, a teacher's logprob of each sampled token (NaN: none); None: no teacher scored any.
+    teacher_logprobs_B_T: torch.Tensor | None = None
 
     @property
     def trained_tokens(self) -> int:
@@ -146,6 +162,9 @@ class TrainingBatch:
             old_logprobs_B_T=self.old_logprobs_B_T.to(device),
             advantages_B=self.advantages_B.to(device),
             transforms=self.transforms.to(device),
+            teacher_logprobs_B_T=(
+                None if self.teacher_logprobs_B_T is None else self.teacher_logprobs_B_T.to(device)
+            ),
         )
 
     def take(self, rows: list[int]) -> TrainingBatch:
@@ -159,6 +178,9 @@ class TrainingBatch:
             old_logprobs_B_T=self.old_logprobs_B_T[index],
             advantages_B=self.advantages_B[index],
             transforms=self.transforms.rows(index, self.tokens_B_T.shape[1]),
+            teacher_logprobs_B_T=(
+                None if self.teacher_logprobs_B_T is None else self.teacher_logprobs_B_T[index]
+            ),
             trajectory_ids=(
                 tuple(self.trajectory_ids[row] for row in rows) if self.trajectory_ids else ()
             ),
@@ -175,17 +197,35 @@ def _trainable(call: CallRecord) -> bool:
     )
 
 
+# A teacher's logprobs of a call's trained choice, by (call id, choice); a choice it did not score
+# is absent or None.
+TeacherLogprobs = Mapping[tuple[str, int], Sequence[float] | None]
+NO_TEACHER: TeacherLogprobs = MappingProxyType({})
+
+
+def trained_choices(calls: Iterable[CallRecord]) -> list[tuple[CallRecord, int | None]]:
+    """A trajectory's calls in order, each with the choice of it that is trained (None: none is,
+    see the module docstring): what a teacher is asked to score."""
+    ordered = sorted(calls, key=lambda c: c.seq)
+    return [
+        (call, _continued_choice(call, ordered[position + 1 :]) if _trainable(call) else None)
+        for position, call in enumerate(ordered)
+    ]
+
+
 def sequences_from_calls(
-    trajectory_id: str, calls: Iterable[CallRecord], grammars: GrammarReplay | None = None
+    trajectory_id: str,
+    calls: Iterable[CallRecord],
+    grammars: GrammarReplay | None = None,
+    teacher: TeacherLogprobs = NO_TEACHER,
 ) -> tuple[list[TrainingSequence], SequenceStats]:
     """Stitch a trajectory's calls into as few sequences as their token ids allow. A call vLLM
     left ids out of (a grammar, `allowed_token_ids`, `min_tokens`) is replayed with `grammars`
-    (skipped without one, or when the replay refuses a recorded token)."""
+    (skipped without one, or when the replay refuses a recorded token). `teacher`: the teacher's
+    logprobs of the trained choices it scored."""
     sequences: list[TrainingSequence] = []
     stitch_misses = skipped = 0
-    ordered = sorted(calls, key=lambda c: c.seq)
-    for position, call in enumerate(ordered):
-        choice = _continued_choice(call, ordered[position + 1 :]) if _trainable(call) else None
+    for call, choice in trained_choices(calls):
         if choice is None:
             skipped += 1
             continue
@@ -217,6 +257,7 @@ def sequences_from_calls(
             call.logprobs[choice],
             sampled_from(call),
             allowed_N_W,
+            teacher.get((call.id, choice)),
         )
     return sequences, SequenceStats(len(sequences), stitch_misses, skipped)
 
@@ -277,13 +318,17 @@ def build_batch(
     *,
     pad_token_id: int = 0,
     grammars: GrammarReplay | None = None,
+    teacher: TeacherLogprobs = NO_TEACHER,
 ) -> TrainingBatch:
     """Right-padded tensors for every sequence of every sample; raises EmptyBatchError if none.
-    `grammars` replays the grammars of calls vLLM constrained (without it they are skipped)."""
+    `grammars` replays the grammars of calls vLLM constrained (without it they are skipped);
+    `teacher` holds a teacher's logprobs of the trained choices it scored."""
     rows: list[tuple[TrainingSequence, float]] = []
     stats = SequenceStats()
     for sample in samples:
-        sequences, sample_stats = sequences_from_calls(sample.trajectory_id, sample.calls, grammars)
+        sequences, sample_stats = sequences_from_calls(
+            sample.trajectory_id, sample.calls, grammars, teacher
+        )
         rows.extend((sequence, sample.advantage) for sequence in sequences)
         stats += sample_stats
     if not rows:
@@ -320,6 +365,12 @@ def _padded(
         mask_B_T[row, :n] = torch.tensor(sequence.mask, dtype=torch.float32)
         old_logprobs_B_T[row, :n] = torch.tensor(sequence.old_logprobs, dtype=torch.float32)
     advantages_B = torch.tensor([advantage for _, advantage in rows], dtype=torch.float32)
+    teacher_B_T = None
+    if any(not math.isnan(v) for sequence, _ in rows for v in sequence.teacher_logprobs):
+        teacher_B_T = torch.full((len(rows), length), math.nan, dtype=torch.float32)
+        for row, (sequence, _) in enumerate(rows):
+            n = len(sequence.tokens)
+            teacher_B_T[row, :n] = torch.tensor(sequence.teacher_logprobs, dtype=torch.float32)
     return TrainingBatch(
         tokens_B_T,
         attention_mask_B_T,
@@ -330,6 +381,7 @@ def _padded(
         _transforms([sequence for sequence, _ in rows], length),
         tuple(sequence.trajectory_id for sequence, _ in rows),
         objective,
+        teacher_B_T,
     )
 
 

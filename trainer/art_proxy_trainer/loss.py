@@ -127,7 +127,8 @@ def grpo_loss(
     entropy_B_T: torch.Tensor | None = None,
     prox_logprobs_B_T: torch.Tensor | None = None,
 ) -> LossResult:
-    """The loss to minimise (minus the objective, plus kl_coef * KL). `old_logprobs_B_T` are the
+    """The loss to minimise (minus the objective, plus kl_coef * KL). `advantages_B` is each
+    row's advantage, or each token's (B x T: a teacher's term added); `old_logprobs_B_T` are the
     sampler's (mu); `prox_logprobs_B_T` the proximal policy's, the trainer's weights when the
     batch's first update began (None: the weights now, the batch's only update);
     `entropy_B_T` is measured, never trained."""
@@ -141,7 +142,10 @@ def grpo_loss(
     behaviour_log_ratio_B_T = torch.where(trained_B_T, prox_B_T - old_logprobs_B_T.float(), 0.0)
     # pi_prox / mu; bounded so that a token the sampler nearly never drew cannot overflow.
     behaviour_ratio_B_T = torch.exp(behaviour_log_ratio_B_T.clamp(max=MAX_LOG_WEIGHT))
-    advantages_B_1 = advantages_B.float().unsqueeze(-1)
+    # A row's advantage for each of its tokens, or each token's own (on-policy distillation).
+    advantages_B_1 = (
+        advantages_B.float() if advantages_B.dim() == 2 else advantages_B.float()[:, None]
+    )
 
     if correction.objective == "ppo":
         ratio_B_T = torch.exp(

@@ -28,6 +28,7 @@ import torch
 from peft import PeftModel
 
 from art_proxy.config import TrainerConfig
+from art_proxy_trainer.advantages import token_advantages
 from art_proxy_trainer.batch import TrainingBatch
 from art_proxy_trainer.loss import Correction, LossMetrics, grpo_loss, sft_loss
 from art_proxy_trainer.memory import halved_micro_batch, micro_batches
@@ -168,10 +169,20 @@ def _backward_pass(
                 prox_B_T = proximal.logprobs_B_T[rows, :length]
             elif proximal is not None:
                 proximal.logprobs_B_T[rows, :length] = scored.logprobs_B_T.detach().float()
+            old_B_T = source.old_logprobs_B_T[rows, :length]
+            advantages = source.advantages_B[rows]
+            if source.teacher_logprobs_B_T is not None:
+                advantages = token_advantages(
+                    advantages,
+                    source.teacher_logprobs_B_T[rows, :length],
+                    old_B_T,
+                    teacher_weight=config.teacher_weight,
+                    group_weight=1.0 if config.group_advantage else 0.0,
+                )
             result = grpo_loss(
                 scored.logprobs_B_T,
-                source.old_logprobs_B_T[rows, :length],
-                source.advantages_B[rows],
+                old_B_T,
+                advantages,
                 mask_B_T,
                 eps_low=config.eps_low,
                 eps_high=config.eps_high,

@@ -1,0 +1,227 @@
+"""A teacher model scoring the tokens the agent sampled: on-policy distillation's per-token signal.
+
+For each trained choice of a recorded call, the teacher is asked for the logprob of each of the
+choice's completion ids after the ids before it: vLLM's `prompt_logprobs` on `/v1/completions`,
+the prompt sent as token ids (the call's prompt ids, then the completion ids; `max_tokens` 1, the
+one token generated is thrown away), so no text is ever re-tokenized. The teacher must therefore
+share the student's tokenizer: `check` compares the two servers' `/tokenize` of a probe and
+refuses a teacher whose ids differ, before any step. Hosted APIs serve no `prompt_logprobs` and no
+`/tokenize`: they can be judges or the source of demonstrations, never a teacher here.
+
+The trainer turns these into the per-token reward log p_teacher(y_t) - log pi_sampler(y_t), minus
+the reverse KL's single-sample estimate on the student's own tokens; the sampler's logprobs are the
+ones the proxy recorded (what the tokens were drawn from), so the estimate needs no other model.
+
+Teacher calls are I/O like the judge's: at most `concurrency` at once, retried on a network error
+or a 5xx, cached by (call, choice) for the teacher's life, and counted (`TeacherCounters`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+
+from art_proxy.errors import ConfigError
+
+# A short text whose ids tell two tokenizers apart: words, digits, punctuation and a non-ASCII
+# letter, where vocabularies differ first.
+TOKENIZER_PROBE = "Teacher probe: Zürich, 1,234.5 tokens; don't re-tokenize!"
+_TIMEOUT = aiohttp.ClientTimeout(total=300)
+_RETRIES = 3
+_BACKOFF_S = 0.5
+_HOSTED = (
+    "a hosted API? They serve neither `prompt_logprobs` nor `/tokenize`: use one as a judge or "
+    "as the source of demonstrations (--sft), and a vLLM or local-llm server as the teacher"
+)
+
+
+class TeacherError(ConfigError):
+    """A teacher that cannot score: unreachable, without `prompt_logprobs`, another tokenizer."""
+
+
+@dataclass
+class TeacherCounters:
+    """What the teacher was asked, summed since it started (a step reads the difference)."""
+
+    calls: int = 0  # calls scored (cache hits not counted)
+    tokens: int = 0  # completion tokens scored
+    prompt_tokens: int = 0  # ids sent, context included
+    failed: int = 0  # calls it could not score (e.g. past its context window)
+    seconds: float = 0.0  # summed latency of its answers
+
+    def minus(self, earlier: TeacherCounters) -> TeacherCounters:
+        return TeacherCounters(
+            self.calls - earlier.calls,
+            self.tokens - earlier.tokens,
+            self.prompt_tokens - earlier.prompt_tokens,
+            self.failed - earlier.failed,
+            self.seconds - earlier.seconds,
+        )
+
+
+@dataclass
+class Teacher:
+    """A vLLM-compatible server and model that scores sampled tokens (`logprobs`)."""
+
+    base_url: str  # ending in /v1
+    model: str
+    api_key: str | None = None
+    concurrency: int = 8
+    counters: TeacherCounters = field(default_factory=TeacherCounters)
+    _session: aiohttp.ClientSession | None = field(default=None, init=False, repr=False)
+    _slots: asyncio.Semaphore = field(init=False, repr=False)
+    _cache: dict[tuple[str, int], tuple[float, ...] | None] = field(
+        default_factory=dict, init=False, repr=False
+    )
+
+    def __post_init__(self) -> None:
+        self.base_url = self.base_url.rstrip("/")
+        self._slots = asyncio.Semaphore(self.concurrency)
+
+    async def __aenter__(self) -> Teacher:
+        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+        self._session = aiohttp.ClientSession(timeout=_TIMEOUT, headers=headers)
+        return self
+
+    async def __aexit__(self, *_exc: object) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    @property
+    def root(self) -> str:
+        """The server's root, where vLLM serves `/tokenize`."""
+        return self.base_url.removesuffix("/v1")
+
+    async def check(self, student_base_url: str, student_model: str) -> None:
+        """Refuse, in one line, a teacher that cannot score this student's tokens: one that does
+        not answer or serve the model, tokenizes the probe otherwise than the student's server,
+        or answers no `prompt_logprobs`."""
+        served = await self._models()
+        if self.model not in served:
+            raise TeacherError(
+                f"teacher {self.base_url} serves no model {self.model!r} "
+                f"(it serves: {', '.join(served) or 'none'})"
+            )
+        teacher_ids = await self._tokenized(self.root, self.model, "teacher")
+        student_ids = await self._tokenized(
+            student_base_url.rstrip("/").removesuffix("/v1"), student_model, "student"
+        )
+        if teacher_ids != student_ids:
+            raise TeacherError(
+                f"teacher {self.model} tokenizes text otherwise than the student {student_model} "
+                f"({len(teacher_ids)} ids against {len(student_ids)} for the same probe): the "
+                "teacher scores the student's token ids as they are, so it must share its tokenizer"
+            )
+        try:
+            await self._prompt_logprobs(teacher_ids[:1], teacher_ids[1:])
+        except _Refused as exc:
+            raise TeacherError(
+                f"teacher {self.base_url} refused prompt_logprobs ({exc}): {_HOSTED}"
+            ) from exc
+        self.counters = TeacherCounters()  # the probe is not the run's
+
+    async def logprobs(
+        self, key: tuple[str, int], prompt_ids: Sequence[int], completion_ids: Sequence[int]
+    ) -> tuple[float, ...] | None:
+        """The teacher's logprob of each of `completion_ids` after `prompt_ids` and the ids
+        before it; None where it cannot score them (the call past its context window: counted,
+        and the step goes on without this choice's teacher term). Cached by `key`, the call's
+        id and choice."""
+        if key in self._cache:
+            return self._cache[key]
+        try:
+            scored: tuple[float, ...] | None = await self._prompt_logprobs(
+                prompt_ids, completion_ids
+            )
+        except _Refused:
+            self.counters.failed += 1
+            scored = None
+        self._cache[key] = scored
+        return scored
+
+    async def _prompt_logprobs(
+        self, prompt_ids: Sequence[int], completion_ids: Sequence[int]
+    ) -> tuple[float, ...]:
+        ids = [*prompt_ids, *completion_ids]
+        body = {
+            "model": self.model,
+            "prompt": ids,
+            "max_tokens": 1,
+            "temperature": 0,
+            "prompt_logprobs": 0,
+        }
+        async with self._slots:
+            began = time.perf_counter()
+            answer = await self._post(f"{self.base_url}/completions", body)
+            self.counters.seconds += time.perf_counter() - began
+        try:
+            entries = answer["choices"][0]["prompt_logprobs"]
+            scored = tuple(
+                float(entries[position][str(ids[position])]["logprob"])
+                for position in range(len(prompt_ids), len(ids))
+            )
+        except (KeyError, IndexError, TypeError, ValueError) as exc:
+            raise TeacherError(
+                f"teacher {self.base_url} answered no prompt_logprobs for its prompt: {_HOSTED}"
+            ) from exc
+        self.counters.calls += 1
+        self.counters.tokens += len(completion_ids)
+        self.counters.prompt_tokens += len(ids)
+        return scored
+
+    async def _models(self) -> list[str]:
+        answer = await self._get(f"{self.base_url}/models")
+        try:
+            return [str(card["id"]) for card in answer["data"]]
+        except (KeyError, TypeError) as exc:
+            raise TeacherError(f"teacher {self.base_url}/models is not a model list") from exc
+
+    async def _tokenized(self, root: str, model: str, who: str) -> list[int]:
+        try:
+            answer = await self._post(
+                f"{root}/tokenize", {"model": model, "prompt": TOKENIZER_PROBE}
+            )
+        except _Refused as exc:
+            raise TeacherError(
+                f"the {who}'s server {root} serves no /tokenize ({exc}): {_HOSTED}"
+            ) from exc
+        tokens = answer.get("tokens") if isinstance(answer, dict) else None
+        if not isinstance(tokens, list):
+            raise TeacherError(f"the {who}'s server {root}/tokenize answered no tokens")
+        return [int(token) for token in tokens]
+
+    async def _get(self, url: str) -> Any:
+        return await self._request("GET", url, None)
+
+    async def _post(self, url: str, body: dict[str, Any]) -> Any:
+        return await self._request("POST", url, body)
+
+    async def _request(self, method: str, url: str, body: dict[str, Any] | None) -> Any:
+        """The JSON answer; a network error or a 5xx is retried, a 4xx raises `_Refused`, and
+        a server that never answers raises `TeacherError`."""
+        assert self._session is not None, "use `async with Teacher(...)`"
+        failure = ""
+        for attempt in range(_RETRIES):
+            if attempt:
+                await asyncio.sleep(_BACKOFF_S * 2 ** (attempt - 1))
+            try:
+                async with self._session.request(method, url, json=body) as response:
+                    if response.status < 400:
+                        return await response.json(content_type=None)
+                    text = (await response.text())[:300]
+                    if response.status < 500:
+                        raise _Refused(f"{response.status}: {text}")
+                    failure = f"{response.status}: {text}"
+            except (aiohttp.ClientError, TimeoutError) as exc:
+                failure = f"{type(exc).__name__}: {exc}"
+        raise TeacherError(f"teacher {url} did not answer ({failure}) after {_RETRIES} tries")
+
+
+class _Refused(Exception):
+    """The server answered 4xx: the request, not the server, is at fault."""

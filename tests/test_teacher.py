@@ -1,0 +1,72 @@
+"""The teacher client (art_proxy/teacher.py) against the fake vLLM, whose `prompt_logprobs` are a
+known function of each id: what it asks, what it reads back, what it caches, and the one-line
+refusals of a teacher that cannot score a student's tokens."""
+
+from __future__ import annotations
+
+import pytest
+from aiohttp import web
+
+from art_proxy.teacher import Teacher, TeacherError
+from art_proxy.testing.fake_engine import fake_prompt_logprob
+from art_proxy.testing.fake_vllm import FakeVllm
+from art_proxy.testing.loopback import free_port
+
+
+async def test_the_teacher_scores_each_completion_id_after_the_ids_before_it(
+    vllm: FakeVllm,
+) -> None:
+    prompt, completion = [11, 12, 13, 14], [40, 41, 55]
+    async with Teacher(vllm.base_url, vllm.config.model) as teacher:
+        await teacher.check(vllm.base_url, vllm.config.model)
+        scored = await teacher.logprobs(("call-1", 0), prompt, completion)
+        again = await teacher.logprobs(("call-1", 0), prompt, completion)
+    assert scored == tuple(fake_prompt_logprob(token_id) for token_id in completion)
+    assert again == scored
+    [*_, sent] = [body for body in vllm.requests if "prompt_logprobs" in body]
+    assert sent["prompt"] == prompt + completion  # ids as they are: nothing re-tokenized
+    assert sent["prompt_logprobs"] == 0 and sent["max_tokens"] == 1
+    counted = teacher.counters
+    assert (counted.tokens, counted.failed) == (3, 0)
+    assert (
+        counted.calls == 1
+    )  # the repeat came from the cache (and the check's probe is not counted)
+
+
+async def test_a_teacher_that_does_not_serve_the_model_is_refused_in_one_line(
+    vllm: FakeVllm,
+) -> None:
+    async with Teacher(vllm.base_url, "some/other-model") as teacher:
+        with pytest.raises(TeacherError, match="serves no model 'some/other-model'") as refused:
+            await teacher.check(vllm.base_url, vllm.config.model)
+    assert "\n" not in str(refused.value)
+
+
+async def test_a_hosted_api_without_tokenize_or_prompt_logprobs_is_refused_naming_what_it_can_be(
+    vllm: FakeVllm,
+) -> None:
+    """A chat-only server (what a hosted API looks like to the teacher): models listed, no
+    /tokenize and no /v1/completions."""
+
+    async def models(_: web.Request) -> web.Response:
+        return web.json_response({"data": [{"id": "gpt-x"}]})
+
+    app = web.Application()
+    app.router.add_get("/v1/models", models)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    try:
+        async with Teacher(f"http://127.0.0.1:{port}/v1", "gpt-x") as teacher:
+            with pytest.raises(TeacherError, match="serves no /tokenize") as refused:
+                await teacher.check(vllm.base_url, vllm.config.model)
+    finally:
+        await runner.cleanup()
+    assert "judge" in str(refused.value) and "--sft" in str(refused.value)
+
+
+async def test_an_unreachable_teacher_is_refused_after_its_retries(vllm: FakeVllm) -> None:
+    async with Teacher(f"http://127.0.0.1:{free_port()}/v1", "m") as teacher:
+        with pytest.raises(TeacherError, match=r"did not answer .* after 3 tries"):
+            await teacher.check(vllm.base_url, vllm.config.model)
