@@ -8,6 +8,10 @@ share the student's tokenizer: `check` compares the two servers' `/tokenize` of 
 refuses a teacher whose ids differ, before any step. Hosted APIs serve no `prompt_logprobs` and no
 `/tokenize`: they can be judges or the source of demonstrations, never a teacher here.
 
+With a `context` (context distillation), the teacher is shown what the student was not (a system
+prompt, a hint, a worked example): the call's messages with the context added, rendered by the
+teacher's server (`/tokenize`, as it renders a chat call), then the student's completion ids.
+
 The trainer turns these into the per-token reward log p_teacher(y_t) - log pi_sampler(y_t), minus
 the reverse KL's single-sample estimate on the student's own tokens; the sampler's logprobs are the
 ones the proxy recorded (what the tokens were drawn from), so the estimate needs no other model.
@@ -22,11 +26,13 @@ import asyncio
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import aiohttp
 
 from art_proxy.errors import ConfigError
+from art_proxy.records import CallRecord
 
 # A short text whose ids tell two tokenizers apart: words, digits, punctuation and a non-ASCII
 # letter, where vocabularies differ first.
@@ -71,6 +77,9 @@ class Teacher:
     base_url: str  # ending in /v1
     model: str
     api_key: str | None = None
+    # Shown to the teacher and not to the student (context distillation): a system prompt, a
+    # hint, a worked example. None: the teacher sees the student's own prompt.
+    context: str | None = None
     concurrency: int = 8
     counters: TeacherCounters = field(default_factory=TeacherCounters)
     _session: aiohttp.ClientSession | None = field(default=None, init=False, repr=False)
@@ -99,6 +108,7 @@ class Teacher:
         return self.base_url.removesuffix("/v1")
 
     async def check(self, student_base_url: str, student_model: str) -> None:
+        # `student_model` names the student in what is said; its server tokenizes as its base.
         """Refuse, in one line, a teacher that cannot score this student's tokens: one that does
         not answer or serve the model, tokenizes the probe otherwise than the student's server,
         or answers no `prompt_logprobs`."""
@@ -109,8 +119,9 @@ class Teacher:
                 f"(it serves: {', '.join(served) or 'none'})"
             )
         teacher_ids = await self._tokenized(self.root, self.model, "teacher")
+        # The student's server's own base model (what the alias and adapters sit on).
         student_ids = await self._tokenized(
-            student_base_url.rstrip("/").removesuffix("/v1"), student_model, "student"
+            student_base_url.rstrip("/").removesuffix("/v1"), None, "student"
         )
         if teacher_ids != student_ids:
             raise TeacherError(
@@ -125,6 +136,33 @@ class Teacher:
                 f"teacher {self.base_url} refused prompt_logprobs ({exc}): {_HOSTED}"
             ) from exc
         self.counters = TeacherCounters()  # the probe is not the run's
+
+    async def call_logprobs(
+        self, call: CallRecord, choice: int, prompt_ids: Sequence[int]
+    ) -> tuple[float, ...] | None:
+        """The teacher's logprobs of `call`'s choice `choice` after `prompt_ids` (the prompt
+        the student is trained on), or with a `context`, after the call's messages as the
+        teacher's server renders them with the context added (`with_context`)."""
+        assert call.completion_token_ids is not None
+        completion = call.completion_token_ids[choice]
+        if self.context is not None:
+            messages = call.request.get("messages")
+            if call.kind != "chat" or not isinstance(messages, list):
+                self.counters.failed += 1
+                return None
+            body: dict[str, Any] = {
+                "model": self.model,
+                "messages": with_context(messages, self.context),
+            }
+            if call.request.get("tools"):
+                body["tools"] = call.request["tools"]
+            try:
+                answer = await self._post(f"{self.root}/tokenize", body)
+                prompt_ids = [int(token) for token in answer["tokens"]]
+            except (_Refused, KeyError, TypeError, ValueError):
+                self.counters.failed += 1
+                return None
+        return await self.logprobs((call.id, choice), prompt_ids, completion)
 
     async def logprobs(
         self, key: tuple[str, int], prompt_ids: Sequence[int], completion_ids: Sequence[int]
@@ -182,14 +220,13 @@ class Teacher:
         except (KeyError, TypeError) as exc:
             raise TeacherError(f"teacher {self.base_url}/models is not a model list") from exc
 
-    async def _tokenized(self, root: str, model: str, who: str) -> list[int]:
+    async def _tokenized(self, root: str, model: str | None, who: str) -> list[int]:
+        body = {"prompt": TOKENIZER_PROBE} | ({"model": model} if model else {})
         try:
-            answer = await self._post(
-                f"{root}/tokenize", {"model": model, "prompt": TOKENIZER_PROBE}
-            )
+            answer = await self._post(f"{root}/tokenize", body)
         except _Refused as exc:
             raise TeacherError(
-                f"the {who}'s server {root} serves no /tokenize ({exc}): {_HOSTED}"
+                f"the {who}'s server {root}/tokenize refused the tokenizer probe ({exc}): {_HOSTED}"
             ) from exc
         tokens = answer.get("tokens") if isinstance(answer, dict) else None
         if not isinstance(tokens, list):
@@ -221,6 +258,33 @@ class Teacher:
             except (aiohttp.ClientError, TimeoutError) as exc:
                 failure = f"{type(exc).__name__}: {exc}"
         raise TeacherError(f"teacher {url} did not answer ({failure}) after {_RETRIES} tries")
+
+
+def teacher_context(path: str | None) -> str | None:
+    """The text of `--teacher-context FILE` (None: none); `ConfigError` in one line."""
+    if path is None:
+        return None
+    try:
+        text = Path(path).read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(
+            f"--teacher-context {path}: {getattr(exc, 'strerror', None) or exc}"
+        ) from exc
+    if not text:
+        raise ConfigError(f"--teacher-context {path} is empty")
+    return text
+
+
+def with_context(messages: list[Any], context: str) -> list[Any]:
+    """`messages` with `context` added to their system message (one first, if they have none)."""
+    first = messages[0] if messages else None
+    if (
+        isinstance(first, dict)
+        and first.get("role") == "system"
+        and isinstance(first.get("content"), str)
+    ):
+        return [{**first, "content": f"{first['content']}\n\n{context}"}, *messages[1:]]
+    return [{"role": "system", "content": context}, *messages]
 
 
 class _Refused(Exception):

@@ -59,7 +59,7 @@ async def test_a_hosted_api_without_tokenize_or_prompt_logprobs_is_refused_namin
     await web.TCPSite(runner, "127.0.0.1", port).start()
     try:
         async with Teacher(f"http://127.0.0.1:{port}/v1", "gpt-x") as teacher:
-            with pytest.raises(TeacherError, match="serves no /tokenize") as refused:
+            with pytest.raises(TeacherError, match="refused the tokenizer probe") as refused:
                 await teacher.check(vllm.base_url, vllm.config.model)
     finally:
         await runner.cleanup()

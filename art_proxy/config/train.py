@@ -49,6 +49,27 @@ class TrainSettings(JudgeChoice, UpstreamSettings, StoreSettings, ReportSettings
     run: str | None = Field(
         None, description="Name of the run in the store (default: the --out directory's name)."
     )
+    teacher: str | None = Field(
+        None,
+        description="On-policy distillation: a teacher model that scores every token the agent "
+        "sampled (its logprob after the same ids, vLLM's prompt_logprobs); each token's "
+        "advantage gains --teacher-weight x (log p_teacher - the sampler's logprob). It must "
+        "share the student's tokenizer and be served by vLLM or local-llm (--teacher-base-url).",
+    )
+    teacher_base_url: str | None = Field(
+        None,
+        description="The server of --teacher, ending in /v1 (default: the first --upstream: "
+        "the same model, taught by --teacher-context).",
+    )
+    teacher_api_key: str | None = Field(
+        None, description="Bearer key sent to the teacher's server (never stored or logged)."
+    )
+    teacher_context: str | None = Field(
+        None,
+        description="A text file shown to the teacher and not the student (context "
+        "distillation): a system prompt, a hint, a worked example; added to each call's "
+        "system message, the student's own completion scored after it.",
+    )
     metrics_port: int | None = Field(
         None,
         ge=1,
@@ -254,6 +275,27 @@ class TrainSettings(JudgeChoice, UpstreamSettings, StoreSettings, ReportSettings
         description="Stop after the warm start (a later `art-proxy train` with the same --out "
         "goes on with GRPO from it).",
     )
+
+    @model_validator(mode="after")
+    def _a_teacher_for_its_flags(self) -> TrainSettings:
+        if self.teacher is None:
+            named = [
+                flag
+                for flag, given in (
+                    ("--teacher-base-url", self.teacher_base_url),
+                    ("--teacher-context", self.teacher_context),
+                    ("--no-group-advantage", not self.group_advantage or None),
+                )
+                if given is not None
+            ]
+            if named:
+                raise ValueError(f"{', '.join(named)} needs --teacher MODEL")
+        return self
+
+    @property
+    def teacher_url(self) -> str:
+        """Where the teacher is served: --teacher-base-url, else the first upstream."""
+        return (self.teacher_base_url or self.upstream[0]).rstrip("/")
 
     @model_validator(mode="after")
     def _guided_retries_weighted_by_tis(self) -> TrainSettings:

@@ -82,3 +82,10 @@ async def slow_validation_agent(run: Rollout) -> float:
     if run.scenario.split == "val":
         await asyncio.sleep(SLOW_VALIDATION_S)
     return length_reward(reply, run.index)
+
+
+async def same_reward_agent(run: Rollout) -> float:
+    """One short call, every rollout rewarded alike: no group has a spread (GRPO learns nothing
+    from it; a teacher's term still does)."""
+    await _ask(run)
+    return 0.5

@@ -8,13 +8,24 @@ against local-llm serving the student's own weights, where the term must vanish.
 
 from __future__ import annotations
 
+import asyncio
 import math
+from pathlib import Path
 
+import pytest
 import torch
+from rich.console import Console
 
+from art_proxy.config import TrainSettings
+from art_proxy.store.trajectory_store import TrajectoryStore
+from art_proxy.teacher import TeacherError
 from art_proxy_trainer.advantages import token_advantages
 from art_proxy_trainer.batch import TrajectorySample, build_batch
+from art_proxy_trainer.command import run_train
+from tests.trainer.conftest import TINY_NAME, Stack
 from tests.trainer.records import call
+
+HERE = Path(__file__).parent
 
 PROMPT, NEXT_PROMPT = [5, 6, 7], [5, 6, 7, 20, 21, 22, 8]
 SAMPLED = [-0.25, -1.5, -0.125]
@@ -73,3 +84,68 @@ def test_a_batch_no_teacher_scored_carries_no_teacher_tensor() -> None:
     ).take([0])
     assert taken.teacher_logprobs_B_T is not None
     assert math.isnan(taken.teacher_logprobs_B_T[0, 0].item())
+
+
+def _settings(stack: Stack, out: Path, **overrides: object) -> TrainSettings:
+    return TrainSettings.model_validate(
+        {
+            "store": stack.store_url,
+            "proxy": stack.proxy.root_url,
+            "upstream": [stack.llm.base_url],
+            "model": str(stack.model_dir),
+            "out": str(out),
+            "agent": f"{HERE / 'agents.py'}:same_reward_agent",
+            "scenarios": str(HERE / "scenarios.jsonl"),
+            "steps": 1,
+            "group_size": 4,
+            "groups_per_step": 2,
+            "val_every": 0,
+            "keep_adapters": 2,
+            **overrides,
+        }
+    )
+
+
+async def test_the_whole_loop_distils_groups_without_reward_spread_from_a_teacher(
+    stack: Stack, tmp_path: Path
+) -> None:
+    """Context distillation on one server: the teacher is the student's own base model shown a
+    hint; every group's rewards are alike (GRPO alone would abandon the step: no_signal), and the
+    step trains on the teacher's term alone."""
+    hint = tmp_path / "hint.txt"
+    hint.write_text("Answer in one short word.")
+    settings = _settings(
+        stack,
+        tmp_path / "run",
+        teacher=TINY_NAME,
+        teacher_context=str(hint),
+        group_advantage=False,
+    )
+    await asyncio.wait_for(run_train(settings, Console(quiet=True)), 300)
+    async with TrajectoryStore.opened(stack.store_url, writer=False) as store:
+        [step] = await store.training_steps(run="run")
+    assert step.status == "applied", step.reason
+    assert set(step.groups.values()) == {"trained"}
+    assert step.metrics["teacher_tokens"] > 0 and step.metrics["teacher_failed_calls"] == 0
+    assert math.isfinite(step.metrics["teacher_kl"])
+    # Without the teacher the same groups carry no signal.
+    plain = _settings(stack, tmp_path / "plain")
+    await asyncio.wait_for(run_train(plain, Console(quiet=True)), 300)
+    async with TrajectoryStore.opened(stack.store_url, writer=False) as store:
+        [plain_step] = await store.training_steps(run="plain")
+    assert (plain_step.status, plain_step.reason) == ("abandoned", "no_signal")
+
+
+async def test_a_teacher_the_upstream_does_not_serve_is_refused_before_any_rollout(
+    stack: Stack, tmp_path: Path
+) -> None:
+    settings = _settings(stack, tmp_path / "run", teacher="someone/else")
+    with pytest.raises(TeacherError, match="serves no model 'someone/else'"):
+        await asyncio.wait_for(run_train(settings, Console(quiet=True)), 300)
+    async with TrajectoryStore.opened(stack.store_url, writer=False) as store:
+        assert await store.training_steps(run="run") == []
+
+
+def test_the_teachers_flags_without_a_teacher_are_refused_in_one_line() -> None:
+    with pytest.raises(ValueError, match="--teacher-context, --no-group-advantage needs --teacher"):
+        TrainSettings(teacher_context="hint.txt", group_advantage=False)

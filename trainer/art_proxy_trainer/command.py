@@ -33,6 +33,7 @@ from art_proxy.ruler.judge import LitellmJudge
 from art_proxy.ruler.rubric import Rubric, load_rubric
 from art_proxy.ruler.scorer import Ruler
 from art_proxy.scenarios import Scenario, load_scenarios
+from art_proxy.teacher import Teacher, teacher_context
 from art_proxy_trainer.checkpoint import Checkpoints
 from art_proxy_trainer.distributed import Leader, Ranks, Replica, follow, join, leave
 from art_proxy_trainer.loop import Events, WholeLoop
@@ -147,6 +148,17 @@ async def _train(
                 for judge in judges:
                     await judge.check()  # a judge that cannot answer stops the run before it swaps
             async with contextlib.AsyncExitStack() as stack:
+                teacher = None
+                if settings.teacher is not None:
+                    teacher = await stack.enter_async_context(
+                        Teacher(
+                            settings.teacher_url,
+                            settings.teacher,
+                            settings.teacher_api_key,
+                            context=teacher_context(settings.teacher_context),
+                        )
+                    )
+                    await teacher.check(settings.upstream[0], policy.served_name)
                 swapper = None
                 promoter = None
                 if settings.swap:
@@ -191,6 +203,7 @@ async def _train(
                     swapper,
                     promoter=promoter,
                     sleeper=sleeper,
+                    teacher=teacher,
                     on_warning=lambda text: console.print(f"[bold red]warning:[/] {escape(text)}"),
                 )
                 resumed = await trainer.resume()

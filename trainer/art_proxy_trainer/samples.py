@@ -25,11 +25,13 @@ def trajectory_samples(
     run_tag: str,
     staleness_bound: int,
     scale_by_std: bool,
+    keep_without_signal: bool = False,
 ) -> list[TrajectorySample]:
     """The trajectories a step trains on, each with its advantage. Each group's outcome is set
     in `outcomes`: `stale` (sampled by weights that more than `staleness_bound` of the steps in
     `applied_steps`, those that changed the weights, came after), `zero_variance` (its pool's
-    rewards carry no signal) or `trained`. The staleness of every group the step consumes,
+    rewards carry no signal; with `keep_without_signal`, a teacher's term to train on, such a
+    pool is trained with advantage 0) or `trained`. The staleness of every group the step consumes,
     trained or not, goes into `metrics` (`staleness_mean`, `staleness_max`; `stale_groups`)."""
     # Age is counted in changes of the weights, not in step numbers: an abandoned step (no
     # signal, a NaN) changes nothing, so the groups the same weights go on sampling stay as
@@ -61,7 +63,7 @@ def trajectory_samples(
     other_runs = 0
     for pool, members in pooled(current).items():
         rewards = pooled_rewards(members)
-        if not has_signal(rewards.values()):
+        if not has_signal(rewards.values()) and not keep_without_signal:
             outcomes |= {group.group_id: "zero_variance" for group in members}
             continue
         fresh[pool] = rewards
@@ -71,7 +73,7 @@ def trajectory_samples(
         metrics["groups_of_other_runs"] = float(other_runs)
     advantages = group_advantages(fresh, scale_by_std=scale_by_std).by_trajectory
     return [
-        TrajectorySample(t, calls.get(t, []), advantages[t])
+        TrajectorySample(t, calls.get(t, []), advantages.get(t, 0.0))
         for rewards in fresh.values()
         for t in rewards
     ]

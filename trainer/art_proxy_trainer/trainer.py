@@ -21,6 +21,7 @@ import math
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 
 from art_proxy.config import TrainSettings
 from art_proxy.privacy.redaction import redact_url
@@ -33,7 +34,16 @@ from art_proxy.records import (
 )
 from art_proxy.rewards import agent_metrics, mean_or_nan, population_std
 from art_proxy.store.trajectory_store import TrajectoryStore, utcnow
-from art_proxy_trainer.batch import TrainingBatch, TrajectorySample, build_batch
+from art_proxy.teacher import Teacher
+from art_proxy_trainer.batch import (
+    NO_TEACHER,
+    TeacherLogprobs,
+    TrainingBatch,
+    TrajectorySample,
+    build_batch,
+    trained_choices,
+    trained_prompt,
+)
 from art_proxy_trainer.checkpoint import Checkpoints, RunIdentity, TrainerState
 from art_proxy_trainer.errors import CheckpointError, EmptyBatchError
 from art_proxy_trainer.memory import release_freed_memory
@@ -62,6 +72,7 @@ class Trainer:
         *,
         promoter: Promoter | None = None,
         sleeper: UpstreamSleep | None = None,
+        teacher: Teacher | None = None,
         on_warning: Callable[[str], None] = log.warning,
     ) -> None:
         self.settings = settings
@@ -72,6 +83,7 @@ class Trainer:
         self.swapper = swapper
         self.promoter = promoter
         self.sleeper = sleeper  # vLLM asleep during each step (the whole loop on one GPU)
+        self.teacher = teacher  # scores each sampled token (on-policy distillation)
         self.identity = RunIdentity(
             base_model=policy.served_name,
             store=redact_url(settings.store),
@@ -169,7 +181,9 @@ class Trainer:
             run_tag=self.state.run_tag,
             staleness_bound=self.settings.staleness_bound,
             scale_by_std=self.settings.scale_advantages_by_std,
+            keep_without_signal=self.teacher is not None,
         )
+        teacher_scores = await self._teacher_scores(samples, metrics)
         metrics["seconds_prepare"] = time.perf_counter() - started
         rewards = [r for g in train_groups for r in g.rewards.values()]
         trained_ids = [t for g in train_groups for t in g.rewards]
@@ -178,7 +192,7 @@ class Trainer:
             "reward_mean": mean_or_nan(rewards),
             "reward_std": mean_or_nan([population_std(g.rewards.values()) for g in train_groups]),
         }
-        status, reason = await self._optimise(samples, metrics, outcomes)
+        status, reason = await self._optimise(samples, metrics, outcomes, teacher_scores)
         if pending is not None:
             waiting = time.perf_counter()
             measured += await pending
@@ -317,18 +331,60 @@ class Trainer:
         if rolled_back is not None:
             self._on_warning(rolled_back)
 
+    async def _teacher_scores(
+        self, samples: Sequence[TrajectorySample], metrics: dict[str, float]
+    ) -> TeacherLogprobs:
+        """The teacher's logprobs of every trained choice of `samples` (none without a
+        teacher), asked all at once (the teacher bounds how many run together); its tokens,
+        calls, failures, time and the sampled tokens' reverse KL from it go into `metrics`."""
+        teacher = self.teacher
+        if teacher is None:
+            return NO_TEACHER
+        before = replace(teacher.counters)
+        asked = [
+            (call, choice)
+            for sample in samples
+            for call, choice in trained_choices(sample.calls)
+            if choice is not None
+        ]
+        scored = await asyncio.gather(
+            *(teacher.call_logprobs(call, choice, trained_prompt(call)) for call, choice in asked)
+        )
+        gaps = [
+            sampled - taught
+            for (call, choice), logprobs in zip(asked, scored, strict=True)
+            if logprobs is not None and call.logprobs is not None
+            for sampled, taught in zip(call.logprobs[choice], logprobs, strict=True)
+        ]
+        spent = teacher.counters.minus(before)
+        metrics |= {
+            "teacher_kl": mean_or_nan(gaps),
+            "teacher_tokens": float(spent.tokens),
+            "teacher_calls": float(spent.calls),
+            "teacher_failed_calls": float(spent.failed),
+            "seconds_teacher": spent.seconds,
+        }
+        return {
+            (call.id, choice): logprobs
+            for (call, choice), logprobs in zip(asked, scored, strict=True)
+        }
+
     async def _optimise(
         self,
         samples: list[TrajectorySample],
         metrics: dict[str, float],
         outcomes: dict[str, GroupOutcome],
+        teacher: TeacherLogprobs = NO_TEACHER,
     ) -> tuple[StepStatus, str | None]:
         if not samples:
             stale = any(outcome == "stale" for outcome in outcomes.values())
             return "abandoned", "stale" if stale else "no_signal"
         try:
             batch = build_batch(
-                samples, pad_token_id=self.policy.pad_token_id, grammars=self.policy.grammars
+                samples,
+                pad_token_id=self.policy.pad_token_id,
+                grammars=self.policy.grammars,
+                teacher=teacher,
             )
         except EmptyBatchError:
             for group_id, outcome in outcomes.items():
