@@ -44,6 +44,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import aiohttp
+
 from art_proxy.config import TrainSettings
 from art_proxy.cpu_sharing import share_cpu_cores
 from art_proxy.store.trajectory_store import TrajectoryStore
@@ -86,6 +88,13 @@ async def _programmatic_by_step(store_url: str, run: str) -> dict[int, float]:
         return by_step
     finally:
         await store.aclose()
+
+
+async def _served_model(base_url: str) -> str:
+    """The base model `base_url` serves (the first of its /v1/models)."""
+    async with aiohttp.ClientSession() as http, http.get(f"{base_url}/models") as response:
+        name: str = (await response.json())["data"][0]["id"]
+        return name
 
 
 async def _first_rollout_at(store_url: str) -> datetime | None:
@@ -189,7 +198,7 @@ async def _train(
     llm = f"http://127.0.0.1:{llm_port}/v1"
     await wait_healthy(f"{proxy}/health", stack, timeout_s=900)
     judge = {}
-    if args.judge:
+    if getattr(args, "judge", False):  # learning_curve.py's flag; other scripts have none
         judge = {
             "judge": ["openai/SmolLM2-135M-Instruct"],
             "judge_base_url": [llm],
@@ -203,6 +212,16 @@ async def _train(
         from examples.single_word.agent import HINT
 
         guided = {"guided_retries": True, "guide": HINT}
+    teacher = {}
+    if arm.teacher_context is not None:
+        # The served model teaches itself, shown the context (context distillation).
+        context = work / "teacher-context.txt"
+        context.write_text(arm.teacher_context)
+        teacher = {
+            "teacher": await _served_model(llm),
+            "teacher_context": str(context),
+            "group_advantage": arm.group_advantage,
+        }
     settings = TrainSettings.model_validate(
         {
             "store": store,
@@ -224,6 +243,7 @@ async def _train(
             **({} if arm.seed is None else {"seed": arm.seed}),
             **judge,
             **guided,
+            **teacher,
         }
     )
     from art_proxy_trainer.command import run_train  # imports torch: after share_cpu_cores
@@ -250,6 +270,7 @@ async def _train(
             ratio=metrics.get("mean_ratio", math.nan),
             mismatch=metrics.get("mismatch", math.nan),
             seconds=elapsed,
+            teacher_kl=metrics.get("teacher_kl"),
         )
         rows.append(row)
         if reached is None and row.task >= args.target:

@@ -4,6 +4,7 @@ step rows, and the one-screen summary that ends the run, its key figure last."""
 from __future__ import annotations
 
 import math
+import statistics
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -14,6 +15,19 @@ if TYPE_CHECKING:
     from benchmarks.grpo_peers import PeerResult
 
 console = Console()
+# Student's t at 0.975 by degrees of freedom: a 95% interval over a few seeds.
+_T95 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26}
+
+
+def seed_interval(values: list[float]) -> str:
+    """The mean of `values` (one per seed) with its 95% interval's half width (Student's t)."""
+    if not values:
+        return "-"
+    mean = statistics.fmean(values)
+    if len(values) < 2:
+        return f"{mean:.2f}"
+    half = _T95.get(len(values) - 1, 1.96) * statistics.stdev(values) / math.sqrt(len(values))
+    return f"{mean:.2f} ± {half:.2f}"
 
 
 @dataclass(frozen=True)
@@ -28,9 +42,16 @@ class Arm:
     max_off_policy_steps: int = 0  # train --max-off-policy-steps (benchmarks/pipelined.py)
     agent: str | None = None  # another rollout function (FILE:FUNCTION) on the same task
     seed: int | None = None  # train --seed (None: its default)
+    # On-policy distillation (benchmarks/distill.py): the served model as its own teacher, shown
+    # this text (train --teacher-context), with the group advantage or without it.
+    teacher_context: str | None = None
+    group_advantage: bool = True
+    name: str | None = None  # the arm's label, where the fields above do not make it
 
     @property
     def label(self) -> str:
+        if self.name is not None:
+            return self.name
         if self.strict:
             return f"{self.engine}, strict, " + ("guided retries" if self.guided else "no retries")
         overlap = f", overlapped K={self.max_off_policy_steps}" if self.max_off_policy_steps else ""
@@ -64,6 +85,7 @@ class StepRow:
     ratio: float
     mismatch: float  # mean |log pi_trainer - log pi_sampler| of the step's tokens
     seconds: float
+    teacher_kl: float | None = None  # with a teacher: the sampled tokens' reverse KL from it
 
 
 def step_table(engine: str, rows: list[StepRow]) -> Table:

@@ -35,10 +35,12 @@ from rich.table import Table
 from art_proxy.rollout import Rollout
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # run as a script, the repository root is not on the path
+
+from benchmarks.learning_curve_summary import seed_interval  # noqa: E402  # after the path above
+
 _TOOL_S = "ART_PIPELINED_TOOL_S"  # the rollouts' tool wait, handed to the agent by environment
 _AFTER_S = "ART_PIPELINED_AFTER_S"  # the two-call agent's wait after its second answer
-# Student's t at 0.975 by degrees of freedom: a 95% interval over a few seeds.
-_T95 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26}
 
 
 async def rollout(run: Rollout) -> float:
@@ -141,16 +143,6 @@ def main(args: argparse.Namespace) -> None:
     console.print(_figures(results, args))  # the key figures, last
 
 
-def _interval(values: list[float]) -> str:
-    if not values:
-        return "-"
-    mean = statistics.fmean(values)
-    if len(values) < 2:
-        return f"{mean:.2f}"
-    half = _T95.get(len(values) - 1, 1.96) * statistics.stdev(values) / math.sqrt(len(values))
-    return f"{mean:.2f} ± {half:.2f}"
-
-
 def _reached(results: list[Result], k: int) -> list[float]:
     return [r.seconds_to_target for r in results if r.k == k and r.seconds_to_target is not None]
 
@@ -170,16 +162,16 @@ def _table(results: list[Result], args: argparse.Namespace) -> Table:
         if k:
             validated = [r.wait_validated for r in mine if not math.isnan(r.wait_validated)]
             other = [r.wait_other for r in mine if not math.isnan(r.wait_other)]
-            waits = f"{_interval(validated)} / {_interval(other)}"
+            waits = f"{seed_interval(validated)} / {seed_interval(other)}"
         table.add_row(
             str(k),
-            _interval([r.seconds_total for r in mine]),
+            seed_interval([r.seconds_total for r in mine]),
             f"{_mean_ratio(results, k, lambda r: r.seconds_total):.2f}",
-            _interval([r.last_val for r in mine if r.last_val is not None]),
+            seed_interval([r.last_val for r in mine if r.last_val is not None]),
             f"{len(reached)} of {len(mine)}",
-            _interval(reached),
+            seed_interval(reached),
             waits,
-            _interval([r.trainer_busy for r in mine]),
+            seed_interval([r.trainer_busy for r in mine]),
         )
     return table
 
@@ -191,7 +183,7 @@ def _figures(results: list[Result], args: argparse.Namespace) -> str:
         vals = [r.last_val for r in results if r.k == k and r.last_val is not None]
         wall = _mean_ratio(results, k, lambda r: r.seconds_total)
         gap = statistics.fmean(vals) - statistics.fmean(sync_vals) if vals and sync_vals else 0
-        parts.append(f"K={k} {wall:.2f}x, val {_interval(vals)} ({gap:+.2f})")
+        parts.append(f"K={k} {wall:.2f}x, val {seed_interval(vals)} ({gap:+.2f})")
     return f"whole run's wall time vs K=0, {args.steps} steps: " + "; ".join(parts)
 
 

@@ -62,6 +62,9 @@ _COLUMNS = (
     ("behind", "staleness_max", "{:.0f}"),
     ("wait s", "pipeline_trainer_wait_s", "{:.1f}"),
 )
+# With --teacher: the sampled tokens' reverse KL from the teacher (it falls as the student learns
+# to write as the teacher would).
+_TEACHER_COLUMN = ("teach kl", "teacher_kl", "{:.3f}")
 _REWARDS_SHOWN = 6  # the summary's reward row: longer runs show the first and the last few
 
 
@@ -270,10 +273,11 @@ class _Display:
         )
         self._task = self._progress.add_task("starting", total=settings.steps or None)
         self._said = ""  # the last status, printed once where there is no live line
+        self._columns = (*_COLUMNS, _TEACHER_COLUMN) if settings.teacher else _COLUMNS
 
     def __enter__(self) -> _Display:
         self._progress.start()
-        header = " ".join(f"{title:>7}" for title, _, _ in _COLUMNS) + "  swap"
+        header = " ".join(f"{title:>7}" for title, _, _ in self._columns) + "  swap"
         # Lines as they are, never wrapped at a pipe's 80 columns (where `up` relays them).
         self._console.print(f"[bold]{header}[/]", soft_wrap=True)
         return self
@@ -291,12 +295,12 @@ class _Display:
         self._progress.update(self._task, total=total, completed=done)
 
     def step(self, record: TrainingStep) -> None:
-        self._console.print(step_line(record), highlight=False, soft_wrap=True)
+        self._console.print(step_line(record, self._columns), highlight=False, soft_wrap=True)
 
 
-def step_line(record: TrainingStep) -> str:
+def step_line(record: TrainingStep, columns: tuple[tuple[str, str, str], ...] = _COLUMNS) -> str:
     values = {**record.metrics, "step": float(record.step)}
-    cells = [f"{fmt.format(values[key]) if key in values else '-':>7}" for _, key, fmt in _COLUMNS]
+    cells = [f"{fmt.format(values[key]) if key in values else '-':>7}" for _, key, fmt in columns]
     swap: str = record.swap or "-"
     if record.status == "abandoned":
         swap = f"abandoned: {record.reason}"

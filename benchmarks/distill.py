@@ -1,0 +1,169 @@
+"""Does a teacher's grade of every sampled token learn faster than GRPO's one number per
+trajectory? GRPO alone, on-policy distillation (OPD) alone and both, side by side, several seeds.
+
+The single-word task of `learning_curve.py` through `art-proxy up` (local-llm, SmolLM2-135M, the
+proxy, SQLite), each arm and seed a fresh stack. The teacher is the served model itself, shown a
+hint the student never sees (`train --teacher-context`: "Reply with that one word only, for
+example: Apple", `examples/single_word/agent.HINT`), scoring the student's own tokens (context
+distillation): the laptop's case, one small model. OPD alone trains on the teacher's term only
+(`--no-group-advantage`); GRPO + OPD adds it to the group advantage (`--teacher-weight 1`).
+
+Two tasks: `single-word` (reward 1/words of an answer that ended, `agent.py:rollout`): steps and
+seconds to the first step whose training rollouts reach `--target`; and `strict` (1 for exactly one
+word, else 0, `agent.py:rollout_strict`), where most of the base model's groups all fail and carry
+no spread for GRPO: the last validation reward. Per arm and seed it prints the run; last, per arm,
+the steps to target over seeds, its ratio to GRPO's, and the final validation with its 95%
+interval over seeds.
+
+    .venv/bin/python benchmarks/distill.py                                    # both, 3 seeds
+    .venv/bin/python benchmarks/distill.py --tasks single-word --seeds 1 --steps 2   # a smoke run
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from rich.table import Table
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # run as a script, the repository root is not on the path
+
+from benchmarks.learning_curve_summary import Arm, seed_interval  # noqa: E402  # after the path
+from examples.single_word.agent import HINT  # noqa: E402
+
+ARMS = ("GRPO", "OPD", "GRPO + OPD")
+
+
+@dataclass(frozen=True)
+class Result:
+    task: str
+    arm: str
+    seed: int
+    steps_to_target: int | None
+    seconds_to_target: float | None
+    last_val: float | None
+    last_teacher_kl: float | None  # the reverse KL from the teacher at the run's last step
+
+
+def arm(name: str, *, strict: bool, seed: int) -> Arm:
+    teacher = None if name == "GRPO" else HINT
+    return Arm(
+        "local",
+        strict=strict,
+        seed=seed,
+        teacher_context=teacher,
+        group_advantage=name != "OPD",
+        name=f"{'strict' if strict else 'single-word'}, {name}, seed {seed}",
+    )
+
+
+def main(args: argparse.Namespace) -> None:
+    from art_proxy.cpu_sharing import share_cpu_cores
+
+    share_cpu_cores()  # before torch loads
+    from benchmarks.learning_curve import run_engine
+    from benchmarks.learning_curve_summary import console
+
+    results: list[Result] = []
+    for task in args.tasks:
+        names = ARMS if task == "single-word" else ("GRPO", "OPD")
+        for seed in range(args.first_seed, args.first_seed + args.seeds):
+            for name in names:
+                run = run_engine(arm(name, strict=task == "strict", seed=seed), args)
+                vals = [row.val for row in run.rows if row.val is not None]
+                kl = [r.teacher_kl for r in run.rows if r.teacher_kl is not None]
+                results.append(
+                    Result(
+                        task,
+                        name,
+                        seed,
+                        None if run.reached is None else run.reached[0],
+                        None if run.reached is None else run.reached[1] - run.first_rollout_s,
+                        vals[-1] if vals else None,
+                        kl[-1] if kl else None,
+                    )
+                )
+                console.print(f"{task}, {name}, seed {seed}: {results[-1]}")
+    console.print(_table(results, args))
+    console.print(_figures(results, args))  # the key figures, last
+
+
+def _steps(results: list[Result], task: str, name: str, args: argparse.Namespace) -> list[float]:
+    """Steps to target per seed; a seed that never reached it counts as the run's length + 1."""
+    return [
+        float(r.steps_to_target if r.steps_to_target is not None else args.steps + 1)
+        for r in results
+        if r.task == task and r.arm == name
+    ]
+
+
+def _table(results: list[Result], args: argparse.Namespace) -> Table:
+    table = Table(
+        title=f"GRPO, OPD and both: SmolLM2-135M taught by itself with a hint, {args.steps} "
+        f"steps, {args.group_size} rollouts x {args.groups_per_step} groups a step"
+    )
+    columns = ("task", "arm", "seeds at target", "steps to target", "x GRPO", "s to target")
+    for column in (*columns, "last val (95%)", "last teacher KL"):
+        table.add_column(column, justify="right")
+    for task in args.tasks:
+        grpo = _steps(results, task, "GRPO", args)
+        for name in ARMS:
+            mine = [r for r in results if r.task == task and r.arm == name]
+            if not mine:
+                continue
+            steps = _steps(results, task, name, args)
+            reached = [r.seconds_to_target for r in mine if r.seconds_to_target is not None]
+            kls = [r.last_teacher_kl for r in mine if r.last_teacher_kl is not None]
+            table.add_row(
+                task,
+                name,
+                f"{len(reached)} of {len(mine)}",
+                seed_interval(steps),
+                f"{statistics.fmean(steps) / statistics.fmean(grpo):.2f}" if grpo else "-",
+                seed_interval(reached),
+                seed_interval([r.last_val for r in mine if r.last_val is not None]),
+                seed_interval(kls),
+            )
+    return table
+
+
+def _figures(results: list[Result], args: argparse.Namespace) -> str:
+    parts = []
+    for task in args.tasks:
+        grpo = _steps(results, task, "GRPO", args)
+        for name in ARMS:
+            steps = _steps(results, task, name, args)
+            vals = [
+                r.last_val
+                for r in results
+                if r.task == task and r.arm == name and r.last_val is not None
+            ]
+            if not steps:
+                continue
+            ratio = statistics.fmean(steps) / statistics.fmean(grpo) if grpo else math.nan
+            parts.append(
+                f"{task} {name}: {statistics.fmean(steps):.1f} steps ({ratio:.2f}x GRPO), "
+                f"val {seed_interval(vals)}"
+            )
+    return f"to a training reward of {args.target} (never: {args.steps + 1}): " + "; ".join(parts)
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--tasks",
+        type=lambda text: text.split(","),
+        default=["single-word", "strict"],
+        help="comma-separated: single-word, strict",
+    )
+    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--first-seed", type=int, default=0, help="the seeds run: from this one")
+    from benchmarks.learning_curve import add_run_arguments  # no torch: before share_cpu_cores
+
+    add_run_arguments(parser)
+    main(parser.parse_args())
