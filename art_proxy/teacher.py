@@ -111,12 +111,12 @@ class Teacher:
         # `student_model` names the student in what is said; its server tokenizes as its base.
         """Refuse, in one line, a teacher that cannot score this student's tokens: one that does
         not answer or serve the model, tokenizes the probe otherwise than the student's server,
-        or answers no `prompt_logprobs`."""
-        served = await self._models()
-        if self.model not in served:
+        answers no `prompt_logprobs`, or whose context window the context alone fills."""
+        cards = await self._models()
+        if self.model not in cards:
             raise TeacherError(
                 f"teacher {self.base_url} serves no model {self.model!r} "
-                f"(it serves: {', '.join(served) or 'none'})"
+                f"(it serves: {', '.join(cards) or 'none'})"
             )
         teacher_ids = await self._tokenized(self.root, self.model, "teacher")
         # The student's server's own base model (what the alias and adapters sit on).
@@ -135,6 +135,25 @@ class Teacher:
             raise TeacherError(
                 f"teacher {self.base_url} refused prompt_logprobs ({exc}): {_HOSTED}"
             ) from exc
+        window = cards[self.model].get("max_model_len")
+        if self.context is not None and isinstance(window, int) and window > 0:
+            # The context comes before every call the teacher scores: alone, it must leave room.
+            try:
+                rendered = await self._post(
+                    f"{self.root}/tokenize",
+                    {"model": self.model, "messages": with_context([], self.context)},
+                )
+            except _Refused as exc:
+                raise TeacherError(
+                    f"teacher {self.root}/tokenize refused --teacher-context as a system "
+                    f"message ({exc})"
+                ) from exc
+            length = len(rendered.get("tokens", [])) if isinstance(rendered, dict) else 0
+            if length >= window:
+                raise TeacherError(
+                    f"--teacher-context is {length} tokens, past teacher {self.model}'s context "
+                    f"window of {window}: shorten it, or serve the teacher with a longer one"
+                )
         self.counters = TeacherCounters()  # the probe is not the run's
 
     async def call_logprobs(
@@ -213,11 +232,12 @@ class Teacher:
         self.counters.prompt_tokens += len(ids)
         return scored
 
-    async def _models(self) -> list[str]:
+    async def _models(self) -> dict[str, dict[str, Any]]:
+        """The served models' cards by id."""
         answer = await self._get(f"{self.base_url}/models")
         try:
-            return [str(card["id"]) for card in answer["data"]]
-        except (KeyError, TypeError) as exc:
+            return {str(card["id"]): dict(card) for card in answer["data"]}
+        except (KeyError, TypeError, ValueError) as exc:
             raise TeacherError(f"teacher {self.base_url}/models is not a model list") from exc
 
     async def _tokenized(self, root: str, model: str | None, who: str) -> list[int]:

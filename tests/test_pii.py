@@ -17,8 +17,9 @@ import openai
 
 from art_proxy.privacy.pii import pii_redactor
 from art_proxy.proxy.server import running_proxy
+from art_proxy.records import TeacherScore, TokenDisagreement
 from art_proxy.records.evaluations import ArmResult, Estimate, EvaluationReport
-from art_proxy.testing.fake_vllm import FakeVllm
+from art_proxy.testing.fake_vllm import FakeVllm, FakeVllmConfig, running_fake_vllm
 from tests.conftest import proxy_settings, trajectories
 from tests.test_export import export
 
@@ -139,3 +140,47 @@ async def test_an_evaluation_report_on_the_dashboard_shows_placeholders(
     assert "no mailbox" in page  # the report is shown
     assert EMAIL not in page and CARD not in page and OTHER not in page
     assert "&lt;EMAIL_ADDRESS_1&gt;" in page
+
+
+async def test_a_teachers_tokens_are_withheld_where_the_answer_holds_personal_data(
+    store_url: str, http: aiohttp.ClientSession
+) -> None:
+    """The redactor reads whole text: `jane` alone is no address, so a token of an answer that
+    held one is not shown at all; of an answer with nothing to redact it is."""
+    async with running_fake_vllm(FakeVllmConfig(reply=f"Mail {EMAIL} today")) as llm:
+        settings = proxy_settings(store_url, llm.base_url, redact_pii=True)
+        async with running_proxy(settings) as proxy:
+            async with openai.AsyncOpenAI(base_url=proxy.base_url, api_key="unused") as client:
+                await client.chat.completions.create(
+                    model=MODEL, messages=[{"role": "user", "content": "Whom do I write to?"}]
+                )
+            [recorded] = await trajectories(proxy)
+            assert recorded.calls is not None
+            [call] = recorded.calls
+            await proxy.parts.store.record_teacher_scores(
+                [
+                    TeacherScore(
+                        call_id=call.id,
+                        choice=0,
+                        trajectory_id=recorded.id,
+                        run="run",
+                        step=1,
+                        teacher="teacher-model",
+                        kl=0.75,
+                        tokens=4,
+                        disagreements=[
+                            TokenDisagreement(position=1, text="jane", sampled=-0.5, teacher=-6.0)
+                        ],
+                        created_at=datetime.now(UTC),
+                    )
+                ]
+            )
+            async with http.get(f"{proxy.root_url}/dashboard/trajectories/{recorded.id}") as got:
+                redacted = await got.text()
+        async with running_proxy(proxy_settings(store_url, llm.base_url)) as plain:
+            page = f"{plain.root_url}/dashboard/trajectories/{recorded.id}"
+            async with http.get(page) as got:
+                shown = await got.text()
+    assert "<h2>Teacher</h2>" in redacted and "0.750" in redacted
+    assert "[withheld]" in redacted and "jane" not in redacted
+    assert "&#34;jane&#34;" in shown or '"jane"' in shown

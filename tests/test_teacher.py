@@ -9,7 +9,7 @@ from aiohttp import web
 
 from art_proxy.teacher import Teacher, TeacherError
 from art_proxy.testing.fake_engine import fake_prompt_logprob
-from art_proxy.testing.fake_vllm import FakeVllm
+from art_proxy.testing.fake_vllm import FakeVllm, FakeVllmConfig, running_fake_vllm
 from art_proxy.testing.loopback import free_port
 
 
@@ -70,3 +70,16 @@ async def test_an_unreachable_teacher_is_refused_after_its_retries(vllm: FakeVll
     async with Teacher(f"http://127.0.0.1:{free_port()}/v1", "m") as teacher:
         with pytest.raises(TeacherError, match=r"did not answer .* after 3 tries"):
             await teacher.check(vllm.base_url, vllm.config.model)
+
+
+async def test_a_context_that_fills_the_teachers_window_is_refused_before_any_step() -> None:
+    """Known at the check, not a failed call per step: the context alone leaves no room."""
+    async with running_fake_vllm(FakeVllmConfig(max_model_len=64)) as small:
+        fits = Teacher(small.base_url, small.config.model, context="Say one word.")
+        async with fits as teacher:
+            await teacher.check(small.base_url, small.config.model)
+        long = " ".join(["Think of one word, then say it and nothing else."] * 20)
+        async with Teacher(small.base_url, small.config.model, context=long) as teacher:
+            with pytest.raises(TeacherError, match=r"--teacher-context is \d+ tokens, past") as no:
+                await teacher.check(small.base_url, small.config.model)
+    assert "context window of 64" in str(no.value) and "\n" not in str(no.value)

@@ -18,6 +18,8 @@ from art_proxy.records import (
     Judgment,
     JudgmentStatus,
     SubjectSelector,
+    TeacherScore,
+    TokenDisagreement,
     TrainingStep,
     TrajectoryScore,
 )
@@ -294,3 +296,55 @@ async def test_a_replayed_step_claims_its_groups_again_and_an_abandoned_one_lets
     lineage = await store.lineage(SubjectSelector(trajectory="g-t0"))
     assert [(s.step, s.status) for s in lineage.steps] == [(3, "abandoned")]
     assert lineage.training_runs == []
+
+
+async def test_a_teacher_takes_ended_groups_rewarded_or_not_and_rewards_alone_need_two(
+    store: TrajectoryStore,
+) -> None:
+    """`--reward-source teacher` (production traffic with no judge): a group whose members all
+    ended, its unrewarded members listed apart; an open member holds it back, as for finish."""
+    mixed = await add_group(store, "mixed", 3, rewards=[1.0])
+    for member in mixed[1:]:
+        await store.finish(member, FinishRequest())
+    await add_group(store, "open", 2, rewards=[1.0, None])
+    assert await store.trainable_groups("run", source="finish") == []
+    [found] = await store.trainable_groups("run", source="teacher")
+    assert (found.group_id, found.rewards, found.unrewarded) == (
+        "mixed",
+        {mixed[0]: 1.0},
+        mixed[1:],
+    )
+    assert found.members == mixed
+
+
+def teacher_score(trajectory_id: str, kl: float) -> TeacherScore:
+    return TeacherScore(
+        call_id=f"{trajectory_id}-c0",
+        choice=0,
+        trajectory_id=trajectory_id,
+        run="run",
+        step=1,
+        teacher="teacher-model",
+        kl=kl,
+        tokens=3,
+        disagreements=[TokenDisagreement(position=1, text=" Paris", sampled=-0.1, teacher=-4.0)],
+        created_at=utcnow(),
+    )
+
+
+async def test_teacher_scores_are_kept_read_back_and_erased_with_their_trajectory(
+    store: TrajectoryStore,
+) -> None:
+    """What the trajectory page shows of a teacher goes with the trajectory; one scored of a
+    trajectory erased while the step trained is never written."""
+    kept, erased = await add_group(store, "g", 2)
+    await add_group(store, "gone", 1)
+    await store.forget(SubjectSelector(trajectory="gone-t0"))
+    scores = [teacher_score(kept, 0.5), teacher_score(erased, 1.5), teacher_score("gone-t0", 2.0)]
+    await store.record_teacher_scores(scores)
+    await store.record_teacher_scores(scores[:1])  # the step replayed after a kill: kept once
+    assert await store.teacher_scores(kept) == [scores[0]]
+    assert await store.teacher_scores("gone-t0") == []
+    await store.forget(SubjectSelector(trajectory=erased))
+    assert await store.teacher_scores(erased) == []
+    assert [s.kl for s in await store.teacher_scores(kept)] == [0.5]

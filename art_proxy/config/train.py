@@ -18,6 +18,7 @@ class RewardSource(StrEnum):
 
     judgment = "judgment"
     finish = "finish"
+    teacher = "teacher"
 
 
 class TrainSettings(JudgeChoice, UpstreamSettings, StoreSettings, ReportSettings, TrainerConfig):
@@ -133,7 +134,9 @@ class TrainSettings(JudgeChoice, UpstreamSettings, StoreSettings, ReportSettings
     reward_source: RewardSource = Field(
         RewardSource.judgment,
         description="judgment: RULER's stored scores; finish: the rewards agents reported at "
-        "finish (the whole loop picks finish when it has no --judge).",
+        "finish (the whole loop picks finish when it has no --judge); teacher: every ended "
+        "group, rewarded or not, its unrewarded members trained on --teacher's term alone "
+        "(distillation from production traffic with no judge and no rewards).",
     )
     poll: float = Field(2.0, gt=0, description="Seconds between looks for new scored groups.")
     keep_adapters: int = Field(
@@ -187,12 +190,12 @@ class TrainSettings(JudgeChoice, UpstreamSettings, StoreSettings, ReportSettings
         8,
         ge=2,
         description="Rollouts per scenario per step (--agent); for the sidecar with "
-        "--reward-source finish, the finished members that make a group ready at once.",
+        "--reward-source finish or teacher, the finished members that make a group ready at once.",
     )
     group_wait: float = Field(
         600.0,
         ge=0,
-        description="Sidecar with --reward-source finish: seconds after a group's newest member "
+        description="Sidecar with --reward-source finish or teacher: seconds after a group's newest member "
         "started before it is trained with fewer than --group-size members (as the judge's "
         "--wait).",
     )
@@ -288,6 +291,8 @@ class TrainSettings(JudgeChoice, UpstreamSettings, StoreSettings, ReportSettings
                 )
                 if given is not None
             ]
+            if self.reward_source is RewardSource.teacher:
+                named.append("--reward-source teacher")
             if named:
                 raise ValueError(f"{', '.join(named)} needs --teacher MODEL")
         return self

@@ -1,5 +1,5 @@
 """The training page's charts, drawn from the run's step records: reward, loss, the agent's own
-metrics, KL, off-policy correction, staleness and the pipeline's wait and lead."""
+metrics, KL, a teacher's KL, off-policy correction, staleness and the pipeline's wait and lead."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ def training_charts(steps: Sequence[TrainingStep]) -> list[tuple[str, Chart | No
         ("loss", _loss_chart(steps)),
         ("agent-metrics", _agent_chart(steps)),
         ("kl", _metric_chart(steps, "kl", "KL to the base model")),
+        ("teacher", _teacher_chart(steps)),
         ("off-policy", _off_policy_chart(steps)),
         ("staleness", _staleness_chart(steps)),
         ("pipeline-wait", _pipeline_wait_chart(steps)),
@@ -57,6 +58,16 @@ def _loss_chart(steps: Sequence[TrainingStep]) -> Chart | None:
             _metric_series(grpo, "loss", "GRPO loss"),
             _metric_series(warm, "loss", "warm start: demonstrations' NLL per token"),
         ],
+    )
+
+
+def _teacher_chart(steps: Sequence[TrainingStep]) -> Chart | None:
+    """On-policy distillation (--teacher): how far the sampled tokens are from what the teacher
+    would write (the mean of log mu - log p_teacher over them, the reverse KL's estimate); it
+    falls as the student learns the teacher's way. Absent without a teacher."""
+    return line_chart(
+        "Teacher: reverse KL of the sampled tokens from the teacher (per token)",
+        [_metric_series(steps, "teacher_kl", "teacher KL")],
     )
 
 

@@ -27,6 +27,7 @@ from art_proxy.privacy.pii import (
     redacted_call,
     redacted_evaluation,
     redacted_judgment,
+    redacted_teacher_score,
     redacted_trajectory,
 )
 from art_proxy.records import (
@@ -151,14 +152,19 @@ class Dashboard:
         if found is None:
             return self._not_found(f"No trajectory {trajectory_id!r} in the store.")
         placeholders = self._placeholders(request)
+        taught = await store.teacher_scores(trajectory_id)
         if placeholders is not None:
+            raw = {call.id: call for call in found.calls or []}
+            taught = [redacted_teacher_score(s, raw.get(s.call_id), placeholders) for s in taught]
             found = redacted_trajectory(found, placeholders)
         calls = found.calls or []
+        seq = {call.id: call.seq for call in calls}
         return self._page(
             "trajectory.html",
             trajectory=found,
             messages=conversation(calls),
             calls=[call_view(call) for call in calls],
+            taught=[(seq.get(score.call_id), score) for score in taught],
         )
 
     async def training(self, request: web.Request) -> web.Response:

@@ -27,6 +27,7 @@ from art_proxy.records import (
     ExportedTrajectory,
     Judgment,
     ScenarioRecord,
+    TeacherScore,
     TrajectoryRecord,
 )
 
@@ -206,6 +207,21 @@ def redacted_trajectory(
             "calls": [redacted_call(c, placeholders) for c in calls] if calls is not None else None,
         }
     )
+
+
+WITHHELD = "[withheld]"  # a token's text the page does not show
+
+
+def redacted_teacher_score(
+    score: TeacherScore, call: CallRecord | None, placeholders: Placeholders
+) -> TeacherScore:
+    """A teacher's disagreements with each token's text withheld where the call's answer holds
+    anything the redactor replaces (or the call is gone): the redactor reads whole text, and a
+    name's or an address's single token would pass it alone."""
+    if call is not None and placeholders.value(call.response) == call.response:
+        return score
+    withheld = [d.model_copy(update={"text": WITHHELD}) for d in score.disagreements]
+    return score.model_copy(update={"disagreements": withheld})
 
 
 def redacted_export(exported: ExportedTrajectory, placeholders: Placeholders) -> ExportedTrajectory:

@@ -38,6 +38,8 @@ from art_proxy.records.training import (
     StepKind,
     StepStatus,
     SwapStatus,
+    TeacherScore,
+    TokenDisagreement,
     TrainableGroup,
     TrainingStep,
 )
@@ -111,7 +113,9 @@ __all__ = [
     "StepStatus",
     "SubjectSelector",
     "SwapStatus",
+    "TeacherScore",
     "Thumbs",
+    "TokenDisagreement",
     "TrainableGroup",
     "TrainingStep",
     "TrajectoryRecord",

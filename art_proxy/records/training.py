@@ -118,6 +118,11 @@ class TrainableGroup(Record):
     split: Split = Field(description="The split of its trajectories (they share one).")
     created_at: datetime
     rewards: dict[str, float] = Field(description="Trajectory id -> reward.")
+    unrewarded: list[str] = Field(
+        default_factory=list,
+        description="Members without a reward (`--reward-source teacher`): trained on a "
+        "teacher's term alone, never on a reward.",
+    )
     judge_cost_usd: float = Field(
         0.0, description="What every judgment of the group cost (0 for finish rewards)."
     )
@@ -129,3 +134,36 @@ class TrainableGroup(Record):
         description="A guided retry's unguided group: the retry's advantages are taken against "
         "both groups' rewards together, since the policy trained is the one without the hint.",
     )
+
+    @property
+    def members(self) -> list[str]:
+        """Every member trajectory to train on: the rewarded ones, then the unrewarded."""
+        return [*self.rewards, *self.unrewarded]
+
+
+class TokenDisagreement(Record):
+    """A sampled token the teacher would least have written: the sampler's logprob of it far
+    above the teacher's."""
+
+    position: int = Field(description="Its index in the choice's completion ids.")
+    text: str = Field(description="The token as the trainer's tokenizer decodes it.")
+    sampled: float = Field(description="log mu: the sampler's logprob, as recorded.")
+    teacher: float = Field(description="log p_teacher of the same token after the same ids.")
+
+
+class TeacherScore(Record):
+    """What a teacher said of one trained choice of a call (on-policy distillation): the mean
+    reverse KL over its tokens and the tokens where student and teacher disagree most."""
+
+    call_id: str
+    choice: int
+    trajectory_id: str
+    run: str
+    step: int
+    teacher: str = Field(description="The teacher model's name.")
+    kl: float = Field(description="Mean of log mu - log p_teacher over the choice's tokens.")
+    tokens: int
+    disagreements: list[TokenDisagreement] = Field(
+        description="The most disagreed tokens, most first (a few: what the page shows)."
+    )
+    created_at: datetime

@@ -38,7 +38,7 @@ from art_proxy.store.rows import Batch
 
 T, C, F, J = schema.trajectories, schema.calls, schema.feedback, schema.judgments
 G, S, CG, TS = schema.groups, schema.scenarios, schema.consumed_groups, schema.training_steps
-SC = schema.step_claims
+SC, TSC = schema.step_claims, schema.teacher_scores
 
 # Trajectories deleted per transaction: a tenant's thousands never hold the writer for long.
 BATCH = 200
@@ -273,6 +273,7 @@ async def _delete_trajectories(
         for row in (await connection.execute(sa.select(J.c.id).where(J.c.group_id.in_(groups))))
     ]
     feedback = await _delete(connection, F, F.c.trajectory_id.in_(trajectory_ids))
+    await _delete(connection, TSC, TSC.c.trajectory_id.in_(trajectory_ids))  # a teacher's words
     calls = await _delete(connection, C, C.c.trajectory_id.in_(trajectory_ids))
     judged = sa.or_(J.c.id.in_(judgments), J.c.cached_from.in_(judgments))
     judgments_deleted = await _delete(connection, J, judged)

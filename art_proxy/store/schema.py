@@ -242,6 +242,24 @@ step_claims = sa.Table(
     sa.Column("claimed_at", Timestamp, nullable=False),
 )
 
+# A teacher's word on a trained choice (records.TeacherScore, migration 0022): its KL and the
+# tokens it disagreed with most, for the trajectory page. Erased with its trajectory.
+teacher_scores = sa.Table(
+    "teacher_scores",
+    metadata,
+    sa.Column("call_id", sa.String(64), primary_key=True),
+    sa.Column("choice", sa.Integer, primary_key=True),
+    sa.Column("run", sa.String(200), primary_key=True),
+    sa.Column("trajectory_id", sa.String(200), sa.ForeignKey("trajectories.id"), nullable=False),
+    sa.Column("step", sa.Integer, nullable=False),
+    sa.Column("teacher", sa.String(300), nullable=False),
+    sa.Column("kl", sa.Float, nullable=False),
+    sa.Column("tokens", sa.Integer, nullable=False),
+    sa.Column("disagreements", Json, nullable=False),
+    sa.Column("created_at", Timestamp, nullable=False),
+    sa.Index("ix_teacher_scores_trajectory", "trajectory_id"),
+)
+
 # Feedback on trajectories from production users (records.Feedback); a trajectory may have many.
 feedback = sa.Table(
     "feedback",

@@ -25,6 +25,7 @@ from art_proxy.records import (
     JsonObject,
     Lease,
     SwapStatus,
+    TeacherScore,
     TrainableGroup,
     TrainingStep,
     TrajectoryScore,
@@ -34,12 +35,12 @@ from art_proxy.store import schema
 from art_proxy.store.base import StoreBase, aware, group_split, not_an_evaluation, utcnow
 
 A, M, TS, CG = schema.aliases, schema.alias_moves, schema.training_steps, schema.consumed_groups
-SC = schema.step_claims
+SC, TSC = schema.step_claims, schema.teacher_scores
 PL = schema.proxy_leases
 G, T, J, C = schema.groups, schema.trajectories, schema.judgments, schema.calls
 
 # Where a trainable group's rewards come from: RULER's judgment, or what the agent reported at finish.
-TrainableSource = Literal["judgment", "finish"]
+TrainableSource = Literal["judgment", "finish", "teacher"]
 
 
 class TrainingRecords(StoreBase):
@@ -149,6 +150,35 @@ class TrainingRecords(StoreBase):
             )
             await connection.execute(sa.insert(SC), rows)
 
+    async def record_teacher_scores(self, scores: Sequence[TeacherScore]) -> None:
+        """Keep what a teacher said of a step's trained choices (a choice scored again by the
+        same run, after a kill, keeps its first). Those of a trajectory erased meanwhile are
+        dropped: on PostgreSQL the trajectories are share-locked, so an erasure either deleted
+        them before (and they are dropped) or waits for this commit (and deletes the scores)."""
+        if not scores:
+            return
+        async with self._transaction() as connection:
+            wanted = sorted({score.trajectory_id for score in scores})
+            alive = sa.select(T.c.id).where(T.c.id.in_(wanted))
+            if connection.dialect.name == "postgresql":
+                alive = alive.with_for_update(read=True)
+            kept = {row.id for row in await connection.execute(alive)}
+            for score in scores:
+                if score.trajectory_id in kept:
+                    await connection.execute(self._insert_new(TSC, score.model_dump()))
+
+    async def teacher_scores(self, trajectory_id: str) -> list[TeacherScore]:
+        """What teachers said of the trajectory's calls, in run and call order."""
+        rows = await self._all(
+            sa.select(TSC)
+            .where(TSC.c.trajectory_id == trajectory_id)
+            .order_by(TSC.c.run, TSC.c.created_at, TSC.c.call_id, TSC.c.choice)
+        )
+        return [
+            TeacherScore.model_validate({**row, "created_at": aware(row["created_at"])})
+            for row in rows
+        ]
+
     async def record_step(self, step: TrainingStep) -> bool:
         """Record a step and the groups it consumed, letting its claims go; False (nothing
         written) when the run has this step already. Raises `GroupAlreadyConsumed` (nothing
@@ -256,6 +286,9 @@ class TrainingRecords(StoreBase):
         `settled_before`: rollouts run one after another leave a group with no open member between
         them, and a group taken then would lose every later member (neither given: no wait).
 
+        teacher: groups with no open member, settled as for finish, whether or not their
+        members reported a reward: the unrewarded ones in `unrewarded`, for a teacher to score.
+
         `judged_since` (judgment only): only groups judged since then, found through the
         judgments' time index: a poll that costs what was judged lately, not every group ever
         consumed (the trainer's loop keeps the cursor, trainer/art_proxy_trainer/sidecar.py).
@@ -273,7 +306,9 @@ class TrainingRecords(StoreBase):
                 lately = sa.select(J.c.group_id).where(J.c.created_at >= judged_since)
                 not_consumed = sa.and_(not_consumed, G.c.id.in_(lately))
             return await self._judged_groups(not_consumed, limit)
-        return await self._finished_groups(not_consumed, limit, full_size, settled_before)
+        return await self._finished_groups(
+            not_consumed, limit, full_size, settled_before, rewarded_only=source == "finish"
+        )
 
     async def _judged_groups(
         self, not_consumed: sa.ColumnElement[bool], limit: int
@@ -318,8 +353,12 @@ class TrainingRecords(StoreBase):
         limit: int,
         full_size: int,
         settled_before: datetime | None,
+        *,
+        rewarded_only: bool,
     ) -> list[TrainableGroup]:
         rewarded = sa.and_(T.c.status == "finished", T.c.reward.is_not(None))
+        # A teacher scores any ended member; a reward alone needs two to compare.
+        enough = rewarded if rewarded_only else T.c.status == "finished"
         ready: list[sa.ColumnElement[bool]] = []
         if full_size:
             ready.append(sa.func.count(T.c.id) >= full_size)
@@ -332,21 +371,30 @@ class TrainingRecords(StoreBase):
             .group_by(G.c.id, G.c.scenario_id, G.c.created_at)
             .having(
                 sa.func.sum(sa.case((T.c.status == "open", 1), else_=0)) == 0,
-                sa.func.sum(sa.case((rewarded, 1), else_=0)) >= 2,
+                sa.func.sum(sa.case((enough, 1), else_=0)) >= (2 if rewarded_only else 1),
                 sa.or_(*ready) if ready else sa.true(),
             )
             .order_by(G.c.created_at, G.c.id)
             .limit(limit)
         )
         members = await self._all(
-            sa.select(T.c.group_id, T.c.id, T.c.reward).where(
-                T.c.group_id.in_([group["id"] for group in groups]), rewarded
-            )
+            sa.select(T.c.group_id, T.c.id, T.c.reward)
+            .where(T.c.group_id.in_([group["id"] for group in groups]), enough)
+            .order_by(T.c.created_at, T.c.id)
         )
         rewards: dict[str, dict[str, float]] = {}
+        unrewarded: dict[str, list[str]] = {}
         for member in members:
-            rewards.setdefault(member["group_id"], {})[member["id"]] = float(member["reward"])
-        return [_trainable(group, rewards.get(group["id"], {}), 0.0) for group in groups]
+            if member["reward"] is None:
+                unrewarded.setdefault(member["group_id"], []).append(member["id"])
+            else:
+                rewards.setdefault(member["group_id"], {})[member["id"]] = float(member["reward"])
+        return [
+            _trainable(
+                group, rewards.get(group["id"], {}), 0.0, unrewarded=unrewarded.get(group["id"], [])
+            )
+            for group in groups
+        ]
 
     # --- plumbing --------------------------------------------------------------------------------
 
@@ -385,9 +433,12 @@ def _trainable(
     rewards: dict[str, float],
     cost: float,
     judged_at: datetime | None = None,
+    *,
+    unrewarded: Sequence[str] = (),
 ) -> TrainableGroup:
     return TrainableGroup(
         judged_at=judged_at,
+        unrewarded=list(unrewarded),
         group_id=group["id"],
         scenario_id=group["scenario_id"],
         split=group["split"],

@@ -15,6 +15,8 @@ from art_proxy.proxy.server import RunningProxy
 from art_proxy.records import (
     AliasRequest,
     Judgment,
+    TeacherScore,
+    TokenDisagreement,
     TrainingStep,
     TrajectoryScore,
 )
@@ -118,6 +120,27 @@ async def record_everything(http: aiohttp.ClientSession, proxy: RunningProxy) ->
     group_id = good.group_id
     await store.add_judgment(judgment(group_id, list(SCORES)))
     run = "run-1"
+    evil = await store.trajectory("evil-1")
+    assert evil is not None and evil.calls
+    await store.record_teacher_scores(
+        [
+            TeacherScore(
+                call_id=evil.calls[0].id,
+                choice=0,
+                trajectory_id="evil-1",
+                run=run,
+                step=1,
+                teacher="teacher-model",
+                kl=0.42,
+                tokens=5,
+                disagreements=[
+                    TokenDisagreement(position=2, text=SCRIPT, sampled=-0.25, teacher=-5.5),
+                    TokenDisagreement(position=0, text=" Sure", sampled=-0.5, teacher=-2.0),
+                ],
+                created_at=utcnow(),
+            )
+        ]
+    )
     for step, reward in enumerate(REWARDS_BY_STEP, 1):
         await store.record_step(
             TrainingStep(
@@ -133,6 +156,7 @@ async def record_everything(http: aiohttp.ClientSession, proxy: RunningProxy) ->
                     "val_reward": reward - 0.05,
                     "loss": 1.0 / step,
                     "kl": 0.01 * step,
+                    "teacher_kl": 0.5 / step,
                     "mismatch": 0.04,
                     "is_capped": 0.01 * step,
                     "clip_fraction": 0.02,

@@ -128,6 +128,19 @@ async def test_trajectory_page_shows_raw_calls_with_tokens_latency_upstream_and_
     assert escaped(HOSTILE_TASK) in html
 
 
+async def test_trajectory_page_shows_what_a_teacher_said_of_each_trained_call(
+    sqlite_proxy: RunningProxy, http: aiohttp.ClientSession, recorded: Recorded
+) -> None:
+    _, html = await page(http, sqlite_proxy, "/dashboard/trajectories/evil-1")
+    teacher = html.split('<table class="teacher">')[1].split("</table>")[0]
+    [row] = re.findall(r"<tr>\s*<td>.*?</tr>", teacher, re.S)
+    assert "run-1" in row and "teacher-model" in row and "0.420" in row
+    assert "-0.25&rarr;-5.50" in row.replace("→", "&rarr;")  # the most disagreed first
+    assert row.index("-5.50") < row.index("-2.00")
+    _, other = await page(http, sqlite_proxy, "/dashboard/trajectories/good-1")
+    assert "<h2>Teacher</h2>" not in other  # no teacher scored it
+
+
 async def test_training_page_plots_reward_loss_agent_kl_off_policy_staleness_pipeline_adapters(
     sqlite_proxy: RunningProxy, http: aiohttp.ClientSession, recorded: Recorded
 ) -> None:
@@ -139,6 +152,7 @@ async def test_training_page_plots_reward_loss_agent_kl_off_policy_staleness_pip
         "Loss",
         "Agent metrics (mean per training rollout)",
         "KL to the base model",
+        "Teacher: reverse KL of the sampled tokens from the teacher (per token)",
         "Off-policy: mismatch and correction",
         "Staleness: changes of the weights between the sampling adapter and the trained one "
         "(every group a step consumed)",
@@ -150,12 +164,13 @@ async def test_training_page_plots_reward_loss_agent_kl_off_policy_staleness_pip
     assert 'class="band s0"' in reward  # the within-group spread
     assert "reward mean, step 4: 0.7" in reward and "validation reward, step 1: 0.15" in reward
     assert "used_tools, step 3: 0.8" in svgs[2]  # what the agent reported, by its own name
-    off_policy, staleness = svgs[4], svgs[5]
+    assert "teacher KL, step 2: 0.25" in svgs[4]
+    off_policy, staleness = svgs[5], svgs[6]
     assert "mean |d logprob| sampler vs trainer, step 2: 0.04" in off_policy
     assert "tokens whose weight was capped, step 3: 0.03" in off_policy
     assert "max, step 4: 4" in staleness
-    assert "the trainer, for its batch, step 2: 1" in svgs[6]
-    assert "batches ready when one was taken, step 3: 1" in svgs[7]
+    assert "the trainer, for its batch, step 2: 1" in svgs[7]
+    assert "batches ready when one was taken, step 3: 1" in svgs[8]
     moves = html.split('<table class="moves">')[1]
     assert moves.count("<tr><td") == 4 and "agent@3</code></td><td><code>agent@4" in moves
 

@@ -84,6 +84,11 @@ async def slow_validation_agent(run: Rollout) -> float:
     return length_reward(reply, run.index)
 
 
+async def unrewarded_agent(run: Rollout) -> None:
+    """One short call and no reward: what production traffic without a judge looks like."""
+    await _ask(run)
+
+
 async def same_reward_agent(run: Rollout) -> float:
     """One short call, every rollout rewarded alike: no group has a spread (GRPO learns nothing
     from it; a teacher's term still does)."""

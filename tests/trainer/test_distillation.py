@@ -17,6 +17,8 @@ import torch
 from rich.console import Console
 
 from art_proxy.config import TrainSettings
+from art_proxy.rollout import load_agent, run_rollouts
+from art_proxy.scenarios import load_scenarios
 from art_proxy.store.trajectory_store import TrajectoryStore
 from art_proxy.teacher import TeacherError
 from art_proxy_trainer.advantages import token_advantages
@@ -136,6 +138,60 @@ async def test_the_whole_loop_distils_groups_without_reward_spread_from_a_teache
     assert (plain_step.status, plain_step.reason) == ("abandoned", "no_signal")
 
 
+async def test_the_sidecar_distils_production_groups_that_carry_no_reward(
+    stack: Stack, tmp_path: Path
+) -> None:
+    """`--reward-source teacher`: groups the proxy recorded with no judge and no reward (what
+    production traffic is), taken once their members ended, every member trained on the
+    teacher's term; the rewards' own source never offers them."""
+    train = [s for s in load_scenarios(HERE / "scenarios.jsonl") if s.split == "train"][:2]
+    report = await run_rollouts(
+        load_agent(f"{HERE / 'agents.py'}:unrewarded_agent"),
+        train,
+        proxy_url=stack.proxy.root_url,
+        group_size=4,
+        concurrency=8,
+        timeout_s=60,
+        model=TINY_NAME,
+    )
+    recorded = {group.group_id for group in report.groups}
+    async with TrajectoryStore.opened(stack.store_url, writer=False) as store:
+        rewarded = await store.trainable_groups("run", source="finish")
+        offered = await store.trainable_groups("run", source="teacher")
+    assert rewarded == []
+    assert {g.group_id for g in offered} == recorded
+    assert all(len(g.unrewarded) == 4 and g.rewards == {} for g in offered)
+    sidecar = _settings(
+        stack,
+        tmp_path / "run",
+        agent=None,
+        scenarios=None,
+        reward_source="teacher",
+        teacher=TINY_NAME,
+        group_advantage=False,
+        group_wait=0,
+    )
+    await asyncio.wait_for(run_train(sidecar, Console(quiet=True)), 300)
+    async with TrajectoryStore.opened(stack.store_url, writer=False) as store:
+        [step] = await store.training_steps(run="run")
+    assert step.status == "applied", step.reason
+    assert step.groups == dict.fromkeys(recorded, "trained")
+    assert step.metrics["teacher_tokens"] > 0 and "reward_mean" not in step.metrics
+    # What the teacher said of each call, kept for the trajectory page: the worst tokens first.
+    first = report.groups[0].trajectory_ids[0]
+    async with TrajectoryStore.opened(stack.store_url, writer=False) as store:
+        [said] = await store.teacher_scores(first)
+        trajectory = await store.trajectory(first)
+    assert trajectory is not None and trajectory.calls
+    [call_] = trajectory.calls
+    assert (said.call_id, said.run, said.step, said.teacher) == (call_.id, "run", 1, TINY_NAME)
+    assert call_.completion_token_ids is not None
+    assert said.tokens == len(call_.completion_token_ids[0])
+    gaps = [d.sampled - d.teacher for d in said.disagreements]
+    assert 0 < len(gaps) <= 8 and gaps == sorted(gaps, reverse=True)
+    assert all(d.text for d in said.disagreements)  # decoded by the trainer's tokenizer
+
+
 async def test_a_teacher_the_upstream_does_not_serve_is_refused_before_any_rollout(
     stack: Stack, tmp_path: Path
 ) -> None:
@@ -149,3 +205,5 @@ async def test_a_teacher_the_upstream_does_not_serve_is_refused_before_any_rollo
 def test_the_teachers_flags_without_a_teacher_are_refused_in_one_line() -> None:
     with pytest.raises(ValueError, match="--teacher-context, --no-group-advantage needs --teacher"):
         TrainSettings(teacher_context="hint.txt", group_advantage=False)
+    with pytest.raises(ValueError, match="--reward-source teacher needs --teacher"):
+        TrainSettings(reward_source="teacher")

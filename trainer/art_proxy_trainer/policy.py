@@ -8,6 +8,7 @@ hold the policy and however they split it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -65,6 +66,8 @@ class Policy:
     micro_batch_tokens: int | None = None
     # Replays the grammars of calls vLLM constrained (None: such calls are not trained).
     grammars: GrammarReplay | None = None
+    # A token id's text, as the tokenizer decodes it alone (None: no tokenizer; ids shown).
+    token_text: Callable[[int], str] | None = None
     # Renders a demonstration as the local server renders a conversation (None: no warm start).
     renderer: ChatRenderer | None = None
     end_of_turn: int = 0  # the token the model ends its turn with
@@ -171,4 +174,5 @@ def load_policy(
         grammars=GrammarReplay(tokenizer, loaded.model.config.vocab_size, eos_ids),
         renderer=ChatRenderer(tokenizer),
         end_of_turn=int(end_of_turn),
+        token_text=lambda token_id: str(tokenizer.decode([token_id])),
     )

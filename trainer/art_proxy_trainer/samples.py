@@ -31,7 +31,7 @@ def trajectory_samples(
     in `outcomes`: `stale` (sampled by weights that more than `staleness_bound` of the steps in
     `applied_steps`, those that changed the weights, came after), `zero_variance` (its pool's
     rewards carry no signal; with `keep_without_signal`, a teacher's term to train on, such a
-    pool is trained with advantage 0) or `trained`. The staleness of every group the step consumes,
+    pool is trained with advantage 0, as are the groups' `unrewarded` members) or `trained`. The staleness of every group the step consumes,
     trained or not, goes into `metrics` (`staleness_mean`, `staleness_max`; `stale_groups`)."""
     # Age is counted in changes of the weights, not in step numbers: an abandoned step (no
     # signal, a NaN) changes nothing, so the groups the same weights go on sampling stay as
@@ -40,7 +40,7 @@ def trajectory_samples(
     behind: dict[str, float] = {}
     current: list[TrainableGroup] = []
     for group in groups:
-        served = [c.model for t in group.rewards for c in calls.get(t, [])]
+        served = [c.model for t in group.members for c in calls.get(t, [])]
         steps = [step_of_run(model, alias, run_tag) for model in served]
         behind[group.group_id] = max(
             (math.inf if step is None else _moved_since(applied_steps, step) for step in steps),
@@ -72,11 +72,17 @@ def trajectory_samples(
     if other_runs:
         metrics["groups_of_other_runs"] = float(other_runs)
     advantages = group_advantages(fresh, scale_by_std=scale_by_std).by_trajectory
-    return [
+    samples = [
         TrajectorySample(t, calls.get(t, []), advantages.get(t, 0.0))
         for rewards in fresh.values()
         for t in rewards
     ]
+    if keep_without_signal:  # members without a reward: the teacher's term alone
+        unrewarded = [t for group in current for t in group.unrewarded]
+        samples += [TrajectorySample(t, calls.get(t, []), 0.0) for t in unrewarded]
+        if unrewarded:
+            outcomes |= {g.group_id: "trained" for g in current if g.unrewarded}
+    return samples
 
 
 def _moved_since(applied_steps: Sequence[int], step: int) -> int:

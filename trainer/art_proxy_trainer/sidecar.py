@@ -3,6 +3,8 @@
 The proxy records whatever agents do, `art-proxy judge --watch` (or agents' own rewards)
 scores the groups, and the trainer takes them from the store, oldest first, once at least
 `groups_per_step` of them carry a signal; groups without one and validation groups ride along.
+With a teacher of every ended group (`--reward-source teacher`), any ended group is one to train
+on: the teacher scores every token, rewarded or not.
 While it waits, it watches the production alias's live reward (rollback).
 """
 
@@ -23,16 +25,30 @@ from art_proxy_trainer.trainer import Trainer
 from art_proxy_trainer.warm_start import WarmStart
 
 
+def _trainable(group: TrainableGroup, settings: TrainSettings) -> bool:
+    """Whether `group` can teach: a reward spread, or, for a teacher of every ended group
+    (`--reward-source teacher`), any member at all."""
+    return settings.reward_source is RewardSource.teacher or has_signal(group.rewards.values())
+
+
 def waiting_line(settings: TrainSettings, with_signal: int, unconsumed: int) -> str:
     """What the sidecar waits for, and, with nothing to train on, how to feed it."""
-    line = (
-        f"waiting for scored groups: {with_signal} of {settings.groups_per_step} with a reward "
-        f"spread ({unconsumed} unconsumed in the store)"
-    )
+    if settings.reward_source is RewardSource.teacher:
+        line = (
+            f"waiting for ended groups: {with_signal} of {settings.groups_per_step} for the "
+            f"teacher to score"
+        )
+    else:
+        line = (
+            f"waiting for scored groups: {with_signal} of {settings.groups_per_step} with a "
+            f"reward spread ({unconsumed} unconsumed in the store)"
+        )
     if unconsumed:
         return line
-    if settings.reward_source.value == "judgment":
+    if settings.reward_source is RewardSource.judgment:
         feed = "run your agent through the proxy, then art-proxy judge scores its groups"
+    elif settings.reward_source is RewardSource.teacher:
+        feed = "run your agent through the proxy; a group is taken once its members have ended"
     else:
         feed = "run your agent through the proxy; it reports rewards at POST .../finish"
     scope = f" of scenario {', '.join(settings.scenario)}" if settings.scenario else ""
@@ -63,7 +79,7 @@ async def run_sidecar(
             judged_since=since,
         )
         poll.read(started, groups, full=since is None)
-        with_signal = [g for g in groups if g.split != "val" and has_signal(g.rewards.values())]
+        with_signal = [g for g in groups if g.split != "val" and _trainable(g, settings)]
         if len(with_signal) < settings.groups_per_step:
             await trainer.watch_production()  # production traffic goes on while we wait
             events.status(waiting_line(settings, len(with_signal), len(groups)))
@@ -75,7 +91,12 @@ async def run_sidecar(
             else with_signal[: settings.groups_per_step]
         )
         newest = chosen[-1].created_at
-        riders = [g for g in groups if g not in with_signal and g.created_at <= newest]
+        # A validation group with no reward measures nothing: it waits for one (a judge's).
+        riders = [
+            g
+            for g in groups
+            if g not in with_signal and g.created_at <= newest and (g.split != "val" or g.rewards)
+        ]
         events.status(f"training step {trainer.state.step + 1}")
         events.step(await trainer.train(chosen + riders))
         poll.consumed(chosen + riders)

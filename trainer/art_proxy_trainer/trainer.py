@@ -45,6 +45,7 @@ from art_proxy_trainer.batch import (
     trained_prompt,
 )
 from art_proxy_trainer.checkpoint import Checkpoints, RunIdentity, TrainerState
+from art_proxy_trainer.disagreement import teacher_score
 from art_proxy_trainer.errors import CheckpointError, EmptyBatchError
 from art_proxy_trainer.memory import release_freed_memory
 from art_proxy_trainer.metrics import MetricsSink
@@ -170,7 +171,7 @@ class Trainer:
         await self.store.claim_step(
             self.settings.run_name, number, [g.group_id for g in train_groups]
         )
-        calls = await self.store.calls([t for g in train_groups for t in g.rewards])
+        calls = await self.store.calls([t for g in train_groups for t in g.members])
         samples = trajectory_samples(
             train_groups,
             calls,
@@ -183,10 +184,10 @@ class Trainer:
             scale_by_std=self.settings.scale_advantages_by_std,
             keep_without_signal=self.teacher is not None,
         )
-        teacher_scores = await self._teacher_scores(samples, metrics)
+        teacher_scores = await self._teacher_scores(number, samples, metrics)
         metrics["seconds_prepare"] = time.perf_counter() - started
         rewards = [r for g in train_groups for r in g.rewards.values()]
-        trained_ids = [t for g in train_groups for t in g.rewards]
+        trained_ids = [t for g in train_groups for t in g.members]
         metrics |= agent_metrics((await self.store.trajectory_metrics(trained_ids)).values())
         metrics |= {
             "reward_mean": mean_or_nan(rewards),
@@ -332,11 +333,12 @@ class Trainer:
             self._on_warning(rolled_back)
 
     async def _teacher_scores(
-        self, samples: Sequence[TrajectorySample], metrics: dict[str, float]
+        self, number: int, samples: Sequence[TrajectorySample], metrics: dict[str, float]
     ) -> TeacherLogprobs:
         """The teacher's logprobs of every trained choice of `samples` (none without a
         teacher), asked all at once (the teacher bounds how many run together); its tokens,
-        calls, failures, time and the sampled tokens' reverse KL from it go into `metrics`."""
+        calls, failures, time and the sampled tokens' reverse KL from it go into `metrics`, and
+        each choice's summary (`disagreement.teacher_score`) into the store, as step `number`'s."""
         teacher = self.teacher
         if teacher is None:
             return NO_TEACHER
@@ -357,6 +359,22 @@ class Trainer:
             for sampled, taught in zip(call.logprobs[choice], logprobs, strict=True)
         ]
         spent = teacher.counters.minus(before)
+        token_text = self.policy.token_text or (lambda token_id: f"<{token_id}>")
+        await self.store.record_teacher_scores(
+            [
+                teacher_score(
+                    call,
+                    choice,
+                    logprobs,
+                    run=self.settings.run_name,
+                    step=number,
+                    teacher=teacher.model,
+                    decode=token_text,
+                )
+                for (call, choice), logprobs in zip(asked, scored, strict=True)
+                if logprobs is not None and call.logprobs is not None
+            ]
+        )
         metrics |= {
             "teacher_kl": mean_or_nan(gaps),
             "teacher_tokens": float(spent.tokens),
