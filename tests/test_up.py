@@ -359,6 +359,15 @@ def test_up_hands_the_trainers_ranks_and_the_proxys_log_level_to_their_commands(
     assert train[train.index("--sharding") + 1] == "fsdp"
     proxy = plan(ranked)[1].argv
     assert proxy[proxy.index("--log-level") + 1] == "debug"
+    assert "--teacher-context" not in train
+    taught = agent.model_copy(update={"teacher_context": "hint.txt"})
+    train = shlex.split(trainer_command(taught) or "")
+    assert train[train.index("--teacher-context") + 1] == "hint.txt" and "--teacher" not in train
+
+
+def test_up_refuses_a_teacher_without_the_whole_loop() -> None:
+    with pytest.raises(ValueError, match="--teacher and --teacher-context are for --agent"):
+        UpSettings(teacher_context="hint.txt")
 
 
 async def test_up_vllm_without_vllm_fails_with_one_clear_line(tmp_path: Path) -> None:

@@ -69,7 +69,8 @@ class TrainSettings(JudgeChoice, UpstreamSettings, StoreSettings, ReportSettings
         None,
         description="A text file shown to the teacher and not the student (context "
         "distillation): a system prompt, a hint, a worked example; added to each call's "
-        "system message, the student's own completion scored after it.",
+        "system message, the student's own completion scored after it. Without --teacher the "
+        "teacher is the student's base model on the first --upstream (self-distillation).",
     )
     metrics_port: int | None = Field(
         None,
@@ -281,12 +282,11 @@ class TrainSettings(JudgeChoice, UpstreamSettings, StoreSettings, ReportSettings
 
     @model_validator(mode="after")
     def _a_teacher_for_its_flags(self) -> TrainSettings:
-        if self.teacher is None:
+        if not self.distils:
             named = [
                 flag
                 for flag, given in (
                     ("--teacher-base-url", self.teacher_base_url),
-                    ("--teacher-context", self.teacher_context),
                     ("--no-group-advantage", not self.group_advantage or None),
                 )
                 if given is not None
@@ -294,8 +294,16 @@ class TrainSettings(JudgeChoice, UpstreamSettings, StoreSettings, ReportSettings
             if self.reward_source is RewardSource.teacher:
                 named.append("--reward-source teacher")
             if named:
-                raise ValueError(f"{', '.join(named)} needs --teacher MODEL")
+                raise ValueError(f"{', '.join(named)} needs --teacher MODEL or --teacher-context")
+        elif self.teacher is None and self.teacher_base_url is not None:
+            raise ValueError("--teacher-base-url needs --teacher MODEL: the model it serves")
         return self
+
+    @property
+    def distils(self) -> bool:
+        """Whether a teacher scores the sampled tokens: --teacher, or --teacher-context alone
+        (the student's own base model, shown the context)."""
+        return self.teacher is not None or self.teacher_context is not None
 
     @property
     def teacher_url(self) -> str:

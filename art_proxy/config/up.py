@@ -87,6 +87,16 @@ class UpSettings(JournalSettings, StoreSettings):
     )
     scenarios: str | None = Field(None, description="Scenarios JSONL for --agent.")
     steps: int = Field(20, ge=1, description="Training steps with --agent.")
+    teacher: str | None = Field(
+        None,
+        description="With --agent: on-policy distillation from this model on the stack's own "
+        "server (train's --teacher; it must share the student's tokenizer).",
+    )
+    teacher_context: str | None = Field(
+        None,
+        description="With --agent: a text file shown to the teacher and not the agent (train's "
+        "--teacher-context; without --teacher the served model teaches itself with it).",
+    )
     eval_repeats: int = Field(
         4,
         ge=0,
@@ -123,6 +133,8 @@ class UpSettings(JournalSettings, StoreSettings):
     def _one_job(self) -> UpSettings:
         if (self.scenarios is None) != (self.agent is None):
             raise ValueError("--agent and --scenarios go together")
+        if not self.agent and (self.teacher or self.teacher_context):
+            raise ValueError("--teacher and --teacher-context are for --agent (the whole loop)")
         if self.agent and self.run:
             raise ValueError("--run and --agent each give the stack its job: pick one")
         return self

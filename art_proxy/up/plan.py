@@ -152,6 +152,8 @@ def trainer_command(settings: UpSettings) -> str | None:
         sharding=settings.sharding if settings.sharding != "ddp" else None,
         lora_rank=settings.lora_rank if "lora_rank" in settings.model_fields_set else None,
         sleep_upstreams=settings.sleep_mode,
+        teacher=settings.teacher,
+        teacher_context=settings.teacher_context,
     )
     return shlex.join([art_proxy, "train", *train_flags])
 

@@ -116,12 +116,8 @@ async def test_the_whole_loop_distils_groups_without_reward_spread_from_a_teache
     step trains on the teacher's term alone."""
     hint = tmp_path / "hint.txt"
     hint.write_text("Answer in one short word.")
-    settings = _settings(
-        stack,
-        tmp_path / "run",
-        teacher=TINY_NAME,
-        teacher_context=str(hint),
-        group_advantage=False,
+    settings = _settings(  # no --teacher: the base model the upstream serves, with the hint
+        stack, tmp_path / "run", teacher_context=str(hint), group_advantage=False
     )
     await asyncio.wait_for(run_train(settings, Console(quiet=True)), 300)
     async with TrajectoryStore.opened(stack.store_url, writer=False) as store:
@@ -203,7 +199,14 @@ async def test_a_teacher_the_upstream_does_not_serve_is_refused_before_any_rollo
 
 
 def test_the_teachers_flags_without_a_teacher_are_refused_in_one_line() -> None:
-    with pytest.raises(ValueError, match="--teacher-context, --no-group-advantage needs --teacher"):
-        TrainSettings(teacher_context="hint.txt", group_advantage=False)
+    with pytest.raises(
+        ValueError,
+        match="--teacher-base-url, --no-group-advantage needs --teacher MODEL or --teacher-context",
+    ):
+        TrainSettings(teacher_base_url="http://127.0.0.1:9/v1", group_advantage=False)
     with pytest.raises(ValueError, match="--reward-source teacher needs --teacher"):
         TrainSettings(reward_source="teacher")
+    with pytest.raises(ValueError, match="--teacher-base-url needs --teacher MODEL: the model"):
+        TrainSettings(teacher_base_url="http://127.0.0.1:9/v1", teacher_context="hint.txt")
+    # A context alone: the student's own base model teaches (self-distillation).
+    assert TrainSettings(teacher_context="hint.txt", group_advantage=False).distils

@@ -151,17 +151,6 @@ async def _train(
                 for judge in judges:
                     await judge.check()  # a judge that cannot answer stops the run before it swaps
             async with contextlib.AsyncExitStack() as stack:
-                teacher = None
-                if settings.teacher is not None:
-                    teacher = await stack.enter_async_context(
-                        Teacher(
-                            settings.teacher_url,
-                            settings.teacher,
-                            settings.teacher_api_key,
-                            context=teacher_context(settings.teacher_context),
-                        )
-                    )
-                    await teacher.check(settings.upstream[0], policy.served_name)
                 swapper = None
                 promoter = None
                 if settings.swap:
@@ -190,6 +179,20 @@ async def _train(
                             min_trajectories=settings.rollback_min_trajectories,
                             margin=settings.rollback_margin,
                         )
+                teacher = None
+                if settings.distils:
+                    # Without --teacher: the base model as the upstream serves it, shown the
+                    # context (self-distillation).
+                    base = swapper.base_name if swapper is not None else None
+                    teacher = await stack.enter_async_context(
+                        Teacher(
+                            settings.teacher_url,
+                            settings.teacher or base or policy.served_name,
+                            settings.teacher_api_key,
+                            context=teacher_context(settings.teacher_context),
+                        )
+                    )
+                    await teacher.check(settings.upstream[0], policy.served_name)
                 sleeper = None
                 if settings.sleep_upstreams:
                     sleeper = await stack.enter_async_context(
@@ -273,7 +276,7 @@ class _Display:
         )
         self._task = self._progress.add_task("starting", total=settings.steps or None)
         self._said = ""  # the last status, printed once where there is no live line
-        self._columns = (*_COLUMNS, _TEACHER_COLUMN) if settings.teacher else _COLUMNS
+        self._columns = (*_COLUMNS, _TEACHER_COLUMN) if settings.distils else _COLUMNS
 
     def __enter__(self) -> _Display:
         self._progress.start()
