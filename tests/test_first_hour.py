@@ -239,3 +239,24 @@ def test_make_demo_says_a_port_is_taken_before_its_setup() -> None:
     assert done.returncode != 0
     assert f"port {port} is taken" in done.stderr
     assert f"ART_PROXY_PORT={port + 1} make demo" in done.stderr
+
+
+async def test_a_read_command_on_a_store_that_does_not_exist_refuses_and_makes_none(
+    tmp_path: Path,
+) -> None:
+    """`alias list --store sqlite:///mien.db` said "no aliases" and left a new empty store
+    behind: a misspelt store read as an empty one (and `forget` as a subject with no data)."""
+    missing = tmp_path / "mien.db"
+    url = f"sqlite:///{missing}"
+    for command in (
+        ("alias", "list"),
+        ("export",),
+        ("lineage", "--user", "jane"),
+        ("forget", "--user", "jane", "--yes"),
+        ("scenario-bank", "--out", str(tmp_path / "bank.jsonl")),
+        ("judge", "--check", "--judge", "openai/any", "--judge-base-url", "http://127.0.0.1:9/v1"),
+    ):
+        status, _, err = await run_cli(*command, "--store", url)
+        assert status == 1, (command, err)
+        assert f"no store at {url}" in " ".join(err.split()), (command, err)
+        assert "Traceback" not in err and not missing.exists(), command

@@ -47,7 +47,7 @@ def alias_list(settings: AliasListSettings) -> None:
     from art_proxy.store.trajectory_store import TrajectoryStore
 
     async def read() -> list[AliasRecord]:
-        async with TrajectoryStore.opened(settings.store, writer=False) as store:
+        async with TrajectoryStore.opened(settings.store, writer=False, existing=True) as store:
             return await store.aliases()
 
     try:

@@ -58,7 +58,7 @@ async def _export_table(settings: ExportSettings) -> int:
     from art_proxy.export.table import write_hf_dataset, write_parquet
     from art_proxy.journal.left_behind import opened_for_reading
 
-    async with opened_for_reading(settings.store) as store:
+    async with opened_for_reading(settings.store, existing=True) as store:
         with stderr.status("exporting..."):
             trajectories = _exported(store, settings)
             write = write_parquet if settings.format == "parquet" else write_hf_dataset
@@ -69,7 +69,7 @@ async def _export_trl(settings: ExportSettings, out: IO[str]) -> int:
     from art_proxy.export.trl import write_trl
     from art_proxy.journal.left_behind import opened_for_reading
 
-    async with opened_for_reading(settings.store) as store:
+    async with opened_for_reading(settings.store, existing=True) as store:
         with stderr.status("exporting..."):
             return await write_trl(lambda: _exported(store, settings), out, pairs=settings.pairs)
 
@@ -98,7 +98,7 @@ async def _export(settings: ExportSettings, out: IO[str]) -> int:
     from art_proxy.journal.left_behind import opened_for_reading
 
     count = 0
-    async with opened_for_reading(settings.store) as store:
+    async with opened_for_reading(settings.store, existing=True) as store:
         with stderr.status("exporting...") as status:
             async for exported in _exported(store, settings):
                 out.write(exported.model_dump_json() + "\n")

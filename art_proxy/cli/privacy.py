@@ -47,7 +47,7 @@ def lineage(settings: LineageSettings) -> None:
     from art_proxy.journal.left_behind import opened_for_reading
 
     async def read() -> Lineage:
-        async with opened_for_reading(settings.store) as store:
+        async with opened_for_reading(settings.store, existing=True) as store:
             return await store.lineage(settings.subject())
 
     try:
@@ -75,7 +75,7 @@ def forget(settings: ForgetSettings) -> None:
     async def run() -> Lineage | Erasure:
         # The journal given is taken in first: a stopped proxy's records in it would otherwise
         # come back with the next proxy started on it.
-        async with opened_for_reading(settings.store, directory) as store:
+        async with opened_for_reading(settings.store, directory, existing=True) as store:
             if not settings.yes:
                 return await store.lineage(subject)
             return await erase(store, subject, directory)
@@ -105,7 +105,7 @@ def housekeeping(settings: HousekeepingSettings) -> None:
     from art_proxy.privacy.retention import expire
 
     async def run() -> dict[str, int]:
-        async with opened_for_reading(settings.store) as store:
+        async with opened_for_reading(settings.store, existing=True) as store:
             directory = journal_directory(settings.journal, settings.store)
             return await expire(store, settings.retain_days, directory)
 

@@ -68,7 +68,7 @@ async def _scenario_bank(settings: ScenarioBankSettings) -> tuple[list[str], int
     """The bank's JSONL lines, and how many scenarios could not become one."""
     from art_proxy.journal.left_behind import opened_for_reading
 
-    async with opened_for_reading(settings.store) as store:
+    async with opened_for_reading(settings.store, existing=True) as store:
         records = await store.bank_scenarios(settings.split, settings.limit)
     lines = [line for r in records if (line := _bank_line(r, settings.split)) is not None]
     return lines, len(records) - len(lines)
@@ -172,7 +172,7 @@ async def _bank_openings(settings: ScenarioWriterSettings) -> list[str]:
     """The text of the last user message of the newest openings of `--split`."""
     from art_proxy.journal.left_behind import opened_for_reading
 
-    async with opened_for_reading(settings.store) as store:
+    async with opened_for_reading(settings.store, existing=True) as store:
         records = await store.bank_scenarios(settings.split, settings.examples)
     openings = [text for record in records if (text := _asked(record.opening))]
     if settings.redact_pii:  # real users' words, on their way to the writer (often hosted)

@@ -32,12 +32,12 @@ _INGEST_TIMEOUT_S = 60.0
 
 @asynccontextmanager
 async def opened_for_reading(
-    url: str, journal: Path | None = None
+    url: str, journal: Path | None = None, *, existing: bool = False
 ) -> AsyncIterator[TrajectoryStore]:
     """The store at `url`, with what stopped proxies left in its journal ingested first (see the
     module; `journal`: a directory given with `--journal`, taken in too), closed when the block
-    ends; raises as `TrajectoryStore.open`."""
-    store = await TrajectoryStore.open(url, writer=False)
+    ends; raises as `TrajectoryStore.open` (`existing`: refuses a SQLite store not there)."""
+    store = await TrajectoryStore.open(url, writer=False, existing=existing)
     try:
         given = (journal_directory(JOURNAL_AUTO, url), journal)
         for directory in sorted({d for d in given if d is not None}):

@@ -90,11 +90,14 @@ def build_ruler(
 
 
 @contextlib.asynccontextmanager
-async def checked_ruler(settings: JudgeSettings, rubric: Rubric) -> AsyncIterator[Ruler]:
+async def checked_ruler(
+    settings: JudgeSettings, rubric: Rubric, *, existing: bool = False
+) -> AsyncIterator[Ruler]:
     """The Ruler the settings describe on their store, its judges checked to answer (a
-    `ConfigError` before anything is judged), closed when the block ends."""
+    `ConfigError` before anything is judged), closed when the block ends; `existing`: a SQLite
+    store that is not there is refused, not made."""
     clients: list[LitellmJudge] = []
-    async with opened_for_reading(settings.store) as store:
+    async with opened_for_reading(settings.store, existing=existing) as store:
         try:
             ruler, clients = build_ruler(settings, rubric, store)
             for client in clients:
@@ -111,7 +114,7 @@ async def run_judge_check(settings: JudgeSettings, rubric: Rubric) -> JudgeCheck
     checked = settings.model_copy(update={"judge_orders": max(2, settings.judge_orders)})
     judgments: list[Judgment] = []
     known: dict[str, float] = {}
-    async with checked_ruler(checked, rubric) as ruler:
+    async with checked_ruler(checked, rubric, existing=True) as ruler:
         for group in await ruler.store.groups(limit=settings.check_groups * 4):
             members = await finished_members(ruler.store, group.id)
             if len(members) < 2:

@@ -95,11 +95,17 @@ _ENGINE_OPTIONS: dict[str, Any] = {
 }
 
 
-def create_engine(url: str) -> AsyncEngine:
+def create_engine(url: str, *, existing: bool = False) -> AsyncEngine:
+    """An engine on the store at `url`; `existing`: a SQLite file that is not there is refused
+    (a read command's misspelt --store would otherwise read as a new, empty store)."""
     full_url = async_url(url)
     if full_url.startswith("sqlite"):
         database = make_url(full_url).database
         assert database is not None
+        if existing and not Path(database).exists():
+            raise ConfigError(
+                f"no store at {url}: {database} does not exist (a read makes none; check --store)"
+            )
         if not Path(database).parent.exists():
             raise ConfigError(f"store {url!r}: folder {Path(database).parent} does not exist")
         create_private(Path(database))  # its -wal and -shm take its mode

@@ -81,12 +81,14 @@ class TrajectoryStore(
         writer: bool = True,
         unreachable_ok: bool = False,
         power_safe: bool = False,
+        existing: bool = False,
     ) -> TrajectoryStore:
         """Connect, migrate to the newest schema and (for a proxy) start the group-commit writer.
         With `unreachable_ok` a store that cannot be reached now is opened all the same,
         unmigrated: `migrate()` once it answers (a proxy with a journal, which needs no store to
-        take calls). `power_safe`: the writer's commits survive power loss once they return."""
-        engine = create_engine(url)
+        take calls). `power_safe`: the writer's commits survive power loss once they return.
+        `existing`: a SQLite store that is not there is refused, not made (a read command)."""
+        engine = create_engine(url, existing=existing)
         store = cls(engine, transaction_runner(url, engine, power_safe=power_safe))
         try:
             await store.migrate()
@@ -109,10 +111,10 @@ class TrajectoryStore(
     @classmethod
     @contextlib.asynccontextmanager
     async def opened(
-        cls, url: str, *, writer: bool = True, power_safe: bool = False
+        cls, url: str, *, writer: bool = True, power_safe: bool = False, existing: bool = False
     ) -> AsyncIterator[TrajectoryStore]:
         """`open` for an `async with` block, which closes the store when it ends."""
-        store = await cls.open(url, writer=writer, power_safe=power_safe)
+        store = await cls.open(url, writer=writer, power_safe=power_safe, existing=existing)
         try:
             yield store
         finally:
