@@ -84,6 +84,20 @@ async def slow_validation_agent(run: Rollout) -> float:
     return length_reward(reply, run.index)
 
 
+async def misnamed_model_agent(run: Rollout) -> float:
+    """Asks for a model nobody serves: every rollout fails with the same 404."""
+    async with run.openai_client(max_retries=0) as client:
+        await client.chat.completions.create(
+            model="no-such-model", messages=[{"role": "user", "content": "hi"}], max_tokens=2
+        )
+    return 1.0
+
+
+async def flaky_agent(run: Rollout) -> float:
+    """Fails every time, each rollout with its own error."""
+    raise RuntimeError(f"the tool of rollout {run.trajectory_id} broke")
+
+
 async def unrewarded_agent(run: Rollout) -> None:
     """One short call and no reward: what production traffic without a judge looks like."""
     await _ask(run)

@@ -24,7 +24,7 @@ from art_proxy.store.trajectory_store import TrajectoryStore
 from art_proxy.testing.fake_vllm import FakeVllmConfig, running_fake_vllm
 from art_proxy_trainer import policy as policy_module
 from art_proxy_trainer.command import run_train
-from art_proxy_trainer.errors import BaseModelMismatch, CheckpointError
+from art_proxy_trainer.errors import BaseModelMismatch, CheckpointError, RolloutsFailed
 from art_proxy_trainer.ledger import SampledGroups
 from art_proxy_trainer.step_result import StepResult
 from tests.ruler.scripted_judge import running_scripted_judge
@@ -288,6 +288,31 @@ async def test_a_judge_that_cannot_answer_stops_training_before_anything_moves(
     with pytest.raises(ConfigError, match=f"judge base URL {nowhere} does not answer"):
         await run_train(settings, Console(quiet=True))
     assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+async def test_a_step_whose_every_rollout_fails_with_one_error_stops_the_run_with_it(
+    stack: Stack, tmp_path: Path
+) -> None:
+    """Twelve steps of `abandoned: no_signal`, every rollout a 404, exit 0 and "reached --steps
+    12": the error sat in each trajectory's metadata and nowhere a user reads."""
+    agent = f"{HERE / 'agents.py'}:misnamed_model_agent"
+    settings = _settings(stack, tmp_path / "run", agent=agent, steps=3, val_every=0)
+    with pytest.raises(RolloutsFailed, match=r"every rollout of step 1 failed \(8 of 8\)") as no:
+        await run_train(settings, Console(quiet=True))
+    assert "404" in str(no.value) and "no-such-model" in str(no.value)
+    async with TrajectoryStore.opened(stack.store_url, writer=False) as store:
+        assert await store.training_steps(run="run") == []
+
+
+async def test_a_step_whose_rollouts_all_fail_each_its_own_way_says_the_first_and_the_count(
+    stack: Stack, tmp_path: Path
+) -> None:
+    agent = f"{HERE / 'agents.py'}:flaky_agent"
+    settings = _settings(stack, tmp_path / "run", agent=agent, steps=1, val_every=0)
+    console = Console(record=True, width=200)
+    await run_train(settings, console)
+    said = console.export_text()
+    assert "step 1: all 8 rollouts failed, the first: RuntimeError: the tool of rollout" in said
 
 
 async def test_a_judge_that_scores_at_random_is_stopped_before_the_first_step(

@@ -230,7 +230,7 @@ async def _train(
                     await promoter.start()
                 summary.trainer = trainer
                 with _Display(console, settings) as display:
-                    events = Events(display.status, display.step, display.rollouts)
+                    events = Events(display.status, display.step, display.rollouts, display.warning)
                     if agent is not None:
                         loop = WholeLoop(
                             trainer, settings, agent, scenarios, ruler, events, warm_start
@@ -296,6 +296,9 @@ class _Display:
 
     def rollouts(self, done: int, total: int) -> None:
         self._progress.update(self._task, total=total, completed=done)
+
+    def warning(self, text: str) -> None:
+        self._console.print(f"[bold red]warning:[/] {escape(text)}", soft_wrap=True)
 
     def step(self, record: TrainingStep) -> None:
         self._console.print(step_line(record, self._columns), highlight=False, soft_wrap=True)

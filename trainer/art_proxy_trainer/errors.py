@@ -30,3 +30,8 @@ class SleepError(TrainerError):
 class DemonstrationError(TrainerError):
     """A demonstration cannot be trained on (no assistant turn, a template that renders its
     earlier turns differently once later ones follow, messages the template refuses)."""
+
+
+class RolloutsFailed(TrainerError):
+    """Every rollout of a step failed with one and the same error (a wrong model name, an agent
+    that cannot reach its tool): going on would abandon every step for no signal."""

@@ -28,13 +28,20 @@ from art_proxy.config import TrainSettings
 from art_proxy.errors import ConfigError
 from art_proxy.records import Judgment, TrainableGroup, TrainingStep
 from art_proxy.rewards import has_signal, mean_or_nan, rewards_by_trajectory
-from art_proxy.rollout import Agent, GroupReport, ready_for_judging, run_rollouts
+from art_proxy.rollout import (
+    Agent,
+    GroupReport,
+    RolloutReport,
+    ready_for_judging,
+    run_rollouts,
+)
 from art_proxy.ruler.check import check_judgments
 from art_proxy.ruler.run import finished_members
 from art_proxy.ruler.scorer import Ruler
 from art_proxy.scenarios import Scenario
 from art_proxy.store.trajectory_store import utcnow
 from art_proxy_trainer.advantages import pooled, pooled_rewards
+from art_proxy_trainer.errors import RolloutsFailed
 from art_proxy_trainer.ledger import SampledGroups
 from art_proxy_trainer.pipeline import Pipeline
 from art_proxy_trainer.trainer import Trainer
@@ -54,6 +61,22 @@ class Events:
     status: Callable[[str], None] = lambda _text: None
     step: Callable[[TrainingStep], None] = lambda _record: None
     rollouts: Callable[[int, int], None] = lambda _done, _total: None
+    warning: Callable[[str], None] = lambda _text: None  # a line the user must read
+
+
+def failed_rollouts(report: RolloutReport, step: int) -> str | None:
+    """What to say when every rollout of `report` failed (None: some did not): the first error
+    and the count. Raises `RolloutsFailed` when they all failed with one error: the next step's
+    would fail the same way."""
+    errors = [error for group in report.groups for error in group.errors.values()]
+    if not errors or len(errors) < report.rollouts:
+        return None
+    if len(set(errors)) == 1:
+        raise RolloutsFailed(
+            f"every rollout of step {step} failed ({len(errors)} of {report.rollouts}) with: "
+            f"{errors[0]}"
+        )
+    return f"step {step}: all {len(errors)} rollouts failed, the first: {errors[0]}"
 
 
 def stop_reason(trainer: Trainer, settings: TrainSettings) -> str | None:
@@ -324,6 +347,9 @@ class WholeLoop:
         )
         for warning in report.warnings:
             log.warning("%s", warning)
+        said = failed_rollouts(report, self.trainer.state.step + 1)
+        if said is not None:
+            self.events.warning(said)
         if guidance is None:  # the run's own, before judging: a kill now loses none of them
             self._ledger.add([group for group in report.groups if group.split == "train"])
         scored = [await self._score(group) for group in report.groups]
