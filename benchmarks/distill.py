@@ -2,11 +2,20 @@
 trajectory? GRPO alone, on-policy distillation (OPD) alone and both, side by side, several seeds.
 
 The single-word task of `learning_curve.py` through `art-proxy up` (local-llm, SmolLM2-135M, the
-proxy, SQLite), each arm and seed a fresh stack. The teacher is the served model itself, shown a
-hint the student never sees (`train --teacher-context`: "Reply with that one word only, for
-example: Apple", `examples/single_word/agent.HINT`), scoring the student's own tokens (context
-distillation): the laptop's case, one small model. OPD alone trains on the teacher's term only
-(`--no-group-advantage`); GRPO + OPD adds it to the group advantage (`--teacher-weight 1`).
+proxy, SQLite), each arm and seed a fresh stack. Two teachers, each sharing the student's
+tokenizer:
+
+- **hint**: the served model itself, shown a hint the student never sees (`train
+  --teacher-context`: "Reply with that one word only, for example: Apple", `agent.HINT`), scoring
+  the student's own tokens (context distillation, self-distillation): the laptop's case.
+- **trained**: the adapter the same seed's GRPO run ended with, served beside the base on the new
+  stack (`train --teacher teacher`): a stronger model, as OPD is meant to be used. Its cost is
+  that GRPO run.
+
+Before the runs, each context teacher's own reward on the training questions (the context in its
+prompt, 8 samples a question) is measured: what OPD from it can reach. OPD alone trains on the
+teacher's term only (`--no-group-advantage`); GRPO + OPD adds it to the group advantage
+(`--teacher-weight 1`).
 
 Two tasks: `single-word` (reward 1/words of an answer that ended, `agent.py:rollout`): steps and
 seconds to the first step whose training rollouts reach `--target`; and `strict` (1 for exactly one
@@ -15,15 +24,17 @@ no spread for GRPO: the last validation reward. Per arm and seed it prints the r
 the steps to target over seeds, its ratio to GRPO's, and the final validation with its 95%
 interval over seeds.
 
-    .venv/bin/python benchmarks/distill.py                                    # both, 3 seeds
+    .venv/bin/python benchmarks/distill.py --tasks single-word                 # 3 seeds
     .venv/bin/python benchmarks/distill.py --tasks single-word --seeds 1 --steps 2   # a smoke run
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import math
 import statistics
+import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,7 +47,7 @@ sys.path.insert(0, str(ROOT))  # run as a script, the repository root is not on 
 from benchmarks.learning_curve_summary import Arm, seed_interval  # noqa: E402  # after the path
 from examples.single_word.agent import HINT  # noqa: E402
 
-ARMS = ("GRPO", "OPD", "GRPO + OPD")
+ARMS = ("GRPO", "OPD, hint", "OPD, trained", "GRPO + OPD, trained")
 
 
 @dataclass(frozen=True)
@@ -50,14 +61,16 @@ class Result:
     last_teacher_kl: float | None  # the reverse KL from the teacher at the run's last step
 
 
-def arm(name: str, *, strict: bool, seed: int) -> Arm:
-    teacher = None if name == "GRPO" else HINT
+def arm(name: str, *, strict: bool, seed: int, trained: Path | None) -> Arm:
+    """The arm `name` of ARMS; `trained`: the adapter of the seed's GRPO run (the trained
+    teacher)."""
     return Arm(
         "local",
         strict=strict,
         seed=seed,
-        teacher_context=teacher,
-        group_advantage=name != "OPD",
+        teacher_context=HINT if name.endswith("hint") else None,
+        teacher_adapter=trained if name.endswith("trained") else None,
+        group_advantage=name.startswith("GRPO"),
         name=f"{'strict' if strict else 'single-word'}, {name}, seed {seed}",
     )
 
@@ -69,12 +82,20 @@ def main(args: argparse.Namespace) -> None:
     from benchmarks.learning_curve import run_engine
     from benchmarks.learning_curve_summary import console
 
+    alone = teacher_alone(HINT, args.threads)
+    console.print(f"the hint teacher alone (the hint in its prompt): reward {alone}")
     results: list[Result] = []
     for task in args.tasks:
-        names = ARMS if task == "single-word" else ("GRPO", "OPD")
         for seed in range(args.first_seed, args.first_seed + args.seeds):
-            for name in names:
-                run = run_engine(arm(name, strict=task == "strict", seed=seed), args)
+            trained = None
+            for name in ARMS:
+                if name.endswith("trained") and trained is None:
+                    continue  # the seed's GRPO run kept no adapter
+                run = run_engine(
+                    arm(name, strict=task == "strict", seed=seed, trained=trained), args
+                )
+                if name == "GRPO":
+                    trained = run.adapter
                 vals = [row.val for row in run.rows if row.val is not None]
                 kl = [r.teacher_kl for r in run.rows if r.teacher_kl is not None]
                 results.append(
@@ -90,7 +111,63 @@ def main(args: argparse.Namespace) -> None:
                 )
                 console.print(f"{task}, {name}, seed {seed}: {results[-1]}")
     console.print(_table(results, args))
+    console.print(f"the hint teacher alone: reward {alone}; the trained teacher: GRPO's last step")
     console.print(_figures(results, args))  # the key figures, last
+
+
+def teacher_alone(context: str, threads: int) -> str:
+    """The served model's own reward on the training questions with `context` added to its
+    system message as the teacher sees it (`with_context`), 8 samples a question: the mean with
+    its 95% interval over questions."""
+    import json
+    import os
+
+    from art_proxy.testing.loopback import free_port
+
+    lines = (ROOT / "examples/single_word/scenarios.jsonl").read_text().splitlines()
+    scenarios = [json.loads(line) for line in lines if line.strip()]
+    questions = [s["input"] for s in scenarios if s.get("split", "train") == "train"]
+    port = free_port()
+    art_proxy = str(Path(sys.executable).parent / "art-proxy")
+    env = {**os.environ, "ART_PROXY_THREADS": str(threads)}
+    argv = [art_proxy, "local-llm", "--port", str(port)]
+    server = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    try:
+        means = asyncio.run(_rewards(port, server, questions, context))
+    finally:
+        server.terminate()
+        server.wait(timeout=60)
+    return seed_interval(means)
+
+
+async def _rewards(
+    port: int, server: subprocess.Popen[bytes], questions: list[str], context: str
+) -> list[float]:
+    from openai import AsyncOpenAI
+
+    from art_proxy.teacher import with_context
+    from art_proxy.testing.loopback import wait_healthy
+    from examples.single_word.agent import MAX_TOKENS, SYSTEM, rate
+
+    await wait_healthy(f"http://127.0.0.1:{port}/health", server, timeout_s=600)
+    async with AsyncOpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="-") as client:
+        model = (await client.models.list()).data[0].id
+
+        async def scored(question: str) -> float:
+            messages = [
+                {"role": "system", "content": SYSTEM},
+                {"role": "user", "content": question},
+            ]
+            reply = await client.chat.completions.create(
+                model=model,
+                messages=with_context(messages, context),
+                max_tokens=MAX_TOKENS,
+                temperature=1.0,
+                n=8,
+            )
+            return statistics.fmean(rate(c.message.content, c.finish_reason) for c in reply.choices)
+
+        return list(await asyncio.gather(*(scored(question) for question in questions)))
 
 
 def _steps(results: list[Result], task: str, name: str, args: argparse.Namespace) -> list[float]:
@@ -104,8 +181,9 @@ def _steps(results: list[Result], task: str, name: str, args: argparse.Namespace
 
 def _table(results: list[Result], args: argparse.Namespace) -> Table:
     table = Table(
-        title=f"GRPO, OPD and both: SmolLM2-135M taught by itself with a hint, {args.steps} "
-        f"steps, {args.group_size} rollouts x {args.groups_per_step} groups a step"
+        title=f"GRPO, OPD and both: SmolLM2-135M taught by itself with a hint, or by its GRPO "
+        f"adapter; {args.steps} steps, {args.group_size} rollouts x {args.groups_per_step} "
+        "groups a step"
     )
     columns = ("task", "arm", "seeds at target", "steps to target", "x GRPO", "s to target")
     for column in (*columns, "last val (95%)", "last teacher KL"):

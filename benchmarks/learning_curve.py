@@ -90,13 +90,6 @@ async def _programmatic_by_step(store_url: str, run: str) -> dict[int, float]:
         await store.aclose()
 
 
-async def _served_model(base_url: str) -> str:
-    """The base model `base_url` serves (the first of its /v1/models)."""
-    async with aiohttp.ClientSession() as http, http.get(f"{base_url}/models") as response:
-        name: str = (await response.json())["data"][0]["id"]
-        return name
-
-
 async def _first_rollout_at(store_url: str) -> datetime | None:
     """When the run's first rollout began (the model loaded: the base model's validation, or
     step 1's rollouts)."""
@@ -163,6 +156,9 @@ def run_tool_agent(args: argparse.Namespace) -> None:
     console.print("held-out success [95%]: " + "; ".join(figures))  # the key figures, last
 
 
+TEACHER_ADAPTER = "teacher"  # the name a trained teacher adapter is served under
+
+
 def run_engine(arm: Arm, args: argparse.Namespace) -> EngineRun:
     engine = arm.engine
     work = Path(tempfile.mkdtemp(prefix=f"art-learning-{engine}-"))
@@ -212,16 +208,24 @@ async def _train(
         from examples.single_word.agent import HINT
 
         guided = {"guided_retries": True, "guide": HINT}
-    teacher = {}
+    teacher: dict[str, object] = {}
     if arm.teacher_context is not None:
         # The served model teaches itself, shown the context (context distillation).
         context = work / "teacher-context.txt"
         context.write_text(arm.teacher_context)
-        teacher = {
-            "teacher": await _served_model(llm),
-            "teacher_context": str(context),
-            "group_advantage": arm.group_advantage,
-        }
+        teacher = {"teacher_context": str(context), "group_advantage": arm.group_advantage}
+    if arm.teacher_adapter is not None:
+        # A trained adapter, loaded on the stack's server beside the base: a stronger teacher
+        # with the student's tokenizer.
+        async with (
+            aiohttp.ClientSession() as http,
+            http.post(
+                f"{llm}/load_lora_adapter",
+                json={"lora_name": TEACHER_ADAPTER, "lora_path": str(arm.teacher_adapter)},
+            ) as response,
+        ):
+            assert response.status == 200, await response.text()
+        teacher = {"teacher": TEACHER_ADAPTER, "group_advantage": arm.group_advantage}
     settings = TrainSettings.model_validate(
         {
             "store": store,
@@ -286,12 +290,19 @@ async def _train(
         guided_rescued=sum(r["metrics"].get("guided_rescued", 0.0) for r in records),
         step_seconds=sum(r["metrics"].get("seconds_step", 0.0) for r in records),
         first_rollout_s=(first_rollout - started).total_seconds() if first_rollout else 0.0,
+        adapter=_newest_adapter(work / "train"),
         trainer_waits={
             r["step"]: r["metrics"]["pipeline_trainer_wait_s"]
             for r in records
             if "pipeline_trainer_wait_s" in r["metrics"]
         },
     )
+
+
+def _newest_adapter(out: Path) -> Path | None:
+    """The adapter of the run's newest checkpoint (None: it kept none)."""
+    checkpoints = sorted((out / "checkpoints").glob("step-*/adapter"))
+    return checkpoints[-1] if checkpoints else None
 
 
 def add_run_arguments(parser: argparse.ArgumentParser) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import statistics
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rich.console import Console
@@ -45,6 +46,8 @@ class Arm:
     # On-policy distillation (benchmarks/distill.py): the served model as its own teacher, shown
     # this text (train --teacher-context), with the group advantage or without it.
     teacher_context: str | None = None
+    # Or a trained adapter's directory, served beside the base as the teacher (train --teacher).
+    teacher_adapter: Path | None = None
     group_advantage: bool = True
     name: str | None = None  # the arm's label, where the fields above do not make it
 
@@ -73,6 +76,7 @@ class EngineRun:
     # the run's own wall time leaves out.
     first_rollout_s: float = 0.0
     trainer_waits: dict[int, float] = field(default_factory=dict)  # step -> waited for its batch
+    adapter: Path | None = None  # the newest checkpoint's adapter (a later arm's teacher)
 
 
 @dataclass(frozen=True)
