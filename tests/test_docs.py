@@ -43,13 +43,20 @@ def own_agent_block(page: str) -> str:
 
 
 @pytest.mark.parametrize("page", ["README.md", "docs/index.md"])
-def test_the_own_agent_steps_run_through_in_one_shell(page: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize("check", ["fails", "passes"])
+def test_the_own_agent_steps_run_through_in_one_shell(
+    page: str, check: str, tmp_path: Path
+) -> None:
     """Pasted into one shell as written (the servers of step 1 in the background), the steps end:
-    stand-ins for art-proxy (its servers run until killed) and the agent (a moment's work)."""
+    stand-ins for art-proxy (its servers run until killed; `judge --check` exits 1 as the bundled
+    judge's does, or 0) and the agent (a moment's work). Followed verbatim, it never trains on
+    the scores of a judge whose check failed."""
     bin_dir = tmp_path / ".venv" / "bin"
     bin_dir.mkdir(parents=True)
+    checked = 1 if check == "fails" else 0
     stand_ins = {
-        "art-proxy": 'case "$1" in local-llm|serve) exec sleep 600;; esac\necho "$@" >> calls\n',
+        "art-proxy": 'case "$1" in local-llm|serve) exec sleep 600;; esac\necho "$@" >> calls\n'
+        f'case "$1 $2" in "judge --check") exit {checked};; esac\n',
         "python": 'sleep 0.2\necho "$@" >> calls\n',
         "curl": "exit 0\n",  # the servers answer
     }
@@ -74,3 +81,11 @@ def test_the_own_agent_steps_run_through_in_one_shell(page: str, tmp_path: Path)
     calls = (tmp_path / "calls").read_text().splitlines()
     assert sum(call.startswith("my_agent.py") for call in calls) == 8
     assert calls[-1] == "alias list --store sqlite:///mine.db"
+    [train] = [call for call in calls if call.startswith("train ")]
+    judged = any(call.startswith("judge ") and "--check" not in call for call in calls)
+    assert judged and any(call.startswith("judge --check") for call in calls)
+    if check == "fails":  # the judge's scores untouched: the model teaches itself
+        assert "--reward-source teacher" in train and "--teacher-context hint.txt" in train
+        assert (tmp_path / "hint.txt").read_text().strip()
+    else:
+        assert "--reward-source" not in train and "--teacher" not in train

@@ -118,7 +118,8 @@ class TrainSettings(JudgeChoice, UpstreamSettings, StoreSettings, ReportSettings
         True,
         description="The whole loop with --judge: check the judge on the first step's groups "
         "(ruler/check.py) and stop before training when its scores follow position or noise "
-        "(--judge-check-below).",
+        "(--judge-check-below). The sidecar: stop before training on the scores of a judge "
+        "whose newest `art-proxy judge --check` failed.",
     )
     guided_retries: bool = Field(
         False,

@@ -129,3 +129,21 @@ class Judgment(Record):
         "ruler with the programmatic reward recorded for validation.",
     )
     created_at: datetime
+
+
+class JudgeCheckRecord(Record):
+    """What `art-proxy judge --check` found of a judge with a rubric (ruler/check.py), kept so
+    that a trainer reading its judgments knows whether they can be trained on."""
+
+    judge_model: str = Field(description="As its judgments name it (Judgment.judge_model).")
+    rubric_hash: str
+    passed: bool
+    failed: bool = Field(
+        description="Measured and below the threshold (neither: nothing measured)."
+    )
+    consistency: float | None
+    agreement: float | None
+    threshold: float
+    groups: int
+    line: str = Field(description="What the check printed.")
+    created_at: datetime

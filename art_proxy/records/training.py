@@ -129,6 +129,11 @@ class TrainableGroup(Record):
     judged_at: datetime | None = Field(
         default=None, description="When its newest scored judgment was written (None: finish)."
     )
+    judged_by: tuple[str, str] | None = Field(
+        default=None,
+        description="The judge model and rubric hash of its newest scored judgment (None: "
+        "finish): whose check says whether the rewards can be trained on.",
+    )
     baseline_group: str | None = Field(
         default=None,
         description="A guided retry's unguided group: the retry's advantages are taken against "

@@ -30,7 +30,7 @@ from art_proxy.ids import short_id
 from art_proxy.journal.left_behind import opened_for_reading
 from art_proxy.privacy.pii import pii_redactor
 from art_proxy.privacy.redaction import redact_url
-from art_proxy.records import Judgment
+from art_proxy.records import JudgeCheckRecord, Judgment
 from art_proxy.ruler.check import JudgeCheck, check_judgments
 from art_proxy.ruler.ensemble import ensemble_name
 from art_proxy.ruler.judge import LitellmJudge, litellm_token_counter
@@ -40,7 +40,7 @@ from art_proxy.ruler.run import GroupJudge, Readiness, Totals, finished_members
 from art_proxy.ruler.scorer import Ruler
 from art_proxy.ruler.settings import RulerSettings
 from art_proxy.serving import until_stopped
-from art_proxy.store.trajectory_store import TrajectoryStore
+from art_proxy.store.trajectory_store import TrajectoryStore, utcnow
 from art_proxy.trackers import Tracker, open_trackers
 
 # The run's name in the trackers of --report-to.
@@ -110,7 +110,8 @@ async def checked_ruler(
 
 async def run_judge_check(settings: JudgeSettings, rubric: Rubric) -> JudgeCheck:
     """The judge checked on the store's newest `check_groups` groups of two or more finished
-    members, each judged in at least 2 orders; nothing is stored."""
+    members, each judged in at least 2 orders. Its judgments are not stored; what it found is,
+    for a trainer to refuse this judge's scores when the check failed (sidecar.CheckedJudges)."""
     checked = settings.model_copy(update={"judge_orders": max(2, settings.judge_orders)})
     judgments: list[Judgment] = []
     known: dict[str, float] = {}
@@ -123,13 +124,28 @@ async def run_judge_check(settings: JudgeSettings, rubric: Rubric) -> JudgeCheck
             judgments.append(await ruler.judgment(group.id, members))
             if len(judgments) == settings.check_groups:
                 break
-    if not judgments:
-        raise ConfigError(
-            f"nothing to check the judge on: {redact_url(settings.store)} has no group with 2 "
-            "finished runs "
-            "(art-proxy rollout makes some)"
+        if not judgments:
+            raise ConfigError(
+                f"nothing to check the judge on: {redact_url(settings.store)} has no group with "
+                "2 finished runs (art-proxy rollout makes some)"
+            )
+        check = check_judgments(judgments, known, settings.judge_check_below)
+        # Kept: a trainer reading this judge's judgments refuses them when it failed.
+        await ruler.store.record_judge_check(
+            JudgeCheckRecord(
+                judge_model=judgments[0].judge_model,
+                rubric_hash=judgments[0].rubric_hash,
+                passed=check.passed,
+                failed=check.failed,
+                consistency=check.consistency,
+                agreement=check.agreement,
+                threshold=check.threshold,
+                groups=check.groups,
+                line=check.line(),
+                created_at=utcnow(),
+            )
         )
-    return check_judgments(judgments, known, settings.judge_check_below)
+    return check
 
 
 async def run_judge(settings: JudgeSettings, rubric: Rubric, out: Console, err: Console) -> Totals:

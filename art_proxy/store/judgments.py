@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import cast
 
 import sqlalchemy as sa
 
-from art_proxy.records import BEST_OF_JUDGE_PREFIX, GroupRecord, JsonObject, JudgeMode, Judgment
+from art_proxy.records import (
+    BEST_OF_JUDGE_PREFIX,
+    GroupRecord,
+    JsonObject,
+    JudgeCheckRecord,
+    JudgeMode,
+    Judgment,
+)
 from art_proxy.store import schema
 from art_proxy.store.base import (
     GroupPosition,
@@ -21,6 +29,7 @@ from art_proxy.store.base import (
 from art_proxy.store.rows import JudgmentRow
 
 G, J, T = schema.groups, schema.judgments, schema.trajectories
+JC = schema.judge_checks
 
 
 class JudgmentRecords(StoreBase):
@@ -105,6 +114,31 @@ class JudgmentRecords(StoreBase):
             return False  # rolled back
         return True
 
+    async def record_judge_check(self, check: JudgeCheckRecord) -> None:
+        async with self._transaction() as connection:
+            await connection.execute(sa.insert(JC).values(check.model_dump()))
+
+    async def judge_checks(self, *, limit: int = 20) -> list[JudgeCheckRecord]:
+        """What `judge --check` found, newest first."""
+        query = sa.select(JC).order_by(JC.c.created_at.desc(), JC.c.id.desc()).limit(limit)
+        return [_judge_check(row) for row in await self._all(query)]
+
+    async def newest_judge_checks(
+        self, judges: Iterable[tuple[str, str]]
+    ) -> dict[tuple[str, str], JudgeCheckRecord]:
+        """The newest check of each (judge model, rubric hash) of `judges` that has one."""
+        found: dict[tuple[str, str], JudgeCheckRecord] = {}
+        for judge_model, rubric_hash in set(judges):
+            rows = await self._all(
+                sa.select(JC)
+                .where(JC.c.judge_model == judge_model, JC.c.rubric_hash == rubric_hash)
+                .order_by(JC.c.created_at.desc(), JC.c.id.desc())
+                .limit(1)
+            )
+            for row in rows:
+                found[judge_model, rubric_hash] = _judge_check(row)
+        return found
+
     async def judgments(self, *, group: str | None = None, limit: int = 100) -> list[Judgment]:
         """Newest first."""
         query = sa.select(J).order_by(J.c.created_at.desc(), J.c.id).limit(limit)
@@ -121,6 +155,11 @@ class JudgmentRecords(StoreBase):
             .limit(1)
         )
         return None if row is None else _judgment(row)
+
+
+def _judge_check(row: JsonObject) -> JudgeCheckRecord:
+    fields = {name: row[name] for name in JudgeCheckRecord.model_fields}
+    return JudgeCheckRecord.model_validate({**fields, "created_at": aware(row["created_at"])})
 
 
 class _MemberErased(Exception):

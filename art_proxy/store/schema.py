@@ -160,6 +160,25 @@ judgments = sa.Table(
     sa.Index("ix_judgments_created", "created_at", "id"),
 )
 
+# What `judge --check` found of a judge and rubric (records.JudgeCheckRecord, migration 0023): a
+# trainer refuses the judgments of one whose newest check failed.
+judge_checks = sa.Table(
+    "judge_checks",
+    metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("judge_model", sa.String(1000), nullable=False),
+    sa.Column("rubric_hash", sa.String(64), nullable=False),
+    sa.Column("passed", sa.Boolean, nullable=False),
+    sa.Column("failed", sa.Boolean, nullable=False),
+    sa.Column("consistency", sa.Float),
+    sa.Column("agreement", sa.Float),
+    sa.Column("threshold", sa.Float, nullable=False),
+    sa.Column("groups", sa.Integer, nullable=False),
+    sa.Column("line", sa.Text, nullable=False),
+    sa.Column("created_at", Timestamp, nullable=False),
+    sa.Index("ix_judge_checks_judge", "judge_model", "rubric_hash", "created_at"),
+)
+
 # --- Training: model aliases, their history, the trainer's steps and the groups they consumed ---
 
 # The model name each alias serves now (records.AliasRecord); proxies poll it every second.

@@ -322,13 +322,22 @@ class TrainingRecords(StoreBase):
             .limit(limit)
         )
         judgments = await self._all(
-            sa.select(J.c.group_id, J.c.status, J.c.scores, J.c.cost_usd, J.c.created_at)
+            sa.select(
+                J.c.group_id,
+                J.c.status,
+                J.c.scores,
+                J.c.cost_usd,
+                J.c.created_at,
+                J.c.judge_model,
+                J.c.rubric_hash,
+            )
             .where(J.c.group_id.in_([group["id"] for group in groups]))
             .order_by(J.c.created_at, J.c.id)
         )
         rewards: dict[str, dict[str, float]] = {}
         costs: dict[str, float] = {}
         judged_at: dict[str, datetime | None] = {}
+        judged_by: dict[str, tuple[str, str]] = {}
         for judgment in judgments:  # oldest first: the newest scored one is written last
             group_id = judgment["group_id"]
             costs[group_id] = costs.get(group_id, 0.0) + float(judgment["cost_usd"])
@@ -337,12 +346,14 @@ class TrainingRecords(StoreBase):
                     TrajectoryScore.model_validate(score) for score in judgment["scores"]
                 )
                 judged_at[group_id] = aware(judgment["created_at"])
+                judged_by[group_id] = (judgment["judge_model"], judgment["rubric_hash"])
         return [
             _trainable(
                 group,
                 rewards.get(group["id"], {}),
                 costs.get(group["id"], 0.0),
                 judged_at.get(group["id"]),
+                judged_by=judged_by.get(group["id"]),
             )
             for group in groups
         ]
@@ -435,9 +446,11 @@ def _trainable(
     judged_at: datetime | None = None,
     *,
     unrewarded: Sequence[str] = (),
+    judged_by: tuple[str, str] | None = None,
 ) -> TrainableGroup:
     return TrainableGroup(
         judged_at=judged_at,
+        judged_by=judged_by,
         unrewarded=list(unrewarded),
         group_id=group["id"],
         scenario_id=group["scenario_id"],

@@ -99,7 +99,12 @@ async def test_the_check_passes_a_perfect_judge_and_stops_a_random_or_positional
         assert "Try a stronger judge (--judge" in line
     assert len(judge.requests) == 4 * 2  # 2 orders a group, however few --judge-orders asks
     async with TrajectoryStore.opened(sqlite_url, writer=False) as store:
-        assert await store.judgments() == []  # a check stores nothing
+        assert await store.judgments() == []  # a check stores no judgment
+        [kept] = await store.judge_checks()  # but what it found, for a trainer to heed
+    assert (kept.judge_model, kept.passed, kept.failed, kept.groups) == (
+        "openai/j", passes, not passes, 4,
+    )  # fmt: skip
+    assert kept.line == line
 
 
 def test_the_check_needs_groups_and_says_so(sqlite_url: str) -> None:

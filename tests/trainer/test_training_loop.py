@@ -18,9 +18,10 @@ from rich.console import Console
 
 from art_proxy.config import TrainSettings
 from art_proxy.errors import ConfigError
+from art_proxy.records import JudgeCheckRecord
 from art_proxy.rollout import load_agent, run_rollouts
 from art_proxy.scenarios import Scenario, load_scenarios
-from art_proxy.store.trajectory_store import TrajectoryStore
+from art_proxy.store.trajectory_store import TrajectoryStore, utcnow
 from art_proxy.testing.fake_vllm import FakeVllmConfig, running_fake_vllm
 from art_proxy_trainer import policy as policy_module
 from art_proxy_trainer.command import run_train
@@ -28,6 +29,7 @@ from art_proxy_trainer.errors import BaseModelMismatch, CheckpointError, Rollout
 from art_proxy_trainer.ledger import SampledGroups
 from art_proxy_trainer.step_result import StepResult
 from tests.ruler.scripted_judge import running_scripted_judge
+from tests.test_training_store import judgment
 from tests.trainer.agents import length_reward, untagged
 from tests.trainer.conftest import TINY_NAME, Stack
 from tests.trainer.under_load import train_under_load
@@ -391,6 +393,40 @@ async def test_an_abandoned_step_labels_its_groups_abandoned_not_trained(
         [step] = await store.training_steps(run="run")
     assert (step.status, step.reason) == ("abandoned", "nan_loss")
     assert "abandoned" in step.groups.values() and "trained" not in step.groups.values()
+
+
+async def test_the_sidecar_refuses_the_scores_of_a_judge_whose_check_failed(
+    stack: Stack, tmp_path: Path
+) -> None:
+    """The README's `judge --check` exited 1 ("below 0.3 ... try a stronger judge") and its next
+    line trained on those scores without a word. Never checked: said once, trained on."""
+    train = [s for s in load_scenarios(SCENARIOS) if s.split == "train"][:2]
+    groups = await rollout_groups(stack, train)
+    async with TrajectoryStore.opened(stack.store_url) as store:
+        for group_id in groups:
+            members = [t.id for t in await store.trajectories(group=group_id)]
+            rewards = dict(zip(members, [0.0, 0.25, 0.5, 1.0], strict=True))
+            await store.add_judgment(judgment(group_id, rewards))
+    sidecar = {"agent": None, "scenarios": None, "steps": 1, "val_every": 0}
+    console = Console(record=True, width=300)
+    unchecked = await run_train(_settings(stack, tmp_path / "a", **sidecar), console)
+    assert unchecked.stopped == "reached --steps 1"
+    assert "judge judge's scores were never checked" in console.export_text()
+    async with TrajectoryStore.opened(stack.store_url) as store:
+        await store.record_judge_check(
+            JudgeCheckRecord(
+                judge_model="judge", rubric_hash="r", passed=False, failed=True,
+                consistency=0.17, agreement=None, threshold=0.3, groups=4,
+                line="judge check on 4 groups: its orders agree at Kendall tau +0.17, below 0.3",
+                created_at=utcnow(),
+            )
+        )  # fmt: skip
+    with pytest.raises(ConfigError, match=r"judge judge's scores failed their check \(judge chec"):
+        await run_train(_settings(stack, tmp_path / "b", **sidecar), Console(quiet=True))
+    anyway = _settings(stack, tmp_path / "c", **sidecar, judge_check=False)
+    console = Console(record=True, width=300)
+    assert (await run_train(anyway, console)).stopped == "reached --steps 1"
+    assert "although they failed their check (--no-judge-check)" in console.export_text()
 
 
 async def test_a_trainer_refuses_to_resume_another_agents_run_without_resume(

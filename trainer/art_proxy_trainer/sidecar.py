@@ -17,9 +17,10 @@ from collections.abc import Sequence
 from datetime import datetime, timedelta
 
 from art_proxy.config import RewardSource, TrainSettings
+from art_proxy.errors import ConfigError
 from art_proxy.records import TrainableGroup
 from art_proxy.rewards import has_signal
-from art_proxy.store.trajectory_store import utcnow
+from art_proxy.store.trajectory_store import TrajectoryStore, utcnow
 from art_proxy_trainer.loop import Events, run_warm_start, stop_reason
 from art_proxy_trainer.trainer import Trainer
 from art_proxy_trainer.warm_start import WarmStart
@@ -66,6 +67,7 @@ async def run_sidecar(
     if warm_start is not None:
         await run_warm_start(trainer, warm_start, events)
     poll = JudgedSince()
+    judges = CheckedJudges(trainer.store, settings, events)
     while (reason := stop_reason(trainer, settings)) is None:
         started = utcnow()
         since = poll.since() if settings.reward_source is RewardSource.judgment else None
@@ -97,10 +99,43 @@ async def run_sidecar(
             for g in groups
             if g not in with_signal and g.created_at <= newest and (g.split != "val" or g.rewards)
         ]
+        await judges.vet(chosen)
         events.status(f"training step {trainer.state.step + 1}")
         events.step(await trainer.train(chosen + riders))
         poll.consumed(chosen + riders)
     return reason
+
+
+class CheckedJudges:
+    """Whether the judges of the groups a step takes can be trained on, by what `art-proxy judge
+    --check` last found of each (judge model and rubric): one whose newest check failed stops
+    the run (`--no-judge-check`: said once, and trained on); one never checked is said once."""
+
+    def __init__(self, store: TrajectoryStore, settings: TrainSettings, events: Events) -> None:
+        self._store, self._settings, self._events = store, settings, events
+        self._said: set[tuple[str, str]] = set()
+
+    async def vet(self, groups: Sequence[TrainableGroup]) -> None:
+        judges = {group.judged_by for group in groups if group.judged_by is not None}
+        checks = await self._store.newest_judge_checks(judges)
+        for judge in sorted(judges - self._said):
+            check = checks.get(judge)
+            if check is not None and check.failed and self._settings.judge_check:
+                raise ConfigError(
+                    f"judge {judge[0]}'s scores failed their check ({check.line}); train on "
+                    "them anyway with --no-judge-check"
+                )
+            self._said.add(judge)
+            if check is None:
+                self._events.warning(
+                    f"judge {judge[0]}'s scores were never checked: `art-proxy judge --check` "
+                    "says whether they follow quality or noise before a run trains on them"
+                )
+            elif check.failed:
+                self._events.warning(
+                    f"training on judge {judge[0]}'s scores although they failed their check "
+                    "(--no-judge-check)"
+                )
 
 
 class JudgedSince:
