@@ -168,6 +168,28 @@ def test_up_refuses_ports_another_server_holds() -> None:
             plan(UpSettings(llm_port=0, port=port))
 
 
+async def test_serve_and_local_llm_say_a_taken_port_before_anything_slow(
+    tmp_path: Path,
+) -> None:
+    """`serve` took 9 s and `local-llm` 16 s (the model loaded first) to say that their port
+    was taken. Said first now: before a model that is not there, or a store's missing folder."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        missing = str(tmp_path / "no-such-model")
+        store = f"sqlite:///{tmp_path / 'no-such-folder' / 'art.db'}"
+        for command in (
+            ("local-llm", "--port", port, "--model", missing),
+            ("serve", "--port", port, "--store", store, "--upstream", "http://127.0.0.1:9/v1"),
+        ):
+            status, _, err = await run_cli(*command)
+            said = " ".join(err.split())
+            assert status == 1 and f"port {port} on 127.0.0.1 is taken" in said, (command, err)
+            assert f"ART_PROXY_PORT={int(port) + 1} art-proxy {command[0]}" in said
+            assert "Traceback" not in err
+
+
 def test_local_llm_without_torch_says_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
     from typer.testing import CliRunner
 

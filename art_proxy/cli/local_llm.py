@@ -6,6 +6,7 @@ import typer
 
 from art_proxy.cli.options import settings_command
 from art_proxy.cli.output import configure_logging, fail
+from art_proxy.errors import ConfigError
 from art_proxy.local.cli import LocalLlmSettings
 
 
@@ -20,6 +21,12 @@ def register(app: typer.Typer) -> None:
 
 def local_llm(settings: LocalLlmSettings) -> None:
     from art_proxy.local import missing_local_packages
+    from art_proxy.ports import refuse_taken_port
+
+    try:
+        refuse_taken_port(settings.host, settings.port, "--port", command="art-proxy local-llm")
+    except ConfigError as exc:  # before the model's load: a taken port is said at once
+        fail(str(exc))
 
     missing = missing_local_packages("local-llm")
     if missing is not None:

@@ -20,10 +20,13 @@ def register(app: typer.Typer) -> None:
 
 
 def serve(settings: ProxySettings) -> None:
+    from art_proxy.ports import refuse_taken_port
     from art_proxy.proxy.server import serve as serve_forever
 
     configure_logging(settings.log_level)
     try:
+        # Before the store's migrations and the upstream's first answer: said at once.
+        refuse_taken_port(settings.host, settings.port, "--port", command="art-proxy serve")
         serve_forever(settings)
     except (ConfigError, StoreError, OSError) as exc:
         fail(str(exc))

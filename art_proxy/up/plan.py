@@ -4,7 +4,6 @@ the proxy, and the commands run against them (the whole loop's `train`, then `ev
 from __future__ import annotations
 
 import shlex
-import socket
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -12,6 +11,7 @@ from pathlib import Path
 from art_proxy.config import Engine, LogLevel, TrainerConfig, UpSettings
 from art_proxy.errors import ConfigError
 from art_proxy.local import missing_local_packages
+from art_proxy.ports import refuse_taken_port
 from art_proxy.up.parts import Part, flags
 from art_proxy.up.vllm import VllmLaunch
 
@@ -50,20 +50,6 @@ def one_gpu_share(settings: UpSettings, model_dir: str) -> float:
             "and a trainer on another GPU"
         )
     return share
-
-
-def refuse_taken_port(host: str, port: int, flag: str) -> None:
-    """ConfigError when something already listens on `host:port`: the stack would start beside
-    it, and its health checks would be answered by the other server."""
-    with socket.socket() as probe:
-        probe.settimeout(1.0)
-        if probe.connect_ex((host, port)) == 0:
-            variable = "ART_PROXY_" + flag.removeprefix("--").replace("-", "_").upper()
-            raise ConfigError(
-                f"port {port} on {host} is taken (another art-proxy, vLLM or local-llm still "
-                f"running?): stop it, or pass {flag} with a free port (or set {variable}, "
-                f"e.g. {variable}={port + 1} make demo)"
-            )
 
 
 def plan(settings: UpSettings) -> list[Part]:
