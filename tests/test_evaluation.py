@@ -449,6 +449,8 @@ async def test_the_command_prints_the_table_and_writes_the_report(
     assert max(len(line) for line in done.stdout.splitlines()) <= 80  # fits a terminal
     written = sorted(p.name for p in (tmp_path / "report").iterdir())
     assert written == ["report.json", "report.md", "report.png"]
+    # Piped, no bar shows: each arm's rollouts are counted in lines (it said nothing for 101 s).
+    assert "arm base: rollouts: 6/6" in done.stderr and "arm hosted: rollouts: 6/6" in done.stderr
 
 
 def test_the_command_refuses_a_bad_arm_in_one_line(tmp_path: Path) -> None:

@@ -15,6 +15,7 @@ from art_proxy.config import EvalSettings
 from art_proxy.errors import ConfigError
 from art_proxy.evaluation.report import table, write
 from art_proxy.evaluation.run import run_evaluation
+from art_proxy.progress_lines import ProgressLines
 from art_proxy.records import EvaluationReport
 from art_proxy.rollout import Agent, load_agent
 from art_proxy.scenarios import Scenario, load_scenarios
@@ -53,11 +54,13 @@ async def _evaluate(
     try:
         with Progress(*columns, console=err, transient=True) as progress:
             bars: dict[str, TaskID] = {}
+            lines = ProgressLines(err)  # where no bar shows: the counts as lines
 
             def advance(label: str, done: int, total: int) -> None:
                 if label not in bars:
                     bars[label] = progress.add_task(label, total=total)
                 progress.update(bars[label], completed=done)
+                lines.count(f"arm {label}: rollouts", done, total)
 
             return await run_evaluation(
                 settings,

@@ -306,6 +306,22 @@ async def test_a_step_whose_every_rollout_fails_with_one_error_stops_the_run_wit
         assert await store.training_steps(run="run") == []
 
 
+async def test_without_a_terminal_the_loop_says_what_it_does_before_its_first_step_line(
+    stack: Stack, tmp_path: Path
+) -> None:
+    """Piped (as `up` relays it), the whole loop printed nothing for 4 min 30 s before its first
+    step line: the live status line shows only on a terminal."""
+    settings = _settings(stack, tmp_path / "run", steps=1, val_every=1)
+    console = Console(record=True, width=200)  # not a terminal
+    await run_train(settings, console)
+    said = console.export_text().splitlines()
+    first_step = next(i for i, line in enumerate(said) if re.match(r"\s+1\s", line))
+    before = "\n".join(said[:first_step])
+    assert "validation reward of the base model" in before
+    assert "step 1: rollouts, round 1" in before and "training step 1" in before
+    assert "step 1: rollouts, round 1: 8/8" in before  # the rollouts counted
+
+
 async def test_a_step_whose_rollouts_all_fail_each_its_own_way_says_the_first_and_the_count(
     stack: Stack, tmp_path: Path
 ) -> None:

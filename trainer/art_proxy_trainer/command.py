@@ -26,6 +26,7 @@ from art_proxy.config.judge import judging_as_it_goes
 from art_proxy.errors import ConfigError
 from art_proxy.journal.left_behind import opened_for_reading
 from art_proxy.local.cli import set_torch_threads, usable_cores
+from art_proxy.progress_lines import ProgressLines
 from art_proxy.records import TrainingStep
 from art_proxy.rollout import Agent, load_agent
 from art_proxy.ruler.command import build_ruler
@@ -275,7 +276,8 @@ class _Display:
             transient=True,
         )
         self._task = self._progress.add_task("starting", total=settings.steps or None)
-        self._said = ""  # the last status, printed once where there is no live line
+        self._said = ""  # the last status
+        self._lines = ProgressLines(console)
         self._columns = (*_COLUMNS, _TEACHER_COLUMN) if settings.distils else _COLUMNS
 
     def __enter__(self) -> _Display:
@@ -290,12 +292,12 @@ class _Display:
 
     def status(self, text: str) -> None:
         self._progress.update(self._task, description=text, total=None, completed=0)
-        if text.startswith("waiting") and text != self._said and not self._console.is_terminal:
-            self._console.print(text, highlight=False, soft_wrap=True)  # no live line to read
+        self._lines.say(text)  # no live line to read: each status printed once
         self._said = text
 
     def rollouts(self, done: int, total: int) -> None:
         self._progress.update(self._task, total=total, completed=done)
+        self._lines.count(self._said or "rollouts", done, total)
 
     def warning(self, text: str) -> None:
         self._console.print(f"[bold red]warning:[/] {escape(text)}", soft_wrap=True)
