@@ -258,6 +258,22 @@ class TrainingRecords(StoreBase):
         )
         return {str(row["group_id"]) for row in rows}
 
+    async def trained_by_other_runs(
+        self, run: str, group_ids: Sequence[str]
+    ) -> dict[str, list[str]]:
+        """Those of `group_ids` another run than `run` trained on: group id -> those runs."""
+        if not group_ids:
+            return {}
+        rows = await self._all(
+            sa.select(CG.c.group_id, CG.c.run)
+            .where(CG.c.group_id.in_(list(group_ids)), CG.c.run != run, CG.c.outcome == "trained")
+            .order_by(CG.c.run)
+        )
+        found: dict[str, list[str]] = {}
+        for row in rows:
+            found.setdefault(str(row["group_id"]), []).append(str(row["run"]))
+        return found
+
     async def consumed_group_ids(self, run: str) -> set[str]:
         rows = await self._all(sa.select(CG.c.group_id).where(CG.c.run == run))
         return {str(row["group_id"]) for row in rows}

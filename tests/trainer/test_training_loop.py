@@ -442,7 +442,10 @@ async def test_the_sidecar_refuses_the_scores_of_a_judge_whose_check_failed(
     anyway = _settings(stack, tmp_path / "c", **sidecar, judge_check=False)
     console = Console(record=True, width=300)
     assert (await run_train(anyway, console)).stopped == "reached --steps 1"
-    assert "although they failed their check (--no-judge-check)" in console.export_text()
+    said = console.export_text()
+    assert "although they failed their check (--no-judge-check)" in said
+    # A run trains each group once; another run trains them again, and says whose they were.
+    assert "step 1: 2 of its 2 groups were trained before by run a" in said
 
 
 async def test_a_trainer_refuses_to_resume_another_agents_run_without_resume(

@@ -100,10 +100,28 @@ async def run_sidecar(
             if g not in with_signal and g.created_at <= newest and (g.split != "val" or g.rewards)
         ]
         await judges.vet(chosen)
+        await _say_trained_before(trainer, settings, chosen, events)
         events.status(f"training step {trainer.state.step + 1}")
         events.step(await trainer.train(chosen + riders))
         poll.consumed(chosen + riders)
     return reason
+
+
+async def _say_trained_before(
+    trainer: Trainer, settings: TrainSettings, groups: Sequence[TrainableGroup], events: Events
+) -> None:
+    """A run trains each group once; another run on the same store starts from the base model
+    and trains the groups again. Said, with those runs, where the user reads the steps."""
+    before = await trainer.store.trained_by_other_runs(
+        settings.run_name, [g.group_id for g in groups]
+    )
+    if before:
+        runs = sorted({run for named in before.values() for run in named})
+        events.warning(
+            f"step {trainer.state.step + 1}: {len(before)} of its {len(groups)} groups were "
+            f"trained before by run {', '.join(runs)} (each run trains a group once, from its "
+            "own weights)"
+        )
 
 
 class CheckedJudges:
