@@ -71,7 +71,9 @@ async def _export_trl(settings: ExportSettings, out: IO[str]) -> int:
 
     async with opened_for_reading(settings.store, existing=True) as store:
         with stderr.status("exporting..."):
-            return await write_trl(lambda: _exported(store, settings), out, pairs=settings.pairs)
+            return await write_trl(
+                lambda: _exported(store, settings), out, pairs=settings.pairs, kto=settings.kto
+            )
 
 
 async def _exported(

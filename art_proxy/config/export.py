@@ -26,6 +26,12 @@ class ExportSettings(StoreSettings, PiiSettings):
         "prompt that trajectories of different rewards in one group sent alike, the best reply "
         "chosen and the worst rejected.",
     )
+    kto: bool = Field(
+        False,
+        description="With --format trl: only the rows KTOTrainer learns from, as it reads them: "
+        "prompt, completion and label (desirable: a reward above its group's mean), of answered "
+        "calls in groups whose rewards differ.",
+    )
     scenario: str | None = Field(None, description="Only this scenario.")
     status: str | None = Field(
         None, description="Only trajectories in this status (open, finished)."
@@ -38,8 +44,10 @@ class ExportSettings(StoreSettings, PiiSettings):
     def _parquet_to_a_file(self) -> ExportSettings:
         if self.format in ("parquet", "hf") and self.out == "-":
             raise ValueError(f"--format {self.format} writes to disk: pass --out PATH")
-        if self.pairs and self.format != "trl":
-            raise ValueError("--pairs is for --format trl")
+        if (self.pairs or self.kto) and self.format != "trl":
+            raise ValueError(f"--{'pairs' if self.pairs else 'kto'} is for --format trl")
+        if self.pairs and self.kto:
+            raise ValueError("--pairs (DPO) and --kto are two formats: pick one")
         return self
 
 

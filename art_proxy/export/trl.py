@@ -9,6 +9,9 @@ is positive: what TRL's KTOTrainer reads). `trl.data_utils.is_conversational` ho
 of a chat call, so SFTTrainer, KTOTrainer and the GRPO family read them as they are; a legacy
 completions call keeps its `prompt` and `completion` as text (TRL's standard format).
 
+With `--kto`, KTOTrainer's rows only, as it reads them: `prompt`, `completion` and `label`, of
+answered calls whose trajectory's advantage is not 0 (a reward, in a group whose rewards differ).
+
 With `--pairs`, preference pairs for DPOTrainer: within each group whose rewards differ, every
 prompt that trajectories of different rewards sent alike (the scenario's opening, at least) gives
 one row, `chosen` the reply of the best of them and `rejected` that of the worst, where the
@@ -39,10 +42,11 @@ def reward_of(exported: ExportedTrajectory) -> float | None:
     return judged if judged is not None else exported.trajectory.reward
 
 
-async def write_trl(read: Reader, out: IO[str], *, pairs: bool) -> int:
-    """The rows (or with `pairs` the preference pairs) of the trajectories `read` yields, one
-    JSON object a line; how many rows. `read` is called twice: the first pass learns each
-    group's rewards (an advantage needs its group's mean), the second writes."""
+async def write_trl(read: Reader, out: IO[str], *, pairs: bool, kto: bool = False) -> int:
+    """The rows (or with `pairs` the preference pairs, with `kto` KTO's rows) of the
+    trajectories `read` yields, one JSON object a line; how many rows. `read` is called twice:
+    the first pass learns each group's rewards (an advantage needs its group's mean), the
+    second writes."""
     rewards: dict[str, dict[str, float]] = {}
     async for exported in read():
         reward = reward_of(exported)
@@ -54,6 +58,12 @@ async def write_trl(read: Reader, out: IO[str], *, pairs: bool) -> int:
     count = 0
     async for exported in read():
         for row in _rows(exported, means):
+            if kto:
+                # KTOTrainer reads every row's label and completion: a row without either (no
+                # reward, a tie, no answer) would stop it, and the rest it does not read.
+                if not row["advantage"] or row["completion"] is None:
+                    continue
+                row = {key: row[key] for key in ("prompt", "completion", "label")}
             out.write(orjson.dumps(row).decode() + "\n")
             count += 1
     return count

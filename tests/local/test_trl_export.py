@@ -101,6 +101,63 @@ async def test_a_trl_pair_export_trains_a_dpo_step(
     assert math.isfinite(loss)
 
 
+async def test_a_trl_kto_export_trains_a_kto_step_as_it_is(
+    local_llm: RunningLocalLlm, sqlite_url: str, tmp_path: Path, http: aiohttp.ClientSession
+) -> None:
+    """KTOTrainer failed on `--format trl` as exported (the null labels of unrewarded rows),
+    though the docs said it took it as it is. `--kto`: the rows it learns from, and only the
+    columns it reads; the tie's rows (advantage 0) and an unrewarded call's are left out."""
+    async with running_proxy(proxy_settings(sqlite_url, local_llm.base_url)) as proxy:
+        await _record_groups(proxy, http)
+        async with openai.AsyncOpenAI(base_url=proxy.base_url, api_key="unused") as client:
+            await client.chat.completions.create(
+                model="SmolLM2-135M-Instruct",
+                messages=[{"role": "user", "content": "Name a shape."}],
+                max_tokens=4,
+            )  # a trajectory nobody rewarded
+        await proxy.parts.settled()
+    data = tmp_path / "kto.jsonl"
+    exported = await asyncio.to_thread(
+        export, "--store", sqlite_url, "--format", "trl", "--kto", "--out", str(data)
+    )
+    assert exported.returncode == 0, exported.stderr
+    rows = datasets.load_dataset("json", data_files=str(data), split="train")
+    assert rows.column_names == ["prompt", "completion", "label"]
+    assert sorted(rows["label"]) == [False, True] and is_conversational(rows[0])
+    loss = await asyncio.to_thread(_one_kto_step, rows, tmp_path / "kto")
+    assert math.isfinite(loss)
+
+
+def _one_kto_step(rows: datasets.Dataset, out: Path) -> float:
+    from peft import LoraConfig
+    from trl.trainer.kto_config import KTOConfig
+    from trl.trainer.kto_trainer import KTOTrainer
+
+    from art_proxy.local.model_loading import model_files
+
+    config = KTOConfig(
+        output_dir=str(out),
+        max_steps=1,
+        per_device_train_batch_size=2,
+        logging_steps=1,
+        save_strategy="no",
+        report_to=[],
+        use_cpu=True,
+        disable_tqdm=True,
+    )
+    trainer = KTOTrainer(
+        model=str(model_files(None).directory),
+        args=config,
+        train_dataset=rows,  # as exported
+        peft_config=LoraConfig(
+            r=8, lora_alpha=16, target_modules="all-linear", task_type="CAUSAL_LM"
+        ),
+    )
+    trainer.train()
+    losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
+    return float(losses[-1])
+
+
 def _one_dpo_step(pairs: datasets.Dataset, out: Path) -> float:
     from peft import LoraConfig
     from trl.trainer.dpo_config import DPOConfig
