@@ -9,7 +9,8 @@ import uuid
 from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from types import SimpleNamespace
+from typing import Any, cast
 
 import pytest
 import torch
@@ -25,7 +26,7 @@ from art_proxy.store.writer import Batch
 from art_proxy.wire import ApiError, choice_count
 from art_proxy_trainer.batch import TrajectorySample, build_batch
 from art_proxy_trainer.checkpoint import Checkpoints, TrainerState
-from art_proxy_trainer.command import _Display
+from art_proxy_trainer.command import TrainSummary, _Display, step_line
 from art_proxy_trainer.errors import CheckpointError
 from art_proxy_trainer.lora import make_optimizer
 from art_proxy_trainer.memory import micro_batches
@@ -480,6 +481,42 @@ def test_a_step_line_is_one_line_where_output_is_not_a_terminal() -> None:
     header, line = out.getvalue().splitlines()[:2]
     assert header.split()[0] == "step" and header.split()[-1] == "swap"
     assert line.split()[0] == "7" and line.split()[-1] == "swapped"
+
+
+def test_the_summary_and_the_step_lines_name_validations_and_steps_alike() -> None:
+    """Validations printed on steps 5/10/15/20 were @4/@9/@14/@19 in the summary, step 1's line
+    showed `val -` though the base model was validated, and a last step abandoned was counted in
+    "steps 20" while step 19's adapter served."""
+    record = TrainingStep(
+        run="r",
+        step=1,
+        status="applied",
+        swap="swapped",
+        metrics={"reward_mean": 0.5, "val_reward_base": 0.15},
+        created_at=datetime.now(UTC),
+    )
+    cells = step_line(record).split()
+    assert cells[3] == "0.150"  # step 1's `val`: the weights it started from, the base model's
+    state = TrainerState(
+        run="r",
+        step=20,
+        applied_steps=list(range(1, 20)),
+        val_history=[(0, 0.15), (4, 0.5), (19, 0.9)],
+        best_step=19,
+        best_val=0.9,
+        loaded_adapters=["agent@19-abc123"],
+    )
+    summary = TrainSummary(TrainSettings(), "agent")
+    summary.trainer = cast(
+        Trainer, SimpleNamespace(state=state, stopping=SimpleNamespace(warnings=[]))
+    )
+    out = io.StringIO()
+    Console(file=out, width=200).print(summary.table())
+    text = out.getvalue()
+    assert "20 (19 applied, 1 abandoned)" in text
+    assert "0.15@1, 0.50@5, 0.90@20" in text
+    assert "the adapter of step 19 (val 0.90, on step 20's line)" in text
+    assert "agent@19-abc123" in text
 
 
 def test_a_guided_retry_is_measured_against_its_unguided_group(tmp_path: Path) -> None:

@@ -364,10 +364,14 @@ async def test_a_resumed_run_serves_its_adapter_again_and_a_new_run_starts_from_
             f"{stack.llm.base_url}/unload_lora_adapter", json={"lora_name": first_1}
         ) as response:
             assert response.status == 200
+        console = Console(record=True, width=300)
         resumed = await run_train(
-            _settings(stack, tmp_path / "first", steps=2, val_every=0), Console(quiet=True)
+            _settings(stack, tmp_path / "first", steps=2, val_every=0), console
         )
         assert resumed.stopped == "reached --steps 2"
+        # Moved back with a line that says so (it once moved without a word).
+        said = console.export_text()
+        assert f"alias '{TINY_NAME}' serves this run's newest adapter again: {first_1}" in said
         first = [m for m in await _models(http, stack.llm.base_url) if m != TINY_NAME]
         assert first[0] == first_1 and [untagged(m) for m in first] == [
             f"{TINY_NAME}@1",

@@ -35,7 +35,7 @@ from art_proxy.ruler.rubric import Rubric, load_rubric
 from art_proxy.ruler.scorer import Ruler
 from art_proxy.scenarios import Scenario, load_scenarios
 from art_proxy.teacher import Teacher, teacher_context
-from art_proxy_trainer.checkpoint import Checkpoints
+from art_proxy_trainer.checkpoint import Checkpoints, TrainerState
 from art_proxy_trainer.distributed import Leader, Ranks, Replica, follow, join, leave
 from art_proxy_trainer.loop import Events, WholeLoop
 from art_proxy_trainer.metrics import MetricsSink
@@ -216,6 +216,13 @@ async def _train(
                 resumed = await trainer.resume()
                 if resumed:
                     console.print(f"resumed {settings.run_name!r} after step {resumed} from {out}")
+                    if swapper is not None and trainer.state.loaded_adapters:
+                        # The alias may have served another model meanwhile: said, not done quietly.
+                        console.print(
+                            f"alias {swapper.alias!r} serves this run's newest adapter again: "
+                            f"{trainer.state.loaded_adapters[-1]}",
+                            highlight=False,
+                        )
                 warm_start = None
                 if settings.sft is not None:
                     with console.status("rendering the demonstrations"):
@@ -308,6 +315,9 @@ class _Display:
 
 def step_line(record: TrainingStep, columns: tuple[tuple[str, str, str], ...] = _COLUMNS) -> str:
     values = {**record.metrics, "step": float(record.step)}
+    if "val_reward" not in values and "val_reward_base" in values:
+        # `val` is of the weights a step started from: step 1's, the base model's.
+        values["val_reward"] = values["val_reward_base"]
     cells = [f"{fmt.format(values[key]) if key in values else '-':>7}" for _, key, fmt in columns]
     swap: str = record.swap or "-"
     if record.status == "abandoned":
@@ -319,6 +329,19 @@ def step_line(record: TrainingStep, columns: tuple[tuple[str, str, str], ...] = 
     if record.kind == "sft":
         swap += "; warm start"
     return " ".join(cells) + f"  {swap}"
+
+
+def _best_row(state: TrainerState) -> str:
+    """The best validated weights: the step they came after, and the step line that shows
+    their validation."""
+    if state.best_step is None or state.best_val is None:
+        return "-"
+    if state.best_step == 0:
+        return f"the base model (val {state.best_val:.2f}, on step 1's line)"
+    return (
+        f"the adapter of step {state.best_step} (val {state.best_val:.2f}, on step "
+        f"{state.best_step + 1}'s line)"
+    )
 
 
 def _reward_row(rewards: list[tuple[int, float]]) -> str:
@@ -353,11 +376,18 @@ class TrainSummary:
         if self.trainer is not None:
             state = self.trainer.state
             rewards = state.reward_history
+            applied = len([s for s in state.applied_steps if s > state.sft_steps])
+            taken = state.step - state.sft_steps
+            steps = str(state.step)
+            if applied != taken:  # an abandoned step is a step, and changed nothing
+                steps += f" ({applied} applied, {taken - applied} abandoned)"
             rows += [
-                ("steps", str(state.step)),
+                ("steps", steps),
                 ("reward", _reward_row(rewards)),
-                ("validation", ", ".join(f"{v:.2f}@{s}" for s, v in state.val_history) or "-"),
-                ("best", "-" if state.best_step is None else f"step {state.best_step}"),
+                # As the step lines show it: a step's `val` is of the weights it started from
+                # (step 1's, the base model's), so the weights after step N show on step N+1.
+                ("validation", ", ".join(f"{v:.2f}@{s + 1}" for s, v in state.val_history) or "-"),
+                ("best", _best_row(state)),
                 ("serving", state.loaded_adapters[-1] if state.loaded_adapters else "base model"),
             ]
             rows += [("warning", warning) for warning in self.trainer.stopping.warnings[-3:]]
