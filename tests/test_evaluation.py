@@ -31,9 +31,10 @@ from art_proxy.config import EvalSettings
 from art_proxy.errors import ConfigError
 from art_proxy.evaluation.arms import parse_arm
 from art_proxy.evaluation.intervals import bootstrap_mean, paired_difference, wilson
+from art_proxy.evaluation.report import title
 from art_proxy.evaluation.run import run_evaluation
 from art_proxy.proxy.server import RunningProxy, running_proxy
-from art_proxy.records import ArmResult, Estimate, EvaluationReport
+from art_proxy.records import ArmResult, Estimate, EvaluationReport, TrainingStep
 from art_proxy.rollout import Rollout
 from art_proxy.scenarios import Scenario
 from art_proxy.store import schema
@@ -489,6 +490,49 @@ async def test_the_base_arm_reaches_the_base_model_an_alias_of_its_name_hides(
         ("trained", f"{base}@3-run", 3),
     ]
     assert sorted(served) == [base] * 3 + [f"{base}@3-run"] * 3
+
+
+async def test_arms_name_the_adapter_they_measured_or_why_they_cannot(
+    sqlite_url: str, tmp_path: Path
+) -> None:
+    """`--model NAME@2` with step 2 of two runs answered "not served"; `trained`'s model column
+    showed the alias, not the adapter it served; with no arm run, the title said "0 scenarios
+    x 1"."""
+    async with (
+        running_fake_vllm(FakeVllmConfig(reply="yes")) as upstream,
+        running_proxy(proxy_settings(sqlite_url, upstream.base_url)) as proxy,
+        aiohttp.ClientSession() as http,
+    ):
+        base = upstream.config.model
+        for run, tag in (("mine", "865f17"), ("theirs", "a2c69d")):
+            await load_adapter(http, upstream, f"{base}@2-{tag}", tmp_path)
+            await proxy.parts.store.record_step(
+                TrainingStep(
+                    run=run,
+                    step=2,
+                    status="applied",
+                    adapter=f"{base}@2-{tag}",
+                    groups={},
+                    metrics={},
+                    created_at=datetime.now(UTC),
+                )
+            )
+        status, _ = await put_alias(http, proxy, {"model": f"{base}@2-a2c69d", "step": 2}, base)
+        assert status == 200
+        arms = ["trained", f"two={base}@2"]
+        report = await run_evaluation(
+            _settings(proxy, tmp_path, model=arms, repeats=1), says_yes, SCENARIOS
+        )
+        nothing = await run_evaluation(
+            _settings(proxy, tmp_path, model=[f"two={base}@2"], repeats=1), says_yes, SCENARIOS
+        )
+    trained, two = report.arms
+    assert (trained.model, trained.rollouts) == (f"{base}@2-a2c69d", 3)
+    assert two.rollouts == 0 and two.error == (
+        f"'{base}@2' is ambiguous: {base}@2-865f17 (run mine) or {base}@2-a2c69d (run theirs); "
+        "name one"
+    )
+    assert title(nothing).endswith(": no arm ran, nothing measured")
 
 
 async def test_an_arm_on_its_own_server_says_nothing_of_the_stores_aliases(

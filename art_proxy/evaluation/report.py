@@ -210,6 +210,8 @@ def headers(report: EvaluationReport) -> list[str]:
 def title(report: EvaluationReport) -> str:
     source = f"judged by {report.judge}" if report.reward_source == "judge" else "agent's reward"
     cut = ", interrupted: partial" if report.interrupted else ""
+    if not report.scenarios:  # no arm ran a rollout: there is nothing to count
+        return f"evaluation {report.id}: no arm ran, nothing measured"
     return f"evaluation {report.id}: {report.scenarios} scenarios x {report.repeats}, {source}{cut}"
 
 

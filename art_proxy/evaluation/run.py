@@ -86,7 +86,7 @@ async def run_evaluation(
             for judge in judges:
                 stack.push_async_callback(judge.aclose)
                 await judge.check()
-        runs = [await _prepare(spec, settings, stack) for spec in specs]
+        runs = [await _prepare(spec, settings, stack, store) for spec in specs]
         interrupted = await _roll(runs, settings, agent, scenarios, group_ids, progress, stop)
         await _count_tokens(runs, store)
         rewards, scored_by = await _rewards(runs, settings, store, ruler, group_ids)
@@ -110,10 +110,14 @@ async def run_evaluation(
 
 
 async def _prepare(
-    spec: ArmSpec, settings: EvalSettings, stack: contextlib.AsyncExitStack
+    spec: ArmSpec,
+    settings: EvalSettings,
+    stack: contextlib.AsyncExitStack,
+    store: TrajectoryStore,
 ) -> ArmRun:
     """The arm, its model named as its server serves it, behind a recording proxy; `error` set
-    when it cannot run."""
+    when it cannot run. `trained` is pinned to the adapter its alias serves now (the alias may
+    move while the evaluation runs, and the report names what was measured)."""
     proxy = settings.proxy
     served_by = "proxy"
     key: str | None = None  # its own server's
@@ -140,11 +144,19 @@ async def _prepare(
             if spec.model == BASE and run.model in await _aliases(proxy, settings.admin_key):
                 # An alias named after the base model hides it: ALIAS@0 is the base under it.
                 run.model = f"{run.model}@{BASE_STEP}"
+            if spec.model == TRAINED:
+                served = {a.alias: a.model for a in await store.aliases()}.get(run.model)
+                if served is not None and served in ids:
+                    run.model = served
     elif spec.model not in ids:
         # ALIAS@STEP names an adapter the trainer saved as ALIAS@STEP-TAG.
-        tagged = [i for i in ids if i.startswith(spec.model + "-")]
+        tagged = sorted(i for i in ids if i.startswith(spec.model + "-"))
         if len(tagged) == 1:
             run.model = tagged[0]
+        elif tagged:  # the same step of several runs
+            runs = {s.adapter: s.run for s in await store.training_steps(limit=100_000)}
+            named = " or ".join(f"{name} (run {runs.get(name, '?')})" for name in tagged)
+            run.error = f"{spec.model!r} is ambiguous: {named}; name one"
         elif ids:  # a server that lists no models is taken at its word
             run.error = (
                 f"{spec.model!r} is not served there (it serves {', '.join(sorted(ids)[:8])})"
