@@ -13,6 +13,7 @@ import json
 import logging
 import math
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -193,7 +194,7 @@ async def test_an_evaluation_is_recorded_apart_and_never_judged_or_trained_on(
         assert all(len(upstreams) == 2 for upstreams in by_group.values())
         unjudged = await store.unjudged_groups(judge_model="j", mode="json", rubric_hash="r")
         assert unjudged == []
-        for source in ("finish", "judgment"):
+        for source in ("finish", "judgment", "teacher"):
             assert await store.trainable_groups("run", source=source) == []
         (stored,) = await store.evaluations()
     assert [arm.label for arm in stored.arms] == ["base", "hosted"]
@@ -204,6 +205,12 @@ async def test_an_evaluation_is_recorded_apart_and_never_judged_or_trained_on(
         html = await page.text()
     assert page.status == 200 and "vs base [95%]" in html
     assert "<td>hosted</td>" in html and "+1.00 [+1.00, +1.00]" in html
+    # The arms drawn side by side (report.png's chart, which the page once left out).
+    [chart] = re.findall(
+        r'<svg [^>]*aria-label="Reward by arm \(95% interval\)".*?</svg>', html, re.S
+    )
+    assert "<title>base: 0 [0, " in chart and "<title>hosted: 1 [" in chart
+    assert ">reward</text>" in chart
     async with (
         aiohttp.ClientSession() as http,
         http.get(f"{proxy.root_url}/dashboard?split=eval") as page,

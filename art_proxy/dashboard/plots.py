@@ -11,9 +11,9 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-WIDTH, HEIGHT = 640.0, 220.0
-# Room for the y labels on the left and the x labels below.
-LEFT, RIGHT, TOP, BOTTOM = 56.0, 12.0, 12.0, 28.0
+WIDTH, HEIGHT = 640.0, 236.0
+# Room for the y labels and the y axis's title on the left, the x labels and title below.
+LEFT, RIGHT, TOP, BOTTOM = 70.0, 12.0, 12.0, 44.0
 Y_TICKS = 5
 MAX_X_TICKS = 8
 
@@ -55,6 +55,8 @@ class Chart:
     lines: list[Line]
     x_ticks: list[Tick]
     y_ticks: list[Tick]
+    x_title: str = "training step"
+    y_title: str = ""
     plot_left: float = LEFT
     plot_right: float = WIDTH - RIGHT
     plot_top: float = TOP
@@ -67,10 +69,12 @@ def line_chart(
     *,
     floor: float | None = None,
     ceiling: float | None = None,
+    y_title: str = "",
+    x_title: str = "training step",
 ) -> Chart | None:
     """None when no series has a finite point (the page says there is nothing yet). `floor`
     and `ceiling`: what the values cannot pass (a reward in [0, 1], a count from 0): neither a
-    band nor the axis goes beyond them."""
+    band nor the axis goes beyond them. `y_title`, `x_title`: what the axes measure, in what."""
     drawn = [_finite(one) for one in series]
     points = [point for one in drawn for point in one.points]
     if not points:
@@ -112,6 +116,8 @@ def line_chart(
         lines=lines,
         x_ticks=[Tick(to_x(x), f"{x:g}") for x in _x_ticks(min(xs), max(xs))],
         y_ticks=[Tick(to_y(y), f"{y:.6g}") for y in y_ticks],
+        x_title=x_title,
+        y_title=y_title,
     )
 
 
@@ -181,3 +187,81 @@ def _x_ticks(low: float, high: float) -> list[float]:
 
 def _path(points: Sequence[tuple[float, float]]) -> str:
     return " ".join(f"{'M' if i == 0 else 'L'}{x:.1f},{y:.1f}" for i, (x, y) in enumerate(points))
+
+
+@dataclass(frozen=True)
+class Interval:
+    """One arm of an interval chart: a mean and its 95% interval, at `y` on the page."""
+
+    label: str
+    y: float
+    mean: float
+    low: float
+    high: float
+    text: str  # what its tooltip says
+
+
+@dataclass(frozen=True)
+class IntervalChart:
+    title: str
+    width: float
+    height: float
+    rows: list[Interval]
+    x_ticks: list[Tick]
+    x_title: str
+    plot_left: float
+    plot_right: float
+    plot_bottom: float
+
+
+_ROW = 28.0  # the height of one arm's row
+_LABELS = 180.0  # room for the arms' labels on the left
+
+
+def interval_chart(
+    title: str,
+    arms: Sequence[tuple[str, float | None, float | None, float | None]],
+    *,
+    x_title: str,
+) -> IntervalChart | None:
+    """Each arm's mean as a dot and its interval as a bar, one row an arm, on one axis (an
+    evaluation's rewards side by side). None when no arm has a mean."""
+    shown = [
+        (label, mean, low, high)
+        for label, mean, low, high in arms
+        if mean is not None and low is not None and high is not None
+    ]
+    if not shown:
+        return None
+    values = [v for _, mean, low, high in shown for v in (mean, low, high)]
+    x_low, x_high, ticks = _nice_axis(min(values), max(values), None, None)
+    if min(values) >= 0.0 and max(values) <= 1.0:  # a reward in [0, 1]: the whole of it
+        x_low, x_high, ticks = 0.0, 1.0, [0.0, 0.25, 0.5, 0.75, 1.0]
+    left, right = _LABELS, WIDTH - RIGHT
+    height = TOP + _ROW * len(shown) + BOTTOM
+
+    def to_x(x: float) -> float:
+        return left + (x - x_low) / (x_high - x_low) * (right - left)
+
+    rows = [
+        Interval(
+            label,
+            TOP + _ROW * (index + 0.5),
+            to_x(mean),
+            to_x(low),
+            to_x(high),
+            f"{label}: {mean:.3g} [{low:.3g}, {high:.3g}]",
+        )
+        for index, (label, mean, low, high) in enumerate(shown)
+    ]
+    return IntervalChart(
+        title=title,
+        width=WIDTH,
+        height=height,
+        rows=rows,
+        x_ticks=[Tick(to_x(x), f"{x:.6g}") for x in ticks],
+        x_title=x_title,
+        plot_left=left,
+        plot_right=right,
+        plot_bottom=height - BOTTOM,
+    )

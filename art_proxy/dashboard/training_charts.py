@@ -1,5 +1,6 @@
 """The training page's charts, drawn from the run's step records: reward, loss, the agent's own
-metrics, KL, a teacher's KL, off-policy correction, staleness and the pipeline's wait and lead."""
+metrics, KL, a teacher's KL, off-policy correction, staleness, the pipeline's wait and lead, and
+the time a step took."""
 
 from __future__ import annotations
 
@@ -16,12 +17,13 @@ def training_charts(steps: Sequence[TrainingStep]) -> list[tuple[str, Chart | No
         ("reward", reward_chart(steps)),
         ("loss", _loss_chart(steps)),
         ("agent-metrics", _agent_chart(steps)),
-        ("kl", _metric_chart(steps, "kl", "KL to the base model")),
+        ("kl", _metric_chart(steps, "kl", "KL to the base model", "nats per token")),
         ("teacher", _teacher_chart(steps)),
         ("off-policy", _off_policy_chart(steps)),
         ("staleness", _staleness_chart(steps)),
         ("pipeline-wait", _pipeline_wait_chart(steps)),
         ("pipeline-ahead", _pipeline_ahead_chart(steps)),
+        ("time", _time_chart(steps)),
     ]
 
 
@@ -44,7 +46,13 @@ def reward_chart(steps: Sequence[TrainingStep]) -> Chart | None:
     # Rewards all in [0, 1] (RULER's, most agents'): the band stays in it.
     values = [value for one in series for _, value in one.points]
     unit = bool(values) and all(0.0 <= value <= 1.0 for value in values)
-    return line_chart("Reward", series, floor=0.0 if unit else None, ceiling=1.0 if unit else None)
+    return line_chart(
+        "Reward",
+        series,
+        floor=0.0 if unit else None,
+        ceiling=1.0 if unit else None,
+        y_title="reward",
+    )
 
 
 def _loss_chart(steps: Sequence[TrainingStep]) -> Chart | None:
@@ -58,6 +66,7 @@ def _loss_chart(steps: Sequence[TrainingStep]) -> Chart | None:
             _metric_series(grpo, "loss", "GRPO loss"),
             _metric_series(warm, "loss", "warm start: demonstrations' NLL per token"),
         ],
+        y_title="loss",
     )
 
 
@@ -68,6 +77,7 @@ def _teacher_chart(steps: Sequence[TrainingStep]) -> Chart | None:
     return line_chart(
         "Teacher: reverse KL of the sampled tokens from the teacher (per token)",
         [_metric_series(steps, "teacher_kl", "teacher KL")],
+        y_title="nats per token",
     )
 
 
@@ -84,6 +94,7 @@ def _off_policy_chart(steps: Sequence[TrainingStep]) -> Chart | None:
             _metric_series(steps, "clip_fraction_last", "tokens clipped in the step's last update"),
             _metric_series(steps, "update_drift_last", "|d logprob| the step's updates moved"),
         ],
+        y_title="nats, or share of tokens",
     )
 
 
@@ -96,6 +107,7 @@ def _staleness_chart(steps: Sequence[TrainingStep]) -> Chart | None:
             _metric_series(steps, "staleness_max", "max"),
         ],
         floor=0.0,
+        y_title="weight changes",
     )
 
 
@@ -109,6 +121,7 @@ def _pipeline_wait_chart(steps: Sequence[TrainingStep]) -> Chart | None:
             _metric_series(steps, "pipeline_admission_wait_s", "the rollouts, for admission"),
         ],
         floor=0.0,
+        y_title="seconds",
     )
 
 
@@ -120,6 +133,24 @@ def _pipeline_ahead_chart(steps: Sequence[TrainingStep]) -> Chart | None:
             _metric_series(steps, "pipeline_queue_depth", "batches ready when one was taken"),
         ],
         floor=0.0,
+        y_title="steps, or batches",
+    )
+
+
+# The phases of a step the trainer times (seconds_<phase>), in the order they run.
+_PHASES = ("prepare", "teacher", "train", "checkpoint", "swap")
+
+
+def _time_chart(steps: Sequence[TrainingStep]) -> Chart | None:
+    """Seconds per step, whole and by phase: where a slow run's time goes."""
+    return line_chart(
+        "Time per step",
+        [
+            _metric_series(steps, "seconds_step", "the whole step"),
+            *(_metric_series(steps, f"seconds_{phase}", phase) for phase in _PHASES),
+        ],
+        floor=0.0,
+        y_title="seconds",
     )
 
 
@@ -127,11 +158,13 @@ def _agent_chart(steps: Sequence[TrainingStep]) -> Chart | None:
     """What the agent reported of its training rollouts (tool calls, turns...), a mean per step."""
     names = sorted({m for step in steps for m in step.metrics if m.startswith(AGENT_METRIC_PREFIX)})
     series = [_metric_series(steps, name, name.removeprefix(AGENT_METRIC_PREFIX)) for name in names]
-    return line_chart("Agent metrics (mean per training rollout)", series)
+    return line_chart("Agent metrics (mean per training rollout)", series, y_title="mean")
 
 
-def _metric_chart(steps: Sequence[TrainingStep], metric: str, title: str) -> Chart | None:
-    return line_chart(title, [_metric_series(steps, metric, metric)])
+def _metric_chart(
+    steps: Sequence[TrainingStep], metric: str, title: str, y_title: str = ""
+) -> Chart | None:
+    return line_chart(title, [_metric_series(steps, metric, metric)], y_title=y_title)
 
 
 def _metric_series(steps: Sequence[TrainingStep], metric: str, name: str) -> Series:

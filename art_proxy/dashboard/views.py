@@ -42,6 +42,7 @@ from art_proxy.records import (
 from art_proxy.store.dashboard import GROUP_STATUSES, DashboardQueries, GroupFilter, GroupSummary
 from art_proxy.store.trajectory_store import TrajectoryStore
 
+from .evaluation_chart import evaluation_chart
 from .render import MessageView, call_view, conversation, message_view, shared_prefix
 from .training_charts import reward_chart, training_charts
 
@@ -189,7 +190,10 @@ class Dashboard:
         placeholders = self._placeholders(request)
         if placeholders is not None:
             reports = [redacted_evaluation(report, placeholders) for report in reports]
-        shown = [(title(r), headers(r), rows(r), notes(r), r.created_at) for r in reports]
+        shown = [
+            (title(r), headers(r), rows(r), notes(r), r.created_at, evaluation_chart(r))
+            for r in reports
+        ]
         return self._page("evaluations.html", evaluations=shown)
 
     async def static(self, request: web.Request) -> web.Response:

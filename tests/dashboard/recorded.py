@@ -157,6 +157,8 @@ async def record_everything(http: aiohttp.ClientSession, proxy: RunningProxy) ->
                     "loss": 1.0 / step,
                     "kl": 0.01 * step,
                     "teacher_kl": 0.5 / step,
+                    "seconds_step": 2.0 * step,
+                    "seconds_train": 1.5 * step,
                     "mismatch": 0.04,
                     "is_capped": 0.01 * step,
                     "clip_fraction": 0.02,

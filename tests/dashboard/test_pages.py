@@ -158,7 +158,12 @@ async def test_training_page_plots_reward_loss_agent_kl_off_policy_staleness_pip
         "(every group a step consumed)",
         "Pipeline: seconds waited",
         "Pipeline: how far the rollouts ran ahead",
+        "Time per step",
     ]
+    # Each axis says what it measures: steps below, the unit beside.
+    assert all('class="axis-title"' in svg and ">training step</text>" in svg for svg in svgs)
+    assert ">reward</text>" in svgs[0] and ">seconds</text>" in svgs[9]
+    assert "the whole step, step 3: 6" in svgs[9] and "train, step 2: 3" in svgs[9]
     reward = svgs[0]
     assert reward.count('class="dot s0"') == 4 and reward.count('class="dot s1"') == 4
     assert 'class="band s0"' in reward  # the within-group spread
