@@ -16,6 +16,7 @@ import aiohttp
 
 from art_proxy.proxy.server import RunningProxy
 from art_proxy.scenarios import load_scenarios
+from art_proxy.store.trajectory_store import TrajectoryStore
 
 MODEL = "Qwen/Qwen2.5-0.5B-Instruct"
 SYSTEM = {"role": "system", "content": "You book restaurants."}
@@ -93,9 +94,12 @@ async def test_bank_takes_the_split_asked_and_a_limit(
     assert len(result.stdout.splitlines()) == 1 and "Another practice task" in result.stdout
 
 
-def test_bank_of_a_store_without_prod_traffic_is_empty(tmp_path: Path) -> None:
+async def test_bank_of_a_store_without_prod_traffic_is_empty(tmp_path: Path) -> None:
     out = tmp_path / "bank.jsonl"
-    result = scenario_bank("--store", f"sqlite:///{tmp_path / 'art.db'}", "--out", str(out))
+    url = f"sqlite:///{tmp_path / 'art.db'}"
+    async with TrajectoryStore.opened(url, writer=False):
+        pass  # a store, with nothing in it (one that does not exist is refused)
+    result = await asyncio.to_thread(scenario_bank, "--store", url, "--out", str(out))
     assert result.returncode == 0, result.stderr
     assert "wrote 0 scenarios" in result.stderr and out.read_text() == ""
 

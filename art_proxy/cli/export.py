@@ -36,6 +36,10 @@ def register(app: typer.Typer) -> None:
 def export(settings: ExportSettings) -> None:
     what = "trajectories"
     try:
+        if settings.redact_pii:  # a redactor that cannot be built is said before the store
+            from art_proxy.privacy.pii import pii_redactor
+
+            pii_redactor(settings.pii_spacy_model)
         if settings.format in ("parquet", "hf"):
             count = asyncio.run(_export_table(settings))
         else:
