@@ -126,12 +126,15 @@ async def test_the_whole_loop_distils_groups_without_reward_spread_from_a_teache
     assert set(step.groups.values()) == {"trained"}
     assert step.metrics["teacher_tokens"] > 0 and step.metrics["teacher_failed_calls"] == 0
     assert math.isfinite(step.metrics["teacher_kl"])
+    # Every group teaches: no round of rollouts more to look for a reward spread.
+    assert step.metrics["rollout_rounds"] == 1.0
     # Without the teacher the same groups carry no signal.
     plain = _settings(stack, tmp_path / "plain")
     await asyncio.wait_for(run_train(plain, Console(quiet=True)), 300)
     async with TrajectoryStore.opened(stack.store_url, writer=False) as store:
         [plain_step] = await store.training_steps(run="plain")
     assert (plain_step.status, plain_step.reason) == ("abandoned", "no_signal")
+    assert plain_step.metrics["rollout_rounds"] > 1.0  # it looked for a spread, in vain
 
 
 async def test_the_sidecar_distils_production_groups_that_carry_no_reward(

@@ -269,8 +269,10 @@ class WholeLoop:
         )
         rounds = 0
         while rounds < _MAX_REFILLS:
+            # With a teacher every group teaches (its term needs no reward spread): no refills.
             with_signal = sum(
-                has_signal(pooled_rewards(members).values()) for members in pooled(groups).values()
+                self.settings.distils or has_signal(pooled_rewards(members).values())
+                for members in pooled(groups).values()
             )
             missing = self.settings.groups_per_step - with_signal
             if missing <= 0:
