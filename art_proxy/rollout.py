@@ -2,9 +2,9 @@
 
 Each scenario's batch of rollouts is one group (a fresh group id per run), which is what RULER ranks
 and GRPO learns from. Each rollout gets its own base URL,
-`{proxy}/scenario/{scenario}/group/{group}/trajectory/{trajectory}/v1`, so every call the agent makes
-through it lands in that trajectory; the split travels as the `X-Art-Split` header, which
-`Rollout.openai_client()` sends (an agent with its own client passes `default_headers=rollout.headers`).
+`{proxy}/scenario/{scenario}/group/{group}/trajectory/{trajectory}/split/{split}/v1`, so every call
+the agent makes through it lands in that trajectory and split; the same travel as `X-Art-*` headers
+too, which `Rollout.openai_client()` sends (a guided retry's guidance travels only there).
 
 When the agent returns, the runner finishes the trajectory with the reward it returned. A bad rollout
 is data, not a crash: an agent that raises or runs past the timeout leaves a finished trajectory
@@ -83,10 +83,15 @@ class Rollout:
 
     @property
     def base_url(self) -> str:
-        """The OpenAI base URL of this trajectory, ending in /v1: its scenario, group and id
-        ride in the path, so an agent that only sets a base URL is attributed too."""
+        """The OpenAI base URL of this trajectory, ending in /v1: its scenario, group, id and
+        split ride in the path, so an agent that only sets a base URL is attributed too (an
+        evaluation's rollouts recorded as such, never trained on)."""
         return trajectory_base_url(
-            self.proxy_url, self.scenario.id, self.group_id, self.trajectory_id
+            self.proxy_url,
+            self.scenario.id,
+            self.group_id,
+            self.trajectory_id,
+            self.split or self.scenario.split,
         )
 
     @property
@@ -168,9 +173,12 @@ class RolloutReport:
         return sum(len(group.timed_out) for group in self.groups)
 
 
-def trajectory_base_url(proxy_url: str, scenario: str, group: str, trajectory: str) -> str:
+def trajectory_base_url(
+    proxy_url: str, scenario: str, group: str, trajectory: str, split: str | None = None
+) -> str:
     ids = (quote(part, safe="") for part in (scenario, group, trajectory))
-    return "{}/scenario/{}/group/{}/trajectory/{}/v1".format(proxy_url.rstrip("/"), *ids)
+    url = "{}/scenario/{}/group/{}/trajectory/{}".format(proxy_url.rstrip("/"), *ids)
+    return f"{url}/split/{quote(split, safe='')}/v1" if split else f"{url}/v1"
 
 
 async def run_rollouts(
@@ -379,7 +387,11 @@ def _describe(exc: BaseException) -> str:
 
 def load_agent(spec: str) -> Agent:
     """The async function named by `module.path:function` or `path/to/file.py:function`
-    (see `load_function`)."""
+    (see `load_function`), or a command, `exec:COMMAND` (see command_agent.py)."""
+    from art_proxy.command_agent import PREFIX, command_agent  # it imports this module
+
+    if spec.startswith(PREFIX):
+        return command_agent(spec)
     agent = load_function(spec, "agent")
     if not is_async_callable(agent):
         name = spec.rpartition(":")[2]

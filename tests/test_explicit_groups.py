@@ -117,3 +117,17 @@ async def test_a_group_id_longer_than_the_store_holds_is_a_400(
 ) -> None:
     answer = await chat(http, proxy.base_url, {"X-Art-Group": "g" * 65}, status=400)
     assert "group id" in answer["error"]["message"]
+
+
+async def test_the_url_prefix_names_the_split_and_a_bogus_one_is_a_400(
+    proxy: RunningProxy, http: aiohttp.ClientSession
+) -> None:
+    """For an agent that sets only its base URL: the split in the path, over any header."""
+    root = f"{proxy.root_url}/scenario/quiz/group/g1/trajectory/t1/split/eval/v1"
+    await chat(http, root, headers={"X-Art-Split": "train"})
+    await proxy.parts.settled()
+    [recorded] = await proxy.parts.store.trajectories(group="g1")
+    assert recorded.split == "eval"
+    bogus = f"{proxy.root_url}/scenario/quiz/split/everything/v1"
+    body = await chat(http, bogus, status=400)
+    assert body["error"]["message"].startswith("the split must be one of")

@@ -265,9 +265,12 @@ async def test_an_outcome_carries_metrics_and_metadata_and_a_bad_return_is_an_er
     )
 
 
-async def test_an_agent_without_the_rollout_headers_is_warned_its_split_was_lost(
+async def test_an_agent_that_sets_only_the_base_url_keeps_its_split_and_one_without_is_warned(
     sqlite_proxy: RunningProxy,
 ) -> None:
+    """The split rides in the base URL's path: an unmodified agent (a command given only
+    OPENAI_BASE_URL) is recorded as a validation or an evaluation, never trained on. One that
+    drops the path and the headers is warned."""
     import openai
 
     async def base_url_only(rollout: Rollout) -> None:
@@ -276,9 +279,20 @@ async def test_an_agent_without_the_rollout_headers_is_warned_its_split_was_lost
                 model=rollout.model, messages=[{"role": "user", "content": "hi"}]
             )
 
-    report = await rollouts(sqlite_proxy, base_url_only, scenarios(("quiz", "val")))
-    assert report.failed == 0
-    assert report.warnings == [
+    async def split_dropped(rollout: Rollout) -> None:
+        stripped = rollout.base_url.replace("/split/val/", "/")
+        async with openai.AsyncOpenAI(base_url=stripped, api_key="unused") as client:
+            await client.chat.completions.create(
+                model=rollout.model, messages=[{"role": "user", "content": "hi"}]
+            )
+
+    kept = await rollouts(sqlite_proxy, base_url_only, scenarios(("quiz", "val")))
+    assert kept.failed == 0 and kept.warnings == []
+    await sqlite_proxy.parts.settled()
+    recorded = await sqlite_proxy.parts.store.trajectories(group=kept.groups[0].group_id)
+    assert {t.split for t in recorded} == {"val"}
+    lost = await rollouts(sqlite_proxy, split_dropped, scenarios(("quiz", "val")))
+    assert lost.warnings == [
         "scenario 'quiz' was recorded as split 'train', not 'val': the agent's client must "
         "send rollout.headers"
     ]
@@ -335,7 +349,7 @@ def test_rollout_urls_and_headers_attribute_every_call() -> None:
         "X-Art-Split": "val",
     }
     assert rollout.proxy_url == "http://proxy"
-    assert rollout.base_url == "http://proxy/scenario/a%20b%2Fc/group/g/trajectory/t/v1"
+    assert rollout.base_url == "http://proxy/scenario/a%20b%2Fc/group/g/trajectory/t/split/val/v1"
     client = rollout.openai_client()
     assert str(client.base_url) == rollout.base_url + "/"
     assert client.default_headers["X-Art-Split"] == "val"

@@ -13,7 +13,9 @@ class AgentRunSettings(Settings):
 
     agent: str = Field(
         description="The agent: module.path:function or path/to/file.py:function, an async "
-        "function taking an art_proxy.rollout.Rollout."
+        "function taking an art_proxy.rollout.Rollout; or exec:COMMAND, a command run once a "
+        "rollout with the task as its last argument and OPENAI_BASE_URL set (its reward: a last "
+        "line `reward: X`)."
     )
     scenarios: str = Field(
         description='Scenarios file: JSONL, one {"input": ..., "id", "split", "reference", '

@@ -180,7 +180,7 @@ class TrainSettings(JudgeChoice, UpstreamSettings, StoreSettings, ReportSettings
     agent: str | None = Field(
         None,
         description="The whole loop: module:function or file.py:function, an async agent "
-        "run on the scenarios through the proxy each step.",
+        "run on the scenarios through the proxy each step, or exec:COMMAND (as eval's).",
     )
     scenarios: str | None = Field(None, description="Scenarios JSONL for --agent.")
     scenario: list[str] = Field(

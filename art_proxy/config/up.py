@@ -82,7 +82,8 @@ class UpSettings(JournalSettings, StoreSettings):
     )
     agent: str | None = Field(
         None,
-        description="Train this agent (module:function or file.py:function) on --scenarios: "
+        description="Train this agent (module:function, file.py:function or exec:COMMAND) on "
+        "--scenarios: "
         "the trainer runs the whole loop, then the stack stops.",
     )
     scenarios: str | None = Field(None, description="Scenarios JSONL for --agent.")

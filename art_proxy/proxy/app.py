@@ -302,18 +302,14 @@ def _add_routes(router: web.UrlDispatcher) -> None:
 
     router.add_get("/health", health)
     router.add_get("/ready", ready)
-    scenario, group, trajectory = (
+    scenario, group, trajectory, split = (
         "/scenario/{scenario}",
         "/group/{group}",
         "/trajectory/{trajectory}",
+        "/split/{split}",  # for an agent that sets only its base URL (no X-Art-Split header)
     )
-    for prefix in (
-        "",
-        scenario,
-        scenario + trajectory,
-        scenario + group,
-        scenario + group + trajectory,
-    ):
+    attributed = (scenario, scenario + trajectory, scenario + group, scenario + group + trajectory)
+    for prefix in ("", *attributed, *(path + split for path in attributed)):
         router.add_post(prefix + "/v1/chat/completions", via("relay", "chat"))
         router.add_post(prefix + "/v1/completions", via("relay", "completion"))
         router.add_post(prefix + "/v1/responses", via("relay", "responses"))

@@ -1,6 +1,7 @@
 """Which scenario and trajectory a call belongs to, strongest signal first.
 
-1. URL prefix `/scenario/{scenario}[/group/{group}][/trajectory/{trajectory}]/v1/...`;
+1. URL prefix `/scenario/{scenario}[/group/{group}][/trajectory/{trajectory}][/split/{split}]/v1`
+   (then `/chat/completions` and the rest);
 2. headers `X-Art-Scenario`, `X-Art-Group`, `X-Art-Trajectory`, `X-Art-Split`;
 3. automatic, for unmodified agents: a call whose messages start with an open trajectory's last
    call (its messages plus the reply) continues that trajectory, and the scenario is a hash of the
@@ -49,11 +50,11 @@ class Explicit:
 def explicit_attribution(
     url: Mapping[str, str], headers: Mapping[str, str], default_split: Split = "train"
 ) -> Explicit:
-    """Merge the URL prefix (the route's `scenario`, `group`, `trajectory`) and `X-Art-*`
-    headers; the URL wins where both speak. A call without `X-Art-Split` is `default_split`."""
-    split = headers.get("X-Art-Split") or default_split
+    """Merge the URL prefix (the route's `scenario`, `group`, `trajectory`, `split`) and `X-Art-*`
+    headers; the URL wins where both speak. A call with neither split is `default_split`."""
+    split = url.get("split") or headers.get("X-Art-Split") or default_split
     if split not in SPLITS:
-        raise BadRequest(f"X-Art-Split must be one of {', '.join(SPLITS)}, not {split!r}")
+        raise BadRequest(f"the split must be one of {', '.join(SPLITS)}, not {split!r}")
     scenario = url.get("scenario") or headers.get("X-Art-Scenario") or None
     group = url.get("group") or headers.get("X-Art-Group") or None
     trajectory = url.get("trajectory") or headers.get("X-Art-Trajectory") or None
