@@ -23,16 +23,18 @@ or a 5xx, cached by (call, choice) for the teacher's life, and counted (`Teacher
 from __future__ import annotations
 
 import asyncio
+import json
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import aiohttp
 
 from art_proxy.errors import ConfigError
-from art_proxy.records import CallRecord
+from art_proxy.records import CallRecord, TrainableGroup
+from art_proxy.scenarios import Scenario
 
 # A short text whose ids tell two tokenizers apart: words, digits, punctuation and a non-ASCII
 # letter, where vocabularies differ first.
@@ -157,21 +159,27 @@ class Teacher:
         self.counters = TeacherCounters()  # the probe is not the run's
 
     async def call_logprobs(
-        self, call: CallRecord, choice: int, prompt_ids: Sequence[int]
+        self,
+        call: CallRecord,
+        choice: int,
+        prompt_ids: Sequence[int],
+        scenario_context: str | None = None,
     ) -> tuple[float, ...] | None:
         """The teacher's logprobs of `call`'s choice `choice` after `prompt_ids` (the prompt
-        the student is trained on), or with a `context`, after the call's messages as the
-        teacher's server renders them with the context added (`with_context`)."""
+        the student is trained on), or with a context (`context`, then the call's scenario's
+        `scenario_context`), after the call's messages as the teacher's server renders them with
+        the context added (`with_context`)."""
         assert call.completion_token_ids is not None
         completion = call.completion_token_ids[choice]
-        if self.context is not None:
+        context = "\n\n".join(text for text in (self.context, scenario_context) if text) or None
+        if context is not None:
             messages = call.request.get("messages")
             if call.kind != "chat" or not isinstance(messages, list):
                 self.counters.failed += 1
                 return None
             body: dict[str, Any] = {
                 "model": self.model,
-                "messages": with_context(messages, self.context),
+                "messages": with_context(messages, context),
             }
             if call.request.get("tools"):
                 body["tools"] = call.request["tools"]
@@ -293,6 +301,36 @@ def teacher_context(path: str | None) -> str | None:
     if not text:
         raise ConfigError(f"--teacher-context {path} is empty")
     return text
+
+
+def scenario_contexts(
+    scenarios: Sequence[Scenario], source: Literal["hint", "reference"] | None
+) -> dict[str, str]:
+    """What the teacher is shown of each scenario (`--teacher-context-from`): its hint, or its
+    reference answer (text as it is, anything else as JSON); scenarios without one are left out."""
+    if source is None:
+        return {}
+    shown: dict[str, str] = {}
+    for scenario in scenarios:
+        value = scenario.hint if source == "hint" else scenario.reference
+        if value is None:
+            continue
+        text = value if isinstance(value, str) else json.dumps(value)
+        shown[scenario.id] = text if source == "hint" else f"A correct answer: {text}"
+    return shown
+
+
+def trajectory_contexts(
+    groups: Sequence[TrainableGroup], by_scenario: Mapping[str, str]
+) -> dict[str, str]:
+    """What the teacher is shown of each member of `groups`: its scenario's (`by_scenario`,
+    from `scenario_contexts`), where it has one."""
+    return {
+        trajectory: by_scenario[group.scenario_id]
+        for group in groups
+        if group.scenario_id in by_scenario
+        for trajectory in group.members
+    }
 
 
 def with_context(messages: list[Any], context: str) -> list[Any]:

@@ -4,13 +4,18 @@ refusals of a teacher that cannot score a student's tokens."""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+
 import pytest
 from aiohttp import web
 
-from art_proxy.teacher import Teacher, TeacherError
+from art_proxy.records import CallRecord, TrainableGroup
+from art_proxy.scenarios import Scenario
+from art_proxy.teacher import Teacher, TeacherError, scenario_contexts, trajectory_contexts
 from art_proxy.testing.fake_engine import fake_prompt_logprob
 from art_proxy.testing.fake_vllm import FakeVllm, FakeVllmConfig, running_fake_vllm
 from art_proxy.testing.loopback import free_port
+from tests.trainer.records import call
 
 
 async def test_the_teacher_scores_each_completion_id_after_the_ids_before_it(
@@ -83,3 +88,50 @@ async def test_a_context_that_fills_the_teachers_window_is_refused_before_any_st
             with pytest.raises(TeacherError, match=r"--teacher-context is \d+ tokens, past") as no:
                 await teacher.check(small.base_url, small.config.model)
     assert "context window of 64" in str(no.value) and "\n" not in str(no.value)
+
+
+async def test_a_scenarios_own_hint_or_reference_is_shown_after_the_context(
+    vllm: FakeVllm,
+) -> None:
+    """`--teacher-context-from hint|reference`: the scenario's own, added after the file's."""
+    messages = [{"role": "user", "content": "Name a fruit."}]
+
+    def recorded(call_id: str) -> CallRecord:
+        return call(0, [1, 2, 3], [40, 41], [-0.5, -0.5], trajectory_id=call_id).model_copy(
+            update={"request": {"messages": messages}}
+        )
+
+    sent: list[list[int]] = []
+    for context, own in (("Be brief.\n\nApple", None), ("Be brief.", "Apple"), ("Be brief.", None)):
+        async with Teacher(vllm.base_url, vllm.config.model, context=context) as teacher:
+            await teacher.call_logprobs(recorded(f"t{len(sent)}"), 0, [1, 2, 3], own)
+        [*_, body] = [b for b in vllm.requests if "prompt_logprobs" in b]
+        sent.append(body["prompt"])
+    assert sent[0] == sent[1] != sent[2]
+    scenarios = [
+        Scenario(id="a", input="Name a fruit.", hint="One word.", reference="Apple"),
+        Scenario(id="b", input="Add", reference={"sum": 3}),
+        Scenario(id="c", input="Nothing to show"),
+    ]
+    assert scenario_contexts(scenarios, "hint") == {"a": "One word."}
+    assert scenario_contexts(scenarios, "reference") == {
+        "a": "A correct answer: Apple",
+        "b": 'A correct answer: {"sum": 3}',
+    }
+    assert scenario_contexts(scenarios, None) == {}
+    # Each trained trajectory, rewarded or not, is shown its own scenario's.
+    groups = [
+        TrainableGroup(
+            group_id=f"g{scenario}",
+            scenario_id=scenario,
+            split="train",
+            created_at=datetime.now(UTC),
+            rewards={f"{scenario}1": 1.0},
+            unrewarded=[f"{scenario}2"],
+        )
+        for scenario in ("a", "c")
+    ]
+    assert trajectory_contexts(groups, scenario_contexts(scenarios, "hint")) == {
+        "a1": "One word.",
+        "a2": "One word.",
+    }

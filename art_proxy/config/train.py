@@ -72,6 +72,12 @@ class TrainSettings(JudgeChoice, UpstreamSettings, StoreSettings, ReportSettings
         "system message, the student's own completion scored after it. Without --teacher the "
         "teacher is the student's base model on the first --upstream (self-distillation).",
     )
+    teacher_context_from: Literal["hint", "reference"] | None = Field(
+        None,
+        description="The whole loop: also show the teacher each scenario's own hint, or its "
+        "reference answer, after --teacher-context (a scenario without one: the file's alone). "
+        "Without --teacher the student's base model teaches itself with it.",
+    )
     metrics_port: int | None = Field(
         None,
         ge=1,
@@ -298,13 +304,21 @@ class TrainSettings(JudgeChoice, UpstreamSettings, StoreSettings, ReportSettings
                 raise ValueError(f"{', '.join(named)} needs --teacher MODEL or --teacher-context")
         elif self.teacher is None and self.teacher_base_url is not None:
             raise ValueError("--teacher-base-url needs --teacher MODEL: the model it serves")
+        if self.teacher_context_from is not None and not (self.agent and self.scenarios):
+            raise ValueError(
+                "--teacher-context-from reads the scenarios: it is for --agent with --scenarios"
+            )
         return self
 
     @property
     def distils(self) -> bool:
-        """Whether a teacher scores the sampled tokens: --teacher, or --teacher-context alone
-        (the student's own base model, shown the context)."""
-        return self.teacher is not None or self.teacher_context is not None
+        """Whether a teacher scores the sampled tokens: --teacher, or a context alone
+        (--teacher-context, --teacher-context-from: the student's own base model, shown it)."""
+        return (
+            self.teacher is not None
+            or self.teacher_context is not None
+            or self.teacher_context_from is not None
+        )
 
     @property
     def teacher_url(self) -> str:

@@ -213,3 +213,6 @@ def test_the_teachers_flags_without_a_teacher_are_refused_in_one_line() -> None:
         TrainSettings(teacher_base_url="http://127.0.0.1:9/v1", teacher_context="hint.txt")
     # A context alone: the student's own base model teaches (self-distillation).
     assert TrainSettings(teacher_context="hint.txt", group_advantage=False).distils
+    with pytest.raises(ValueError, match="--teacher-context-from reads the scenarios"):
+        TrainSettings(teacher_context_from="hint")
+    assert TrainSettings(teacher_context_from="reference", agent="a.py:f", scenarios="s").distils

@@ -34,7 +34,7 @@ from art_proxy.ruler.judge import LitellmJudge
 from art_proxy.ruler.rubric import Rubric, load_rubric
 from art_proxy.ruler.scorer import Ruler
 from art_proxy.scenarios import Scenario, load_scenarios
-from art_proxy.teacher import Teacher, teacher_context
+from art_proxy.teacher import Teacher, scenario_contexts, teacher_context
 from art_proxy_trainer.checkpoint import Checkpoints, TrainerState
 from art_proxy_trainer.distributed import Leader, Ranks, Replica, follow, join, leave
 from art_proxy_trainer.loop import Events, WholeLoop
@@ -211,6 +211,7 @@ async def _train(
                     promoter=promoter,
                     sleeper=sleeper,
                     teacher=teacher,
+                    scenario_contexts=scenario_contexts(scenarios, settings.teacher_context_from),
                     on_warning=lambda text: console.print(f"[bold red]warning:[/] {escape(text)}"),
                 )
                 resumed = await trainer.resume()

@@ -34,7 +34,7 @@ from art_proxy.records import (
 )
 from art_proxy.rewards import agent_metrics, mean_or_nan, population_std
 from art_proxy.store.trajectory_store import TrajectoryStore, utcnow
-from art_proxy.teacher import Teacher
+from art_proxy.teacher import Teacher, trajectory_contexts
 from art_proxy_trainer.batch import (
     NO_TEACHER,
     TeacherLogprobs,
@@ -74,6 +74,7 @@ class Trainer:
         promoter: Promoter | None = None,
         sleeper: UpstreamSleep | None = None,
         teacher: Teacher | None = None,
+        scenario_contexts: Mapping[str, str] | None = None,
         on_warning: Callable[[str], None] = log.warning,
     ) -> None:
         self.settings = settings
@@ -85,6 +86,8 @@ class Trainer:
         self.promoter = promoter
         self.sleeper = sleeper  # vLLM asleep during each step (the whole loop on one GPU)
         self.teacher = teacher  # scores each sampled token (on-policy distillation)
+        # What the teacher is shown of each scenario besides its context (scenario id -> text).
+        self.scenario_contexts = scenario_contexts or {}
         self.identity = RunIdentity(
             base_model=policy.served_name,
             store=redact_url(settings.store),
@@ -184,7 +187,8 @@ class Trainer:
             scale_by_std=self.settings.scale_advantages_by_std,
             keep_without_signal=self.teacher is not None,
         )
-        teacher_scores = await self._teacher_scores(number, samples, metrics)
+        shown = trajectory_contexts(train_groups, self.scenario_contexts)
+        teacher_scores = await self._teacher_scores(number, samples, metrics, shown)
         metrics["seconds_prepare"] = time.perf_counter() - started
         rewards = [r for g in train_groups for r in g.rewards.values()]
         trained_ids = [t for g in train_groups for t in g.members]
@@ -333,7 +337,11 @@ class Trainer:
             self._on_warning(rolled_back)
 
     async def _teacher_scores(
-        self, number: int, samples: Sequence[TrajectorySample], metrics: dict[str, float]
+        self,
+        number: int,
+        samples: Sequence[TrajectorySample],
+        metrics: dict[str, float],
+        shown: Mapping[str, str],
     ) -> TeacherLogprobs:
         """The teacher's logprobs of every trained choice of `samples` (none without a
         teacher), asked all at once (the teacher bounds how many run together); its tokens,
@@ -350,7 +358,12 @@ class Trainer:
             if choice is not None
         ]
         scored = await asyncio.gather(
-            *(teacher.call_logprobs(call, choice, trained_prompt(call)) for call, choice in asked)
+            *(
+                teacher.call_logprobs(
+                    call, choice, trained_prompt(call), shown.get(call.trajectory_id)
+                )
+                for call, choice in asked
+            )
         )
         gaps = [
             sampled - taught
