@@ -33,6 +33,7 @@ from typing import Any, Literal
 import aiohttp
 
 from art_proxy.errors import ConfigError
+from art_proxy.proxy.guidance import guided_messages
 from art_proxy.records import CallRecord, TrainableGroup
 from art_proxy.scenarios import Scenario
 
@@ -143,7 +144,7 @@ class Teacher:
             try:
                 rendered = await self._post(
                     f"{self.root}/tokenize",
-                    {"model": self.model, "messages": with_context([], self.context)},
+                    {"model": self.model, "messages": guided_messages([], self.context)},
                 )
             except _Refused as exc:
                 raise TeacherError(
@@ -168,7 +169,8 @@ class Teacher:
         """The teacher's logprobs of `call`'s choice `choice` after `prompt_ids` (the prompt
         the student is trained on), or with a context (`context`, then the call's scenario's
         `scenario_context`), after the call's messages as the teacher's server renders them with
-        the context added (`with_context`)."""
+        the context added as a guided retry's guidance is (`guided_messages`), so that a
+        teacher's view is what `eval --arm-context` measures."""
         assert call.completion_token_ids is not None
         completion = call.completion_token_ids[choice]
         context = "\n\n".join(text for text in (self.context, scenario_context) if text) or None
@@ -179,7 +181,7 @@ class Teacher:
                 return None
             body: dict[str, Any] = {
                 "model": self.model,
-                "messages": with_context(messages, context),
+                "messages": guided_messages(messages, context),
             }
             if call.request.get("tools"):
                 body["tools"] = call.request["tools"]
@@ -288,18 +290,17 @@ class Teacher:
         raise TeacherError(f"teacher {url} did not answer ({failure}) after {_RETRIES} tries")
 
 
-def teacher_context(path: str | None) -> str | None:
-    """The text of `--teacher-context FILE` (None: none); `ConfigError` in one line."""
+def teacher_context(path: str | None, flag: str = "--teacher-context") -> str | None:
+    """The text of a context file, `--teacher-context FILE` (or `flag`'s; None: none);
+    `ConfigError` in one line."""
     if path is None:
         return None
     try:
         text = Path(path).read_text(encoding="utf-8").strip()
     except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(
-            f"--teacher-context {path}: {getattr(exc, 'strerror', None) or exc}"
-        ) from exc
+        raise ConfigError(f"{flag} {path}: {getattr(exc, 'strerror', None) or exc}") from exc
     if not text:
-        raise ConfigError(f"--teacher-context {path} is empty")
+        raise ConfigError(f"{flag} {path} is empty")
     return text
 
 
@@ -331,18 +332,6 @@ def trajectory_contexts(
         if group.scenario_id in by_scenario
         for trajectory in group.members
     }
-
-
-def with_context(messages: list[Any], context: str) -> list[Any]:
-    """`messages` with `context` added to their system message (one first, if they have none)."""
-    first = messages[0] if messages else None
-    if (
-        isinstance(first, dict)
-        and first.get("role") == "system"
-        and isinstance(first.get("content"), str)
-    ):
-        return [{**first, "content": f"{first['content']}\n\n{context}"}, *messages[1:]]
-    return [{"role": "system", "content": context}, *messages]
 
 
 class _Refused(Exception):

@@ -38,6 +38,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, cast
 
 from rich.table import Table
 
@@ -117,7 +118,7 @@ def main(args: argparse.Namespace) -> None:
 
 def teacher_alone(context: str, threads: int) -> str:
     """The served model's own reward on the training questions with `context` added to its
-    system message as the teacher sees it (`with_context`), 8 samples a question: the mean with
+    system message as the teacher sees it (`guided_messages`), 8 samples a question: the mean with
     its 95% interval over questions."""
     import json
     import os
@@ -145,7 +146,8 @@ async def _rewards(
 ) -> list[float]:
     from openai import AsyncOpenAI
 
-    from art_proxy.teacher import with_context
+    from art_proxy.proxy.guidance import guided_messages
+    from art_proxy.records import JsonObject
     from art_proxy.testing.loopback import wait_healthy
     from examples.single_word.agent import MAX_TOKENS, SYSTEM, rate
 
@@ -154,13 +156,13 @@ async def _rewards(
         model = (await client.models.list()).data[0].id
 
         async def scored(question: str) -> float:
-            messages = [
+            messages: list[JsonObject] = [
                 {"role": "system", "content": SYSTEM},
                 {"role": "user", "content": question},
             ]
             reply = await client.chat.completions.create(
                 model=model,
-                messages=with_context(messages, context),
+                messages=cast(Any, guided_messages(messages, context)),
                 max_tokens=MAX_TOKENS,
                 temperature=1.0,
                 n=8,

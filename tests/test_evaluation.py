@@ -542,6 +542,30 @@ async def test_arms_name_the_adapter_they_measured_or_why_they_cannot(
     assert title(nothing).endswith(": no arm ran, nothing measured")
 
 
+async def test_an_arm_with_a_context_is_the_teacher_measured_before_it_teaches(
+    sqlite_url: str, tmp_path: Path
+) -> None:
+    """`--arm-context teacher=hint.txt`: that arm's prompts carry the hint where a teacher's
+    --teacher-context goes (what OPD from it can reach); the other arm's do not."""
+    hint = tmp_path / "hint.txt"
+    hint.write_text("Answer yes.\n")
+    async with (
+        running_fake_vllm(FakeVllmConfig(reply="yes")) as upstream,
+        running_proxy(proxy_settings(sqlite_url, upstream.base_url)) as proxy,
+    ):
+        arms = {"model": ["base", "teacher=base"], "arm_context": [f"teacher={hint}"]}
+        report = await run_evaluation(
+            _settings(proxy, tmp_path, **arms, repeats=1), says_yes, SCENARIOS
+        )
+        prompts = [json.dumps(request["messages"]) for request in upstream.requests]
+    assert [arm.rollouts for arm in report.arms] == [3, 3]
+    assert sum("Answer yes." in prompt for prompt in prompts) == 3
+    with pytest.raises(ConfigError, match=r"--arm-context nobody=\.\.\.: no arm is labelled"):
+        await run_evaluation(
+            _settings(proxy, tmp_path, model=["base"], arm_context=["nobody=x"]), says_yes, []
+        )
+
+
 async def test_an_arm_on_its_own_server_says_nothing_of_the_stores_aliases(
     two_models: tuple[RunningProxy, FakeVllm], tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -39,6 +39,13 @@ class EvalSettings(AgentRunSettings, JudgeChoice, StoreSettings):
         default_factory=list,
         description="LABEL=KEY: the key an arm's own server (NAME@URL) wants (never stored).",
     )
+    arm_context: list[str] = Field(
+        default_factory=list,
+        description="LABEL=FILE: the arm's calls carry the file's text in their prompt (added "
+        "to the system message, as a teacher's --teacher-context is): what a teacher shown it "
+        "scores itself, before a run distils from it. Needs an agent that sends rollout.headers "
+        "(not exec:).",
+    )
     seed: int = Field(0, description="Seed of the judge's shuffles and the bootstraps.")
     # Optional here, unlike `art-proxy judge`'s: the agent's own reward needs no judge.
     judge: list[str] = Field(
@@ -48,7 +55,7 @@ class EvalSettings(AgentRunSettings, JudgeChoice, StoreSettings):
         "shuffled (unset = the agent's reward only).",
     )
 
-    @field_validator("price", "arm_api_key")
+    @field_validator("price", "arm_api_key", "arm_context")
     @classmethod
     def _label_pairs(cls, values: list[str]) -> list[str]:
         for value in values:
@@ -76,3 +83,8 @@ class EvalSettings(AgentRunSettings, JudgeChoice, StoreSettings):
     @property
     def arm_keys(self) -> dict[str, str]:
         return {k: v for k, _, v in (p.partition("=") for p in self.arm_api_key)}
+
+    @property
+    def arm_contexts(self) -> dict[str, str]:
+        """Label -> the context file's path."""
+        return {k: v for k, _, v in (p.partition("=") for p in self.arm_context)}

@@ -20,11 +20,12 @@ import logging
 import os
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import aiohttp
 from aiohttp import web
 
+from art_proxy.command_agent import PREFIX as COMMAND_PREFIX
 from art_proxy.config import EvalSettings, ProxySettings
 from art_proxy.config.judge import judging_as_it_goes
 from art_proxy.errors import ConfigError, StoreError, error_message
@@ -43,6 +44,7 @@ from art_proxy.ruler.scorer import Ruler
 from art_proxy.scenarios import Scenario
 from art_proxy.serving import until_stopped
 from art_proxy.store.trajectory_store import TrajectoryStore
+from art_proxy.teacher import teacher_context
 
 log = logging.getLogger(__name__)
 
@@ -70,10 +72,20 @@ async def run_evaluation(
     for flag, given in (
         ("--price", settings.prices_per_hour),
         ("--arm-api-key", settings.arm_keys),
+        ("--arm-context", settings.arm_contexts),
     ):
         unknown = sorted(set(given) - labels)
         if unknown:
             raise ConfigError(f"{flag} {unknown[0]}=...: no arm is labelled {unknown[0]!r}")
+    if settings.arm_contexts and settings.agent.startswith(COMMAND_PREFIX):
+        raise ConfigError(
+            "--arm-context travels in rollout.headers, which an exec: agent does not send: use "
+            "an agent function that calls rollout.openai_client()"
+        )
+    contexts = {
+        label: teacher_context(path, "--arm-context")
+        for label, path in settings.arm_contexts.items()
+    }
     group_ids = {scenario.id: new_id() for scenario in scenarios}
     evaluation_id = new_id()
     async with contextlib.AsyncExitStack() as stack:
@@ -87,7 +99,9 @@ async def run_evaluation(
                 stack.push_async_callback(judge.aclose)
                 await judge.check()
         runs = [await _prepare(spec, settings, stack, store) for spec in specs]
-        interrupted = await _roll(runs, settings, agent, scenarios, group_ids, progress, stop)
+        interrupted = await _roll(
+            runs, settings, agent, scenarios, group_ids, progress, stop, contexts
+        )
         await _count_tokens(runs, store)
         rewards, scored_by = await _rewards(runs, settings, store, ruler, group_ids)
         report = build_report(
@@ -253,8 +267,10 @@ async def _roll(
     group_ids: dict[str, str],
     progress: Progress | None,
     stop: asyncio.Event | None,
+    contexts: Mapping[str, str | None],
 ) -> bool:
-    """Every arm's rollouts, the arms side by side; whether `stop` cut them short."""
+    """Every arm's rollouts, the arms side by side; whether `stop` cut them short. An arm with
+    a context (`--arm-context`) has it added to every prompt, as guidance is."""
 
     async def arm(run: ArmRun) -> None:
         started = time.perf_counter()
@@ -273,6 +289,7 @@ async def _roll(
                 group_ids=group_ids,
                 groups_out=run.groups,
                 split="eval",
+                guidance=_everywhere(scenarios, contexts.get(run.spec.label)),
             )
         except ConfigError as exc:
             run.error = str(exc)
@@ -282,6 +299,10 @@ async def _roll(
     # the rollouts under way stop at `stop`; what ended is reported
     rolling = asyncio.gather(*(arm(run) for run in runs if run.error is None))
     return await until_stopped(rolling, stop)
+
+
+def _everywhere(scenarios: Sequence[Scenario], text: str | None) -> dict[str, str] | None:
+    return None if text is None else {scenario.id: text for scenario in scenarios}
 
 
 def _for(progress: Progress, label: str) -> Callable[[int, int], None]:
