@@ -459,6 +459,8 @@ async def test_the_command_prints_the_table_and_writes_the_report(
     assert written == ["report.json", "report.md", "report.png"]
     # Piped, no bar shows: each arm's rollouts are counted in lines (it said nothing for 101 s).
     assert "arm base: rollouts: 6/6" in done.stderr and "arm hosted: rollouts: 6/6" in done.stderr
+    said = " ".join(done.stderr.split())
+    assert f"rollouts recorded in {proxy.parts.settings.store} (split eval" in said
 
 
 def test_the_command_refuses_a_bad_arm_in_one_line(tmp_path: Path) -> None:

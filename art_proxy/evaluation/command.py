@@ -15,6 +15,7 @@ from art_proxy.config import EvalSettings
 from art_proxy.errors import ConfigError
 from art_proxy.evaluation.report import table, write
 from art_proxy.evaluation.run import run_evaluation
+from art_proxy.privacy.redaction import redact_url
 from art_proxy.progress_lines import ProgressLines
 from art_proxy.records import EvaluationReport
 from art_proxy.rollout import Agent, load_agent
@@ -32,6 +33,11 @@ def evaluate(settings: EvalSettings, out: Console, err: Console) -> EvaluationRe
     agent = load_agent(settings.agent)
     report = asyncio.run(_evaluate(settings, agent, scenarios, err))
     out.print(table(report))
+    # Which store: a misread default (sqlite:///art.db) is the first thing to rule out.
+    err.print(
+        f"rollouts recorded in {escape(redact_url(settings.store))} (split eval, never trained on)",
+        highlight=False,
+    )
     if settings.out is not None:
         for path in write(report, Path(settings.out)):
             out.print(f"wrote {path}", highlight=False)
