@@ -97,7 +97,8 @@ async def test_a_trl_pair_export_trains_a_dpo_step(
     assert pairs[0]["chosen"][0]["content"] == replies["differ-1"]
     assert pairs[0]["rejected"][0]["content"] == replies["differ-0"]
 
-    loss = await asyncio.to_thread(_one_dpo_step, pairs, tmp_path / "dpo")
+    chosen = pairs.select_columns(["prompt", "chosen", "rejected"])
+    loss = await asyncio.to_thread(_one_step, "dpo", chosen, tmp_path / "dpo")
     assert math.isfinite(loss)
 
 
@@ -124,61 +125,38 @@ async def test_a_trl_kto_export_trains_a_kto_step_as_it_is(
     rows = datasets.load_dataset("json", data_files=str(data), split="train")
     assert rows.column_names == ["prompt", "completion", "label"]
     assert sorted(rows["label"]) == [False, True] and is_conversational(rows[0])
-    loss = await asyncio.to_thread(_one_kto_step, rows, tmp_path / "kto")
+    loss = await asyncio.to_thread(_one_step, "kto", rows, tmp_path / "kto", 2)  # as exported
     assert math.isfinite(loss)
 
 
-def _one_kto_step(rows: datasets.Dataset, out: Path) -> float:
+def _one_step(kind: str, rows: datasets.Dataset, out: Path, batch_size: int = 1) -> float:
+    """One step of TRL's `kind` trainer ("dpo", "kto") on `rows`, a LoRA on the bundled model:
+    its loss."""
     from peft import LoraConfig
+    from trl.trainer.dpo_config import DPOConfig
+    from trl.trainer.dpo_trainer import DPOTrainer
     from trl.trainer.kto_config import KTOConfig
     from trl.trainer.kto_trainer import KTOTrainer
 
     from art_proxy.local.model_loading import model_files
 
-    config = KTOConfig(
+    config_class, trainer_class = {"dpo": (DPOConfig, DPOTrainer), "kto": (KTOConfig, KTOTrainer)}[
+        kind
+    ]
+    config = config_class(
         output_dir=str(out),
         max_steps=1,
-        per_device_train_batch_size=2,
+        per_device_train_batch_size=batch_size,
         logging_steps=1,
         save_strategy="no",
         report_to=[],
         use_cpu=True,
         disable_tqdm=True,
     )
-    trainer = KTOTrainer(
+    trainer = trainer_class(
         model=str(model_files(None).directory),
         args=config,
-        train_dataset=rows,  # as exported
-        peft_config=LoraConfig(
-            r=8, lora_alpha=16, target_modules="all-linear", task_type="CAUSAL_LM"
-        ),
-    )
-    trainer.train()
-    losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
-    return float(losses[-1])
-
-
-def _one_dpo_step(pairs: datasets.Dataset, out: Path) -> float:
-    from peft import LoraConfig
-    from trl.trainer.dpo_config import DPOConfig
-    from trl.trainer.dpo_trainer import DPOTrainer
-
-    from art_proxy.local.model_loading import model_files
-
-    config = DPOConfig(
-        output_dir=str(out),
-        max_steps=1,
-        per_device_train_batch_size=1,
-        logging_steps=1,
-        save_strategy="no",
-        report_to=[],
-        use_cpu=True,
-        disable_tqdm=True,
-    )
-    trainer = DPOTrainer(
-        model=str(model_files(None).directory),
-        args=config,
-        train_dataset=pairs.select_columns(["prompt", "chosen", "rejected"]),
+        train_dataset=rows,
         peft_config=LoraConfig(
             r=8, lora_alpha=16, target_modules="all-linear", task_type="CAUSAL_LM"
         ),
