@@ -130,4 +130,4 @@ async def test_the_url_prefix_names_the_split_and_a_bogus_one_is_a_400(
     assert recorded.split == "eval"
     bogus = f"{proxy.root_url}/scenario/quiz/split/everything/v1"
     body = await chat(http, bogus, status=400)
-    assert body["error"]["message"].startswith("the split must be one of")
+    assert body["error"]["message"].startswith("the URL's split must be one of")

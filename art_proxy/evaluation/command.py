@@ -37,6 +37,7 @@ def evaluate(settings: EvalSettings, out: Console, err: Console) -> EvaluationRe
     err.print(
         f"rollouts recorded in {escape(redact_url(settings.store))} (split eval, never trained on)",
         highlight=False,
+        soft_wrap=True,  # a path is copied, not read: never cut at the terminal's width
     )
     if settings.out is not None:
         for path in write(report, Path(settings.out)):

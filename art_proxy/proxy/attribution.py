@@ -54,7 +54,8 @@ def explicit_attribution(
     headers; the URL wins where both speak. A call with neither split is `default_split`."""
     split = url.get("split") or headers.get("X-Art-Split") or default_split
     if split not in SPLITS:
-        raise BadRequest(f"the split must be one of {', '.join(SPLITS)}, not {split!r}")
+        named = "the URL's split" if url.get("split") else "X-Art-Split"
+        raise BadRequest(f"{named} must be one of {', '.join(SPLITS)}, not {split!r}")
     scenario = url.get("scenario") or headers.get("X-Art-Scenario") or None
     group = url.get("group") or headers.get("X-Art-Group") or None
     trajectory = url.get("trajectory") or headers.get("X-Art-Trajectory") or None

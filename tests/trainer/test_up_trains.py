@@ -33,6 +33,8 @@ async def test_up_with_an_agent_trains_it_and_stops_the_stack_when_training_ends
     report = json.loads((tmp_path / "train" / "eval" / "report.json").read_text())
     assert [arm["label"] for arm in report["arms"]] == ["base", "trained"]
     base, trained = (arm["model"] for arm in report["arms"])
-    assert base == f"{trained}@0"  # the base under the trainer's alias, named after the base
+    # The base under the trainer's alias (named after the base), and the adapter it serves.
+    alias = base.removesuffix("@0")
+    assert base == f"{alias}@0" and trained.startswith(f"{alias}@2-")
     assert len((tmp_path / "train" / "metrics.jsonl").read_text().splitlines()) == 2
     up.assert_nothing_left_running()
