@@ -74,6 +74,20 @@ def test_gpu_check_runs_its_tiny_form_on_a_cpu_and_prints_its_verdict_last(
 
 
 @pytest.mark.usefixtures("torch_threads")
+def test_the_loop_check_runs_its_tiny_form_on_a_cpu_and_prints_its_verdict_last(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # local-llm sampling in bf16 and the proxy as processes, the trainer here: five steps, each
+    # adapter swapped in, the reward of a model with random weights rising.
+    from benchmarks.loop_check import main as loop_check
+
+    assert loop_check(["--tiny", "--threads", "1"]) == 0
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert last.startswith("loop check on CPU: 5/5 steps applied, 0 calls failed")
+    assert last.endswith("PASS")
+
+
+@pytest.mark.usefixtures("torch_threads")
 def test_off_policy_benchmark_prints_the_stale_gap_last(
     capsys: pytest.CaptureFixture[str],
 ) -> None:

@@ -12,13 +12,15 @@ import sys
 import time
 import warnings
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from art_proxy import serving
 
 if TYPE_CHECKING:
+    import torch
+
     from art_proxy.local.served import ServedModel
 
 
@@ -45,6 +47,17 @@ class LocalLlmSettings(BaseModel):
     )
     threads: int = Field(
         0, ge=0, description="CPU threads for torch (0 = one per core the process may use)."
+    )
+    device: Literal["auto", "cpu", "cuda"] = Field(
+        "auto",
+        description="Where the model runs: auto, the first CUDA device where torch has one, "
+        "else the CPU.",
+    )
+    dtype: Literal["auto", "float32", "bfloat16"] = Field(
+        "auto",
+        description="The weights' dtype, as vLLM's --dtype: auto, bfloat16 on CUDA and float32 "
+        "on a CPU. The trainer corrects for the numerics it does not share with importance "
+        "weights.",
     )
     cache_dir: str | None = Field(
         None,
@@ -103,12 +116,17 @@ async def _serve_until_stopped(settings: LocalLlmSettings) -> None:
 def _load(settings: LocalLlmSettings, say: Callable[[str], None]) -> ServedModel:
     """The model, loaded and ready to serve (in a thread: the imports take seconds too)."""
     say("importing torch and transformers")
+    import torch
+
     from art_proxy.local.model_loading import load_model
     from art_proxy.local.served import ServedModel
 
     set_torch_threads(settings.threads)
-    say("loading the model")
-    loaded = load_model(settings.model, cache_dir=settings.cache_dir, say=say)
+    device = serving_device(settings.device)
+    dtype = serving_dtype(settings.dtype, device)
+    say(f"loading the model ({str(dtype).removeprefix('torch.')} on {device})")
+    loaded = load_model(settings.model, cache_dir=settings.cache_dir, dtype=dtype, say=say)
+    torch.nn.Module.to(loaded.model, device)  # in place; transformers types `to` too narrowly
     return ServedModel.create(
         loaded,
         served_model_name=settings.served_model_name,
@@ -118,6 +136,32 @@ def _load(settings: LocalLlmSettings, say: Callable[[str], None]) -> ServedModel
 
 
 _STILL_LOADING_EVERY_S = 15.0
+
+
+def serving_device(choice: Literal["auto", "cpu", "cuda"]) -> torch.device:
+    """The device `--device` names; `cuda` where torch has none is refused in one line."""
+    import torch
+
+    from art_proxy.local.errors import ModelLoadError
+
+    available = torch.cuda.is_available()
+    if choice == "cuda" and not available:
+        raise ModelLoadError(
+            f"--device cuda: torch {torch.__version__} sees no CUDA device here "
+            "(a CPU build, or no GPU): --device cpu, or auto"
+        )
+    return torch.device("cuda" if choice == "cuda" or (choice == "auto" and available) else "cpu")
+
+
+def serving_dtype(
+    choice: Literal["auto", "float32", "bfloat16"], device: torch.device
+) -> torch.dtype:
+    """`--dtype` on `device`: auto is bfloat16 on CUDA (as vLLM serves there), float32 on a CPU."""
+    import torch
+
+    if choice == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return torch.bfloat16 if choice == "bfloat16" else torch.float32
 
 
 def set_torch_threads(threads: int) -> None:

@@ -86,6 +86,8 @@ class Engine:
         self._tokenizer = copy.deepcopy(tokenizer)
         self._max_batch_size = max_batch_size
         self._stop_ids = _eos_ids(model, tokenizer)
+        # Where the weights are (a CPU, or one CUDA device): every input goes there.
+        self._device = next(model.parameters()).device
         self._cond = threading.Condition()
         self._waiting: deque[_Row] = deque()
         self._commands: deque[_Command] = deque()
@@ -222,9 +224,13 @@ class Engine:
         firsts = {index: row for row, index in zip(rows, source_of_row, strict=True)}
         prompts = [firsts[index] for index in range(len(unique))]
         length = max(len(row.prompt_ids) for row in prompts)
-        ids_U_T = torch.tensor([[0] * (length - len(r.prompt_ids)) + r.prompt_ids for r in prompts])
+        ids_U_T = torch.tensor(
+            [[0] * (length - len(r.prompt_ids)) + r.prompt_ids for r in prompts],
+            device=self._device,
+        )
         mask_U_T = torch.tensor(
-            [[0] * (length - len(r.prompt_ids)) + [1] * len(r.prompt_ids) for r in prompts]
+            [[0] * (length - len(r.prompt_ids)) + [1] * len(r.prompt_ids) for r in prompts],
+            device=self._device,
         )
         out = self.adapters.model(
             input_ids=ids_U_T,
@@ -247,7 +253,7 @@ class Engine:
         self.stats.prefills += 1
         self.stats.rows_admitted += len(rows)
         self.stats.peak_rows = max(self.stats.peak_rows, len(prompts) + len(self._running))
-        logits_R_V = out.logits[:, -1][torch.tensor(source_of_row)]
+        logits_R_V = out.logits[:, -1][torch.tensor(source_of_row, device=self._device)]
         done = self._advance(rows, sample(logits_R_V, *_sampling_inputs(rows)))
         survivors = [i for i, finished in enumerate(done) if not finished]
         if not survivors:
@@ -264,7 +270,7 @@ class Engine:
         batch, rows = self._batch, self._running
         assert batch is not None  # rows are running, so a batch holds their cache
         out = self.adapters.model(
-            input_ids=torch.tensor([[row.next_input] for row in rows]),
+            input_ids=torch.tensor([[row.next_input] for row in rows], device=self._device),
             attention_mask=batch.mask_with_next_B_T(),
             position_ids=batch.positions_B1(),
             past_key_values=batch.cache,

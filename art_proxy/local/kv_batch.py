@@ -39,7 +39,7 @@ class KvBatch:
 
     def keep(self, rows: list[int]) -> None:
         """Keep only these rows, in this order (repeats allowed: a prompt shared by n choices)."""
-        index_R = torch.tensor(rows, dtype=torch.long)
+        index_R = torch.tensor(rows, dtype=torch.long, device=self.mask_B_T.device)
         self.cache.batch_select_indices(index_R)
         self.mask_B_T = self.mask_B_T[index_R]
         self._trim()

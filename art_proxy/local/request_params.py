@@ -20,7 +20,6 @@ _NEUTRAL_ONLY: dict[str, tuple[Any, ...]] = {
     "repetition_penalty": (None, 1),
     "min_p": (None, 0),
     "min_tokens": (None, 0),
-    "logit_bias": (None, {}),
     "best_of": (None, 1),
     "use_beam_search": (None, False),
     "echo": (None, False),
@@ -45,6 +44,7 @@ def sampling_params(
     body: dict[str, Any],
     *,
     max_tokens: int,
+    vocab_size: int,
     top_logprobs: int,
     prompt_logprobs: int | None = None,
 ) -> SamplingParams:
@@ -67,7 +67,41 @@ def sampling_params(
         ignore_eos=bool_field(body, "ignore_eos"),
         top_logprobs=top_logprobs,
         prompt_logprobs=prompt_logprobs,
+        logit_bias=_logit_bias(body.get("logit_bias"), vocab_size),
     )
+
+
+# vLLM clamps each bias to this bound (OpenAI documents [-100, 100]).
+_LOGIT_BIAS_BOUND = 100.0
+
+
+def _logit_bias(bias: Any, vocab_size: int) -> tuple[tuple[int, float], ...]:
+    """`logit_bias` as vLLM reads it: token ids (JSON keys are strings) to numbers, each clamped
+    to [-100, 100]; an id outside the vocabulary is a 400."""
+    if bias is None:
+        return ()
+    if not isinstance(bias, dict):
+        raise ApiError(
+            400, "'logit_bias' must be an object of token ids to numbers.", param="logit_bias"
+        )
+    pairs = []
+    for key, value in bias.items():
+        try:
+            token = int(key)
+        except (TypeError, ValueError):
+            token = -1
+        if not 0 <= token < vocab_size:
+            raise ApiError(
+                400,
+                f"token_id {key} in logit_bias contains out-of-vocab token id.",
+                param="logit_bias",
+            )
+        if not isinstance(value, int | float) or isinstance(value, bool):
+            raise ApiError(
+                400, f"'logit_bias' value of {key} must be a number.", param="logit_bias"
+            )
+        pairs.append((token, max(-_LOGIT_BIAS_BOUND, min(_LOGIT_BIAS_BOUND, float(value)))))
+    return tuple(sorted(pairs))
 
 
 def _stop_strings(stop: Any) -> tuple[str, ...]:

@@ -2,8 +2,9 @@
 
 The logprobs are "processed" (vLLM's `--logprobs-mode processed_logprobs`): after temperature,
 top-k and top-p, so a recorded logprob is exactly pi_old of the sampled token, which is what GRPO's
-importance ratio needs. Greedy rows (temperature 0) report the raw distribution, as vLLM does, since
-dividing by zero defines none. Each request with a `seed` draws from its own `torch.Generator`, so
+importance ratio needs. A `logit_bias` is added to the raw logits first, as vLLM does. Greedy rows
+(temperature 0) report the distribution after the bias and before anything else, as vLLM does,
+since dividing by zero defines none. Each request with a `seed` draws from its own `torch.Generator`, so
 its tokens do not depend on which other requests share the batch.
 """
 
@@ -29,6 +30,7 @@ class SamplingParams:
     ignore_eos: bool = False  # EOS does not end the choice (benchmarks, tests)
     top_logprobs: int = 0  # runners-up reported per token (0 = only the sampled one)
     prompt_logprobs: int | None = None  # each prompt id's raw logprob and this many runners-up
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (id, bias) added to the raw logits
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,14 +47,18 @@ def sample(
     logprobs_B_V = processed_logprobs(logits_B_V, params_B)
     # Inverse-CDF sampling: one uniform draw per row. (vLLM's exponential race needs a draw per
     # vocabulary entry, which costs more than a forward pass of a small model on a CPU.)
+    # Drawn on the CPU, where each request's generator lives, whatever device the logits are on.
     uniform_B = torch.cat([torch.rand(1, generator=generator) for generator in generators_B])
+    uniform_B = uniform_B.to(logprobs_B_V.device)
     cdf_B_V = logprobs_B_V.double().exp().cumsum(dim=-1)
     # side="right": the first id whose cumulative mass exceeds the draw, so never a masked id.
     drawn_B = torch.searchsorted(
         cdf_B_V, (uniform_B.double() * cdf_B_V[:, -1])[:, None], right=True
     )
     drawn_B = drawn_B[:, 0].clamp(max=logprobs_B_V.shape[-1] - 1)
-    greedy_B = torch.tensor([params.temperature == 0 for params in params_B])
+    greedy_B = torch.tensor(
+        [params.temperature == 0 for params in params_B], device=logprobs_B_V.device
+    )
     ids_B = torch.where(greedy_B, logprobs_B_V.argmax(dim=-1), drawn_B)
     token_ids_B: list[int] = ids_B.tolist()
     chosen_B = logprobs_B_V.gather(1, ids_B[:, None])[:, 0].tolist()
@@ -75,7 +81,7 @@ def prompt_logprobs(logits_T_V: torch.Tensor, ids: Sequence[int], k: int) -> Pro
     temperature or filter), its rank, and the `k` likeliest ids there. `logits_T_V`: the forward
     pass at each of the prompt's positions; the last, which predicts past the prompt, is unused."""
     logprobs_N_V = torch.log_softmax(logits_T_V[: len(ids) - 1].float(), dim=-1)
-    targets_N = torch.tensor(ids[1:], dtype=torch.long)
+    targets_N = torch.tensor(ids[1:], dtype=torch.long, device=logits_T_V.device)
     chosen_N = logprobs_N_V.gather(1, targets_N[:, None])[:, 0]
     ranks_N = (logprobs_N_V > chosen_N[:, None]).sum(dim=-1) + 1
     top_ids: list[list[int]] = [[] for _ in range(len(targets_N))]
@@ -97,13 +103,22 @@ def prompt_logprobs(logits_T_V: torch.Tensor, ids: Sequence[int], k: int) -> Pro
 def processed_logprobs(
     logits_B_V: torch.Tensor, params_B: Sequence[SamplingParams]
 ) -> torch.Tensor:
-    """log_softmax of the logits after each row's temperature, top-k and top-p (greedy: raw)."""
+    """log_softmax of the logits after each row's logit bias, temperature, top-k and top-p
+    (greedy: after the bias only)."""
     logits_B_V = logits_B_V.float()
-    temperatures_B = torch.tensor([p.temperature or 1.0 for p in params_B])
+    device = logits_B_V.device
+    if any(p.logit_bias for p in params_B):
+        width = max(len(p.logit_bias) for p in params_B)
+        padding = [(-1, 0.0)] * width
+        pairs_B_M = [list(p.logit_bias) + padding[len(p.logit_bias) :] for p in params_B]
+        ids_B_M = torch.tensor([[i for i, _ in row] for row in pairs_B_M], device=device)
+        bias_B_M = torch.tensor([[b for _, b in row] for row in pairs_B_M], device=device)
+        logits_B_V = biased(logits_B_V, ids_B_M, bias_B_M)
+    temperatures_B = torch.tensor([p.temperature or 1.0 for p in params_B], device=device)
     scaled_B_V = logits_B_V / temperatures_B[:, None]
     # Greedy rows report the raw distribution: no filter applies to them.
-    top_k_B = torch.tensor([p.top_k if p.temperature > 0 else 0 for p in params_B])
-    top_p_B = torch.tensor([p.top_p if p.temperature > 0 else 1.0 for p in params_B])
+    top_k_B = torch.tensor([p.top_k if p.temperature > 0 else 0 for p in params_B], device=device)
+    top_p_B = torch.tensor([p.top_p if p.temperature > 0 else 1.0 for p in params_B], device=device)
     return torch.log_softmax(top_k_top_p_filtered(scaled_B_V, top_k_B, top_p_B), dim=-1)
 
 

@@ -110,7 +110,12 @@ class ServedModel:
                 param="prompt_logprobs",
             )
         reading = reads_tool_calls(request)
-        params = sampling_params(request.body, max_tokens=limit, top_logprobs=request.top_logprobs)
+        params = sampling_params(
+            request.body,
+            max_tokens=limit,
+            vocab_size=self.vocab_size,
+            top_logprobs=request.top_logprobs,
+        )
         generation = self._submit([prompt_ids], params, request.n, request.adapter, request.model)
         return ToolCallReading(generation) if reading else generation
 
@@ -126,6 +131,7 @@ class ServedModel:
         params = sampling_params(
             request.body,
             max_tokens=min(limits),
+            vocab_size=self.vocab_size,
             top_logprobs=request.logprobs or 0,
             prompt_logprobs=request.prompt_logprobs,
         )

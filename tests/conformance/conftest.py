@@ -26,28 +26,52 @@ text anyway skips them: the shape of a call is checked when one is made.
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import os
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import aiohttp
 import pytest
 
 from art_proxy.testing.fake_vllm import FakeVllmConfig, running_fake_vllm
 from tests.conformance.upstream import Upstream
+
+if TYPE_CHECKING:
+    from art_proxy.local.model_loading import LoadedModel
 from tests.real_vllm import RealVllm
 
 CONFORMANCE_URL = os.environ.get("ART_CONFORMANCE_URL", "").rstrip("/")
 
+CUDA = False
 if not CONFORMANCE_URL:
     # local-llm needs the `[local]` extra (torch, peft), which a GPU box running vLLM may lack.
+    import torch
+
     from tests.local.conftest import MAX_MODEL_LEN, lora_adapter, smollm2  # noqa: F401
+
+    CUDA = torch.cuda.is_available()
+
+# local-llm as users serve on a GPU (`--device cuda`, bf16 there), where torch has a CUDA device.
+LOCAL_LLM_CUDA = pytest.param(
+    "local-llm-cuda",
+    marks=pytest.mark.skipif(
+        not CUDA, reason="no CUDA device here: local-llm on CUDA is checked where torch has one"
+    ),
+)
 
 
 @pytest.fixture(
     params=["vllm"]
     if CONFORMANCE_URL
-    else ["fake-vllm", "local-llm", pytest.param("vllm", marks=pytest.mark.real_vllm)]
+    else [
+        "fake-vllm",
+        "local-llm",
+        LOCAL_LLM_CUDA,
+        pytest.param("vllm", marks=pytest.mark.real_vllm),
+    ]
 )
 async def upstream(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Upstream]:
     if request.param == "vllm" and CONFORMANCE_URL:
@@ -65,14 +89,26 @@ async def upstream(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncItera
         from art_proxy.local.served import ServedModel
         from art_proxy.local.server import running_local_llm
 
-        served = ServedModel.create(
-            request.getfixturevalue("smollm2"), max_model_len=MAX_MODEL_LEN, max_batch_size=8
-        )
+        loaded = request.getfixturevalue("smollm2")
+        if request.param == "local-llm-cuda":
+            loaded = request.getfixturevalue("smollm2_cuda")
+        served = ServedModel.create(loaded, max_model_len=MAX_MODEL_LEN, max_batch_size=8)
         adapter = str(request.getfixturevalue("lora_adapter"))
         async with running_local_llm(served) as local:
             # SmolLM2-135M does not call tools within the few tokens this suite can afford on CPU,
             # and local-llm cannot force it (no guided decoding).
             yield Upstream(local.base_url, served.name, adapter, tool_choice=None)
+
+
+@pytest.fixture(scope="session")
+def smollm2_cuda(smollm2: LoadedModel) -> LoadedModel:
+    """The bundled model as `local-llm --device cuda` serves it: bf16 on the GPU."""
+    from art_proxy.local.cli import serving_device, serving_dtype
+
+    device = serving_device("cuda")
+    model = copy.deepcopy(smollm2.model)
+    torch.nn.Module.to(model, device, serving_dtype("auto", device))
+    return dataclasses.replace(smollm2, model=model)
 
 
 async def _configured_vllm(base_url: str) -> Upstream:

@@ -159,3 +159,29 @@ async def test_models_lists_the_base_model_and_health_answers(
     root_url = local_llm.base_url.removesuffix("/v1")
     async with http.get(f"{root_url}/health") as response:
         assert response.status == 200
+
+
+async def test_a_logit_bias_is_sampled_with_and_reported_as_vllm_does(
+    local_llm: RunningLocalLlm, http: aiohttp.ClientSession
+) -> None:
+    # +100 on two ids: every token is one of them, and each one's reported logprob is of the
+    # distribution after the bias (the two share nearly all the mass).
+    yes, no = (local_llm.served.encode(word)[0] for word in (" yes", " no"))
+    body = await chat(
+        http, local_llm.base_url, logit_bias={str(yes): 100, str(no): 100}, logprobs=True
+    )
+    tokens = body["choices"][0]["logprobs"]["content"]
+    assert len(tokens) == 8
+    assert {t["token"] for t in tokens} <= {" yes", " no"}
+    assert all(t["logprob"] > -20 for t in tokens)
+    for bias, message in (
+        ({"49152": 1}, "out-of-vocab"),
+        ({"-1": 1}, "out-of-vocab"),
+        ({str(yes): "high"}, "must be a number"),
+        ([yes], "must be an object"),
+    ):
+        status, error = await post(
+            http, f"{local_llm.base_url}/chat/completions", {"messages": USER, "logit_bias": bias}
+        )
+        assert status == 400 and error["error"]["param"] == "logit_bias", error
+        assert message in error["error"]["message"]

@@ -3,7 +3,8 @@
 Tokens are drawn by local-llm's own sampler (`art_proxy.local.sampling`, the processed logprobs
 vLLM's `--logprobs-mode processed_logprobs` reports too) from a tiny Llama with a LoRA adapter,
 recorded as the proxy records a call, and scored by the trainer at the same weights: the importance
-ratio must be 1 for every token, whatever temperature, top-k and top-p the call asked for. Before
+ratio must be 1 for every token, whatever temperature, top-k, top-p and logit bias the call asked
+for. Before
 the trainer applied top-k and top-p, top_p 0.9 gave a mean ratio of about 0.9 and top_k 20 about
 0.5, with half the tokens clipped.
 """
@@ -46,6 +47,11 @@ def _sampled_call(model: PeftModel, sampling: dict[str, Any], seed: int) -> Call
         temperature=sampling.get("temperature", 1.0),
         top_p=sampling.get("top_p", 1.0),
         top_k=sampling.get("top_k", 0),
+        logit_bias=tuple(
+            sorted(
+                (int(token), float(bias)) for token, bias in sampling.get("logit_bias", {}).items()
+            )
+        ),
     )
     generator = torch.Generator().manual_seed(seed)
     tokens = list(PROMPT)
@@ -70,8 +76,11 @@ def _sampled_call(model: PeftModel, sampling: dict[str, Any], seed: int) -> Call
         {"top_k": 20},
         {"temperature": 0.7, "top_k": 20, "top_p": 0.9},
         {"temperature": 1.3, "top_p": 0.5},
+        # JSON's keys are strings; two ids favoured, one all but banned, before the temperature.
+        {"temperature": 0.7, "logit_bias": {"3": 4.0, "7": 2.5, "11": -100}},
+        {"logit_bias": {"3": 100, "7": 100}, "top_p": 0.9},
     ],
-    ids=["t0.7", "t0.7-p0.9", "k20", "t0.7-k20-p0.9", "t1.3-p0.5"],
+    ids=["t0.7", "t0.7-p0.9", "k20", "t0.7-k20-p0.9", "t1.3-p0.5", "bias-t0.7", "bias-two-p0.9"],
 )
 def test_the_ratio_at_the_sampling_weights_is_one_for_every_token(
     sampling: dict[str, Any],

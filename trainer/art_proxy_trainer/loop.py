@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import logging
 import random
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -268,6 +269,7 @@ class WholeLoop:
             {"guided_retries": 0.0, "guided_rescued": 0.0} if self.settings.guided_retries else {}
         )
         rounds = 0
+        started = time.perf_counter()
         while rounds < _MAX_REFILLS:
             # With a teacher every group teaches (its term needs no reward spread): no refills.
             with_signal = sum(
@@ -292,6 +294,8 @@ class WholeLoop:
                     for retry in retried
                 )
         metrics["rollout_rounds"] = float(rounds)
+        metrics["rollouts"] = float(sum(len(group.members) for group in groups))
+        metrics["seconds_rollouts"] = time.perf_counter() - started
         return groups, metrics
 
     async def _guided_retries(self, groups: Sequence[TrainableGroup]) -> list[TrainableGroup]:

@@ -55,6 +55,10 @@ class LossMetrics:
     # |log pi_theta - log pi_prox|: how far the batch's updates have moved the weights so far (0
     # in a batch's first update, where they are the proximal policy; and under ppo)
     update_drift: float = 0.0
+    # The importance weight as the loss applies it: pi_prox/mu truncated at the cap (tis), 0
+    # where masked (mis), 1 (ppo, whose ratio carries the correction). Beside mean_ratio, what
+    # the correction changed.
+    is_weight: float = 1.0
 
     @property
     def is_weight_std(self) -> float:
@@ -71,6 +75,7 @@ class LossMetrics:
             "mismatch_kl": self.mismatch_kl,
             "is_weight_std": self.is_weight_std,
             "is_capped": self.is_capped,
+            "is_weight": self.is_weight,
         }
         if kl:
             metrics["kl"] = self.kl
@@ -202,6 +207,7 @@ def grpo_loss(
             update_drift=mean(
                 torch.where(trained_B_T, logprobs_B_T.detach() - prox_B_T, 0.0).abs()
             ),
+            is_weight=mean(weight_B_T),
         )
     return LossResult(loss, metrics)
 
