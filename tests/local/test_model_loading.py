@@ -5,6 +5,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+import torch
+
+from art_proxy.local.errors import ModelLoadError
 from art_proxy.local.model_loading import bundled_gguf, load_model
 
 
@@ -18,3 +22,19 @@ def test_loading_says_each_slow_stage_and_converts_once(tmp_path: Path) -> None:
     again = load_model(None, cache_dir=tmp_path, say=said.append)
     assert [line.split(" in ")[0] for line in said] == ["reading the weights"]
     assert again.default_name == first.default_name
+
+
+def test_the_device_and_dtype_follow_what_torch_has() -> None:
+    from art_proxy.local.cli import serving_device, serving_dtype
+
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert serving_dtype("auto", cpu) == torch.float32
+    assert serving_dtype("auto", cuda) == torch.bfloat16
+    assert serving_dtype("bfloat16", cpu) == torch.bfloat16
+    assert serving_device("cpu") == cpu
+    if torch.cuda.is_available():
+        assert serving_device("auto").type == "cuda"
+        return
+    assert serving_device("auto") == cpu
+    with pytest.raises(ModelLoadError, match=r"--device cuda: torch .* sees no CUDA device"):
+        serving_device("cuda")
