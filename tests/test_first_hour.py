@@ -12,6 +12,8 @@ import asyncio
 import os
 import socket
 import subprocess
+import sys
+import time
 from pathlib import Path
 
 import aiohttp
@@ -313,4 +315,52 @@ def test_setup_drops_pips_missing_folder_warnings_and_keeps_its_errors_and_exit(
     assert _make('{ echo "$(NOISE)"; exit 3; } | $(UNBURY)').returncode != 0  # pip's failure stays
     joined = (ROOT / "Makefile").read_text().replace("\\\n", " ")  # continued lines as one
     recipes = [line for line in joined.splitlines() if "/pip " in line]
-    assert len(recipes) >= 8 and all("$(UNBURY)" in line for line in recipes)
+    assert len(recipes) >= 8 and all("$(UNBURY)" in r or "$(PROGRESS)" in r for r in recipes)
+
+
+def test_the_long_installs_say_how_far_they_got_and_keep_pips_errors_and_exit() -> None:
+    """`make demo`'s main install was 167 s without a line (pip --quiet)."""
+    noise = "WARNING: Location 'file:///opt/pypi/simple/absl-py/' is ignored: it is neither a file nor a directory."
+    pip = (
+        "printf '%s\\n' 'Collecting aiohttp>=3.10' '  Using cached aiohttp-3.13.whl' \"$$NOISE\" "
+        "'Collecting orjson' 'Requirement already satisfied: torch' 'ERROR: no matching distribution'"
+    )
+    shown = _make(f'NOISE="{noise}"; {{ {pip}; }} | $(PROGRESS) "the test\'s packages"')
+    assert shown.returncode == 0, shown.stderr
+    lines = shown.stdout.splitlines()
+    assert lines[0] == "setup: the test's packages..."
+    assert lines[1] == "ERROR: no matching distribution"
+    assert lines[2].startswith("setup: the test's packages: pip finished (2 packages collected, ")
+    assert len(lines) == 3
+    assert _make('{ echo Collecting x; exit 3; } | $(PROGRESS) "x"').returncode != 0
+    joined = (ROOT / "Makefile").read_text().replace("\\\n", " ")
+    long = [
+        line
+        for line in joined.splitlines()
+        if "-e '.[dev,local]'" in line or "-r requirements-vllm" in line
+    ]
+    assert len(long) == 2 and all("$(PROGRESS)" in line and "--quiet" not in line for line in long)
+
+
+def test_a_silent_install_still_says_it_is_at_work_every_30_seconds() -> None:
+    script = ROOT / "scripts" / "pip_progress.py"
+    slow = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys; import scripts.pip_progress as p; p.EVERY_S = 0.2; "
+            "sys.argv = ['pip_progress.py', 'slow']; sys.exit(p.main())",
+        ],
+        cwd=ROOT,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert slow.stdin is not None
+    slow.stdin.write("Collecting torch\n")
+    slow.stdin.flush()
+    time.sleep(1.0)
+    out, _ = slow.communicate("")
+    ticks = [line for line in out.splitlines() if "still at it" in line]
+    assert ticks and "(1 packages collected, the latest torch)" in ticks[0], out
+    assert script.is_file()
