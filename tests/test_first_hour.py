@@ -287,6 +287,26 @@ async def test_a_read_command_on_a_store_that_does_not_exist_refuses_and_makes_n
         assert "Traceback" not in err and not missing.exists(), command
 
 
+async def test_a_store_a_newer_art_proxy_migrated_is_refused_in_one_line(tmp_path: Path) -> None:
+    """An older art-proxy on a store a newer one had opened printed alembic's traceback ("Can't
+    locate revision identified by '0024'") and stopped `make demo`'s evaluation."""
+    import sqlite3
+
+    from art_proxy.store.trajectory_store import TrajectoryStore
+
+    store = tmp_path / "art.db"
+    url = f"sqlite:///{store}"
+    async with TrajectoryStore.opened(url, writer=False):
+        pass
+    with sqlite3.connect(store) as connection:
+        connection.execute("UPDATE alembic_version SET version_num = '9999'")
+    for command in (("alias", "list"), ("alias", "history"), ("export",)):
+        status, _, err = await run_cli(*command, "--store", url)
+        said = " ".join(err.split())
+        assert status == 1 and "written by a newer art-proxy" in said, (command, err)
+        assert "upgrade art-proxy to open it" in said and "Traceback" not in err, command
+
+
 def _make(recipe: str) -> subprocess.CompletedProcess[str]:
     """`make` running one recipe line with the Makefile's variables and shell."""
     return subprocess.run(

@@ -1,4 +1,5 @@
-"""`art-proxy alias list | set | reset`: the stable names agents call, and what they serve."""
+"""`art-proxy alias list | history | set | reset`: the stable names agents call, what they serve,
+and every move with its evidence."""
 
 from __future__ import annotations
 
@@ -10,7 +11,12 @@ from rich.markup import escape
 
 from art_proxy.cli.options import command_group, settings_command
 from art_proxy.cli.output import fail, stderr
-from art_proxy.config import AliasListSettings, AliasResetSettings, AliasSetSettings
+from art_proxy.config import (
+    AliasHistorySettings,
+    AliasListSettings,
+    AliasResetSettings,
+    AliasSetSettings,
+)
 from art_proxy.errors import ConfigError, StoreError
 
 if TYPE_CHECKING:
@@ -29,6 +35,12 @@ def register(app: typer.Typer) -> None:
         AliasListSettings,
         "Every alias and what it serves.",
     )(alias_list)
+    settings_command(
+        alias_app,
+        "history",
+        AliasHistorySettings,
+        "Each move of the aliases, newest first: what served, why it moved, and the evidence.",
+    )(alias_history)
     settings_command(
         alias_app,
         "set",
@@ -60,9 +72,36 @@ def alias_list(settings: AliasListSettings) -> None:
     # Plain lines, not a table: names are what a user copies, and a table would cut or fold them.
     for record in records:
         step = "" if record.step is None else f", step {record.step}"
+        canary = ""
+        if record.canary is not None:
+            canary = f"; canary {record.canary} on {record.canary_fraction:.0%} of new trajectories"
         print(
-            f"{record.alias} -> {record.model}{step} (since {record.updated_at:%Y-%m-%d %H:%M} UTC)"
+            f"{record.alias} -> {record.model}{step} (since {record.updated_at:%Y-%m-%d %H:%M} "
+            f"UTC){canary}"
         )
+
+
+def alias_history(settings: AliasHistorySettings) -> None:
+    from art_proxy.store.trajectory_store import TrajectoryStore
+
+    async def read() -> list[AliasMove]:
+        async with TrajectoryStore.opened(settings.store, writer=False, existing=True) as store:
+            return await store.alias_moves(settings.alias, limit=settings.limit)
+
+    try:
+        moves = asyncio.run(read())
+    except (ConfigError, StoreError, OSError) as exc:
+        fail(str(exc))
+    if not moves:
+        which = f"alias {settings.alias!r} has" if settings.alias else "no alias has"
+        stderr.print(f"{which} never moved" if settings.alias else "no alias has moved yet")
+        return
+    for move in moves:
+        where = f"{move.previous} -> {move.model}" if move.previous else move.model
+        if move.reason == "canary":
+            where = f"canary {move.model} beside {move.previous}"
+        evidence = f": {move.note}" if move.note else ""
+        print(f"{move.moved_at:%Y-%m-%d %H:%M:%S} {move.alias} {move.reason} {where}{evidence}")
 
 
 def alias_set(settings: AliasSetSettings) -> None:

@@ -7,7 +7,12 @@ shares a name (`--group-size`, `--out`, `--poll`...) means something else in eac
 declared by each.
 """
 
-from art_proxy.config.alias import AliasListSettings, AliasResetSettings, AliasSetSettings
+from art_proxy.config.alias import (
+    AliasHistorySettings,
+    AliasListSettings,
+    AliasResetSettings,
+    AliasSetSettings,
+)
 from art_proxy.config.erasure import ForgetSettings, LineageSettings
 from art_proxy.config.evaluate import EvalSettings
 from art_proxy.config.export import ExportSettings, ScenarioBankSettings
@@ -40,6 +45,7 @@ __all__ = [
     "DEFAULT_STORE",
     "JOURNAL_AUTO",
     "JOURNAL_OFF",
+    "AliasHistorySettings",
     "AliasListSettings",
     "AliasResetSettings",
     "AliasSetSettings",

@@ -12,6 +12,13 @@ class AliasListSettings(StoreSettings):
     pass
 
 
+class AliasHistorySettings(StoreSettings):
+    alias: str | None = Field(
+        None, description="One alias's moves (unset: every alias's).", json_schema_extra=ARGUMENT
+    )
+    limit: int = Field(20, ge=1, le=1000, description="The newest this many moves.")
+
+
 class AliasSetSettings(StoreSettings):
     alias: str = Field(description="The name agents call.", json_schema_extra=ARGUMENT)
     model: str = Field(

@@ -172,6 +172,29 @@ class TrainSettings(JudgeChoice, UpstreamSettings, StoreSettings, ReportSettings
         description="Roll back when the promoted adapter's live mean reward is below the "
         "previous target's by more than this.",
     )
+    canary_fraction: float = Field(
+        0.0,
+        ge=0,
+        le=1,
+        description="With --promote-alias: a validated candidate first serves this share of the "
+        "production alias's new trajectories beside its target (a canary; each trajectory stays "
+        "on its arm), and is promoted, rolled back or dropped when an anytime-valid interval on "
+        "the difference in live reward says so (--canary-alpha, --canary-min-effect); 0 = "
+        "promote on validation alone, roll back on --rollback-margin.",
+    )
+    canary_alpha: float = Field(
+        0.05,
+        gt=0,
+        lt=0.5,
+        description="The canary's error rate: the chance that it promotes or rolls back a "
+        "candidate no better or worse than the target, however often it looks.",
+    )
+    canary_min_effect: float = Field(
+        0.05,
+        gt=0,
+        description="The smallest difference in live reward worth acting on: a canary whose "
+        "interval lies within +/- this ends with the target kept.",
+    )
     val_every: int = Field(
         5, ge=0, description="Validate every N steps (scenarios of split val); 0 = off."
     )
@@ -417,6 +440,14 @@ class TrainSettings(JudgeChoice, UpstreamSettings, StoreSettings, ReportSettings
             raise ValueError("--promote-alias needs --swap (adapters loaded upstream)")
         if self.promote_alias == self.alias:
             raise ValueError("--promote-alias must differ from --alias, which moves every step")
+        return self
+
+    @model_validator(mode="after")
+    def _a_canary_is_for_promotion(self) -> TrainSettings:
+        if self.canary_fraction > 0 and self.promote_alias is None:
+            raise ValueError(
+                "--canary-fraction splits the production alias's traffic: it needs --promote-alias"
+            )
         return self
 
     @property

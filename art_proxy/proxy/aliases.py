@@ -17,6 +17,7 @@ the base model otherwise hides: what `art-proxy eval --model base` compares the 
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -45,6 +46,21 @@ class ServedModels:
 
 
 @dataclass(frozen=True)
+class Canary:
+    """A candidate serving a share of an alias's new trajectories (records.AliasRecord)."""
+
+    model: str
+    fraction: float
+    since: datetime  # salts the draw: a new canary draws its trajectories afresh
+
+    def serves(self, trajectory_id: str) -> bool:
+        """Whether the canary serves this trajectory: a uniform draw in [0, 1) from a hash of
+        the canary's start and the trajectory's id, below the share."""
+        digest = hashlib.sha256(f"{self.since.isoformat()}|{trajectory_id}".encode()).digest()
+        return int.from_bytes(digest[:8], "big") / 2**64 < self.fraction
+
+
+@dataclass(frozen=True)
 class Fallback:
     target: str  # what the alias points at, which some upstream does not serve
     served: str  # what its calls go to meanwhile
@@ -54,6 +70,7 @@ class Aliases:
     def __init__(self, store: TrajectoryStore) -> None:
         self._store = store
         self._targets: dict[str, str] = {}  # alias -> the model name the upstream serves
+        self._canaries: dict[str, Canary] = {}  # alias -> its canary, where it has one
         self._records: list[AliasRecord] = []
         self._moves = 0  # moves made here: a reload that started before one is stale
         self._fallbacks: dict[str, Fallback] = {}
@@ -62,11 +79,21 @@ class Aliases:
         self._asked_at: datetime | None = None
         self._answers: Sequence[ServedModels] = ()  # every upstream's models, last asked
 
-    def resolve(self, model: str) -> str:
+    def resolve(self, model: str, trajectory_id: str | None = None) -> str:
         """The name to send upstream for a request's `model` (itself when it is no alias;
-        `ALIAS@0`: the base model under the alias)."""
+        `ALIAS@0`: the base model under the alias). An alias with a canary sends a share of its
+        trajectories to the candidate: which ones is drawn from the trajectory's id, so every
+        proxy, and this one after a restart, draws the same arm for it."""
         target = self._targets.get(model)
         if target is not None:
+            canary = self._canaries.get(model)
+            if (
+                canary is not None
+                and trajectory_id is not None
+                and canary.serves(trajectory_id)
+                and self.is_served(canary.model)  # an unloaded candidate: the target serves
+            ):
+                return canary.model
             return target
         alias, at, step = model.rpartition("@")
         if at and step == BASE_STEP and alias in self._targets:
@@ -161,21 +188,28 @@ class Aliases:
             self._set(records)
 
     async def move(self, alias: str, request: AliasRequest) -> AliasMove:
-        """Point `alias` at `request.model`: in the store, then here."""
+        """Point `alias` at `request.model` (or start, change or end its canary): in the store,
+        then here."""
         move = await self._store.set_alias(alias, request)
         self._moves += 1
-        current = AliasRecord(
-            alias=alias, model=move.model, step=move.step, updated_at=move.moved_at
-        )
-        self._set([record for record in self._records if record.alias != alias] + [current])
+        self._set(await self._store.aliases())
         return move
 
     def _set(self, records: list[AliasRecord]) -> None:
         for record in records:
             if self._asked_at is None or record.updated_at > self._asked_at:
                 self._moved_to.setdefault(record.model, record.updated_at)
+            # A canary's candidate was loaded everywhere before it began, as a move's adapter.
+            since = record.canary_since
+            if record.canary and since and (self._asked_at is None or since > self._asked_at):
+                self._moved_to.setdefault(record.canary, since)
         self._records = sorted(records, key=lambda record: record.alias)
         self._targets = {record.alias: self._served(record) for record in self._records}
+        self._canaries = {
+            record.alias: Canary(record.canary, record.canary_fraction, record.canary_since)
+            for record in self._records
+            if record.canary is not None and record.canary_since is not None
+        }
 
     def _served(self, record: AliasRecord) -> str:
         fallback = self._fallbacks.get(record.alias)

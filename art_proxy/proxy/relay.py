@@ -199,7 +199,8 @@ class Relay:
         aliases = self._aliases
         if not aliases.is_alias(model):
             return aliases.resolve(model)
-        return self._tracker.lease(assignment, model, aliases.resolve(model), aliases.is_served)
+        target = aliases.resolve(model, assignment.trajectory_id)  # its canary's arm, if any
+        return self._tracker.lease(assignment, model, target, aliases.is_served)
 
     async def _answer_best_of(
         self, request: web.Request, call: CallInProgress, n: int

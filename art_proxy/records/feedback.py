@@ -47,6 +47,14 @@ class LiveReward(Record):
     model: str = Field(description="The served model (a trajectory counts for its first call's).")
     count: int = Field(ge=0, description="Trajectories with a reward.")
     mean: float | None = Field(description="Their mean reward (None: none has one).")
+    mean_square: float | None = Field(
+        default=None, description="The mean of their squared rewards (their spread, with mean)."
+    )
+    pending: int = Field(
+        default=0,
+        ge=0,
+        description="Finished trajectories still without a reward (feedback or a judge to come).",
+    )
 
 
 class Feedback(Record):

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from art_proxy.records.base import Record
 from art_proxy.records.trajectories import Split
@@ -24,8 +24,11 @@ StepKind = Literal["grpo", "sft"]
 # swapped: every upstream loaded the adapter and the alias moved. rejected: an upstream refused it
 # (the alias stayed). skipped: the step was abandoned, or swapping is off.
 SwapStatus = Literal["swapped", "rejected", "skipped"]
-# Why an alias moved: a trainer swap, safe promotion, an automatic rollback, or by hand.
-MoveReason = Literal["swap", "promote", "rollback", "manual"]
+# Why an alias moved: a trainer swap, safe promotion, an automatic rollback, or by hand; canary: a
+# candidate began serving a share of new trajectories beside the target (or its share changed),
+# the alias itself unmoved; kept: a canary ended with no difference worth acting on, the target
+# kept. A rollback also ends a canary whose candidate was worse (the target kept).
+MoveReason = Literal["swap", "promote", "rollback", "manual", "canary", "kept"]
 MAX_NOTE = 500  # characters: a line of evidence for a move, not a report
 
 
@@ -36,6 +39,17 @@ class AliasRecord(Record):
     model: str = Field(description="The served name: the base model or an adapter `alias@step`.")
     step: int | None = Field(default=None, description="The training step of the adapter.")
     updated_at: datetime
+    canary: str | None = Field(
+        default=None,
+        description="A candidate serving a share of the alias's new trajectories beside its "
+        "target, so that both are measured on the same traffic (None: no canary).",
+    )
+    canary_fraction: float = Field(
+        default=0.0, ge=0, le=1, description="The share of new trajectories the canary serves."
+    )
+    canary_since: datetime | None = Field(
+        default=None, description="When the canary began: its evidence counts from then."
+    )
 
 
 class Lease(Record):
@@ -66,6 +80,19 @@ class AliasRequest(Record):
     step: int | None = None
     reason: MoveReason = "manual"
     note: str | None = Field(default=None, max_length=MAX_NOTE)
+    fraction: float | None = Field(
+        default=None,
+        ge=0,
+        le=1,
+        description="With reason `canary`: the share of new trajectories `model` serves beside "
+        "the alias's target, which does not move (0 ends the canary; 1 serves it alone).",
+    )
+
+    @model_validator(mode="after")
+    def _a_canary_has_a_share(self) -> AliasRequest:
+        if (self.reason == "canary") != (self.fraction is not None):
+            raise ValueError("a canary (reason `canary`) and its `fraction` go together")
+        return self
 
 
 # A step's metric named so is the mean of one metric its training rollouts reported.

@@ -23,12 +23,14 @@ import orjson
 import sqlalchemy as sa
 from alembic import command
 from alembic.config import Config
+from alembic.script import ScriptDirectory
+from alembic.util.exc import CommandError
 from sqlalchemy import Connection, event
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
-from art_proxy.errors import ConfigError
+from art_proxy.errors import ConfigError, StoreError
 from art_proxy.privacy.private_files import create_private
 
 _MIGRATIONS = Path(__file__).parent / "migrations"
@@ -264,7 +266,15 @@ async def migrate(engine: AsyncEngine) -> None:
     def upgrade(connection: Connection) -> None:
         config = _alembic_config()
         config.attributes["connection"] = connection
-        command.upgrade(config, "head")
+        try:
+            command.upgrade(config, "head")
+        except CommandError as exc:
+            # The store's revision is none of ours: a newer art-proxy migrated it.
+            head = ScriptDirectory.from_config(config).get_current_head()
+            raise StoreError(
+                f"this store was written by a newer art-proxy ({exc}; this one knows schema "
+                f"revisions up to {head}): upgrade art-proxy to open it"
+            ) from exc
 
     async with engine.begin() as connection:
         await connection.run_sync(upgrade)

@@ -120,12 +120,22 @@ class FeedbackRecords(StoreBase):
         rows = [row for row in await self._all(query) if row["model"] is not None]
         judged = await self._judged_rewards([r["group_id"] for r in rows if r["reward"] is None])
         rewards: dict[str, list[float]] = {}
+        pending: dict[str, int] = {}
         for row in rows:
             reward = row["reward"] if row["reward"] is not None else judged.get(row["id"])
-            if reward is not None:
-                rewards.setdefault(row["model"], []).append(float(reward))
+            rewards.setdefault(row["model"], [])
+            if reward is None:
+                pending[row["model"]] = pending.get(row["model"], 0) + 1
+            else:
+                rewards[row["model"]].append(float(reward))
         return {
-            model: LiveReward(model=model, count=len(values), mean=math.fsum(values) / len(values))
+            model: LiveReward(
+                model=model,
+                count=len(values),
+                mean=math.fsum(values) / len(values) if values else None,
+                mean_square=math.fsum(v * v for v in values) / len(values) if values else None,
+                pending=pending.get(model, 0),
+            )
             for model, values in rewards.items()
         }
 

@@ -189,6 +189,10 @@ aliases = sa.Table(
     sa.Column("model", sa.String(200), nullable=False),
     sa.Column("step", sa.Integer),
     sa.Column("updated_at", Timestamp, nullable=False),
+    # A canary (records.AliasRecord): a candidate serving a share of new trajectories.
+    sa.Column("canary", sa.String(200)),
+    sa.Column("canary_fraction", sa.Float, nullable=False, server_default="0"),
+    sa.Column("canary_since", Timestamp),
 )
 
 # Every move of an alias (records.AliasMove): which adapter served when, and why it moved.

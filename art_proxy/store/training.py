@@ -17,7 +17,7 @@ from typing import Literal
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 
-from art_proxy.errors import GroupAlreadyConsumed
+from art_proxy.errors import GroupAlreadyConsumed, NotFound
 from art_proxy.records import (
     AliasMove,
     AliasRecord,
@@ -47,14 +47,39 @@ class TrainingRecords(StoreBase):
     # --- model aliases ---------------------------------------------------------------------------
 
     async def set_alias(self, alias: str, request: AliasRequest) -> AliasMove:
-        """Point `alias` at `request.model` and record the move, in one transaction."""
+        """Point `alias` at `request.model` and record the move, in one transaction. A move ends
+        the alias's canary (it was measured against the target that moves); reason `canary`
+        instead starts one for `request.model`, or changes its share, the alias unmoved."""
         now = utcnow()
-        row = {"alias": alias, "model": request.model, "step": request.step, "updated_at": now}
         async with self._transaction() as connection:
-            previous = await connection.scalar(
-                sa.select(A.c.model).where(A.c.alias == alias).with_for_update()
+            current = (
+                (await connection.execute(sa.select(A).where(A.c.alias == alias).with_for_update()))
+                .mappings()
+                .first()
             )
-            await connection.execute(self._upsert(A, row, key="alias"))
+            previous = current["model"] if current is not None else None
+            if request.reason == "canary":
+                if current is None:
+                    raise NotFound(
+                        f"alias {alias!r} does not exist: a canary runs beside an alias's target"
+                    )
+                assert request.fraction is not None  # AliasRequest checks a canary has its share
+                same = current["canary"] == request.model and current["canary_since"] is not None
+                canary = {
+                    "canary": request.model if request.fraction > 0 else None,
+                    "canary_fraction": request.fraction,
+                    # A new candidate's evidence starts now; a share changed keeps it.
+                    "canary_since": (current["canary_since"] if same else now)
+                    if request.fraction > 0
+                    else None,
+                }
+                await connection.execute(sa.update(A).where(A.c.alias == alias).values(**canary))
+            else:
+                row = {"alias": alias, "model": request.model, "step": request.step}
+                cleared = {"canary": None, "canary_fraction": 0.0, "canary_since": None}
+                await connection.execute(
+                    self._upsert(A, {**row, "updated_at": now, **cleared}, key="alias")
+                )
             move = AliasMove(
                 alias=alias,
                 model=request.model,
@@ -70,7 +95,13 @@ class TrainingRecords(StoreBase):
     async def aliases(self) -> list[AliasRecord]:
         rows = await self._all(sa.select(A).order_by(A.c.alias))
         return [
-            AliasRecord.model_validate({**row, "updated_at": aware(row["updated_at"])})
+            AliasRecord.model_validate(
+                {
+                    **row,
+                    "updated_at": aware(row["updated_at"]),
+                    "canary_since": row["canary_since"] and aware(row["canary_since"]),
+                }
+            )
             for row in rows
         ]
 

@@ -101,11 +101,7 @@ def interval(
     rho2 = _rho_squared(design_trajectories(fraction, min_effect, alpha), alpha)
     t = t.clamp(min=1)
     radius = (
-        variance
-        * 2
-        * (t * rho2 + 1)
-        / (t * t * rho2)
-        * torch.log(torch.sqrt(t * rho2 + 1) / alpha)
+        variance * 2 * (t * rho2 + 1) / (t * t * rho2) * torch.log(torch.sqrt(t * rho2 + 1) / alpha)
     ).sqrt()
     difference = candidate.mean - current.mean
     return Interval(difference, difference - radius, difference + radius)

@@ -40,7 +40,7 @@ from art_proxy_trainer.distributed import Leader, Ranks, Replica, follow, join, 
 from art_proxy_trainer.loop import Events, WholeLoop
 from art_proxy_trainer.metrics import MetricsSink
 from art_proxy_trainer.policy import Policy, base_dtype, load_policy, training_device
-from art_proxy_trainer.promoter import Promoter
+from art_proxy_trainer.promoter import CanaryPolicy, Promoter
 from art_proxy_trainer.sidecar import run_sidecar
 from art_proxy_trainer.sleep import UpstreamSleep
 from art_proxy_trainer.swap import AdapterSwapper
@@ -179,6 +179,13 @@ async def _train(
                             swapper,
                             min_trajectories=settings.rollback_min_trajectories,
                             margin=settings.rollback_margin,
+                            canary=CanaryPolicy(
+                                settings.canary_fraction,
+                                settings.canary_alpha,
+                                settings.canary_min_effect,
+                            )
+                            if settings.canary_fraction > 0
+                            else None,
                         )
                 teacher = None
                 if settings.distils:

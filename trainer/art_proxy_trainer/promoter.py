@@ -8,6 +8,13 @@ previous target's (over that target's own serving period) by more than a margin 
 back. Each decision (`decide_promotion`, `decide_rollback`: rules without I/O) carries its evidence
 as a one-line note, which the trainer records with the move or the step.
 
+With a canary (`--canary-fraction F`), a validated candidate does not take the alias over: it serves
+a share F of the alias's new trajectories beside the target (the proxy draws each trajectory's arm
+from its id; a trajectory stays on its arm), and after every poll the anytime-valid interval of
+`canary` on the difference in live reward decides: promote, roll back, keep the target (no
+difference worth acting on), or look again. Both arms are measured on the same traffic at the same
+time, so the comparison is of the adapters, not of two periods.
+
 The alias's history is the store's alias moves, so a restarted trainer picks it up where it was:
 the newest move says what the alias serves and since when, and a `promote` move's `previous` is the
 rollback target, pinned upstream until the alias moves on. An adapter is a candidate right after
@@ -21,8 +28,18 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from art_proxy.records import AliasMove, AliasRequest, LiveReward, MoveReason
+import torch
+
+from art_proxy.records import (
+    MAX_NOTE,
+    AliasMove,
+    AliasRecord,
+    AliasRequest,
+    LiveReward,
+    MoveReason,
+)
 from art_proxy.store.trajectory_store import TrajectoryStore
+from art_proxy_trainer.canary import MIN_PER_ARM, VERDICTS, ArmRewards, CanaryVerdict, verdict
 from art_proxy_trainer.checkpoint import TrainerState
 from art_proxy_trainer.errors import SwapError
 from art_proxy_trainer.swap import AdapterSwapper, step_of, step_of_run
@@ -69,6 +86,46 @@ def decide_rollback(
     return Decision(current.mean < previous.mean - margin, note)
 
 
+@dataclass(frozen=True)
+class CanaryPolicy:
+    fraction: float  # the candidate's share of new trajectories
+    alpha: float
+    min_effect: float
+
+
+def decide_canary(
+    candidate: LiveReward, current: LiveReward, policy: CanaryPolicy
+) -> tuple[CanaryVerdict, str]:
+    """A canary's verdict on live rewards since it began, and its evidence line."""
+    decided, bounds = verdict(
+        arm_rewards(candidate),
+        arm_rewards(current),
+        fraction=policy.fraction,
+        alpha=policy.alpha,
+        min_effect=policy.min_effect,
+    )
+    pending = candidate.pending + current.pending
+    note = (
+        f"live {candidate.mean or 0:.2f} (n={candidate.count}, {candidate.model}) vs "
+        f"{current.mean or 0:.2f} (n={current.count}, {current.model}): difference "
+        f"{float(bounds.difference):+.3f} [{float(bounds.low):+.3f}, {float(bounds.high):+.3f}] "
+        f"at alpha {policy.alpha:g}"
+    ) + (f", {pending} awaiting a reward" if pending else "")
+    if min(candidate.count, current.count) < MIN_PER_ARM:
+        note = f"{note}; at least {MIN_PER_ARM} scored trajectories an arm before deciding"
+    return VERDICTS[int(decided)], note
+
+
+def arm_rewards(live: LiveReward) -> ArmRewards:
+    """One arm's evidence as the canary's interval takes it."""
+    count = float(live.count)
+    return ArmRewards(
+        torch.tensor(count, dtype=torch.float64),
+        torch.tensor((live.mean or 0.0) * count, dtype=torch.float64),
+        torch.tensor((live.mean_square or 0.0) * count, dtype=torch.float64),
+    )
+
+
 class Promoter:
     def __init__(
         self,
@@ -78,12 +135,14 @@ class Promoter:
         *,
         min_trajectories: int,
         margin: float,
+        canary: CanaryPolicy | None = None,
     ) -> None:
         self.alias = alias
         self._store = store
         self._swapper = swapper
         self._min_trajectories = min_trajectories
         self._margin = margin
+        self._canary = canary
         self._stuck: str | None = None  # a target that should roll back to an unloaded one
 
     async def start(self) -> None:
@@ -117,6 +176,8 @@ class Promoter:
             state.validated.get(current),
             rolled_back=candidate in state.rolled_back,
         )
+        if self._canary is not None:
+            return await self._start_canary(candidate, current, validated[candidate], state)
         if not decision.act:
             return f"kept {current} over {candidate}: {decision.note}"
         error = await self._move(candidate, "promote", decision.note)
@@ -125,9 +186,69 @@ class Promoter:
         self._swapper.pinned = {current}
         return f"promoted {candidate} to {self.alias}: {decision.note}"
 
+    async def _start_canary(
+        self, candidate: str, current: str, val: float, state: TrainerState
+    ) -> str | None:
+        """Serve `candidate` to the canary's share of new trajectories beside `current`, unless
+        a canary is deciding already (it finishes first) or it was rolled back before."""
+        assert self._canary is not None  # the caller checks
+        if candidate in state.rolled_back:
+            return f"no canary for {candidate}: rolled back earlier in this run"
+        running = await self._running_canary()
+        if running is not None:
+            if running.canary == candidate:
+                return None
+            return f"{candidate} waits: the canary of {running.canary} is still deciding"
+        share = self._canary.fraction
+        note = f"val {val:.2f}; {share:.0%} of new trajectories beside {current}"
+        error = await self._move(candidate, "canary", note, fraction=share)
+        if error is not None:
+            return f"no canary for {candidate}: {error}"
+        return f"canary {candidate} on {share:.0%} of {self.alias}'s new trajectories: {note}"
+
+    async def _running_canary(self) -> AliasRecord | None:
+        record = next((r for r in await self._store.aliases() if r.alias == self.alias), None)
+        if record is None or record.canary is None:
+            return None
+        self._swapper.pinned = self._swapper.pinned | {record.canary}  # loaded while it decides
+        return record
+
+    async def _watch_canary(self, state: TrainerState) -> str | None:
+        """Decide the running canary, if any, on the live rewards since it began."""
+        assert self._canary is not None  # the caller checks
+        record = await self._running_canary()
+        if record is None or record.canary is None:
+            return None
+        live = await self._store.live_rewards(since=record.canary_since)
+        candidate, current = record.canary, record.model
+        verdict_, note = decide_canary(
+            live.get(candidate) or LiveReward(model=candidate, count=0, mean=None),
+            live.get(current) or LiveReward(model=current, count=0, mean=None),
+            self._canary,
+        )
+        if verdict_ == "hold":
+            return None
+        if verdict_ == "promote":
+            error = await self._move(candidate, "promote", note)
+            said = f"promoted {candidate} to {self.alias} after its canary: {note}"
+        else:
+            reason: MoveReason = "rollback" if verdict_ == "rollback" else "kept"
+            error = await self._move(current, reason, note)
+            if verdict_ == "rollback":
+                state.rolled_back.append(candidate)
+                said = f"canary {candidate} rolled back, {self.alias} stays on {current}: {note}"
+            else:
+                said = f"canary {candidate} ended, no difference worth acting on: {note}"
+        if error is not None:
+            return f"the canary of {candidate} decided ({verdict_}) but the move failed: {error}"
+        self._swapper.pinned = set()
+        return said
+
     async def watch(self, state: TrainerState) -> str | None:
         """Roll the alias back to its previous target when the live reward of the promoted one
-        has fallen; a line saying so when it did (None: it stays)."""
+        has fallen; with a canary, decide it. A line saying what moved (None: nothing)."""
+        if self._canary is not None:
+            return await self._watch_canary(state)
         moves = await self._moves()
         if not moves or moves[0].reason != "promote" or moves[0].previous is None:
             return None
@@ -163,11 +284,16 @@ class Promoter:
         self._swapper.pinned = {str(moves[0].previous)} if promoted else set()
         return moves
 
-    async def _move(self, model: str, reason: MoveReason, note: str) -> str | None:
-        """Move the alias; why it did not move (None: moved). An unreachable proxy is data
-        here: the alias stays, and the next step or poll tries again."""
+    async def _move(
+        self, model: str, reason: MoveReason, note: str, *, fraction: float | None = None
+    ) -> str | None:
+        """Move the alias (`fraction`: start its canary); why it did not move (None: moved). An
+        unreachable proxy is data here: the alias stays, and the next step or poll tries
+        again."""
         step = step_of(model, self._swapper.alias) or None
-        request = AliasRequest(model=model, step=step, reason=reason, note=note)
+        request = AliasRequest(
+            model=model, step=step, reason=reason, note=note[:MAX_NOTE], fraction=fraction
+        )
         try:
             return await self._swapper.move_alias(self.alias, request)
         except SwapError as exc:
