@@ -33,7 +33,9 @@ class Row:
     note: str = ""  # the micro-batch size a step fell back to; why an arm did not run
 
 
-def build(shape: ModelShape, device: torch.device) -> Qwen2ForCausalLM:
+def build(shape: ModelShape, device: torch.device, *, init_std: float = 0.02) -> Qwen2ForCausalLM:
+    """A Qwen2-style model of `shape` with random weights (`init_std`: their spread), in
+    bfloat16 on `device`."""
     config = Qwen2Config(
         hidden_size=shape.hidden,
         intermediate_size=shape.intermediate,
@@ -43,6 +45,7 @@ def build(shape: ModelShape, device: torch.device) -> Qwen2ForCausalLM:
         vocab_size=shape.vocabulary,
         tie_word_embeddings=shape.tied,
         max_position_embeddings=4096,
+        initializer_range=init_std,
     )
     default = torch.get_default_dtype()
     torch.set_default_dtype(torch.bfloat16)

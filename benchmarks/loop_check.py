@@ -1,8 +1,8 @@
 """The whole loop on one device: local-llm sampling in bf16, the proxy recording, the trainer
 stepping beside it, each adapter swapped back into the engine.
 
-A model is built from a config with random weights (a SmolLM2-135M-shaped Llama; `--tiny`: 2
-layers of width 64) and the bundled SmolLM2 tokenizer (or `--tokenizer DIR`), so nothing is
+A model is built from a config with random weights (gpu_check's Qwen2-style builder, SmolLM2-135M's
+shape; `--tiny`: 2 layers of width 64) and the bundled SmolLM2 tokenizer (or `--tokenizer DIR`), so nothing is
 downloaded and the files that travel stay small. `art-proxy local-llm --device D --dtype bfloat16`
 serves it, `art-proxy serve` records every call into SQLite, and `art-proxy train --agent` (run in
 this process, `--device D`) trains the agent of `loop_check_agent.py` for `--steps` steps: two
@@ -48,6 +48,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # run as a script, the repository root is not on the path
 
 from art_proxy.testing.loopback import free_port, wait_healthy  # noqa: E402  # after the path
+from art_proxy_trainer.memory import ModelShape  # noqa: E402
+from benchmarks.gpu_check_build import build  # noqa: E402
 from benchmarks.loop_check_agent import TOKENS_ENV  # noqa: E402
 
 console = Console(width=max(Console().width, 140))  # the table whole, in a log too
@@ -55,18 +57,13 @@ SCENARIOS = ("Answer yes or no.", "Is it raining?", "Shall we go?", "Do you agre
 
 
 @dataclass(frozen=True)
-class Shape:
-    name: str
-    hidden: int
-    intermediate: int
-    layers: int
-    heads: int
-    kv_heads: int
-    init_std: float  # a random model's weights' spread (larger: a tiny model can prefer tokens)
+class LoopModel:
+    shape: ModelShape  # its vocabulary: the bundled tokenizer's
+    init_std: float  # the random weights' spread (larger: a tiny model can prefer tokens)
 
 
-SMOLLM2_135M = Shape("SmolLM2-135M shape", 576, 1536, 30, 9, 3, 0.02)
-TINY = Shape("tiny", 64, 128, 2, 4, 2, 0.1)
+SMOLLM2_135M = LoopModel(ModelShape("SmolLM2-135M shape", 576, 1536, 30, 9, 3, 49152, True), 0.02)
+TINY = LoopModel(ModelShape("tiny", 64, 128, 2, 4, 2, 49152, True), 0.1)
 
 
 @dataclass
@@ -145,30 +142,23 @@ class StepRow:
     rollouts_per_s: float
 
 
-def build_model(shape: Shape, tokenizer_dir: Path, out: Path, seed: int) -> None:
-    """A Llama of `shape` with random weights and the tokenizer in `tokenizer_dir`, saved as a
-    Hugging Face directory local-llm and the trainer load."""
+def build_model(model: LoopModel, tokenizer_dir: Path, out: Path, seed: int) -> None:
+    """`model` with random weights (gpu_check's builder) and the tokenizer in `tokenizer_dir`,
+    saved as a Hugging Face directory local-llm and the trainer load."""
     import torch
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+    from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir, local_files_only=True)
-    config = LlamaConfig(
-        hidden_size=shape.hidden,
-        intermediate_size=shape.intermediate,
-        num_hidden_layers=shape.layers,
-        num_attention_heads=shape.heads,
-        num_key_value_heads=shape.kv_heads,
-        vocab_size=len(tokenizer),
-        tie_word_embeddings=True,
-        max_position_embeddings=2048,
-        initializer_range=shape.init_std,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-    )
+    if len(tokenizer) != model.shape.vocabulary:
+        raise SystemExit(
+            f"{tokenizer_dir}: {len(tokenizer)} tokens, the model has {model.shape.vocabulary}"
+        )
     torch.manual_seed(seed)
-    model = LlamaForCausalLM(config)
-    model.save_pretrained(out)
+    built = build(model.shape, torch.device("cpu"), init_std=model.init_std)
+    for config in (built.config, built.generation_config):
+        config.bos_token_id, config.eos_token_id = tokenizer.bos_token_id, tokenizer.eos_token_id
+        config.pad_token_id = tokenizer.pad_token_id
+    built.save_pretrained(out)
     tokenizer.save_pretrained(out)
 
 
@@ -198,11 +188,11 @@ def _check(args: argparse.Namespace) -> int:
 
     cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
     device = "cuda" if cuda else "cpu"
-    shape = TINY if args.tiny else SMOLLM2_135M
+    model = TINY if args.tiny else SMOLLM2_135M
     work = Path(tempfile.mkdtemp(prefix="art-loop-check-"))
     started = time.monotonic()
     tokenizer = Path(args.tokenizer) if args.tokenizer else bundled_tokenizer(work / "tokenizer")
-    build_model(shape, tokenizer, work / "model", args.seed)
+    build_model(model, tokenizer, work / "model", args.seed)
     from transformers import AutoTokenizer
 
     loaded_tokenizer = AutoTokenizer.from_pretrained(tokenizer, local_files_only=True)
@@ -212,7 +202,7 @@ def _check(args: argparse.Namespace) -> int:
         "".join(json.dumps({"input": text}) + "\n" for text in SCENARIOS)
     )
     console.print(
-        f"loop check on {device}: {shape.name} (random weights, built in "
+        f"loop check on {device}: {model.shape.name} (random weights, built in "
         f"{time.monotonic() - started:.0f} s), local-llm in bf16, work in {work}"
     )
     llm_port, proxy_port = free_port(), free_port()
@@ -237,7 +227,7 @@ def _check(args: argparse.Namespace) -> int:
                 process.wait(timeout=60)
     rows = _rows(work / "train" / "metrics.jsonl")
     failed_calls, rollout_errors = _failures(work / "art.db")
-    console.print(_table(rows, shape, device))
+    console.print(_table(rows, model.shape.name, device))
     torch_peak = (
         f", its torch peak {torch.cuda.max_memory_allocated() / 2**20:,.0f} MB" if cuda else ""
     )
@@ -352,8 +342,8 @@ def _failures(database: Path) -> tuple[int, int]:
     return int(failed), int(errors)
 
 
-def _table(rows: list[StepRow], shape: Shape, device: str) -> Table:
-    table = Table(title=f"the loop on {device}: {shape.name}, sampled in bf16")
+def _table(rows: list[StepRow], model: str, device: str) -> Table:
+    table = Table(title=f"the loop on {device}: {model}, sampled in bf16")
     for column in (
         "step",
         "applied",

@@ -31,8 +31,8 @@ from rich.console import Console
 from art_proxy.config import EvalSettings
 from art_proxy.errors import ConfigError
 from art_proxy.evaluation.arms import parse_arm
-from art_proxy.evaluation.intervals import bootstrap_mean, paired_difference, wilson
-from art_proxy.evaluation.report import title
+from art_proxy.evaluation.intervals import bootstrap_mean, mean_interval, paired_difference, wilson
+from art_proxy.evaluation.report import title, verdicts
 from art_proxy.evaluation.run import run_evaluation
 from art_proxy.proxy.server import RunningProxy, running_proxy
 from art_proxy.records import ArmResult, Estimate, EvaluationReport, TrainingStep
@@ -137,6 +137,46 @@ def test_a_paired_difference_resamples_scenarios_and_removes_their_spread() -> N
     assert difference.low == pytest.approx(0.1) and difference.high == pytest.approx(0.1)
 
 
+def test_arms_that_never_succeed_differ_by_an_interval_not_a_point_and_the_verdict_says_why() -> (
+    None
+):
+    """A pydantic-ai agent the bundled model could not help: base 0/16, trained 0/16, and the
+    paired bootstrap said +0.00 [+0.00, +0.00], which 16 rollouts an arm cannot support."""
+    zeros = {f"s{i}": [0.0] * 4 for i in range(4)}
+    difference = paired_difference(zeros, zeros)
+    assert difference.method == "newcombe" and difference.n == 4 and difference.mean == 0
+    bound = wilson(0, 16).high
+    assert bound is not None and 0.19 < bound < 0.2
+    assert difference.low == pytest.approx(-bound) and difference.high == pytest.approx(bound)
+    # Some spread sampled: the paired bootstrap as before.
+    assert paired_difference({"s0": [1.0], "s1": [0.0]}, {"s0": [0.0], "s1": [0.0]}).method == (
+        "bootstrap"
+    )
+
+    def arm(label: str, rewards: list[float], vs: dict[str, list[float]] | None) -> ArmResult:
+        return ArmResult(
+            label=label, model=label, served_by="proxy", rollouts=len(rewards), failed=0,
+            reward=mean_interval(rewards),
+            difference=None if vs is None else paired_difference({"s0": rewards}, vs),
+            latency_p50_s=None, latency_p95_s=None, prompt_tokens=None, completion_tokens=None,
+            cost_per_1000=None,
+        )  # fmt: skip
+
+    def report(*arms: ArmResult) -> EvaluationReport:
+        return EvaluationReport(
+            id="e", created_at=datetime.now(UTC), agent="a", scenarios=1, repeats=16,
+            reward_source="agent", reference="base", arms=list(arms),
+        )  # fmt: skip
+
+    base = [0.0] * 16
+    [never] = verdicts(report(arm("base", base, None), arm("trained", base, {"s0": base})))
+    assert never.startswith("trained against base: +0.00 [-0.19, +0.19], no measurable difference")
+    assert "neither arm scored above 0 in 16 and 16 rollouts" in never
+    better = [1.0] * 15 + [0.0]
+    [found] = verdicts(report(arm("base", base, None), arm("trained", better, {"s0": base})))
+    assert found.startswith("trained against base: +0.94 [") and found.endswith(", better")
+
+
 @pytest.mark.parametrize(
     ("text", "label", "model", "upstream"),
     [
@@ -170,7 +210,9 @@ async def test_arms_side_by_side_report_success_intervals_and_the_paired_differe
     assert (base.rollouts, hosted.rollouts, base.failed, hosted.failed) == (12, 12, 0, 0)
     assert str(base.reward) == "0.00 [0.00, 0.24]"  # Wilson, 0 of 12
     assert str(hosted.reward) == "1.00 [0.76, 1.00]"
-    assert hosted.difference is not None and hosted.difference.signed() == "+1.00 [+1.00, +1.00]"
+    # 12 of 12 against 0 of 12: every scenario differs by 1, which 12 rollouts an arm cannot make
+    # certain (the bootstrap said [+1.00, +1.00]); Newcombe's interval from the two Wilsons.
+    assert hosted.difference is not None and hosted.difference.signed() == "+1.00 [+0.66, +1.00]"
     assert base.difference is None and report.reference == "base"
     assert report.reward_source == "agent" and (report.scenarios, report.repeats) == (3, 4)
     assert base.latency_p50_s is not None and base.latency_p95_s is not None
@@ -204,7 +246,7 @@ async def test_an_evaluation_is_recorded_apart_and_never_judged_or_trained_on(
     ):
         html = await page.text()
     assert page.status == 200 and "vs base [95%]" in html
-    assert "<td>hosted</td>" in html and "+1.00 [+1.00, +1.00]" in html
+    assert "<td>hosted</td>" in html and "+1.00 [+0.66, +1.00]" in html
     # The arms drawn side by side (report.png's chart, which the page once left out).
     [chart] = re.findall(
         r'<svg [^>]*aria-label="Reward by arm \(95% interval\)".*?</svg>', html, re.S
@@ -447,12 +489,12 @@ async def test_the_command_prints_the_table_and_writes_the_report(
     done = await asyncio.to_thread(eval_command, *args)
     assert done.returncode == 0, done.stderr
     assert "3 scenarios x 2, agent's reward" in done.stdout
-    rows = [
-        line for line in done.stdout.splitlines() if line.strip().startswith(("base", "hosted"))
-    ]
+    lines = done.stdout.splitlines()
+    rows = [line for line in lines if line.strip().startswith(("base ", "hosted    "))]
     assert len(rows) == 2, done.stdout
     assert "0.00 [0.00, 0.39]" in rows[0] and "reference" in rows[0]
-    assert "1.00 [0.61, 1.00]" in rows[1] and "+1.00 [+1.00, +1.00]" in rows[1]
+    assert "1.00 [0.61, 1.00]" in rows[1] and "+1.00 [+0.45, +1.00]" in rows[1]
+    assert "hosted against base: +1.00 [+0.45, +1.00], better" in lines
     assert rows[0].split()[-1] != "-" and rows[1].split()[-1] == "-"  # priced by --price only
     assert max(len(line) for line in done.stdout.splitlines()) <= 80  # fits a terminal
     written = sorted(p.name for p in (tmp_path / "report").iterdir())

@@ -13,7 +13,7 @@ from rich.progress import MofNCompleteColumn, Progress, TaskID
 
 from art_proxy.config import EvalSettings
 from art_proxy.errors import ConfigError
-from art_proxy.evaluation.report import table, write
+from art_proxy.evaluation.report import table, verdicts, write
 from art_proxy.evaluation.run import run_evaluation
 from art_proxy.privacy.redaction import redact_url
 from art_proxy.progress_lines import ProgressLines
@@ -33,6 +33,8 @@ def evaluate(settings: EvalSettings, out: Console, err: Console) -> EvaluationRe
     agent = load_agent(settings.agent)
     report = asyncio.run(_evaluate(settings, agent, scenarios, err))
     out.print(table(report))
+    for line in verdicts(report):
+        out.print(escape(line), highlight=False)
     # Which store: a misread default (sqlite:///art.db) is the first thing to rule out.
     err.print(
         f"rollouts recorded in {escape(redact_url(settings.store))} (split eval, never trained on)",

@@ -5,7 +5,11 @@ coverage at 0 or n successes where the normal approximation collapses to a point
 reward gets a percentile bootstrap over rollouts. A difference between two arms is paired: both
 ran the same scenarios, so the unit resampled is the scenario (its mean reward under each arm),
 which removes the scenarios' own spread from the comparison. The bootstrap draws from a seeded
-generator: the same rewards give the same interval.
+generator: the same rewards give the same interval. A bootstrap cannot see spread it did not
+sample: where every scenario's difference is the same (both arms failing every rollout, say), its
+interval is a point, which 16 rollouts an arm cannot support; for 0/1 rewards the difference then
+takes Newcombe's hybrid score interval from the two arms' Wilson intervals (Newcombe 1998, method
+10), which keeps its coverage at 0 or n successes as Wilson's does.
 """
 
 from __future__ import annotations
@@ -79,7 +83,30 @@ def paired_difference(
     have rewards for, with a bootstrap interval that resamples scenarios."""
     shared = sorted(key for key in arm if arm[key] and reference.get(key))
     differences = [statistics.fmean(arm[key]) - statistics.fmean(reference[key]) for key in shared]
+    ours = [reward for key in shared for reward in arm[key]]
+    theirs = [reward for key in shared for reward in reference[key]]
+    if len(set(differences)) == 1 and is_binary(ours) and is_binary(theirs):
+        arms = wilson(int(sum(ours)), len(ours)), wilson(int(sum(theirs)), len(theirs))
+        return newcombe(*arms, scenarios=len(shared))
     return bootstrap_mean(differences, seed)
+
+
+def newcombe(arm: Estimate, reference: Estimate, *, scenarios: int) -> Estimate:
+    """The difference of two success rates with Newcombe's hybrid score interval, from each
+    one's Wilson interval."""
+    assert arm.mean is not None and reference.mean is not None  # both from rollouts
+    assert arm.low is not None and arm.high is not None
+    assert reference.low is not None and reference.high is not None
+    difference = arm.mean - reference.mean
+    below = math.hypot(arm.mean - arm.low, reference.high - reference.mean)
+    above = math.hypot(arm.high - arm.mean, reference.mean - reference.low)
+    return Estimate(
+        mean=difference,
+        low=difference - below,
+        high=difference + above,
+        n=scenarios,
+        method="newcombe",
+    )
 
 
 def percentile(values: Sequence[float], q: float) -> float:

@@ -220,6 +220,35 @@ def title(report: EvaluationReport) -> str:
 _SHOWN = {0: "arm", 2: "reward [95%]", 3: "vs {ref}", 4: "n", 5: "failed", 6: "p50 s", 10: "$/1k"}
 
 
+def verdicts(report: EvaluationReport) -> list[str]:
+    """One plain line per arm compared with the reference: better, worse, or no measurable
+    difference, and why not where both arms never once scored."""
+    reference = next((arm for arm in report.arms if arm.label == report.reference), None)
+    lines = []
+    for arm in report.arms:
+        found = arm.difference
+        if reference is None or found is None or found.low is None or found.high is None:
+            continue
+        versus = f"{arm.label} against {reference.label}: {found.signed()}"
+        if found.low > 0:
+            lines.append(f"{versus}, better")
+        elif found.high < 0:
+            lines.append(f"{versus}, worse")
+        elif arm.reward.mean == 0 and reference.reward.mean == 0:
+            lines.append(
+                f"{versus}, no measurable difference: neither arm scored above 0 in "
+                f"{arm.reward.n} and {reference.reward.n} rollouts. The model does not do this "
+                "task yet, so training on its own attempts had nothing to reinforce: a stronger "
+                "base model, a teacher that does the task (docs/training.md), or an easier task"
+            )
+        else:
+            lines.append(
+                f"{versus}, no measurable difference at this size (more --repeats or scenarios "
+                "narrow the interval)"
+            )
+    return lines
+
+
 def table(report: EvaluationReport) -> Table:
     # One space between columns, none at the edges: the intervals are long, and with rich's
     # default padding 80 columns cut "failed" to "fai…".

@@ -12,8 +12,9 @@ from pydantic import Field
 from art_proxy.records.base import Record
 
 # wilson: the score interval of a 0/1 reward; bootstrap: a percentile bootstrap (rollouts, or
-# scenarios for a paired difference); none: nothing to estimate from.
-IntervalMethod = Literal["wilson", "bootstrap", "none"]
+# scenarios for a paired difference); newcombe: a difference of two 0/1 rewards where every
+# scenario's difference was the same (intervals.py); none: nothing to estimate from.
+IntervalMethod = Literal["wilson", "bootstrap", "newcombe", "none"]
 ScoredBy = Literal["agent", "judge"]
 
 
