@@ -109,8 +109,11 @@ def test_a_tiny_temperature_is_scored_as_vllm_samples_it_at_its_lowest_not_as_gr
         assert temperatures == pytest.approx([1.0, 1.0, 0.01, 0.01]), asked
         assert transforms.top_p_B_T is not None, asked
     body = {"temperature": 1e-6, "top_p": 0.9}
-    assert sampling_params(body, max_tokens=4, top_logprobs=0).temperature == 0.01
-    assert sampling_params({"temperature": 0}, max_tokens=4, top_logprobs=0).temperature == 0
+    assert sampling_params(body, max_tokens=4, vocab_size=8, top_logprobs=0).temperature == 0.01
+    assert (
+        sampling_params({"temperature": 0}, max_tokens=4, vocab_size=8, top_logprobs=0).temperature
+        == 0
+    )
     assert choice_count({**body, "n": 2}) == 2  # vLLM takes n > 1 there: it samples
     with pytest.raises(ApiError, match="greedy"):
         choice_count({"temperature": 0, "n": 2})
