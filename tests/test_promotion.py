@@ -15,10 +15,15 @@ import pytest
 from pydantic import ValidationError
 
 from art_proxy.config import TrainSettings
-from art_proxy.records import FeedbackRequest, FinishRequest, LiveReward
+from art_proxy.records import FeedbackRequest, FinishRequest, LiveReward, SubjectSelector
 from art_proxy.store.trajectory_store import TrajectoryStore
 from art_proxy.store.writer import Batch, RowKind
-from art_proxy_trainer.promoter import decide_promotion, decide_rollback
+from art_proxy_trainer.promoter import (
+    CanaryPolicy,
+    decide_canary,
+    decide_promotion,
+    decide_rollback,
+)
 from tests.test_training_store import START, add_group, judgment
 
 
@@ -144,3 +149,27 @@ async def test_live_rewards_average_finished_prod_trajectories_by_their_first_ca
     cut = START + timedelta(minutes=5)
     assert set(await store.live_rewards(since=cut)) == {"a@2"}
     assert set(await store.live_rewards(until=cut)) == {"a@1"}
+
+
+async def test_an_erased_trajectory_leaves_a_canarys_evidence(store: TrajectoryStore) -> None:
+    """The canary decides on the live rewards the store holds at each poll: an erasure takes
+    its trajectories out of the next decision (the moves' notes hold aggregates only)."""
+    candidate = await add_group(store, "g-c", 12, rewards=[1.0] * 12, split="prod")
+    target = await add_group(store, "g-t", 12, rewards=[0.0] * 12, split="prod")
+    await store.write(
+        Batch(
+            [call_row(t, 0, "a@2", 0) for t in candidate]
+            + [call_row(t, 0, "a@1", 0) for t in target]
+        )
+    )
+    policy = CanaryPolicy(fraction=0.5, alpha=0.05, min_effect=0.05)
+    live = await store.live_rewards()
+    assert live["a@2"].count == 12 and live["a@2"].mean_square == 1.0
+    verdict, note = decide_canary(live["a@2"], live["a@1"], policy)
+    assert verdict == "promote" and "(n=12, a@2)" in note
+    for trajectory_id in candidate[:3]:
+        await store.forget(SubjectSelector(trajectory=trajectory_id))
+    live = await store.live_rewards()
+    assert live["a@2"].count == 9
+    verdict, note = decide_canary(live["a@2"], live["a@1"], policy)
+    assert verdict == "hold" and "(n=9, a@2)" in note  # under 10 an arm: no decision yet
