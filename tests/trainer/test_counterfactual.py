@@ -1,0 +1,43 @@
+"""The off-policy estimate of a candidate's reward from shadow samples (counterfactual.py)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from art_proxy_trainer.counterfactual import ScoredSample, off_policy_estimate
+
+
+def test_at_the_samplers_own_weights_the_estimate_is_the_on_policy_mean() -> None:
+    samples = [
+        ScoredSample(reward, [-0.5, -1.25, -0.1], [-0.5, -1.25, -0.1])
+        for reward in (1.0, 0.0, 0.5, 1.0, 0.25)
+    ]
+    estimate = off_policy_estimate(samples)
+    assert estimate.mean == pytest.approx(2.75 / 5)
+    assert estimate.effective_samples == pytest.approx(5) and estimate.truncated == 0
+
+
+def test_a_candidate_likelier_to_say_the_rewarded_answers_is_estimated_higher() -> None:
+    # The candidate doubles the chance of each rewarded answer and halves the others'.
+    good = ScoredSample(1.0, [math.log(0.2)], [math.log(0.1)])
+    bad = ScoredSample(0.0, [math.log(0.05)], [math.log(0.1)])
+    estimate = off_policy_estimate([good, bad, bad, good])
+    assert estimate.mean == pytest.approx(2 * 2 / (2 * 2 + 2 * 0.5))  # 0.8, against 0.5 on-policy
+    assert 2 < estimate.effective_samples < 4
+
+
+def test_weights_are_truncated_at_the_cap_and_nothing_estimates_nothing() -> None:
+    wild = ScoredSample(1.0, [0.0] * 20, [-1.0] * 20)  # e^20 as likely under the candidate
+    plain = ScoredSample(0.0, [-1.0], [-1.0])
+    estimate = off_policy_estimate([wild, plain], cap=4.0)
+    assert estimate.truncated == 1 and estimate.mean == pytest.approx(4 / 5)
+    assert off_policy_estimate([]).mean is None
+    assert str(off_policy_estimate([])) == "no shadow samples to estimate from"
+    assert (
+        str(estimate)
+        == "off-policy 0.80 from 2 shadow samples (effective 1.5, 1 weights truncated)"
+    )
+    with pytest.raises(ValueError, match="same tokens"):
+        off_policy_estimate([ScoredSample(1.0, [0.0], [])])

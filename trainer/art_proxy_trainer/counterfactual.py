@@ -1,0 +1,64 @@
+"""What a candidate adapter would earn on production prompts, before any user is served by it.
+
+The proxy's shadow samples (`serve --shadow-fraction`) are extra answers drawn beside served
+production calls, by the model production serves, each recorded with its sampling logprobs and
+rewarded like any group (a judge ranks them). Scored by the candidate (its logprob of each sampled
+token after the same prompt, as a teacher scores a call), each sample's importance weight
+
+    w = exp(sum over its tokens of log pi_candidate - log mu)
+
+turns their rewards into an estimate of the candidate's mean reward on the same prompts: the
+self-normalised mean sum(w r) / sum(w). Weights over a whole answer vary wildly, so each is
+truncated at `cap` (bias traded for variance), and the effective sample size (sum w)^2 / sum(w^2)
+says how many samples the estimate is really worth: far below their count, it is a hint, not
+evidence. With the candidate's weights equal to the sampler's, every w is 1 and the estimate is
+the on-policy mean of the samples, its effective size their count.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ScoredSample:
+    reward: float
+    candidate_logprobs: Sequence[float]  # log pi_candidate of each sampled token
+    sampler_logprobs: Sequence[float]  # log mu of the same tokens, as recorded
+
+
+@dataclass(frozen=True)
+class OffPolicyEstimate:
+    mean: float | None  # None: no sample
+    effective_samples: float
+    samples: int
+    truncated: int  # weights cut at the cap
+
+    def __str__(self) -> str:
+        if self.mean is None:
+            return "no shadow samples to estimate from"
+        return (
+            f"off-policy {self.mean:.2f} from {self.samples} shadow samples (effective "
+            f"{self.effective_samples:.1f}, {self.truncated} weights truncated)"
+        )
+
+
+def off_policy_estimate(samples: Sequence[ScoredSample], cap: float = 10.0) -> OffPolicyEstimate:
+    """The candidate's self-normalised importance-weighted mean reward over `samples`."""
+    weights = []
+    truncated = 0
+    for sample in samples:
+        if len(sample.candidate_logprobs) != len(sample.sampler_logprobs):
+            raise ValueError("a sample's candidate and sampler logprobs must cover the same tokens")
+        log_weight = math.fsum(sample.candidate_logprobs) - math.fsum(sample.sampler_logprobs)
+        weight = math.exp(min(log_weight, math.log(cap)))
+        truncated += log_weight > math.log(cap)
+        weights.append(weight)
+    total = math.fsum(weights)
+    if not samples or total == 0:
+        return OffPolicyEstimate(None, 0.0, len(samples), truncated)
+    mean = math.fsum(w * s.reward for w, s in zip(weights, samples, strict=True)) / total
+    effective = total * total / math.fsum(w * w for w in weights)
+    return OffPolicyEstimate(mean, effective, len(samples), truncated)
