@@ -194,6 +194,16 @@ def vllm_temperature(asked: float) -> float:
     return max(asked, LOWEST_TEMPERATURE) if asked > 0 else 0.0
 
 
+# vLLM clamps each `logit_bias` value to this bound (SamplingParams.from_optional; OpenAI documents
+# [-100, 100]).
+LOGIT_BIAS_BOUND = 100.0
+
+
+def vllm_logit_bias(asked: float) -> float:
+    """The bias vLLM adds to a token's logit when `asked` is asked for."""
+    return max(-LOGIT_BIAS_BOUND, min(LOGIT_BIAS_BOUND, asked))
+
+
 def choice_count(body: dict[str, Any]) -> int:
     """`n`; more than one greedy choice is a 400 in vLLM (they would all be the same)."""
     n = int_field(body, "n", 1, minimum=1) or 1

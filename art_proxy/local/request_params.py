@@ -11,7 +11,14 @@ from __future__ import annotations
 from typing import Any
 
 from art_proxy.local.sampling import SamplingParams
-from art_proxy.wire import ApiError, bool_field, float_field, int_field, vllm_temperature
+from art_proxy.wire import (
+    ApiError,
+    bool_field,
+    float_field,
+    int_field,
+    vllm_logit_bias,
+    vllm_temperature,
+)
 
 # Fields accepted only with these values (the ones that change nothing).
 _NEUTRAL_ONLY: dict[str, tuple[Any, ...]] = {
@@ -71,10 +78,6 @@ def sampling_params(
     )
 
 
-# vLLM clamps each bias to this bound (OpenAI documents [-100, 100]).
-_LOGIT_BIAS_BOUND = 100.0
-
-
 def _logit_bias(bias: Any, vocab_size: int) -> tuple[tuple[int, float], ...]:
     """`logit_bias` as vLLM reads it: token ids (JSON keys are strings) to numbers, each clamped
     to [-100, 100]; an id outside the vocabulary is a 400."""
@@ -100,7 +103,7 @@ def _logit_bias(bias: Any, vocab_size: int) -> tuple[tuple[int, float], ...]:
             raise ApiError(
                 400, f"'logit_bias' value of {key} must be a number.", param="logit_bias"
             )
-        pairs.append((token, max(-_LOGIT_BIAS_BOUND, min(_LOGIT_BIAS_BOUND, float(value)))))
+        pairs.append((token, vllm_logit_bias(float(value))))
     return tuple(sorted(pairs))
 
 

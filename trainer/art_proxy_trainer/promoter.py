@@ -170,14 +170,14 @@ class Promoter:
             return None
         if not self._swapper.holds(candidate):
             return f"not promoted: {candidate} is no longer loaded upstream"
+        if self._canary is not None:  # the canary, not validation, decides
+            return await self._start_canary(candidate, current, validated[candidate], state)
         decision = decide_promotion(
             validated[candidate],
             current,
             state.validated.get(current),
             rolled_back=candidate in state.rolled_back,
         )
-        if self._canary is not None:
-            return await self._start_canary(candidate, current, validated[candidate], state)
         if not decision.act:
             return f"kept {current} over {candidate}: {decision.note}"
         error = await self._move(candidate, "promote", decision.note)

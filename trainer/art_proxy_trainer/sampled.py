@@ -14,7 +14,7 @@ import torch
 
 from art_proxy.local.sampling import biased, min_p_filtered, penalized, top_k_top_p_filtered
 from art_proxy.records import CallRecord
-from art_proxy.wire import MIN_LOGPROB, vllm_temperature
+from art_proxy.wire import MIN_LOGPROB, vllm_logit_bias, vllm_temperature
 from art_proxy_trainer.bitmask import allowed_mask
 
 
@@ -41,8 +41,6 @@ class SampledFrom:
 
 
 NOT_FILTERED = SampledFrom()
-# vLLM's bounds on a logit bias (SamplingParams.from_optional clamps each one to them).
-_LOGIT_BIAS_BOUND = 100.0
 
 
 def sampled_from(call: CallRecord) -> SampledFrom:
@@ -56,10 +54,7 @@ def sampled_from(call: CallRecord) -> SampledFrom:
         frequency_penalty=_number(sampling.get("frequency_penalty"), 0.0),
         presence_penalty=_number(sampling.get("presence_penalty"), 0.0),
         logit_bias=tuple(
-            sorted(
-                (int(token), max(-_LOGIT_BIAS_BOUND, min(_LOGIT_BIAS_BOUND, float(value))))
-                for token, value in bias.items()
-            )
+            sorted((int(token), vllm_logit_bias(float(value))) for token, value in bias.items())
         )
         if isinstance(bias, dict)
         else (),
