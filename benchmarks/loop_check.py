@@ -40,6 +40,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.table import Table
@@ -51,6 +52,9 @@ from art_proxy.testing.loopback import free_port, wait_healthy  # noqa: E402  # 
 from art_proxy_trainer.memory import ModelShape  # noqa: E402
 from benchmarks.gpu_check_build import build  # noqa: E402
 from benchmarks.loop_check_agent import TOKENS_ENV  # noqa: E402
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 console = Console(width=max(Console().width, 140))  # the table whole, in a log too
 SCENARIOS = ("Answer yes or no.", "Is it raining?", "Shall we go?", "Do you agree?")
@@ -142,7 +146,9 @@ class StepRow:
     rollouts_per_s: float
 
 
-def build_model(model: LoopModel, tokenizer_dir: Path, out: Path, seed: int) -> None:
+def build_model(
+    model: LoopModel, tokenizer_dir: Path, out: Path, seed: int
+) -> PreTrainedTokenizerBase:
     """`model` with random weights (gpu_check's builder) and the tokenizer in `tokenizer_dir`,
     saved as a Hugging Face directory local-llm and the trainer load."""
     import torch
@@ -160,6 +166,7 @@ def build_model(model: LoopModel, tokenizer_dir: Path, out: Path, seed: int) -> 
         config.pad_token_id = tokenizer.pad_token_id
     built.save_pretrained(out)
     tokenizer.save_pretrained(out)
+    return tokenizer
 
 
 def bundled_tokenizer(out: Path) -> Path:
@@ -192,11 +199,8 @@ def _check(args: argparse.Namespace) -> int:
     work = Path(tempfile.mkdtemp(prefix="art-loop-check-"))
     started = time.monotonic()
     tokenizer = Path(args.tokenizer) if args.tokenizer else bundled_tokenizer(work / "tokenizer")
-    build_model(model, tokenizer, work / "model", args.seed)
-    from transformers import AutoTokenizer
-
-    loaded_tokenizer = AutoTokenizer.from_pretrained(tokenizer, local_files_only=True)
-    yes, no = (loaded_tokenizer.encode(word)[0] for word in (" yes", " no"))
+    built = build_model(model, tokenizer, work / "model", args.seed)
+    yes, no = (built.encode(word)[0] for word in (" yes", " no"))
     os.environ[TOKENS_ENV] = f"{yes},{no}"
     (work / "scenarios.jsonl").write_text(
         "".join(json.dumps({"input": text}) + "\n" for text in SCENARIOS)
@@ -219,7 +223,8 @@ def _check(args: argparse.Namespace) -> int:
         proxy = subprocess.Popen(proxy_argv, stdout=log, stderr=subprocess.STDOUT)
         peak = PeakMemory(engine.pid, cuda)
         try:
-            asyncio.run(_run(args, work, device, engine, proxy, peak, started))
+            ports = (llm_port, proxy_port)
+            asyncio.run(_run(args, work, device, (engine, proxy), ports, peak, started))
         finally:
             for process in (proxy, engine):
                 process.terminate()
@@ -258,8 +263,8 @@ async def _run(
     args: argparse.Namespace,
     work: Path,
     device: str,
-    engine: subprocess.Popen[bytes],
-    proxy: subprocess.Popen[bytes],
+    processes: tuple[subprocess.Popen[bytes], subprocess.Popen[bytes]],
+    ports: tuple[int, int],
     peak: PeakMemory,
     started: float,
 ) -> None:
@@ -269,7 +274,7 @@ async def _run(
     from art_proxy.config import TrainSettings
     from art_proxy_trainer.command import run_train
 
-    llm_port, proxy_port = _port(engine), _port(proxy)
+    (engine, proxy), (llm_port, proxy_port) = processes, ports
     await wait_healthy(f"http://127.0.0.1:{llm_port}/health", engine, timeout_s=600)
     await wait_healthy(f"http://127.0.0.1:{proxy_port}/health", proxy, timeout_s=120)
     console.print(f"local-llm and the proxy answer ({time.monotonic() - started:.0f} s)")
@@ -301,12 +306,6 @@ async def _run(
         await run_train(settings, console)
     finally:
         peak.stop()
-
-
-def _port(process: subprocess.Popen[bytes]) -> int:
-    """The --port a process of the check was started with."""
-    argv = [str(part) for part in process.args]  # type: ignore[union-attr]  # always a list here
-    return int(argv[argv.index("--port") + 1])
 
 
 def _rows(metrics_file: Path) -> list[StepRow]:
