@@ -118,12 +118,12 @@ def _load(settings: LocalLlmSettings, say: Callable[[str], None]) -> ServedModel
     say("importing torch and transformers")
     import torch
 
-    from art_proxy.local.model_loading import load_model
+    from art_proxy.local.model_loading import load_model, weights_dtype
     from art_proxy.local.served import ServedModel
 
     set_torch_threads(settings.threads)
     device = serving_device(settings.device)
-    dtype = serving_dtype(settings.dtype, device)
+    dtype = weights_dtype(settings.dtype, device)
     say(f"loading the model ({str(dtype).removeprefix('torch.')} on {device})")
     loaded = load_model(settings.model, cache_dir=settings.cache_dir, dtype=dtype, say=say)
     torch.nn.Module.to(loaded.model, device)  # in place; transformers types `to` too narrowly
@@ -151,17 +151,6 @@ def serving_device(choice: Literal["auto", "cpu", "cuda"]) -> torch.device:
             "(a CPU build, or no GPU): --device cpu, or auto"
         )
     return torch.device("cuda" if choice == "cuda" or (choice == "auto" and available) else "cpu")
-
-
-def serving_dtype(
-    choice: Literal["auto", "float32", "bfloat16"], device: torch.device
-) -> torch.dtype:
-    """`--dtype` on `device`: auto is bfloat16 on CUDA (as vLLM serves there), float32 on a CPU."""
-    import torch
-
-    if choice == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
-    return torch.bfloat16 if choice == "bfloat16" else torch.float32
 
 
 def set_torch_threads(threads: int) -> None:

@@ -18,6 +18,7 @@ import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import torch
 from transformers import (
@@ -120,6 +121,16 @@ def cached_snapshot(hub_id: str) -> Path:
             f"--model {hub_id}: not a directory, and not in the local Hugging Face cache (nothing "
             f"is downloaded here: `hf download {hub_id}` first, or pass the model's directory)"
         ) from exc
+
+
+def weights_dtype(
+    choice: Literal["auto", "float32", "bfloat16"], device: torch.device
+) -> torch.dtype:
+    """A base model's dtype on `device` (local-llm's `--dtype`, the trainer's `--base-dtype`):
+    auto is bfloat16 on CUDA (as vLLM serves there), float32 elsewhere."""
+    if choice == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return torch.bfloat16 if choice == "bfloat16" else torch.float32
 
 
 def load_model(

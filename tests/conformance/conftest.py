@@ -103,11 +103,12 @@ async def upstream(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncItera
 @pytest.fixture(scope="session")
 def smollm2_cuda(smollm2: LoadedModel) -> LoadedModel:
     """The bundled model as `local-llm --device cuda` serves it: bf16 on the GPU."""
-    from art_proxy.local.cli import serving_device, serving_dtype
+    from art_proxy.local.cli import serving_device
+    from art_proxy.local.model_loading import weights_dtype
 
     device = serving_device("cuda")
     model = copy.deepcopy(smollm2.model)
-    torch.nn.Module.to(model, device, serving_dtype("auto", device))
+    torch.nn.Module.to(model, device, weights_dtype("auto", device))
     return dataclasses.replace(smollm2, model=model)
 
 

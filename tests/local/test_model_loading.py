@@ -25,12 +25,13 @@ def test_loading_says_each_slow_stage_and_converts_once(tmp_path: Path) -> None:
 
 
 def test_the_device_and_dtype_follow_what_torch_has() -> None:
-    from art_proxy.local.cli import serving_device, serving_dtype
+    from art_proxy.local.cli import serving_device
+    from art_proxy.local.model_loading import weights_dtype
 
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
-    assert serving_dtype("auto", cpu) == torch.float32
-    assert serving_dtype("auto", cuda) == torch.bfloat16
-    assert serving_dtype("bfloat16", cpu) == torch.bfloat16
+    assert weights_dtype("auto", cpu) == torch.float32
+    assert weights_dtype("auto", cuda) == torch.bfloat16
+    assert weights_dtype("bfloat16", cpu) == torch.bfloat16
     assert serving_device("cpu") == cpu
     if torch.cuda.is_available():
         assert serving_device("auto").type == "cuda"

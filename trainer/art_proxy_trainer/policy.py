@@ -17,7 +17,7 @@ from peft import PeftModel
 
 from art_proxy.config import TrainerConfig
 from art_proxy.local.chat_format import ChatRenderer
-from art_proxy.local.model_loading import load_model
+from art_proxy.local.model_loading import load_model, weights_dtype
 from art_proxy_trainer.batch import TrainingBatch
 from art_proxy_trainer.errors import TrainerError
 from art_proxy_trainer.grammar import GrammarReplay
@@ -139,9 +139,7 @@ def load_into(model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: P
 
 def base_dtype(config: TrainerConfig, device: torch.device) -> torch.dtype:
     """The frozen base's dtype on `device` (`auto`: bfloat16 on CUDA, float32 elsewhere)."""
-    if config.base_dtype == "bfloat16" or (config.base_dtype == "auto" and device.type == "cuda"):
-        return torch.bfloat16
-    return torch.float32
+    return weights_dtype(config.base_dtype, device)
 
 
 def load_policy(
