@@ -24,6 +24,7 @@ from art_proxy_trainer.promoter import (
     decide_promotion,
     decide_rollback,
 )
+from tests.store_rows import trajectory_row
 from tests.test_training_store import START, add_group, judgment
 
 
@@ -135,6 +136,15 @@ async def test_live_rewards_average_finished_prod_trajectories_by_their_first_ca
             ]
         )
     )
+    # a shadow sample a@2 drew beside a served call: no user saw it, so it is not live evidence
+    at = START + timedelta(minutes=10)
+    shadow = trajectory_row(
+        "shadow", "inbox", "g-new", at, split="prod", finished_at=at, finish_reason="shadow"
+    )
+    await store.write(Batch([shadow, call_row("shadow", 0, "a@2", 10)]))
+    await store.finish("shadow", FinishRequest(reward=0.0))  # rated, still a shadow sample
+    assert await store.shadow_rewards("a@2", limit=5) == {"shadow": 0.0}
+    assert await store.shadow_rewards("a@1", limit=5) == {}
     for trajectory_id in new[:3]:
         await store.finish(trajectory_id, FinishRequest())
     await store.add_feedback(FeedbackRequest(trajectory_id=new[0], thumbs="up", as_reward=True))

@@ -195,6 +195,14 @@ class TrainSettings(JudgeChoice, UpstreamSettings, StoreSettings, ReportSettings
         description="The smallest difference in live reward worth acting on: a canary whose "
         "interval lies within +/- this ends with the target kept.",
     )
+    canary_gate_samples: int = Field(
+        64,
+        ge=0,
+        description="Before a canary starts: the newest shadow samples (serve --shadow-fraction) "
+        "the target drew, reweighed to estimate the candidate's reward off-policy; a candidate "
+        "estimated below the target by more than --canary-min-effect is held back before any "
+        "user sees it (0 = no such gate).",
+    )
     val_every: int = Field(
         5, ge=0, description="Validate every N steps (scenarios of split val); 0 = off."
     )

@@ -102,32 +102,27 @@ class FeedbackRecords(StoreBase):
     ) -> dict[str, LiveReward]:
         """Served model -> the live reward of the finished `prod` trajectories that started in
         [since, until) (None: unbounded). A trajectory counts for the model of its first call:
-        the alias may move mid-conversation, and the opening is what it was served by."""
-        served = (
-            sa.select(C.c.model)
-            .where(C.c.trajectory_id == T.c.id)
-            .order_by(C.c.seq)
-            .limit(1)
-            .scalar_subquery()
-        )
-        query = sa.select(T.c.id, T.c.group_id, T.c.reward, served.label("model")).where(
-            T.c.split == "prod", T.c.status == "finished"
+        the alias may move mid-conversation, and the opening is what it was served by. Shadow
+        samples are left out: no user saw them, and each repeats a served trajectory's prompt, so
+        counting them would count one conversation several times."""
+        query = sa.select(T.c.id, T.c.group_id, T.c.reward, _first_model().label("model")).where(
+            T.c.split == "prod",
+            T.c.status == "finished",
+            sa.or_(T.c.finish_reason.is_(None), T.c.finish_reason != "shadow"),
         )
         if since is not None:
             query = query.where(T.c.created_at >= since)
         if until is not None:
             query = query.where(T.c.created_at < until)
         rows = [row for row in await self._all(query) if row["model"] is not None]
-        judged = await self._judged_rewards([r["group_id"] for r in rows if r["reward"] is None])
         rewards: dict[str, list[float]] = {}
         pending: dict[str, int] = {}
-        for row in rows:
-            reward = row["reward"] if row["reward"] is not None else judged.get(row["id"])
+        for row, reward in zip(rows, await self._rewards(rows), strict=True):
             rewards.setdefault(row["model"], [])
             if reward is None:
                 pending[row["model"]] = pending.get(row["model"], 0) + 1
             else:
-                rewards[row["model"]].append(float(reward))
+                rewards[row["model"]].append(reward)
         return {
             model: LiveReward(
                 model=model,
@@ -138,6 +133,36 @@ class FeedbackRecords(StoreBase):
             )
             for model, values in rewards.items()
         }
+
+    async def shadow_rewards(self, model: str, limit: int) -> dict[str, float]:
+        """The newest `limit` finished shadow samples that `model` drew, with a reward:
+        trajectory id -> reward (what an off-policy estimate reweighs)."""
+        query = (
+            sa.select(T.c.id, T.c.group_id, T.c.reward)
+            .where(
+                T.c.split == "prod",
+                T.c.status == "finished",
+                T.c.finish_reason == "shadow",
+                _first_model() == model,
+            )
+            .order_by(T.c.created_at.desc(), T.c.id)
+            .limit(limit)
+        )
+        rows = await self._all(query)
+        return {
+            row["id"]: reward
+            for row, reward in zip(rows, await self._rewards(rows), strict=True)
+            if reward is not None
+        }
+
+    async def _rewards(self, rows: Sequence[JsonObject]) -> list[float | None]:
+        """Each trajectory row's reward: its own (finish or feedback), else its group's newest
+        scored judgment's; None: none yet."""
+        judged = await self._judged_rewards([r["group_id"] for r in rows if r["reward"] is None])
+        return [
+            float(row["reward"]) if row["reward"] is not None else judged.get(row["id"])
+            for row in rows
+        ]
 
     async def _judged_rewards(self, group_ids: Sequence[str]) -> dict[str, float]:
         """Trajectory id -> its reward in the newest scored judgment of its group that has it."""
@@ -158,3 +183,14 @@ class FeedbackRecords(StoreBase):
 
 def _feedback(row: JsonObject) -> Feedback:
     return Feedback.model_validate({**row, "created_at": aware(row["created_at"])})
+
+
+def _first_model() -> sa.ScalarSelect[str]:
+    """The model a trajectory's first call was served by."""
+    return (
+        sa.select(C.c.model)
+        .where(C.c.trajectory_id == T.c.id)
+        .order_by(C.c.seq)
+        .limit(1)
+        .scalar_subquery()
+    )

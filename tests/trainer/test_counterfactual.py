@@ -6,7 +6,12 @@ import math
 
 import pytest
 
-from art_proxy_trainer.counterfactual import ScoredSample, off_policy_estimate
+from art_proxy_trainer.counterfactual import (
+    OffPolicyEstimate,
+    ScoredSample,
+    gate,
+    off_policy_estimate,
+)
 
 
 def test_at_the_samplers_own_weights_the_estimate_is_the_on_policy_mean() -> None:
@@ -41,3 +46,23 @@ def test_weights_are_truncated_at_the_cap_and_nothing_estimates_nothing() -> Non
     )
     with pytest.raises(ValueError, match="same tokens"):
         off_policy_estimate([ScoredSample(1.0, [0.0], [])])
+
+
+def _estimate(mean: float | None, effective: float) -> OffPolicyEstimate:
+    return OffPolicyEstimate(mean, effective, samples=40, truncated=0)
+
+
+def test_the_gate_holds_back_only_a_candidate_clearly_below_on_enough_effective_samples() -> None:
+    passes, said = gate(_estimate(0.40, 12.0), 0.50, min_effect=0.05)
+    assert not passes
+    assert said == (
+        "off-policy 0.40 from 40 shadow samples (effective 12.0, 0 weights truncated) vs 0.50 "
+        "on-policy: below by more than 0.05"
+    )
+    assert gate(_estimate(0.46, 12.0), 0.50, min_effect=0.05)[0]  # within the smallest effect
+    passes, said = gate(_estimate(0.10, 3.5), 0.50, min_effect=0.05)
+    assert passes and said.endswith("too few effective samples to hold it back")
+    assert gate(_estimate(None, 0.0), 0.50, min_effect=0.05) == (
+        True,
+        "no shadow samples to estimate from",
+    )

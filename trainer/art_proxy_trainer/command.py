@@ -183,9 +183,12 @@ async def _train(
                                 settings.canary_fraction,
                                 settings.canary_alpha,
                                 settings.canary_min_effect,
+                                settings.canary_gate_samples,
                             )
                             if settings.canary_fraction > 0
                             else None,
+                            upstream=settings.upstream[0],
+                            upstream_api_key=settings.upstream_api_key,
                         )
                 teacher = None
                 if settings.distils:

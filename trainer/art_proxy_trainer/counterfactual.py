@@ -13,6 +13,12 @@ truncated at `cap` (bias traded for variance), and the effective sample size (su
 says how many samples the estimate is really worth: far below their count, it is a hint, not
 evidence. With the candidate's weights equal to the sampler's, every w is 1 and the estimate is
 the on-policy mean of the samples, its effective size their count.
+
+Before a canary serves the candidate to anyone, the promoter asks `gate`: a candidate whose
+estimate is below the samples' own mean (what the current target earned on them) by more than the
+canary's `min_effect`, on at least `MIN_EFFECTIVE` effective samples, is held back. It is a screen
+on a point estimate, not a decision with an error rate: it only keeps users from a candidate the
+evidence already disfavours, and the canary's interval still decides whatever it lets through.
 """
 
 from __future__ import annotations
@@ -20,6 +26,9 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+
+# Effective samples below which the estimate is a hint, never a reason to hold a candidate back.
+MIN_EFFECTIVE = 10.0
 
 
 @dataclass(frozen=True)
@@ -62,3 +71,16 @@ def off_policy_estimate(samples: Sequence[ScoredSample], cap: float = 10.0) -> O
     mean = math.fsum(w * s.reward for w, s in zip(weights, samples, strict=True)) / total
     effective = total * total / math.fsum(w * w for w in weights)
     return OffPolicyEstimate(mean, effective, len(samples), truncated)
+
+
+def gate(estimate: OffPolicyEstimate, on_policy: float, min_effect: float) -> tuple[bool, str]:
+    """Whether a canary may start for a candidate estimated at `estimate` on samples whose own
+    mean reward is `on_policy`, and the evidence line."""
+    if estimate.mean is None:
+        return True, str(estimate)
+    line = f"{estimate} vs {on_policy:.2f} on-policy"
+    if estimate.effective_samples < MIN_EFFECTIVE:
+        return True, f"{line}: too few effective samples to hold it back"
+    if estimate.mean < on_policy - min_effect:
+        return False, f"{line}: below by more than {min_effect:g}"
+    return True, line

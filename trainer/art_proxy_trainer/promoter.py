@@ -13,7 +13,13 @@ a share F of the alias's new trajectories beside the target (the proxy draws eac
 from its id; a trajectory stays on its arm), and after every poll the anytime-valid interval of
 `canary` on the difference in live reward decides: promote, roll back, keep the target (no
 difference worth acting on), or look again. Both arms are measured on the same traffic at the same
-time, so the comparison is of the adapters, not of two periods.
+time, so the comparison is of the adapters, not of two periods. Before a canary starts, the newest
+shadow samples the target drew (`--canary-gate-samples`) give an off-policy estimate of the
+candidate's reward (`counterfactual`): the candidate and the target each score the samples' tokens
+(`prompt_logprobs` upstream, the same numerics for both), and a candidate the estimate disfavours
+is held back before any user is served by it; the estimate is kept in the canary's move note.
+Samples drawn from an altered distribution (a temperature other than 1, top-k/top-p/min-p, a
+penalty, a logit bias, a grammar) are left out: raw logprobs are not what they were drawn from.
 
 The alias's history is the store's alias moves, so a restarted trainer picks it up where it was:
 the newest move says what the alias serves and since when, and a `promote` move's `previous` is the
@@ -24,24 +30,30 @@ keeps it across a resume).
 
 from __future__ import annotations
 
+import asyncio
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
 
+from art_proxy.guided_decoding import constraint
 from art_proxy.records import (
     MAX_NOTE,
     AliasMove,
     AliasRecord,
     AliasRequest,
+    CallRecord,
     LiveReward,
     MoveReason,
 )
 from art_proxy.store.trajectory_store import TrajectoryStore
+from art_proxy.teacher import Teacher, TeacherError
 from art_proxy_trainer.canary import MIN_PER_ARM, VERDICTS, ArmRewards, CanaryVerdict, verdict
 from art_proxy_trainer.checkpoint import TrainerState
+from art_proxy_trainer.counterfactual import ScoredSample, gate, off_policy_estimate
 from art_proxy_trainer.errors import SwapError
+from art_proxy_trainer.sampled import NOT_FILTERED, sampled_from
 from art_proxy_trainer.swap import AdapterSwapper, step_of, step_of_run
 
 
@@ -91,6 +103,7 @@ class CanaryPolicy:
     fraction: float  # the candidate's share of new trajectories
     alpha: float
     min_effect: float
+    gate_samples: int = 0  # shadow samples for the off-policy gate (0: no gate)
 
 
 def decide_canary(
@@ -136,8 +149,12 @@ class Promoter:
         min_trajectories: int,
         margin: float,
         canary: CanaryPolicy | None = None,
+        upstream: str | None = None,
+        upstream_api_key: str | None = None,
     ) -> None:
         self.alias = alias
+        self._upstream = upstream  # where the off-policy gate scores shadow samples
+        self._upstream_api_key = upstream_api_key
         self._store = store
         self._swapper = swapper
         self._min_trajectories = min_trajectories
@@ -201,10 +218,47 @@ class Promoter:
             return f"{candidate} waits: the canary of {running.canary} is still deciding"
         share = self._canary.fraction
         note = f"val {val:.2f}; {share:.0%} of new trajectories beside {current}"
+        if self._canary.gate_samples > 0 and self._upstream is not None:
+            passes, evidence = await self._off_policy_gate(candidate, current)
+            if not passes:
+                return f"no canary for {candidate}: {evidence}"
+            note = f"{note}; {evidence}"
         error = await self._move(candidate, "canary", note, fraction=share)
         if error is not None:
             return f"no canary for {candidate}: {error}"
         return f"canary {candidate} on {share:.0%} of {self.alias}'s new trajectories: {note}"
+
+    async def _off_policy_gate(self, candidate: str, current: str) -> tuple[bool, str]:
+        """The off-policy estimate of `candidate` on the shadow samples `current` drew: whether
+        a canary may start, and the evidence line."""
+        assert self._canary is not None and self._upstream is not None  # the caller checks
+        rewards = await self._store.shadow_rewards(current, self._canary.gate_samples)
+        calls = await self._store.calls(list(rewards))
+        usable = [
+            (calls[trajectory][0], reward)
+            for trajectory, reward in rewards.items()
+            if trajectory in calls and _reweighable(calls[trajectory][0])
+        ]
+        try:
+            async with (
+                Teacher(self._upstream, candidate, self._upstream_api_key) as scorer,
+                Teacher(self._upstream, current, self._upstream_api_key) as sampler,
+            ):
+                scored = await asyncio.gather(
+                    *(_token_logprobs((scorer, sampler), call) for call, _ in usable)
+                )
+        except TeacherError as exc:  # the canary itself is the evidence then
+            return True, f"no off-policy estimate ({exc})"
+        samples = [
+            ScoredSample(reward, pair[0], pair[1])
+            for (_, reward), pair in zip(usable, scored, strict=True)
+            if pair is not None
+        ]
+        on_policy = math.fsum(s.reward for s in samples) / len(samples) if samples else math.nan
+        passes, evidence = gate(off_policy_estimate(samples), on_policy, self._canary.min_effect)
+        if len(samples) < len(rewards):
+            evidence = f"{evidence} ({len(rewards) - len(samples)} samples could not be reweighed)"
+        return passes, evidence
 
     async def _running_canary(self) -> AliasRecord | None:
         record = next((r for r in await self._store.aliases() if r.alias == self.alias), None)
@@ -298,3 +352,29 @@ class Promoter:
             return await self._swapper.move_alias(self.alias, request)
         except SwapError as exc:
             return str(exc)
+
+
+def _reweighable(call: CallRecord) -> bool:
+    """Whether a shadow sample's tokens were drawn from the model's raw distribution (what
+    `prompt_logprobs` gives), with its ids recorded."""
+    return (
+        call.prompt_token_ids is not None
+        and call.completion_token_ids is not None
+        and len(call.completion_token_ids) == 1
+        and sampled_from(call) == NOT_FILTERED
+        and constraint(call.request) is None
+    )
+
+
+async def _token_logprobs(
+    scorers: Sequence[Teacher], call: CallRecord
+) -> tuple[tuple[float, ...], ...] | None:
+    """Each scorer's logprob of the call's sampled tokens (None: one could not score them)."""
+    assert call.prompt_token_ids is not None and call.completion_token_ids is not None
+    scored = await asyncio.gather(
+        *(
+            scorer.logprobs((call.id, 0), call.prompt_token_ids, call.completion_token_ids[0])
+            for scorer in scorers
+        )
+    )
+    return None if any(s is None for s in scored) else tuple(s for s in scored if s is not None)

@@ -1,0 +1,161 @@
+"""A canary on a tiny stack: local-llm, the proxy splitting the production alias, the promoter
+deciding on live rewards, and the off-policy gate scoring the shadow samples the target drew.
+
+The candidate is a fresh LoRA adapter (B = 0: the base model's weights exactly), so its
+off-policy estimate on the shadow samples must be their own mean with every weight 1; the live
+arms are rated by which adapter answered, so the candidate is clearly better.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from art_proxy.local.model_loading import load_model
+from art_proxy.local.served import ServedModel
+from art_proxy.local.server import running_local_llm
+from art_proxy.proxy.server import running_proxy
+from art_proxy.records import FeedbackRequest
+from art_proxy.store.trajectory_store import TrajectoryStore
+from art_proxy_trainer.checkpoint import TrainerState
+from art_proxy_trainer.promoter import CanaryPolicy, Promoter
+from art_proxy_trainer.swap import AdapterSwapper
+from tests.conftest import proxy_settings
+from tests.trainer.agents import untagged
+from tests.trainer.conftest import TINY_NAME, Stack
+from tests.trainer.test_promotion_loop import AT, PROD, _adapter
+
+SHADOWS = 2  # per served call
+
+
+@pytest.fixture
+async def shadowed(tiny_model_dir: Path, tmp_path: Path) -> AsyncIterator[Stack]:
+    """The training stack, with every served prod call sampled again (the gate's evidence)."""
+    served = ServedModel.create(
+        load_model(str(tiny_model_dir)), served_model_name=TINY_NAME, max_batch_size=32
+    )
+    store_url = f"sqlite:///{tmp_path / 'art.db'}"
+    async with running_local_llm(served) as llm:
+        settings = proxy_settings(
+            store_url,
+            llm.base_url,
+            shadow_fraction=1.0,
+            shadow_samples=SHADOWS,
+            shadow_max_in_flight=64,
+        )
+        async with running_proxy(settings) as proxy:
+            yield Stack(llm, proxy, store_url, tiny_model_dir)
+
+
+async def _call(
+    http: aiohttp.ClientSession, stack: Stack, trajectory: str, **sampling: float
+) -> str:
+    """One production call of a new conversation; the model that answered it."""
+    headers = {"X-Art-Trajectory": trajectory, "X-Art-Split": "prod"}
+    body = {"model": PROD, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
+    async with http.post(
+        f"{stack.proxy.base_url}/chat/completions",
+        json={**body, **sampling},
+        headers=headers,
+    ) as response:
+        assert response.status == 200, await response.text()
+        return str((await response.json())["model"])
+
+
+async def _finish(
+    http: aiohttp.ClientSession, stack: Stack, trajectory: str, reward: float
+) -> None:
+    admin = f"{stack.proxy.root_url}/art/v1"
+    finish = {"reward": reward}
+    async with http.post(f"{admin}/trajectories/{trajectory}/finish", json=finish) as response:
+        assert response.status == 200, await response.text()
+
+
+async def test_a_canary_is_gated_off_policy_split_sticky_and_promoted_on_live_rewards(
+    shadowed: Stack, tmp_path: Path
+) -> None:
+    stack = shadowed
+    state = TrainerState(run="run", validated={TINY_NAME: 0.5})
+    policy = CanaryPolicy(fraction=0.5, alpha=0.05, min_effect=0.05, gate_samples=64)
+    async with (
+        TrajectoryStore.opened(stack.store_url, writer=False) as store,
+        aiohttp.ClientSession() as http,
+        AdapterSwapper(
+            upstreams=[stack.llm.base_url],
+            upstream_api_key=None,
+            proxy=stack.proxy.root_url,
+            admin_key=None,
+            alias=TINY_NAME,
+            keep=1,
+        ) as swapper,
+    ):
+        await swapper.check_base_model({TINY_NAME})
+        promoter = Promoter(
+            PROD,
+            store,
+            swapper,
+            min_trajectories=4,
+            margin=0.05,
+            canary=policy,
+            upstream=stack.llm.base_url,
+        )
+        await promoter.start()
+        # Before the candidate: the base serves production, and each call is sampled again.
+        for index in range(6):
+            assert await _call(http, stack, f"before-{index}") == TINY_NAME
+            await _finish(http, stack, f"before-{index}", 0.5)
+        # Sampled at another temperature: its shadow samples cannot be reweighed.
+        await _call(http, stack, "warm", temperature=0.7)
+        await _finish(http, stack, "warm", 0.5)
+        shadows: list[str] = []
+        for _ in range(100):
+            trajectories = await store.trajectories(split="prod", limit=100)
+            shadows = sorted(t.id for t in trajectories if t.finish_reason == "shadow")
+            if len(shadows) == 7 * SHADOWS:
+                break
+            await asyncio.sleep(0.1)
+        assert len(shadows) == 7 * SHADOWS
+        for index, trajectory in enumerate(shadows):  # rated as a judge would rate them
+            rated = FeedbackRequest(trajectory_id=trajectory, score=index % 2, as_reward=True)
+            await store.add_feedback(rated)
+
+        assert (await swapper.swap(1, _adapter(stack.model_dir, tmp_path / "a1"))).status == (
+            "swapped"
+        )
+        started = untagged(await promoter.consider({AT[1]: 0.6}, state) or "")
+        assert started.startswith(f"canary {AT[1]} on 50% of {PROD}'s new trajectories")
+        # The same weights: every weight 1, the estimate the samples' own mean.
+        assert "off-policy 0.50 from 12 shadow samples (effective 12.0, 0 weights truncated)" in (
+            started
+        )
+        assert "vs 0.50 on-policy" in started and "2 samples could not be reweighed" in started
+
+        # Live: each new conversation on its arm, rated by which adapter answered it.
+        served: dict[str, str] = {}
+        for index in range(60):
+            trajectory = f"live-{index}"
+            served[trajectory] = await _call(http, stack, trajectory)
+            if index < 8:  # a conversation's next call stays on its arm
+                assert await _call(http, stack, trajectory) == served[trajectory]
+            await _finish(http, stack, trajectory, 1.0 if served[trajectory] != TINY_NAME else 0.0)
+            if index >= 20 and (said := await promoter.watch(state)) is not None:
+                break
+        else:
+            pytest.fail("the canary never decided")
+        arms = {untagged(model) for model in served.values()}
+        assert arms == {TINY_NAME, AT[1]}  # both served at once
+        assert untagged(said).startswith(f"promoted {AT[1]} to {PROD} after its canary: live 1.00")
+
+        moves = await store.alias_moves(PROD)
+        assert [(untagged(m.model), m.reason) for m in reversed(moves)] == [
+            (TINY_NAME, "promote"),
+            (AT[1], "canary"),
+            (AT[1], "promote"),
+        ]
+        assert "off-policy 0.50" in (moves[1].note or "")  # the gate's evidence is kept
+        record = next(a for a in await store.aliases() if a.alias == PROD)
+        assert record.canary is None and untagged(record.model) == AT[1]
