@@ -175,11 +175,11 @@ async def test_an_erased_trajectory_leaves_a_canarys_evidence(store: TrajectoryS
     policy = CanaryPolicy(fraction=0.5, alpha=0.05, min_effect=0.05)
     live = await store.live_rewards()
     assert live["a@2"].count == 12 and live["a@2"].mean_square == 1.0
-    verdict, note = decide_canary(live["a@2"], live["a@1"], policy)
+    verdict, note, _ = decide_canary(live["a@2"], live["a@1"], policy)
     assert verdict == "promote" and "(n=12, a@2)" in note
     for trajectory_id in candidate[:3]:
         await store.forget(SubjectSelector(trajectory=trajectory_id))
     live = await store.live_rewards()
     assert live["a@2"].count == 9
-    verdict, note = decide_canary(live["a@2"], live["a@1"], policy)
+    verdict, note, _ = decide_canary(live["a@2"], live["a@1"], policy)
     assert verdict == "hold" and "(n=9, a@2)" in note  # under 10 an arm: no decision yet

@@ -1,5 +1,5 @@
 """The dashboard's pages: groups, one group side by side, one trajectory's raw calls, training,
-evaluations.
+production (the aliases' canaries), evaluations.
 
 Each handler reads the store and renders a Jinja2 template with autoescape on, which is the escaping
 guarantee: trajectory content is untrusted and reaches the page only as text. Pages are whole
@@ -32,7 +32,10 @@ from art_proxy.privacy.pii import (
 )
 from art_proxy.records import (
     SPLITS,
+    AliasMove,
+    AliasRecord,
     CallRecord,
+    CanaryLook,
     GroupOutcome,
     JsonObject,
     Judgment,
@@ -42,7 +45,9 @@ from art_proxy.records import (
 from art_proxy.store.dashboard import GROUP_STATUSES, DashboardQueries, GroupFilter, GroupSummary
 from art_proxy.store.trajectory_store import TrajectoryStore
 
+from .canary_chart import canary_chart
 from .evaluation_chart import evaluation_chart
+from .plots import Chart
 from .render import MessageView, call_view, conversation, message_view, shared_prefix
 from .training_charts import reward_chart, training_charts
 
@@ -55,6 +60,19 @@ STATIC_FILES = {"dashboard.css": "text/css", "dashboard.js": "text/javascript"}
 MAX_STEPS = 2000
 MAX_MOVES = 200
 MAX_EVALUATIONS = 20
+MAX_LOOKS = 2000  # a canary's looks charted: one per change of its evidence
+
+
+@dataclass(frozen=True)
+class CanaryView:
+    """An alias's newest canary, running or decided, as the production page shows it."""
+
+    alias: AliasRecord
+    started: AliasMove  # the move that began it
+    running: bool
+    looks: list[CanaryLook]  # oldest first
+    chart: Chart | None
+    moves: list[AliasMove]  # the alias's history, newest first
 
 
 @dataclass(frozen=True)
@@ -184,6 +202,26 @@ class Dashboard:
             aliases=await store.aliases(),
         )
 
+    async def production(self, request: web.Request) -> web.Response:
+        """Each alias's newest canary: its arms, the interval as it narrowed, the decision and
+        its evidence; the alias's moves with theirs."""
+        store = self._store_of(request)
+        moves = await store.alias_moves(limit=MAX_MOVES)
+        canaries = []
+        for alias in await store.aliases():
+            history = [move for move in moves if move.alias == alias.alias]
+            started = _canary_start(history)
+            if started is None:
+                continue
+            running = alias.canary == started.model and alias.canary_since is not None
+            since = alias.canary_since if running else started.moved_at
+            looks = await store.canary_looks(alias.alias, since=since, limit=MAX_LOOKS)
+            looks.reverse()
+            canaries.append(
+                CanaryView(alias, started, running, looks, canary_chart(looks), history)
+            )
+        return self._page("production.html", canaries=canaries)
+
     async def evaluations(self, request: web.Request) -> web.Response:
         """`art-proxy eval`'s reports, newest first, each as the command printed it."""
         reports = await self._store_of(request).evaluations(MAX_EVALUATIONS)
@@ -222,8 +260,25 @@ def add_routes(
     router.add_get("/dashboard/groups/{group}", dashboard.group)
     router.add_get("/dashboard/trajectories/{trajectory}", dashboard.trajectory)
     router.add_get("/dashboard/training", dashboard.training)
+    router.add_get("/dashboard/production", dashboard.production)
     router.add_get("/dashboard/evaluations", dashboard.evaluations)
     router.add_get("/dashboard/static/{name}", dashboard.static)
+
+
+def _canary_start(history: Sequence[AliasMove]) -> AliasMove | None:
+    """The move that began the newest canary in an alias's `history` (newest first): the
+    first of its run of `canary` moves (a change of share is a move of its own)."""
+    newest = next((i for i, move in enumerate(history) if move.reason == "canary"), None)
+    if newest is None:
+        return None
+    first = newest
+    while (
+        first + 1 < len(history)
+        and history[first + 1].reason == "canary"
+        and history[first + 1].model == history[newest].model
+    ):
+        first += 1
+    return history[first]
 
 
 def _environment() -> jinja2.Environment:

@@ -8,14 +8,19 @@ frame's age, whether the store is reachable and calls are recorded; by served mo
 tokens in and out and each call's seconds to its last byte and first chunk (call_metrics.py). A
 middleware times every request by route (the route's pattern, so the series stay few), method and
 status, and counts those in flight; the process's own (CPU, memory, open files) come with them.
+A running canary's arms (their shares, scored and pending trajectories, mean live rewards, and the
+interval on their difference) are its decider's newest look in the store (records.CanaryLook),
+read at scrape time; a store that does not answer leaves them out of that scrape.
 Each application has its own registry: two proxies in one process share no series. Like
 `/health`, it needs no key: it holds counts, never content.
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 
 from aiohttp import web
 from aiohttp.typedefs import Handler
@@ -30,10 +35,17 @@ from prometheus_client import (
 )
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
+from sqlalchemy.exc import SQLAlchemyError
+
+from art_proxy.records import CanaryLook
 
 from .call_metrics import CALL_BUCKETS
 from .health import best_of_health, health_status, journal_health
-from .parts import PARTS
+from .parts import PARTS, ProxyParts
+
+log = logging.getLogger(__name__)
+# How long a scrape waits for the store's canary looks before it answers without them.
+_LOOKS_TIMEOUT_S = 2.0
 
 # /health's journal fields -> (metric, help, counter or gauge).
 _JOURNAL: Mapping[str, tuple[str, str, bool]] = {
@@ -84,6 +96,8 @@ class ProxyMetrics:
         ProcessCollector(registry=self.registry)
         PlatformCollector(registry=self.registry)
         self.registry.register(_PartsCollector(app))
+        self._canaries = _CanaryCollector()
+        self.registry.register(self._canaries)
 
     @web.middleware
     async def timed(self, request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -106,6 +120,8 @@ class ProxyMetrics:
             )
 
     async def scrape(self, request: web.Request) -> web.Response:
+        parts = request.app.get(PARTS)
+        self._canaries.looks = await _canary_looks(parts) if parts is not None else []
         body = generate_latest(self.registry)
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
@@ -186,6 +202,72 @@ class _PartsCollector(Collector):
             reading = journal.get(field) if journal else None
             if isinstance(reading, int | float):
                 yield (_counter if counter else _gauge)(name, text, reading)
+
+
+async def _canary_looks(parts: ProxyParts) -> list[CanaryLook]:
+    """The newest look at each running canary (none where its decider has not looked yet)."""
+    running = [record for record in parts.aliases.records if record.canary is not None]
+    try:
+        async with asyncio.timeout(_LOOKS_TIMEOUT_S):
+            newest = [
+                await parts.store.canary_looks(record.alias, since=record.canary_since, limit=1)
+                for record in running
+            ]
+    except (SQLAlchemyError, OSError, TimeoutError) as exc:
+        log.warning("/metrics without the canaries' arms: the store did not answer (%s)", exc)
+        return []
+    return [looks[0] for looks in newest if looks]
+
+
+class _CanaryCollector(Collector):
+    """The running canaries' newest looks, set by the scrape that collects them."""
+
+    def __init__(self) -> None:
+        self.looks: Sequence[CanaryLook] = ()
+
+    def collect(self) -> Iterator[Metric]:
+        arm_labels = ["alias", "arm", "model"]
+        fraction = GaugeMetricFamily(
+            "art_proxy_canary_fraction",
+            "The share of an alias's new trajectories its canary's candidate serves.",
+            labels=["alias", "candidate", "target"],
+        )
+        scored = GaugeMetricFamily(
+            "art_proxy_canary_scored_trajectories",
+            "Trajectories of a canary's arm with a live reward, since the canary began.",
+            labels=arm_labels,
+        )
+        pending = GaugeMetricFamily(
+            "art_proxy_canary_pending_trajectories",
+            "Finished trajectories of a canary's arm still awaiting a reward.",
+            labels=arm_labels,
+        )
+        reward = GaugeMetricFamily(
+            "art_proxy_canary_reward",
+            "A canary arm's mean live reward since the canary began.",
+            labels=arm_labels,
+        )
+        bounds = GaugeMetricFamily(
+            "art_proxy_canary_difference",
+            "The candidate's mean live reward minus the target's, and the anytime-valid "
+            "interval's bounds (`bound` low and high, once each arm has enough scored).",
+            labels=["alias", "bound"],
+        )
+        for look in self.looks:
+            fraction.add_metric(
+                [look.alias, look.candidate.model, look.target.model], look.fraction
+            )
+            for arm, live in (("candidate", look.candidate), ("target", look.target)):
+                labels = [look.alias, arm, live.model]
+                scored.add_metric(labels, live.count)
+                pending.add_metric(labels, live.pending)
+                if live.mean is not None:
+                    reward.add_metric(labels, live.mean)
+            bounds.add_metric([look.alias, "estimate"], look.difference)
+            for bound, value in (("low", look.low), ("high", look.high)):
+                if value is not None:
+                    bounds.add_metric([look.alias, bound], value)
+        yield from (fraction, scored, pending, reward, bounds)
 
 
 def _counter(name: str, text: str, value: float) -> Metric:

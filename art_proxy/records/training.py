@@ -8,6 +8,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from art_proxy.records.base import Record
+from art_proxy.records.feedback import LiveReward
 from art_proxy.records.trajectories import Split
 
 # trained: its trajectories were in the step's batch. zero_variance: all rewards equal, no signal.
@@ -30,6 +31,9 @@ SwapStatus = Literal["swapped", "rejected", "skipped"]
 # kept. A rollback also ends a canary whose candidate was worse (the target kept).
 MoveReason = Literal["swap", "promote", "rollback", "manual", "canary", "kept"]
 MAX_NOTE = 500  # characters: a line of evidence for a move, not a report
+# A canary's verdict at one look: promote the candidate, roll it back, keep the target (no
+# difference worth acting on), or hold (look again).
+CanaryVerdict = Literal["promote", "rollback", "keep", "hold"]
 
 
 class AliasRecord(Record):
@@ -71,6 +75,26 @@ class AliasMove(Record):
         default=None, description="The evidence for the move, e.g. `val 0.71 >= 0.62 (a@4)`."
     )
     moved_at: datetime
+
+
+class CanaryLook(Record):
+    """One look of the trainer at a running canary's evidence (its promoter writes one whenever
+    the evidence changed): both arms' live rewards since the canary began, the anytime-valid
+    interval on their difference, and what it decided. Aggregates only: an erasure takes its
+    trajectories out of the next look."""
+
+    alias: str
+    looked_at: datetime
+    fraction: float = Field(ge=0, le=1, description="The candidate's share of new trajectories.")
+    candidate: LiveReward
+    target: LiveReward
+    difference: float = Field(description="The candidate's mean live reward minus the target's.")
+    low: float | None = Field(
+        description="The interval's bounds (None: too few scored trajectories an arm yet)."
+    )
+    high: float | None
+    verdict: CanaryVerdict
+    note: str = Field(max_length=MAX_NOTE, description="The evidence line, as the move keeps it.")
 
 
 class AliasRequest(Record):

@@ -210,6 +210,25 @@ alias_moves = sa.Table(
     sa.Index("ix_alias_moves_alias_moved", "alias", "moved_at"),
 )
 
+# A running canary's evidence at each look of its decider (records.CanaryLook, migration 0025):
+# aggregates of both arms, the interval and the verdict; what the dashboard and /metrics show.
+canary_looks = sa.Table(
+    "canary_looks",
+    metadata,
+    sa.Column("id", sa.String(64), primary_key=True),
+    sa.Column("alias", sa.String(200), nullable=False),
+    sa.Column("looked_at", Timestamp, nullable=False),
+    sa.Column("fraction", sa.Float, nullable=False),
+    sa.Column("candidate", Json, nullable=False),
+    sa.Column("target", Json, nullable=False),
+    sa.Column("difference", sa.Float, nullable=False),
+    sa.Column("low", sa.Float),
+    sa.Column("high", sa.Float),
+    sa.Column("verdict", sa.String(16), nullable=False),
+    sa.Column("note", sa.String(500), nullable=False),
+    sa.Index("ix_canary_looks_alias_looked", "alias", "looked_at"),
+)
+
 # The models each running proxy's open trajectories hold in its memory (proxy/lease_publisher.py),
 # replaced whole by that proxy every few seconds: a lease whose first call is still running or
 # journaled, which the calls above do not show yet. Rows not refreshed lately are a stopped proxy's.

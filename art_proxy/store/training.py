@@ -22,6 +22,7 @@ from art_proxy.records import (
     AliasMove,
     AliasRecord,
     AliasRequest,
+    CanaryLook,
     JsonObject,
     Lease,
     SwapStatus,
@@ -36,7 +37,7 @@ from art_proxy.store.base import StoreBase, aware, group_split, not_an_evaluatio
 
 A, M, TS, CG = schema.aliases, schema.alias_moves, schema.training_steps, schema.consumed_groups
 SC, TSC = schema.step_claims, schema.teacher_scores
-PL = schema.proxy_leases
+PL, CL = schema.proxy_leases, schema.canary_looks
 G, T, J, C = schema.groups, schema.trajectories, schema.judgments, schema.calls
 
 # Where a trainable group's rewards come from: RULER's judgment, or what the agent reported at finish.
@@ -161,6 +162,24 @@ class TrainingRecords(StoreBase):
         if alias is not None:
             query = query.where(M.c.alias == alias)
         return [_alias_move(row) for row in await self._all(query)]
+
+    async def add_canary_look(self, look: CanaryLook) -> None:
+        row = look.model_dump(mode="json")
+        row["looked_at"] = look.looked_at
+        async with self._transaction() as connection:
+            await connection.execute(sa.insert(CL).values(id=uuid.uuid4().hex, **row))
+
+    async def canary_looks(
+        self, alias: str | None = None, since: datetime | None = None, limit: int = 500
+    ) -> list[CanaryLook]:
+        """Newest first; `since`: the looks of the canary that began then (its evidence)."""
+        query = sa.select(CL).order_by(CL.c.looked_at.desc(), CL.c.id).limit(limit)
+        if alias is not None:
+            query = query.where(CL.c.alias == alias)
+        if since is not None:
+            query = query.where(CL.c.looked_at >= since)
+        looks = (self._readable(_canary_look, row) for row in await self._all(query))
+        return [look for look in looks if isinstance(look, CanaryLook)]
 
     # --- trainer steps ---------------------------------------------------------------------------
 
@@ -506,3 +525,8 @@ def _trainable(
         rewards=rewards,
         judge_cost_usd=cost,
     )
+
+
+def _canary_look(row: JsonObject) -> CanaryLook:
+    fields = {name: row[name] for name in CanaryLook.model_fields}
+    return CanaryLook.model_validate({**fields, "looked_at": aware(row["looked_at"])})

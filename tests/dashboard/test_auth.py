@@ -18,6 +18,7 @@ PAGES = (
     "/dashboard",
     "/dashboard/",
     "/dashboard/training",
+    "/dashboard/production",
     "/dashboard/groups/any",
     "/dashboard/trajectories/any",
     "/dashboard/static/dashboard.js",

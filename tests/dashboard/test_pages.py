@@ -8,6 +8,8 @@ import re
 import aiohttp
 
 from art_proxy.proxy.server import RunningProxy
+from art_proxy.records import AliasRequest, CanaryLook, LiveReward
+from art_proxy.store.base import utcnow
 from tests.dashboard.recorded import (
     HOSTILE_EXPLANATION,
     HOSTILE_TASK,
@@ -178,6 +180,55 @@ async def test_training_page_plots_reward_loss_agent_kl_off_policy_staleness_pip
     assert "batches ready when one was taken, step 3: 1" in svgs[8]
     moves = html.split('<table class="moves">')[1]
     assert moves.count("<tr><td") == 4 and "agent@3</code></td><td><code>agent@4" in moves
+
+
+async def test_production_page_shows_a_canarys_arms_its_narrowing_interval_and_decision(
+    sqlite_proxy: RunningProxy, http: aiohttp.ClientSession
+) -> None:
+    _, before = await page(http, sqlite_proxy, "/dashboard/production")
+    assert "No canary yet" in before and "<svg" not in before
+    store = sqlite_proxy.parts.store
+    await store.set_alias("prod", AliasRequest(model="base", reason="promote", note="the base"))
+    gate = "val 0.62; off-policy 0.58 from 40 shadow samples (effective 14.2, 0 weights truncated)"
+    await store.set_alias(
+        "prod", AliasRequest(model="agent@3", reason="canary", fraction=0.25, note=gate)
+    )
+    for n, radius in ((5, None), (20, 0.4), (40, 0.25), (80, 0.15)):
+        candidate = LiveReward(model="agent@3", count=n // 4, mean=0.7, pending=2)
+        target = LiveReward(model="base", count=n - n // 4, mean=0.5)
+        await store.add_canary_look(
+            CanaryLook(
+                alias="prod",
+                looked_at=utcnow(),
+                fraction=0.25,
+                candidate=candidate,
+                target=target,
+                difference=0.2,
+                low=None if radius is None else 0.2 - radius,
+                high=None if radius is None else 0.2 + radius,
+                verdict="hold" if radius != 0.15 else "promote",
+                note=f"live 0.70 (n={n // 4}, agent@3) vs 0.50 (n={n - n // 4}, base)",
+            )
+        )
+    status, html = await page(http, sqlite_proxy, "/dashboard/production")
+    assert status == 200 and 'href="/dashboard/production"' in html
+    assert "canary <code>agent@3</code>\non 25% of new trajectories" in html
+    assert f"Before it began: {gate}" in html  # the off-policy gate's evidence
+    arms = html.split('<table class="arms">')[1].split("</table>")[0]
+    rows = re.findall(r"<tr><td>(\w+)</td><td><code>([^<]+)</code></td>(.*?)</tr>", arms)
+    assert [(arm, model) for arm, model, _ in rows] == [
+        ("candidate", "agent@3"),
+        ("target", "base"),
+    ]
+    assert '<td class="num">25%</td><td class="num">20</td><td class="num">2</td>' in rows[0][2]
+    assert "promote" in html.split('class="decision"')[1].split("</p>")[0]
+    assert "live 0.70 (n=20, agent@3) vs 0.50 (n=60, base)" in html
+    svg = re.findall(r"<svg .*?</svg>", html, re.S)[0]
+    assert 'aria-label="Candidate minus target: live reward (anytime-valid interval)"' in svg
+    assert svg.count('class="dot s0"') == 3  # the looks with an interval
+    assert 'class="band s0"' in svg and ">scored trajectories</text>" in svg
+    moves = html.split('<table class="moves">')[1]
+    assert moves.count("<tr><td") == 2 and ">canary</td>" in moves
 
 
 async def test_overview_shows_the_newest_runs_reward_curve(

@@ -70,15 +70,15 @@ def live(model: str, rewards: list[float], pending: int = 0) -> LiveReward:
 
 def test_the_verdict_says_its_evidence_and_waits_for_enough_on_each_arm() -> None:
     policy = CanaryPolicy(fraction=0.5, alpha=ALPHA, min_effect=0.05)
-    few, note = decide_canary(live("c", [1.0] * 5), live("t", [0.0] * 5, pending=3), policy)
+    few, note, _ = decide_canary(live("c", [1.0] * 5), live("t", [0.0] * 5, pending=3), policy)
     assert few == "hold" and f"at least {MIN_PER_ARM} scored trajectories an arm" in note
     assert "3 awaiting a reward" in note
-    clear, note = decide_canary(live("c", [1.0] * 40), live("t", [0.0, 1.0] * 20), policy)
+    clear, note, _ = decide_canary(live("c", [1.0] * 40), live("t", [0.0, 1.0] * 20), policy)
     assert clear == "promote"
     assert note.startswith("live 1.00 (n=40, c) vs 0.50 (n=40, t): difference +0.500 [+")
     assert note.endswith("at alpha 0.05")
-    worse, _ = decide_canary(live("c", [0.0] * 40), live("t", [0.0, 1.0] * 20), policy)
+    worse, _, _ = decide_canary(live("c", [0.0] * 40), live("t", [0.0, 1.0] * 20), policy)
     assert worse == "rollback"
     same = [0.0, 1.0] * 3000
-    kept, note = decide_canary(live("c", same), live("t", same), policy)
+    kept, note, _ = decide_canary(live("c", same), live("t", same), policy)
     assert kept == "keep", note

@@ -142,12 +142,16 @@ async def test_a_canary_is_gated_off_policy_split_sticky_and_promoted_on_live_re
             if index < 8:  # a conversation's next call stays on its arm
                 assert await _call(http, stack, trajectory) == served[trajectory]
             await _finish(http, stack, trajectory, 1.0 if served[trajectory] != TINY_NAME else 0.0)
-            if index >= 20 and (said := await promoter.watch(state)) is not None:
+            if (said := await promoter.watch(state)) is not None:
                 break
+            if index == 12:  # 13 scored: too few on an arm to decide, shown as they are
+                arms = await _canary_metrics(http, stack)
+                assert arms["fraction"] == 0.5
+                assert arms["candidate"] + arms["target"] == 13
+                assert arms["difference"] == 1.0 and "low" not in arms
         else:
             pytest.fail("the canary never decided")
-        arms = {untagged(model) for model in served.values()}
-        assert arms == {TINY_NAME, AT[1]}  # both served at once
+        assert {untagged(model) for model in served.values()} == {TINY_NAME, AT[1]}  # at once
         assert untagged(said).startswith(f"promoted {AT[1]} to {PROD} after its canary: live 1.00")
 
         moves = await store.alias_moves(PROD)
@@ -159,3 +163,28 @@ async def test_a_canary_is_gated_off_policy_split_sticky_and_promoted_on_live_re
         assert "off-policy 0.50" in (moves[1].note or "")  # the gate's evidence is kept
         record = next(a for a in await store.aliases() if a.alias == PROD)
         assert record.canary is None and untagged(record.model) == AT[1]
+        looks = await store.canary_looks(PROD)  # newest first, one per change of the evidence
+        assert [look.verdict for look in looks].count("promote") == 1
+        assert looks[0].verdict == "promote" and looks[0].low is not None and looks[0].low > 0
+        assert all(look.verdict == "hold" and look.low is None for look in looks[1:])
+        assert len(looks) == len(served)  # a look per watch: each saw one more scored
+        assert "canary" not in str(await _canary_metrics(http, stack))  # ended: nothing shown
+
+
+async def _canary_metrics(http: aiohttp.ClientSession, stack: Stack) -> dict[str, float]:
+    """The canary's series on /metrics: its share, each arm's scored count, the difference
+    and its bounds."""
+    async with http.get(f"{stack.proxy.root_url}/metrics") as response:
+        text = await response.text()
+    found: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line.startswith("art_proxy_canary_"):
+            continue
+        series, value = line.rsplit(" ", 1)
+        if series.startswith("art_proxy_canary_fraction"):
+            found["fraction"] = float(value)
+        elif series.startswith("art_proxy_canary_scored_trajectories"):
+            found["candidate" if 'arm="candidate"' in series else "target"] = float(value)
+        elif series.startswith("art_proxy_canary_difference"):
+            found[series.split('bound="')[1].split('"')[0]] = float(value)
+    return {key.replace("estimate", "difference"): value for key, value in found.items()}

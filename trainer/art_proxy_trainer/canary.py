@@ -33,11 +33,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal
 
 import torch
 
-CanaryVerdict = Literal["promote", "rollback", "keep", "hold"]
+from art_proxy.records import CanaryVerdict
+
 VERDICTS: tuple[CanaryVerdict, ...] = ("hold", "promote", "rollback", "keep")
 
 MIN_PER_ARM = 10

@@ -44,12 +44,15 @@ from art_proxy.records import (
     AliasRecord,
     AliasRequest,
     CallRecord,
+    CanaryLook,
+    CanaryVerdict,
     LiveReward,
     MoveReason,
 )
+from art_proxy.store.base import utcnow
 from art_proxy.store.trajectory_store import TrajectoryStore
 from art_proxy.teacher import Teacher, TeacherError
-from art_proxy_trainer.canary import MIN_PER_ARM, VERDICTS, ArmRewards, CanaryVerdict, verdict
+from art_proxy_trainer.canary import MIN_PER_ARM, VERDICTS, ArmRewards, Interval, verdict
 from art_proxy_trainer.checkpoint import TrainerState
 from art_proxy_trainer.counterfactual import ScoredSample, gate, off_policy_estimate
 from art_proxy_trainer.errors import SwapError
@@ -108,8 +111,8 @@ class CanaryPolicy:
 
 def decide_canary(
     candidate: LiveReward, current: LiveReward, policy: CanaryPolicy
-) -> tuple[CanaryVerdict, str]:
-    """A canary's verdict on live rewards since it began, and its evidence line."""
+) -> tuple[CanaryVerdict, str, Interval]:
+    """A canary's verdict on live rewards since it began, its evidence line and interval."""
     decided, bounds = verdict(
         arm_rewards(candidate),
         arm_rewards(current),
@@ -126,7 +129,7 @@ def decide_canary(
     ) + (f", {pending} awaiting a reward" if pending else "")
     if min(candidate.count, current.count) < MIN_PER_ARM:
         note = f"{note}; at least {MIN_PER_ARM} scored trajectories an arm before deciding"
-    return VERDICTS[int(decided)], note
+    return VERDICTS[int(decided)], note, bounds
 
 
 def arm_rewards(live: LiveReward) -> ArmRewards:
@@ -161,6 +164,7 @@ class Promoter:
         self._margin = margin
         self._canary = canary
         self._stuck: str | None = None  # a target that should roll back to an unloaded one
+        self._looked: tuple[object, ...] | None = None  # the evidence of the last canary look
 
     async def start(self) -> None:
         """Point a new production alias at the base model (the target a first promotion is
@@ -275,11 +279,27 @@ class Promoter:
             return None
         live = await self._store.live_rewards(since=record.canary_since)
         candidate, current = record.canary, record.model
-        verdict_, note = decide_canary(
+        arms = (
             live.get(candidate) or LiveReward(model=candidate, count=0, mean=None),
             live.get(current) or LiveReward(model=current, count=0, mean=None),
-            self._canary,
         )
+        verdict_, note, bounds = decide_canary(*arms, self._canary)
+        if (record.canary_since, *arms) != self._looked:  # what the page and /metrics show
+            ready = min(arm.count for arm in arms) >= MIN_PER_ARM
+            look = CanaryLook(
+                alias=self.alias,
+                looked_at=utcnow(),
+                fraction=record.canary_fraction,
+                candidate=arms[0],
+                target=arms[1],
+                difference=float(bounds.difference),
+                low=float(bounds.low) if ready else None,
+                high=float(bounds.high) if ready else None,
+                verdict=verdict_,
+                note=note[:MAX_NOTE],
+            )
+            await self._store.add_canary_look(look)
+            self._looked = (record.canary_since, *arms)
         if verdict_ == "hold":
             return None
         if verdict_ == "promote":
