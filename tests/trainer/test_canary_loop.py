@@ -23,11 +23,10 @@ from art_proxy.records import FeedbackRequest
 from art_proxy.store.trajectory_store import TrajectoryStore
 from art_proxy_trainer.checkpoint import TrainerState
 from art_proxy_trainer.promoter import CanaryPolicy, Promoter
-from art_proxy_trainer.swap import AdapterSwapper
 from tests.conftest import proxy_settings
 from tests.trainer.agents import untagged
 from tests.trainer.conftest import TINY_NAME, Stack
-from tests.trainer.test_promotion_loop import AT, PROD, _adapter
+from tests.trainer.test_promotion_loop import AT, PROD, _adapter, swapper_for
 
 SHADOWS = 2  # per served call
 
@@ -84,14 +83,7 @@ async def test_a_canary_is_gated_off_policy_split_sticky_and_promoted_on_live_re
     async with (
         TrajectoryStore.opened(stack.store_url, writer=False) as store,
         aiohttp.ClientSession() as http,
-        AdapterSwapper(
-            upstreams=[stack.llm.base_url],
-            upstream_api_key=None,
-            proxy=stack.proxy.root_url,
-            admin_key=None,
-            alias=TINY_NAME,
-            keep=1,
-        ) as swapper,
+        swapper_for(stack) as swapper,
     ):
         await swapper.check_base_model({TINY_NAME})
         promoter = Promoter(

@@ -84,6 +84,18 @@ async def test_the_production_alias_takes_only_adapters_that_validate_at_least_a
     assert {a.alias: a.model for a in await store.aliases()}[PROD] == loaded[2]
 
 
+def swapper_for(stack: Stack) -> AdapterSwapper:
+    """A swapper of the stack's adapters under the training alias, keeping one."""
+    return AdapterSwapper(
+        upstreams=[stack.llm.base_url],
+        upstream_api_key=None,
+        proxy=stack.proxy.root_url,
+        admin_key=None,
+        alias=TINY_NAME,
+        keep=1,
+    )
+
+
 def _adapter(model_dir: Path, out: Path) -> Path:
     model = AutoModelForCausalLM.from_pretrained(str(model_dir))
     get_peft_model(model, LoraConfig(r=2, target_modules="all-linear")).save_pretrained(str(out))
@@ -119,14 +131,7 @@ async def test_a_promoted_adapter_that_production_rates_worse_is_rolled_back(
     state = TrainerState(run="run", validated={TINY_NAME: 0.5})
     async with (
         aiohttp.ClientSession() as http,
-        AdapterSwapper(
-            upstreams=[stack.llm.base_url],
-            upstream_api_key=None,
-            proxy=stack.proxy.root_url,
-            admin_key=None,
-            alias=TINY_NAME,
-            keep=1,
-        ) as swapper,
+        swapper_for(stack) as swapper,
     ):
         await swapper.check_base_model({TINY_NAME})
         promoter = Promoter(PROD, store, swapper, min_trajectories=4, margin=0.05)
