@@ -11,14 +11,19 @@ that. `--runs` runs of each, seeded.
   trajectory the anytime-valid interval of `art_proxy_trainer.canary` decides: promote (above 0),
   roll back (below 0), keep the current target (within +/- `--min-effect`), else look again, up to
   `--budget` trajectories (still undecided: the current target stays).
+- **staged canary** (`--stages 0.05 0.25 0.5`): the same, starting at 5% of the traffic and
+  widening to the next share once a stage has served `--stage-trajectories` scored trajectories
+  on the candidate without a decision; the evidence is kept, stratified by stage (`canary.py`,
+  what the trainer runs).
 - **today's rules** (`promoter.decide_promotion`, `decide_rollback`, the functions the trainer runs
   now): the candidate is promoted when its mean on `--val` validation rollouts is at least the
   current target's on as many; once promoted it serves all traffic, and after each scored
   trajectory from the 8th on it is rolled back when its live mean is below the previous target's
   over its own last 50 trajectories by more than 0.05.
 
-Per truth and rule: the share of runs promoted (and kept), rolled back, kept as it was, and the
-median production trajectories to the decision. Last, the canary's figures beside the targets: the
+Per truth and rule: the share of runs promoted (and kept), rolled back, kept as it was, the
+median production trajectories to the decision, and how many of them the candidate served (the
+users a worse candidate reached). Last, the canary's figures beside the targets: the
 better promoted and the worse rolled back in at least 90% of runs, the equal one moved in at most
 alpha's share.
 
@@ -43,7 +48,7 @@ from rich.table import Table
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from art_proxy.records import LiveReward
-from art_proxy_trainer.canary import VERDICTS, ArmRewards, verdict
+from art_proxy_trainer.canary import VERDICTS, ArmRewards, CanaryPolicy, Stage, verdict
 from art_proxy_trainer.promoter import decide_promotion, decide_rollback
 
 console = Console(width=max(Console().width, 120))
@@ -55,6 +60,7 @@ ROLLBACK_MIN, ROLLBACK_MARGIN, PREVIOUS_PERIOD = 8, 0.05, 50  # today's defaults
 class Outcome:
     decision: str  # promote, rollback, keep (as it was), undecided
     trajectories: int | None  # production trajectories to the decision (None: none taken)
+    exposed: int  # of them, those the candidate served (all, once promoted)
 
 
 @dataclass
@@ -85,26 +91,30 @@ def _beta(generator: torch.Generator) -> float:
     return float(torch.rand(7, generator=generator, dtype=torch.float64).sort().values[3])
 
 
-def canary_run(effect: float, seed: int, args: argparse.Namespace) -> Outcome:
+def canary_run(effect: float, seed: int, args: argparse.Namespace, policy: CanaryPolicy) -> Outcome:
     traffic = Traffic.seeded(seed, args.users, args.day)
-    # Per arm (candidate True): count, sum, sum of squares of the scored rewards so far.
-    arms = {True: [0.0, 0.0, 0.0], False: [0.0, 0.0, 0.0]}
+    # Per stage, per arm (candidate True): count, sum, sum of squares of the scored rewards.
+    stages: list[tuple[float, dict[bool, list[float]]]] = []
+    share = policy.fractions[0]
+    exposed = 0
     for served in range(1, args.budget + 1):
-        on_candidate = bool(torch.rand(1, generator=traffic.generator) < args.fraction)
+        if not stages or stages[-1][0] != share:
+            stages.append((share, {True: [0.0, 0.0, 0.0], False: [0.0, 0.0, 0.0]}))
+        on_candidate = bool(torch.rand(1, generator=traffic.generator) < share)
+        exposed += on_candidate
         reward = traffic.success(effect if on_candidate else 0.0)
-        sums = arms[on_candidate]
+        sums = stages[-1][1][on_candidate]
         sums[0], sums[1], sums[2] = sums[0] + 1, sums[1] + reward, sums[2] + reward * reward
         decided, _ = verdict(
-            _rewards(arms[True]),
-            _rewards(arms[False]),
-            fraction=args.fraction,
-            alpha=args.alpha,
-            min_effect=args.min_effect,
+            [Stage(f, _rewards(arms[True]), _rewards(arms[False])) for f, arms in stages],
+            alpha=policy.alpha,
+            min_effect=policy.min_effect,
         )
         name = VERDICTS[int(decided)]
         if name != "hold":
-            return Outcome(name, served)
-    return Outcome("undecided", None)
+            return Outcome(name, served, exposed)
+        share = policy.widens(share, int(stages[-1][1][True][0])) or share
+    return Outcome("undecided", None, exposed)
 
 
 def _rewards(sums: list[float]) -> ArmRewards:
@@ -119,15 +129,15 @@ def todays_run(effect: float, seed: int, args: argparse.Namespace) -> Outcome:
     candidate_val = statistics.fmean(traffic.success(effect) for _ in range(args.val))
     current_val = statistics.fmean(traffic.success(0.0) for _ in range(args.val))
     if not decide_promotion(candidate_val, "current", current_val).act:
-        return Outcome("keep", None)
+        return Outcome("keep", None, 0)
     before = LiveReward(model="current", count=len(previous), mean=statistics.fmean(previous))
     live: list[float] = []
     for served in range(1, args.budget + 1):
         live.append(traffic.success(effect))
         now = LiveReward(model="candidate", count=len(live), mean=statistics.fmean(live))
         if decide_rollback(now, before, ROLLBACK_MIN, ROLLBACK_MARGIN).act:
-            return Outcome("rollback", served)
-    return Outcome("promote", None)
+            return Outcome("rollback", served, served)
+    return Outcome("promote", None, args.budget)
 
 
 def table(results: dict[tuple[str, str], list[Outcome]], args: argparse.Namespace) -> Table:
@@ -137,11 +147,14 @@ def table(results: dict[tuple[str, str], list[Outcome]], args: argparse.Namespac
     for column in ("rule", "candidate", "promoted", "rolled back", "kept as it was", "undecided"):
         shown.add_column(column, justify="right" if column != "rule" else "left")
     shown.add_column("median trajectories to decide", justify="right")
+    shown.add_column("of them on the candidate", justify="right")
     for (rule, truth), outcomes in results.items():
         shares = [_share(outcomes, name) for name in ("promote", "rollback", "keep", "undecided")]
         taken = [o.trajectories for o in outcomes if o.trajectories is not None]
         median = f"{statistics.median(taken):,.0f}" if taken else "-"
-        shown.add_row(rule, truth, *(f"{share:.0%}" for share in shares), median)
+        exposed = [o.exposed for o in outcomes if o.trajectories is not None]
+        on_candidate = f"{statistics.median(exposed):,.0f}" if exposed else "-"
+        shown.add_row(rule, truth, *(f"{share:.0%}" for share in shares), median, on_candidate)
     return shown
 
 
@@ -152,29 +165,43 @@ def _share(outcomes: Sequence[Outcome], name: str) -> float:
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     results: dict[tuple[str, str], list[Outcome]] = {}
+    single = CanaryPolicy((args.fraction,), args.alpha, args.min_effect)
+    staged = CanaryPolicy(
+        tuple(args.stages), args.alpha, args.min_effect, stage_trajectories=args.stage_trajectories
+    )
+    canaries = {
+        f"canary {args.fraction:.0%}": single,
+        "staged " + " -> ".join(f"{f:.0%}" for f in args.stages): staged,
+    }
     for truth, effect in TRUTHS.items():
         seeds = range(args.seed, args.seed + args.runs)
-        results[("canary", truth)] = [canary_run(effect, seed, args) for seed in seeds]
+        for rule, policy in canaries.items():
+            results[(rule, truth)] = [canary_run(effect, seed, args, policy) for seed in seeds]
         results[("today's rules", truth)] = [todays_run(effect, seed, args) for seed in seeds]
         console.print(f"{truth}: {args.runs} runs of each rule done")
     console.print(table(results, args))
-    better = _share(results[("canary", "better by 0.1")], "promote")
-    worse = _share(results[("canary", "worse by 0.1")], "rollback")
-    equal = results[("canary", "equal")]
-    moved = _share(equal, "promote") + _share(equal, "rollback")
-    decided = [
-        o.trajectories
-        for truth in ("better by 0.1", "worse by 0.1")
-        for o in results[("canary", truth)]
-        if o.trajectories is not None
-    ]
-    median = statistics.median(decided) if decided else math.nan
     today_equal = results[("today's rules", "equal")]
-    passed = better >= 0.9 and worse >= 0.9 and moved <= args.alpha
+    lines, passed = [], True
+    for rule in canaries:
+        better = _share(results[(rule, "better by 0.1")], "promote")
+        worse = _share(results[(rule, "worse by 0.1")], "rollback")
+        equal = results[(rule, "equal")]
+        moved = _share(equal, "promote") + _share(equal, "rollback")
+        decided = [
+            o.trajectories
+            for truth in ("better by 0.1", "worse by 0.1")
+            for o in results[(rule, truth)]
+            if o.trajectories is not None
+        ]
+        median = statistics.median(decided) if decided else math.nan
+        passed = passed and better >= 0.9 and worse >= 0.9 and moved <= args.alpha
+        lines.append(
+            f"{rule}: better promoted {better:.0%}, worse rolled back {worse:.0%} (target >= "
+            f"90%), equal moved {moved:.0%} (alpha {args.alpha:.0%}), median {median:,.0f} "
+            "trajectories to decide"
+        )
     console.print(
-        f"canary at {args.fraction:.0%}: better promoted {better:.0%}, worse rolled back {worse:.0%} "
-        f"(target >= 90%), equal moved {moved:.0%} (alpha {args.alpha:.0%}), median "
-        f"{median:,.0f} trajectories to decide; today's rules moved the equal one in "
+        "; ".join(lines) + f"; today's rules moved the equal one in "
         f"{_share(today_equal, 'rollback') + _share(today_equal, 'promote'):.0%}: "
         f"{'PASS' if passed else 'FAIL'}",
         soft_wrap=True,
@@ -186,6 +213,10 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=20)
     parser.add_argument("--fraction", type=float, default=0.5, help="the canary's share")
+    parser.add_argument(
+        "--stages", type=float, nargs="+", default=[0.05, 0.25, 0.5], help="a staged canary's"
+    )
+    parser.add_argument("--stage-trajectories", type=int, default=30)
     parser.add_argument("--alpha", type=float, default=0.05)
     parser.add_argument("--min-effect", type=float, default=0.05)
     parser.add_argument("--budget", type=int, default=6000, help="trajectories before giving up")

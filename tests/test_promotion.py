@@ -18,8 +18,8 @@ from art_proxy.config import TrainSettings
 from art_proxy.records import FeedbackRequest, FinishRequest, LiveReward, SubjectSelector
 from art_proxy.store.trajectory_store import TrajectoryStore
 from art_proxy.store.writer import Batch, RowKind
+from art_proxy_trainer.canary import CanaryPolicy
 from art_proxy_trainer.promoter import (
-    CanaryPolicy,
     decide_canary,
     decide_promotion,
     decide_rollback,
@@ -172,14 +172,14 @@ async def test_an_erased_trajectory_leaves_a_canarys_evidence(store: TrajectoryS
             + [call_row(t, 0, "a@1", 0) for t in target]
         )
     )
-    policy = CanaryPolicy(fraction=0.5, alpha=0.05, min_effect=0.05)
+    policy = CanaryPolicy(fractions=(0.5,), alpha=0.05, min_effect=0.05)
     live = await store.live_rewards()
     assert live["a@2"].count == 12 and live["a@2"].mean_square == 1.0
-    verdict, note, _ = decide_canary(live["a@2"], live["a@1"], policy)
+    verdict, note, _ = decide_canary([(0.5, live["a@2"], live["a@1"])], policy)
     assert verdict == "promote" and "(n=12, a@2)" in note
     for trajectory_id in candidate[:3]:
         await store.forget(SubjectSelector(trajectory=trajectory_id))
     live = await store.live_rewards()
     assert live["a@2"].count == 9
-    verdict, note, _ = decide_canary(live["a@2"], live["a@1"], policy)
+    verdict, note, _ = decide_canary([(0.5, live["a@2"], live["a@1"])], policy)
     assert verdict == "hold" and "(n=9, a@2)" in note  # under 10 an arm: no decision yet

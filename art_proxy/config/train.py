@@ -172,15 +172,15 @@ class TrainSettings(JudgeChoice, UpstreamSettings, StoreSettings, ReportSettings
         description="Roll back when the promoted adapter's live mean reward is below the "
         "previous target's by more than this.",
     )
-    canary_fraction: float = Field(
-        0.0,
-        ge=0,
-        le=1,
+    canary_fraction: list[float] = Field(
+        default_factory=list,
         description="With --promote-alias: a validated candidate first serves this share of the "
         "production alias's new trajectories beside its target (a canary; each trajectory stays "
         "on its arm), and is promoted, rolled back or dropped when an anytime-valid interval on "
-        "the difference in live reward says so (--canary-alpha, --canary-min-effect); 0 = "
-        "promote on validation alone, roll back on --rollback-margin.",
+        "the difference in live reward says so (--canary-alpha, --canary-min-effect). Repeat it "
+        "for stages (0.05, then 0.25): a stage widens to the next once it has served "
+        "--canary-stage-trajectories without a decision. Unset or 0 = promote on validation "
+        "alone, roll back on --rollback-margin.",
     )
     canary_alpha: float = Field(
         0.05,
@@ -194,6 +194,13 @@ class TrainSettings(JudgeChoice, UpstreamSettings, StoreSettings, ReportSettings
         gt=0,
         description="The smallest difference in live reward worth acting on: a canary whose "
         "interval lies within +/- this ends with the target kept.",
+    )
+    canary_stage_trajectories: int = Field(
+        30,
+        ge=10,
+        description="With several --canary-fraction shares: the scored trajectories a stage "
+        "serves on the candidate, still undecided, before it widens to the next share (at "
+        "least 10: a stage's evidence counts from 10 an arm).",
     )
     canary_gate_samples: int = Field(
         64,
@@ -452,11 +459,24 @@ class TrainSettings(JudgeChoice, UpstreamSettings, StoreSettings, ReportSettings
 
     @model_validator(mode="after")
     def _a_canary_is_for_promotion(self) -> TrainSettings:
-        if self.canary_fraction > 0 and self.promote_alias is None:
+        shares = self.canary_shares
+        if shares and self.promote_alias is None:
             raise ValueError(
                 "--canary-fraction splits the production alias's traffic: it needs --promote-alias"
             )
+        if any(not 0 < share < 1 for share in shares):
+            raise ValueError(
+                "--canary-fraction must be below 1: the target keeps a share to compare with "
+                "(the last stage's verdict promotes)"
+            )
+        if list(shares) != sorted(set(shares)):
+            raise ValueError("--canary-fraction's stages must increase (0.05, then 0.25)")
         return self
+
+    @property
+    def canary_shares(self) -> tuple[float, ...]:
+        """The canary's stages (none: no canary; a lone 0 says so too)."""
+        return () if self.canary_fraction in ([], [0.0]) else tuple(self.canary_fraction)
 
     @property
     def run_name(self) -> str:

@@ -210,15 +210,14 @@ class Dashboard:
         canaries = []
         for alias in await store.aliases():
             history = [move for move in moves if move.alias == alias.alias]
-            started = _canary_start(history)
-            if started is None:
+            stages = _canary_stages(history)
+            if not stages:
                 continue
-            running = alias.canary == started.model and alias.canary_since is not None
-            since = alias.canary_since if running else started.moved_at
-            looks = await store.canary_looks(alias.alias, since=since, limit=MAX_LOOKS)
+            running = alias.canary == stages[0].model and alias.canary_since is not None
+            looks = await store.canary_looks(alias.alias, since=stages[0].moved_at, limit=MAX_LOOKS)
             looks.reverse()
             canaries.append(
-                CanaryView(alias, started, running, looks, canary_chart(looks), history)
+                CanaryView(alias, stages[0], running, looks, canary_chart(looks), history)
             )
         return self._page("production.html", canaries=canaries)
 
@@ -265,20 +264,18 @@ def add_routes(
     router.add_get("/dashboard/static/{name}", dashboard.static)
 
 
-def _canary_start(history: Sequence[AliasMove]) -> AliasMove | None:
-    """The move that began the newest canary in an alias's `history` (newest first): the
-    first of its run of `canary` moves (a change of share is a move of its own)."""
+def _canary_stages(history: Sequence[AliasMove]) -> list[AliasMove]:
+    """The `canary` moves of the newest canary in an alias's `history` (newest first), oldest
+    first: the one that began it, then each widening."""
     newest = next((i for i, move in enumerate(history) if move.reason == "canary"), None)
     if newest is None:
-        return None
-    first = newest
-    while (
-        first + 1 < len(history)
-        and history[first + 1].reason == "canary"
-        and history[first + 1].model == history[newest].model
-    ):
-        first += 1
-    return history[first]
+        return []
+    stages = [history[newest]]
+    for move in history[newest + 1 :]:
+        if move.reason != "canary" or move.model != stages[0].model:
+            break
+        stages.append(move)
+    return stages[::-1]
 
 
 def _environment() -> jinja2.Environment:

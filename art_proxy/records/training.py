@@ -75,6 +75,10 @@ class AliasMove(Record):
         default=None, description="The evidence for the move, e.g. `val 0.71 >= 0.62 (a@4)`."
     )
     moved_at: datetime
+    fraction: float | None = Field(
+        default=None,
+        description="A `canary` move's share of new trajectories (None: any other move).",
+    )
 
 
 class CanaryLook(Record):

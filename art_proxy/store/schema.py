@@ -207,6 +207,7 @@ alias_moves = sa.Table(
     sa.Column("reason", sa.String(16), nullable=False),
     sa.Column("moved_at", Timestamp, nullable=False),
     sa.Column("note", sa.String(500)),  # the evidence for the move; NULL before migration 0006
+    sa.Column("fraction", sa.Float),  # a canary move's share (migration 0025)
     sa.Index("ix_alias_moves_alias_moved", "alias", "moved_at"),
 )
 

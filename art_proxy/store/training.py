@@ -89,6 +89,7 @@ class TrainingRecords(StoreBase):
                 reason=request.reason,
                 note=request.note,
                 moved_at=now,
+                fraction=request.fraction if request.reason == "canary" else None,
             )
             await connection.execute(sa.insert(M).values(id=uuid.uuid4().hex, **move.model_dump()))
         return move

@@ -21,8 +21,9 @@ from art_proxy.local.server import running_local_llm
 from art_proxy.proxy.server import running_proxy
 from art_proxy.records import FeedbackRequest
 from art_proxy.store.trajectory_store import TrajectoryStore
+from art_proxy_trainer.canary import CanaryPolicy
 from art_proxy_trainer.checkpoint import TrainerState
-from art_proxy_trainer.promoter import CanaryPolicy, Promoter
+from art_proxy_trainer.promoter import Promoter
 from tests.conftest import proxy_settings
 from tests.trainer.agents import untagged
 from tests.trainer.conftest import TINY_NAME, Stack
@@ -79,7 +80,7 @@ async def test_a_canary_is_gated_off_policy_split_sticky_and_promoted_on_live_re
 ) -> None:
     stack = shadowed
     state = TrainerState(run="run", validated={TINY_NAME: 0.5})
-    policy = CanaryPolicy(fraction=0.5, alpha=0.05, min_effect=0.05, gate_samples=64)
+    policy = CanaryPolicy(fractions=(0.5,), alpha=0.05, min_effect=0.05, gate_samples=64)
     async with (
         TrajectoryStore.opened(stack.store_url, writer=False) as store,
         aiohttp.ClientSession() as http,
@@ -180,3 +181,59 @@ async def _canary_metrics(http: aiohttp.ClientSession, stack: Stack) -> dict[str
         elif series.startswith("art_proxy_canary_difference"):
             found[series.split('bound="')[1].split('"')[0]] = float(value)
     return {key.replace("estimate", "difference"): value for key, value in found.items()}
+
+
+async def test_a_staged_canary_widens_keeps_its_arms_and_its_evidence_by_stage(
+    shadowed: Stack, tmp_path: Path
+) -> None:
+    stack = shadowed
+    state = TrainerState(run="run", validated={TINY_NAME: 0.5})
+    policy = CanaryPolicy(fractions=(0.2, 0.6), alpha=0.05, min_effect=0.05, stage_trajectories=4)
+    async with (
+        TrajectoryStore.opened(stack.store_url, writer=False) as store,
+        aiohttp.ClientSession() as http,
+        swapper_for(stack) as swapper,
+    ):
+        await swapper.check_base_model({TINY_NAME})
+        promoter = Promoter(PROD, store, swapper, min_trajectories=4, margin=0.05, canary=policy)
+        await promoter.start()
+        assert (await swapper.swap(1, _adapter(stack.model_dir, tmp_path / "a1"))).status == (
+            "swapped"
+        )
+        started = untagged(await promoter.consider({AT[1]: 0.6}, state) or "")
+        assert started.startswith(f"canary {AT[1]} on 20% of {PROD}'s new trajectories")
+        began = next(a for a in await store.aliases() if a.alias == PROD).canary_since
+
+        # Conversations that began at 20% and go on after the canary widens.
+        ongoing = {f"ongoing-{i}": await _call(http, stack, f"ongoing-{i}") for i in range(8)}
+        served: dict[str, str] = {}
+        widened = None
+        for index in range(200):  # equal arms: the first stage holds until it has served 4
+            trajectory = f"stage-{index}"
+            served[trajectory] = await _call(http, stack, trajectory)
+            await _finish(http, stack, trajectory, float(index % 2))
+            if (widened := await promoter.watch(state)) is not None:
+                break
+        assert widened is not None and untagged(widened).startswith(
+            f"canary {AT[1]} widened to 60% of {PROD}'s new trajectories: live "
+        )
+        assert "(stage 1 of 2, 20%)" in widened
+        record = next(a for a in await store.aliases() if a.alias == PROD)
+        assert (record.canary_fraction, record.canary_since) == (0.6, began)  # the same draw
+        # Each conversation's next call stays on the arm it began on.
+        assert {t: await _call(http, stack, t) for t in ongoing} == ongoing
+        # The second stage adds to the first's evidence (each compared within itself).
+        before = (await store.canary_looks(PROD, limit=1))[0]
+        await _call(http, stack, "stage-two")
+        await _finish(http, stack, "stage-two", 1.0)
+        assert await promoter.watch(state) is None
+        newest = (await store.canary_looks(PROD, limit=1))[0]
+        assert newest.fraction == 0.6 and "(stage 2 of 2, 60%)" in newest.note
+        counted = before.candidate.count + before.target.count
+        assert newest.candidate.count + newest.target.count == counted + 1 == len(served) + 1
+        moves = await store.alias_moves(PROD)
+        assert [(m.reason, untagged(m.model), m.fraction) for m in reversed(moves)] == [
+            ("promote", TINY_NAME, None),
+            ("canary", AT[1], 0.2),
+            ("canary", AT[1], 0.6),
+        ]

@@ -35,12 +35,13 @@ from art_proxy.ruler.rubric import Rubric, load_rubric
 from art_proxy.ruler.scorer import Ruler
 from art_proxy.scenarios import Scenario, load_scenarios
 from art_proxy.teacher import Teacher, scenario_contexts, teacher_context
+from art_proxy_trainer.canary import CanaryPolicy
 from art_proxy_trainer.checkpoint import Checkpoints, TrainerState
 from art_proxy_trainer.distributed import Leader, Ranks, Replica, follow, join, leave
 from art_proxy_trainer.loop import Events, WholeLoop
 from art_proxy_trainer.metrics import MetricsSink
 from art_proxy_trainer.policy import Policy, base_dtype, load_policy, training_device
-from art_proxy_trainer.promoter import CanaryPolicy, Promoter
+from art_proxy_trainer.promoter import Promoter
 from art_proxy_trainer.sidecar import run_sidecar
 from art_proxy_trainer.sleep import UpstreamSleep
 from art_proxy_trainer.swap import AdapterSwapper
@@ -180,12 +181,13 @@ async def _train(
                             min_trajectories=settings.rollback_min_trajectories,
                             margin=settings.rollback_margin,
                             canary=CanaryPolicy(
-                                settings.canary_fraction,
+                                settings.canary_shares,
                                 settings.canary_alpha,
                                 settings.canary_min_effect,
+                                settings.canary_stage_trajectories,
                                 settings.canary_gate_samples,
                             )
-                            if settings.canary_fraction > 0
+                            if settings.canary_shares
                             else None,
                             upstream=settings.upstream[0],
                             upstream_api_key=settings.upstream_api_key,

@@ -13,8 +13,12 @@ a share F of the alias's new trajectories beside the target (the proxy draws eac
 from its id; a trajectory stays on its arm), and after every poll the anytime-valid interval of
 `canary` on the difference in live reward decides: promote, roll back, keep the target (no
 difference worth acting on), or look again. Both arms are measured on the same traffic at the same
-time, so the comparison is of the adapters, not of two periods. Before a canary starts, the newest
-shadow samples the target drew (`--canary-gate-samples`) give an off-policy estimate of the
+time, so the comparison is of the adapters, not of two periods. With several shares
+(`--canary-fraction 0.05 --canary-fraction 0.25`), a stage still holding once it has served
+`--canary-stage-trajectories` scored trajectories on the candidate widens to the next (a `canary`
+move); the evidence is kept across stages, stratified by them (`canary`).
+
+Before a canary starts, the newest shadow samples the target drew (`--canary-gate-samples`) give an off-policy estimate of the
 candidate's reward (`counterfactual`): the candidate and the target each score the samples' tokens
 (`prompt_logprobs` upstream, the same numerics for both), and a candidate the estimate disfavours
 is held back before any user is served by it; the estimate is kept in the canary's move note.
@@ -34,6 +38,7 @@ import asyncio
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 
 import torch
 
@@ -52,12 +57,22 @@ from art_proxy.records import (
 from art_proxy.store.base import utcnow
 from art_proxy.store.trajectory_store import TrajectoryStore
 from art_proxy.teacher import Teacher, TeacherError
-from art_proxy_trainer.canary import MIN_PER_ARM, VERDICTS, ArmRewards, Interval, verdict
+from art_proxy_trainer.canary import (
+    MIN_PER_ARM,
+    VERDICTS,
+    ArmRewards,
+    CanaryPolicy,
+    Interval,
+    Stage,
+    verdict,
+)
 from art_proxy_trainer.checkpoint import TrainerState
 from art_proxy_trainer.counterfactual import ScoredSample, gate, off_policy_estimate
 from art_proxy_trainer.errors import SwapError
 from art_proxy_trainer.sampled import NOT_FILTERED, sampled_from
 from art_proxy_trainer.swap import AdapterSwapper, step_of, step_of_run
+
+MAX_STAGES = 100  # an alias's newest moves read for a canary's stages
 
 
 @dataclass(frozen=True)
@@ -101,35 +116,59 @@ def decide_rollback(
     return Decision(current.mean < previous.mean - margin, note)
 
 
-@dataclass(frozen=True)
-class CanaryPolicy:
-    fraction: float  # the candidate's share of new trajectories
-    alpha: float
-    min_effect: float
-    gate_samples: int = 0  # shadow samples for the off-policy gate (0: no gate)
+# One stage of a canary's evidence: its share, and each arm's live reward while it served it.
+StageRewards = tuple[float, LiveReward, LiveReward]
 
 
 def decide_canary(
-    candidate: LiveReward, current: LiveReward, policy: CanaryPolicy
+    stages: Sequence[StageRewards], policy: CanaryPolicy
 ) -> tuple[CanaryVerdict, str, Interval]:
-    """A canary's verdict on live rewards since it began, its evidence line and interval."""
+    """A canary's verdict on the live rewards of its stages (oldest first, the running one
+    last), its evidence line and interval."""
     decided, bounds = verdict(
-        arm_rewards(candidate),
-        arm_rewards(current),
-        fraction=policy.fraction,
+        [Stage(share, arm_rewards(c), arm_rewards(t)) for share, c, t in stages],
         alpha=policy.alpha,
         min_effect=policy.min_effect,
     )
+    candidate = pooled([c for _, c, _ in stages])
+    current = pooled([t for _, _, t in stages])
     pending = candidate.pending + current.pending
+    share = stages[-1][0]
     note = (
         f"live {candidate.mean or 0:.2f} (n={candidate.count}, {candidate.model}) vs "
-        f"{current.mean or 0:.2f} (n={current.count}, {current.model}): difference "
-        f"{float(bounds.difference):+.3f} [{float(bounds.low):+.3f}, {float(bounds.high):+.3f}] "
-        f"at alpha {policy.alpha:g}"
-    ) + (f", {pending} awaiting a reward" if pending else "")
-    if min(candidate.count, current.count) < MIN_PER_ARM:
-        note = f"{note}; at least {MIN_PER_ARM} scored trajectories an arm before deciding"
+        f"{current.mean or 0:.2f} (n={current.count}, {current.model})"
+    )
+    if counted(stages):
+        note += (
+            f": difference {float(bounds.difference):+.3f} [{float(bounds.low):+.3f}, "
+            f"{float(bounds.high):+.3f}] at alpha {policy.alpha:g}"
+        )
+    if len(policy.fractions) > 1:
+        note += f" (stage {policy.stage(share) + 1} of {len(policy.fractions)}, {share:.0%})"
+    if pending:
+        note += f", {pending} awaiting a reward"
+    if not counted(stages):
+        note += f"; at least {MIN_PER_ARM} scored trajectories an arm before deciding"
     return VERDICTS[int(decided)], note, bounds
+
+
+def counted(stages: Sequence[StageRewards]) -> bool:
+    """Whether any stage has enough scored on each arm to count (an interval to show)."""
+    return any(min(c.count, t.count) >= MIN_PER_ARM for _, c, t in stages)
+
+
+def pooled(stages: Sequence[LiveReward]) -> LiveReward:
+    """One arm's live reward over all its stages (what the page and the note show)."""
+    count = sum(live.count for live in stages)
+    total = math.fsum((live.mean or 0.0) * live.count for live in stages)
+    squares = math.fsum((live.mean_square or 0.0) * live.count for live in stages)
+    return LiveReward(
+        model=stages[0].model,
+        count=count,
+        mean=total / count if count else None,
+        mean_square=squares / count if count else None,
+        pending=sum(live.pending for live in stages),
+    )
 
 
 def arm_rewards(live: LiveReward) -> ArmRewards:
@@ -164,7 +203,7 @@ class Promoter:
         self._margin = margin
         self._canary = canary
         self._stuck: str | None = None  # a target that should roll back to an unloaded one
-        self._looked: tuple[object, ...] | None = None  # the evidence of the last canary look
+        self._looked: object = None  # the evidence of the last canary look
 
     async def start(self) -> None:
         """Point a new production alias at the base model (the target a first promotion is
@@ -220,7 +259,7 @@ class Promoter:
             if running.canary == candidate:
                 return None
             return f"{candidate} waits: the canary of {running.canary} is still deciding"
-        share = self._canary.fraction
+        share = self._canary.fractions[0]
         note = f"val {val:.2f}; {share:.0%} of new trajectories beside {current}"
         if self._canary.gate_samples > 0 and self._upstream is not None:
             passes, evidence = await self._off_policy_gate(candidate, current)
@@ -271,37 +310,69 @@ class Promoter:
         self._swapper.pinned = self._swapper.pinned | {record.canary}  # loaded while it decides
         return record
 
+    async def _stages(self, record: AliasRecord) -> list[StageRewards]:
+        """The running canary's stages, oldest first: each one's share and the live rewards of
+        the trajectories that began while it ran (a widening is a `canary` move of its own)."""
+        assert record.canary is not None and record.canary_since is not None  # the caller's
+        moves = await self._store.alias_moves(self.alias, limit=MAX_STAGES)
+        starts: list[tuple[datetime, float | None]] = [
+            (move.moved_at, move.fraction)
+            for move in reversed(moves)
+            if move.reason == "canary"
+            and move.model == record.canary
+            and move.moved_at >= record.canary_since
+        ] or [(record.canary_since, record.canary_fraction)]
+        ends = [since for since, _ in starts[1:]] + [None]
+        stages: list[StageRewards] = []
+        for (since, share), until in zip(starts, ends, strict=True):
+            live = await self._store.live_rewards(since=since, until=until)
+            stages.append(
+                (
+                    share or record.canary_fraction,
+                    live.get(record.canary) or LiveReward(model=record.canary, count=0, mean=None),
+                    live.get(record.model) or LiveReward(model=record.model, count=0, mean=None),
+                )
+            )
+        return stages
+
     async def _watch_canary(self, state: TrainerState) -> str | None:
         """Decide the running canary, if any, on the live rewards since it began."""
         assert self._canary is not None  # the caller checks
         record = await self._running_canary()
         if record is None or record.canary is None:
             return None
-        live = await self._store.live_rewards(since=record.canary_since)
+        stages = await self._stages(record)
         candidate, current = record.canary, record.model
-        arms = (
-            live.get(candidate) or LiveReward(model=candidate, count=0, mean=None),
-            live.get(current) or LiveReward(model=current, count=0, mean=None),
-        )
-        verdict_, note, bounds = decide_canary(*arms, self._canary)
-        if (record.canary_since, *arms) != self._looked:  # what the page and /metrics show
-            ready = min(arm.count for arm in arms) >= MIN_PER_ARM
+        arms = (pooled([c for _, c, _ in stages]), pooled([t for _, _, t in stages]))
+        share = record.canary_fraction
+        verdict_, note, bounds = decide_canary(stages, self._canary)
+        if (record.canary_since, stages) != self._looked:  # what the page and /metrics show
+            ready = counted(stages)
             look = CanaryLook(
                 alias=self.alias,
                 looked_at=utcnow(),
                 fraction=record.canary_fraction,
                 candidate=arms[0],
                 target=arms[1],
-                difference=float(bounds.difference),
+                # Before any stage counts, the arms' own means (no interval to go with them).
+                difference=float(bounds.difference)
+                if ready
+                else (arms[0].mean or 0.0) - (arms[1].mean or 0.0),
                 low=float(bounds.low) if ready else None,
                 high=float(bounds.high) if ready else None,
                 verdict=verdict_,
                 note=note[:MAX_NOTE],
             )
             await self._store.add_canary_look(look)
-            self._looked = (record.canary_since, *arms)
+            self._looked = (record.canary_since, stages)
         if verdict_ == "hold":
-            return None
+            wider = self._canary.widens(share, stages[-1][1].count)
+            if wider is None:
+                return None
+            error = await self._move(candidate, "canary", note, fraction=wider)
+            if error is not None:
+                return f"the canary of {candidate} could not widen to {wider:.0%}: {error}"
+            return f"canary {candidate} widened to {wider:.0%} of {self.alias}'s new trajectories: {note}"
         if verdict_ == "promote":
             error = await self._move(candidate, "promote", note)
             said = f"promoted {candidate} to {self.alias} after its canary: {note}"

@@ -1,5 +1,6 @@
 """Canary looks: a running canary's evidence at each look of its decider (both arms' live
-rewards, the interval on their difference, the verdict), for the dashboard and /metrics.
+rewards, the interval on their difference, the verdict), for the dashboard and /metrics; and the
+share each canary move set (a canary's stages, its evidence stratified by them).
 
 Revision ID: 0025
 Revises: 0024
@@ -36,8 +37,11 @@ def upgrade() -> None:
         sa.Column("note", sa.String(500), nullable=False),
     )
     op.create_index("ix_canary_looks_alias_looked", "canary_looks", ["alias", "looked_at"])
+    op.add_column("alias_moves", sa.Column("fraction", sa.Float))
 
 
 def downgrade() -> None:
+    with op.batch_alter_table("alias_moves") as batch:
+        batch.drop_column("fraction")
     op.drop_index("ix_canary_looks_alias_looked", "canary_looks")
     op.drop_table("canary_looks")
