@@ -83,13 +83,13 @@ def main(args: argparse.Namespace) -> None:
     from benchmarks.learning_curve import run_engine
     from benchmarks.learning_curve_summary import console
 
-    alone = teacher_alone(HINT, args.threads)
+    alone = teacher_alone(HINT, args.threads) if "OPD, hint" in args.arms else "not run"
     console.print(f"the hint teacher alone (the hint in its prompt): reward {alone}")
     results: list[Result] = []
     for task in args.tasks:
         for seed in range(args.first_seed, args.first_seed + args.seeds):
             trained = None
-            for name in ARMS:
+            for name in args.arms:
                 if name.endswith("trained") and trained is None:
                     continue  # the seed's GRPO run kept no adapter
                 run = run_engine(
@@ -240,6 +240,14 @@ if __name__ == "__main__":
         type=lambda text: text.split(","),
         default=["single-word", "strict"],
         help="comma-separated: single-word, strict",
+    )
+    parser.add_argument(
+        "--arms",
+        type=lambda text: [ARMS[int(i)] for i in text.split(",")],
+        default=list(ARMS),
+        help="comma-separated indexes into "
+        + ", ".join(f"{i}: {a}" for i, a in enumerate(ARMS))
+        + " (the trained teacher's arms need GRPO's)",
     )
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--first-seed", type=int, default=0, help="the seeds run: from this one")
