@@ -97,3 +97,26 @@ async def test_a_move_of_the_alias_ends_its_canary_and_a_canary_needs_an_alias_a
     ):
         status, body = await put_alias(http, canary_proxy, bad)
         assert status == 400 and body["error"]["type"] == "BadRequestError", bad
+
+
+async def test_a_decision_on_a_canary_that_no_longer_runs_is_refused_and_moves_nothing(
+    canary_proxy: RunningProxy, http: aiohttp.ClientSession
+) -> None:
+    """A second trainer (or one that polled before an operator's move) decides on stale
+    evidence: its move names the canary it decides, which has ended, so nothing moves."""
+    await canary(http, canary_proxy, 0.25)
+    [record] = (await admin_get(http, canary_proxy, "/aliases"))["data"]
+    began = record["canary_since"]
+    assert (await put_alias(http, canary_proxy, {"model": TARGET, "reason": "rollback"}))[0] == 200
+    for stale in (
+        {"model": CANDIDATE, "reason": "promote", "canary_since": began},
+        {"model": CANDIDATE, "reason": "canary", "fraction": 0.5, "canary_since": began},
+    ):
+        status, body = await put_alias(http, canary_proxy, stale)
+        assert status == 409 and "no longer running" in body["error"]["message"], body
+    [record] = (await admin_get(http, canary_proxy, "/aliases"))["data"]
+    assert (record["model"], record["canary"]) == (TARGET, None)
+    status, body = await put_alias(
+        http, canary_proxy, {"model": TARGET, "reason": "canary", "fraction": 0.5}
+    )
+    assert status == 409 and "serves" in body["error"]["message"]  # no canary of the target

@@ -8,14 +8,20 @@ trajectories, is below the previous target's by more than the margin.
 from __future__ import annotations
 
 import math
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
 from pydantic import ValidationError
 
 from art_proxy.config import TrainSettings
-from art_proxy.records import FeedbackRequest, FinishRequest, LiveReward, SubjectSelector
+from art_proxy.records import (
+    CanaryLook,
+    FeedbackRequest,
+    FinishRequest,
+    LiveReward,
+    SubjectSelector,
+)
 from art_proxy.store.trajectory_store import TrajectoryStore
 from art_proxy.store.writer import Batch, RowKind
 from art_proxy_trainer.canary import CanaryPolicy
@@ -141,7 +147,12 @@ async def test_live_rewards_average_finished_prod_trajectories_by_their_first_ca
     shadow = trajectory_row(
         "shadow", "inbox", "g-new", at, split="prod", finished_at=at, finish_reason="shadow"
     )
-    await store.write(Batch([shadow, call_row("shadow", 0, "a@2", 10)]))
+    best = trajectory_row(
+        "best", "inbox", "g-new", at, split="prod", finished_at=at, finish_reason="best_of"
+    )
+    await store.write(Batch([shadow, best, call_row("shadow", 0, "a@2", 10)]))
+    await store.write(Batch([call_row("best", 0, "a@2", 10)]))
+    await store.finish("best", FinishRequest(reward=1.0))  # a best-of candidate: not served
     await store.finish("shadow", FinishRequest(reward=0.0))  # rated, still a shadow sample
     assert await store.shadow_rewards("a@2", limit=5) == {"shadow": 0.0}
     assert await store.shadow_rewards("a@1", limit=5) == {}
@@ -177,9 +188,29 @@ async def test_an_erased_trajectory_leaves_a_canarys_evidence(store: TrajectoryS
     assert live["a@2"].count == 12 and live["a@2"].mean_square == 1.0
     verdict, note, _ = decide_canary([(0.5, live["a@2"], live["a@1"])], policy)
     assert verdict == "promote" and "(n=12, a@2)" in note
-    for trajectory_id in candidate[:3]:
-        await store.forget(SubjectSelector(trajectory=trajectory_id))
+    # Looks before the trajectories began, and after: two in a row differ by one reward.
+    for at, n in ((START - timedelta(minutes=1), 0), (START + timedelta(minutes=1), 11)):
+        await store.add_canary_look(look(at, live["a@2"].model_copy(update={"count": n}), live))
+    await store.add_canary_look(look(START + timedelta(minutes=2), live["a@2"], live))
+    erased = [await store.forget(SubjectSelector(trajectory=t)) for t in candidate[:3]]
+    assert sum(e.deleted["canary_looks"] for e in erased) == 2
+    assert [look.candidate.count for look in await store.canary_looks("prod")] == [0]
     live = await store.live_rewards()
     assert live["a@2"].count == 9
     verdict, note, _ = decide_canary([(0.5, live["a@2"], live["a@1"])], policy)
     assert verdict == "hold" and "(n=9, a@2)" in note  # under 10 an arm: no decision yet
+
+
+def look(at: datetime, candidate: LiveReward, live: dict[str, LiveReward]) -> CanaryLook:
+    return CanaryLook(
+        alias="prod",
+        looked_at=at,
+        fraction=0.5,
+        candidate=candidate,
+        target=live["a@1"],
+        difference=1.0,
+        low=None,
+        high=None,
+        verdict="hold",
+        note="a look",
+    )

@@ -206,10 +206,9 @@ class Dashboard:
         """Each alias's newest canary: its arms, the interval as it narrowed, the decision and
         its evidence; the alias's moves with theirs."""
         store = self._store_of(request)
-        moves = await store.alias_moves(limit=MAX_MOVES)
         canaries = []
         for alias in await store.aliases():
-            history = [move for move in moves if move.alias == alias.alias]
+            history = await store.alias_moves(alias.alias, limit=MAX_MOVES)
             stages = _canary_stages(history)
             if not stages:
                 continue

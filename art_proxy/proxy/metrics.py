@@ -37,6 +37,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 from sqlalchemy.exc import SQLAlchemyError
 
+from art_proxy.errors import StoreError
 from art_proxy.records import CanaryLook
 
 from .call_metrics import CALL_BUCKETS
@@ -213,7 +214,7 @@ async def _canary_looks(parts: ProxyParts) -> list[CanaryLook]:
                 await parts.store.canary_looks(record.alias, since=record.canary_since, limit=1)
                 for record in running
             ]
-    except (SQLAlchemyError, OSError, TimeoutError) as exc:
+    except (StoreError, SQLAlchemyError, OSError, TimeoutError) as exc:
         log.warning("/metrics without the canaries' arms: the store did not answer (%s)", exc)
         return []
     return [looks[0] for looks in newest if looks]

@@ -115,6 +115,12 @@ class AliasRequest(Record):
         description="With reason `canary`: the share of new trajectories `model` serves beside "
         "the alias's target, which does not move (0 ends the canary; 1 serves it alone).",
     )
+    canary_since: datetime | None = Field(
+        default=None,
+        description="The move decides (ends, or widens) the canary that began then: refused "
+        "(409) when none or another runs, so a decision taken on stale evidence (a second "
+        "trainer, an operator's move in between) never resurrects or overrides one.",
+    )
 
     @model_validator(mode="after")
     def _a_canary_has_a_share(self) -> AliasRequest:

@@ -38,7 +38,7 @@ from art_proxy.store.rows import Batch
 
 T, C, F, J = schema.trajectories, schema.calls, schema.feedback, schema.judgments
 G, S, CG, TS = schema.groups, schema.scenarios, schema.consumed_groups, schema.training_steps
-SC, TSC = schema.step_claims, schema.teacher_scores
+SC, TSC, CL = schema.step_claims, schema.teacher_scores, schema.canary_looks
 
 # Trajectories deleted per transaction: a tenant's thousands never hold the writer for long.
 BATCH = 200
@@ -108,7 +108,9 @@ class ErasureRecords(StoreBase):
         fence = fences.Fence(fences.FENCE_UP, uuid.uuid4().hex)
         await self._fence(fences.subject_keys(subject), fence)
         lineage = found = await self.lineage(subject)
-        deleted = dict.fromkeys(("trajectories", "calls", "feedback", "judgments", "groups"), 0)
+        deleted = dict.fromkeys(
+            ("trajectories", "calls", "feedback", "judgments", "groups", "canary_looks"), 0
+        )
         scenarios: set[str] = set()
         # Read again after deleting: a record committed between the fence and the first read (on
         # SQLite a writer reads the fences just before it takes the write lock).
@@ -118,6 +120,7 @@ class ErasureRecords(StoreBase):
                 batch = ids[start : start + BATCH]
                 async with self._transaction() as connection:
                     await self._put(connection, fences.trajectory_keys(batch), fence)
+                    deleted["canary_looks"] += await _delete_canary_looks_after(connection, batch)
                     counts, touched, _ = await _delete_trajectories(connection, batch)
                 scenarios |= touched
                 for table, count in counts.items():
@@ -182,6 +185,7 @@ class ErasureRecords(StoreBase):
             return Expired([], {})
         async with self._transaction() as connection:
             deleted, scenarios, groups = await _delete_trajectories(connection, ids)
+            deleted["canary_looks"] = await _delete(connection, CL, CL.c.looked_at < before)
             deleted["groups"] = await _delete_orphan_groups(connection, groups)
             deleted["scenarios"] = await _clear_openings(connection, sorted(scenarios))
         return Expired(ids, deleted)
@@ -284,6 +288,18 @@ async def _delete_trajectories(
         "judgments": judgments_deleted,
     }
     return counts, {row.scenario_id for row in rows}, groups
+
+
+async def _delete_canary_looks_after(connection: AsyncConnection, trajectory_ids: list[str]) -> int:
+    """A canary's looks from the first of these production trajectories on: each look holds
+    its arms' counts and means, and two looks in a row differ by about one trajectory's reward,
+    so an erased trajectory's would be read back from them. The next look recomputes without it."""
+    first = (
+        sa.select(sa.func.min(T.c.created_at))
+        .where(T.c.id.in_(trajectory_ids), T.c.split == "prod")
+        .scalar_subquery()
+    )
+    return await _delete(connection, CL, CL.c.looked_at >= first)
 
 
 async def _delete_orphan_groups(connection: AsyncConnection, groups: list[str]) -> int:

@@ -103,12 +103,13 @@ class FeedbackRecords(StoreBase):
         """Served model -> the live reward of the finished `prod` trajectories that started in
         [since, until) (None: unbounded). A trajectory counts for the model of its first call:
         the alias may move mid-conversation, and the opening is what it was served by. Shadow
-        samples are left out: no user saw them, and each repeats a served trajectory's prompt, so
-        counting them would count one conversation several times."""
+        samples and best-of candidates are left out: each repeats a served conversation's prompt
+        (a best-of call's answer is its served trajectory), so counting them would count one
+        conversation several times."""
         query = sa.select(T.c.id, T.c.group_id, T.c.reward, _first_model().label("model")).where(
             T.c.split == "prod",
             T.c.status == "finished",
-            sa.or_(T.c.finish_reason.is_(None), T.c.finish_reason != "shadow"),
+            sa.or_(T.c.finish_reason.is_(None), T.c.finish_reason.notin_(("shadow", "best_of"))),
         )
         if since is not None:
             query = query.where(T.c.created_at >= since)

@@ -17,7 +17,7 @@ from typing import Literal
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 
-from art_proxy.errors import GroupAlreadyConsumed, NotFound
+from art_proxy.errors import Conflict, GroupAlreadyConsumed, NotFound
 from art_proxy.records import (
     AliasMove,
     AliasRecord,
@@ -59,7 +59,20 @@ class TrainingRecords(StoreBase):
                 .first()
             )
             previous = current["model"] if current is not None else None
+            running = current["canary_since"] if current is not None else None
+            if request.canary_since is not None and (
+                running is None or aware(running) != request.canary_since
+            ):
+                raise Conflict(
+                    f"alias {alias!r}: the canary that began {request.canary_since.isoformat()} "
+                    "is no longer running; nothing moved"
+                )
             if request.reason == "canary":
+                if current is not None and current["model"] == request.model:
+                    raise Conflict(
+                        f"alias {alias!r} serves {request.model!r} already: a canary runs "
+                        "another model beside it"
+                    )
                 if current is None:
                     raise NotFound(
                         f"alias {alias!r} does not exist: a canary runs beside an alias's target"

@@ -56,6 +56,17 @@ def test_equal_arms_are_promoted_or_rolled_back_at_most_alphas_share_under_conti
     assert moved.double().mean().item() <= ALPHA
 
 
+@pytest.mark.parametrize(("fraction", "rate"), [(0.05, 0.9), (0.05, 0.05), (0.5, 0.95)])
+def test_the_error_rate_holds_where_a_small_arm_is_often_all_successes_or_all_failures(
+    fraction: float, rate: float
+) -> None:
+    """A 5% arm at a base rate of 0.9 is all 1s after its first 10 trajectories a third of
+    the time: a variance of 0 there would move a quarter of equal canaries."""
+    decisions, _ = simulated(4_000, 1_000, fraction, (rate, rate), seed=5)
+    moved = (decisions == VERDICTS.index("promote")) | (decisions == VERDICTS.index("rollback"))
+    assert moved.double().mean().item() <= ALPHA
+
+
 def test_a_difference_of_a_tenth_is_found_either_way() -> None:
     better, when = simulated(200, 3_000, 0.5, (0.6, 0.5), seed=2)
     worse, _ = simulated(200, 3_000, 0.5, (0.4, 0.5), seed=3)

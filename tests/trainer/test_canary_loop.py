@@ -9,6 +9,7 @@ arms are rated by which adapter answered, so the candidate is clearly better.
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -101,17 +102,19 @@ async def test_a_canary_is_gated_off_policy_split_sticky_and_promoted_on_live_re
         for index in range(6):
             assert await _call(http, stack, f"before-{index}") == TINY_NAME
             await _finish(http, stack, f"before-{index}", 0.5)
-        # Sampled at another temperature: its shadow samples cannot be reweighed.
+        # Sampled at another temperature, or greedily: their shadow samples cannot be reweighed.
         await _call(http, stack, "warm", temperature=0.7)
         await _finish(http, stack, "warm", 0.5)
+        await _call(http, stack, "greedy", temperature=0)
+        await _finish(http, stack, "greedy", 0.5)
         shadows: list[str] = []
         for _ in range(100):
             trajectories = await store.trajectories(split="prod", limit=100)
             shadows = sorted(t.id for t in trajectories if t.finish_reason == "shadow")
-            if len(shadows) == 7 * SHADOWS:
+            if len(shadows) == 8 * SHADOWS:
                 break
             await asyncio.sleep(0.1)
-        assert len(shadows) == 7 * SHADOWS
+        assert len(shadows) == 8 * SHADOWS
         for index, trajectory in enumerate(shadows):  # rated as a judge would rate them
             rated = FeedbackRequest(trajectory_id=trajectory, score=index % 2, as_reward=True)
             await store.add_feedback(rated)
@@ -125,7 +128,7 @@ async def test_a_canary_is_gated_off_policy_split_sticky_and_promoted_on_live_re
         assert "off-policy 0.50 from 12 shadow samples (effective 12.0, 0 weights truncated)" in (
             started
         )
-        assert "vs 0.50 on-policy" in started and "2 samples could not be reweighed" in started
+        assert "vs 0.50 on-policy" in started and "4 samples could not be reweighed" in started
 
         # Live: each new conversation on its arm, rated by which adapter answered it.
         served: dict[str, str] = {}
@@ -200,6 +203,9 @@ async def test_a_staged_canary_widens_keeps_its_arms_and_its_evidence_by_stage(
         assert (await swapper.swap(1, _adapter(stack.model_dir, tmp_path / "a1"))).status == (
             "swapped"
         )
+        # Validated clearly below the target: no user sees it.
+        held = untagged(await promoter.consider({AT[1]: 0.3}, state) or "")
+        assert held == f"no canary for {AT[1]}: val 0.30 below 0.50 ({TINY_NAME}) by more than 0.05"
         started = untagged(await promoter.consider({AT[1]: 0.6}, state) or "")
         assert started.startswith(f"canary {AT[1]} on 20% of {PROD}'s new trajectories")
         began = next(a for a in await store.aliases() if a.alias == PROD).canary_since
@@ -237,3 +243,64 @@ async def test_a_staged_canary_widens_keeps_its_arms_and_its_evidence_by_stage(
             ("canary", AT[1], 0.2),
             ("canary", AT[1], 0.6),
         ]
+
+
+async def test_metrics_answer_without_the_canary_when_the_store_cannot_read_its_looks(
+    shadowed: Stack, tmp_path: Path
+) -> None:
+    """A running canary whose looks the store cannot read (their table gone: the store answers
+    with an error): /metrics still answers, every other series in it."""
+    stack = shadowed
+    async with aiohttp.ClientSession() as http:
+        adapter = {"lora_name": "deployed@1", "lora_path": str(_adapter(stack.model_dir, tmp_path))}
+        async with http.post(f"{stack.llm.base_url}/load_lora_adapter", json=adapter) as response:
+            assert response.status == 200
+        admin = f"{stack.proxy.root_url}/art/v1/aliases/{PROD}"
+        async with http.put(admin, json={"model": TINY_NAME, "reason": "promote"}) as response:
+            assert response.status == 200
+        canary = {"model": "deployed@1", "reason": "canary", "fraction": 0.5}
+        async with http.put(admin, json=canary) as response:
+            assert response.status == 200, await response.text()
+        path = stack.store_url.removeprefix("sqlite:///")
+        with sqlite3.connect(path) as connection:
+            connection.execute("DROP TABLE canary_looks")
+        async with http.get(f"{stack.proxy.root_url}/metrics") as response:
+            text = await response.text()
+            assert response.status == 200, text
+    assert "art_proxy_store_available" in text and "art_proxy_canary_reward{" not in text
+
+
+async def test_a_canary_given_all_the_traffic_by_hand_is_said_once_and_never_crashes_the_trainer(
+    shadowed: Stack, tmp_path: Path
+) -> None:
+    stack = shadowed
+    state = TrainerState(run="run", validated={TINY_NAME: 0.5})
+    policy = CanaryPolicy(fractions=(0.5,), alpha=0.05, min_effect=0.05)
+    async with (
+        TrajectoryStore.opened(stack.store_url, writer=False) as store,
+        aiohttp.ClientSession() as http,
+        swapper_for(stack) as swapper,
+    ):
+        await swapper.check_base_model({TINY_NAME})
+        promoter = Promoter(PROD, store, swapper, min_trajectories=4, margin=0.05, canary=policy)
+        await promoter.start()
+        assert (await swapper.swap(1, _adapter(stack.model_dir, tmp_path / "a1"))).status == (
+            "swapped"
+        )
+        await promoter.consider({AT[1]: 0.6}, state)
+        loaded = [m for m in await _served(http, stack) if untagged(m) == AT[1]]
+        everything = {"model": loaded[0], "reason": "canary", "fraction": 1.0}
+        admin = f"{stack.proxy.root_url}/art/v1/aliases/{PROD}"
+        async with http.put(admin, json=everything) as response:
+            assert response.status == 200, await response.text()
+        for index in range(3):
+            await _call(http, stack, f"all-{index}")
+            await _finish(http, stack, f"all-{index}", 1.0)
+        said = await promoter.watch(state)
+        assert said is not None and "serves 100% of prod-agent's new trajectories" in said
+        assert await promoter.watch(state) is None  # said once
+
+
+async def _served(http: aiohttp.ClientSession, stack: Stack) -> list[str]:
+    async with http.get(f"{stack.llm.base_url}/models") as response:
+        return [model["id"] for model in (await response.json())["data"]]

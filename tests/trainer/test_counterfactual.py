@@ -42,7 +42,7 @@ def test_weights_are_truncated_at_the_cap_and_nothing_estimates_nothing() -> Non
     assert str(off_policy_estimate([])) == "no shadow samples to estimate from"
     assert (
         str(estimate)
-        == "off-policy 0.80 from 2 shadow samples (effective 1.5, 1 weights truncated)"
+        == "off-policy 0.80 from 2 shadow samples (effective 1.0, 1 weights truncated)"
     )
     with pytest.raises(ValueError, match="same tokens"):
         off_policy_estimate([ScoredSample(1.0, [0.0], [])])
@@ -66,3 +66,18 @@ def test_the_gate_holds_back_only_a_candidate_clearly_below_on_enough_effective_
         True,
         "no shadow samples to estimate from",
     )
+
+
+def test_weights_all_truncated_are_no_evidence_however_even_they_look() -> None:
+    """Every sample e^30 likelier under the candidate: truncated, all weights are the cap and
+    would look like 40 effective samples; untruncated they are what they are, and the gate does
+    not hold the candidate back on them."""
+    samples = [ScoredSample(float(i % 2), [0.0] * 30, [-1.0] * 30) for i in range(40)]
+    estimate = off_policy_estimate(samples)
+    assert estimate.truncated == 40 and estimate.effective_samples == pytest.approx(40)
+    uneven = [ScoredSample(float(i % 2), [0.0] * (30 + i), [-1.0] * (30 + i)) for i in range(40)]
+    estimate = off_policy_estimate(uneven)
+    assert estimate.effective_samples < 3  # the longest few dominate before the cap
+    wild = OffPolicyEstimate(0.1, 40.0, samples=40, truncated=40)
+    passes, said = gate(wild, 0.5, min_effect=0.05)
+    assert passes and said.endswith("too many weights truncated to hold it back")

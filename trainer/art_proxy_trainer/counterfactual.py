@@ -55,21 +55,26 @@ class OffPolicyEstimate:
 
 
 def off_policy_estimate(samples: Sequence[ScoredSample], cap: float = 10.0) -> OffPolicyEstimate:
-    """The candidate's self-normalised importance-weighted mean reward over `samples`."""
-    weights = []
-    truncated = 0
+    """The candidate's self-normalised importance-weighted mean reward over `samples`; its
+    effective sample size is of the weights before truncation (truncated ones, all at the cap,
+    would look evenly spread)."""
+    log_weights = []
     for sample in samples:
         if len(sample.candidate_logprobs) != len(sample.sampler_logprobs):
             raise ValueError("a sample's candidate and sampler logprobs must cover the same tokens")
-        log_weight = math.fsum(sample.candidate_logprobs) - math.fsum(sample.sampler_logprobs)
-        weight = math.exp(min(log_weight, math.log(cap)))
-        truncated += log_weight > math.log(cap)
-        weights.append(weight)
+        log_weights.append(
+            math.fsum(sample.candidate_logprobs) - math.fsum(sample.sampler_logprobs)
+        )
+    if not samples:
+        return OffPolicyEstimate(None, 0.0, 0, 0)
+    weights = [math.exp(min(w, math.log(cap))) for w in log_weights]
+    truncated = sum(w > math.log(cap) for w in log_weights)
     total = math.fsum(weights)
-    if not samples or total == 0:
-        return OffPolicyEstimate(None, 0.0, len(samples), truncated)
     mean = math.fsum(w * s.reward for w, s in zip(weights, samples, strict=True)) / total
-    effective = total * total / math.fsum(w * w for w in weights)
+    # (sum w)^2 / sum w^2 from the untruncated log-weights, scaled by their largest.
+    top = max(log_weights)
+    raw = [math.exp(w - top) for w in log_weights]
+    effective = math.fsum(raw) ** 2 / math.fsum(w * w for w in raw)
     return OffPolicyEstimate(mean, effective, len(samples), truncated)
 
 
@@ -81,6 +86,8 @@ def gate(estimate: OffPolicyEstimate, on_policy: float, min_effect: float) -> tu
     line = f"{estimate} vs {on_policy:.2f} on-policy"
     if estimate.effective_samples < MIN_EFFECTIVE:
         return True, f"{line}: too few effective samples to hold it back"
+    if estimate.truncated * 2 > estimate.samples:
+        return True, f"{line}: too many weights truncated to hold it back"
     if estimate.mean < on_policy - min_effect:
         return False, f"{line}: below by more than {min_effect:g}"
     return True, line

@@ -259,6 +259,12 @@ class Promoter:
             if running.canary == candidate:
                 return None
             return f"{candidate} waits: the canary of {running.canary} is still deciding"
+        current_val = state.validated.get(current)
+        if current_val is not None and val < current_val - self._canary.min_effect:
+            return (
+                f"no canary for {candidate}: val {val:.2f} below {current_val:.2f} ({current}) by "
+                f"more than {self._canary.min_effect:g}"
+            )
         share = self._canary.fractions[0]
         note = f"val {val:.2f}; {share:.0%} of new trajectories beside {current}"
         if self._canary.gate_samples > 0 and self._upstream is not None:
@@ -341,8 +347,17 @@ class Promoter:
         record = await self._running_canary()
         if record is None or record.canary is None:
             return None
-        stages = await self._stages(record)
         candidate, current = record.canary, record.model
+        if not 0 < record.canary_fraction < 1:  # set by hand: no arm to compare with
+            if self._stuck == candidate:
+                return None  # said once; the sidecar asks every poll
+            self._stuck = candidate
+            return (
+                f"the canary of {candidate} serves {record.canary_fraction:.0%} of {self.alias}'s "
+                f"new trajectories, so {current} serves none to compare it with: move the alias, "
+                "or give the canary a share below 1"
+            )
+        stages = await self._stages(record)
         arms = (pooled([c for _, c, _ in stages]), pooled([t for _, _, t in stages]))
         share = record.canary_fraction
         verdict_, note, bounds = decide_canary(stages, self._canary)
@@ -369,23 +384,27 @@ class Promoter:
             wider = self._canary.widens(share, stages[-1][1].count)
             if wider is None:
                 return None
-            error = await self._move(candidate, "canary", note, fraction=wider)
+            error = await self._move(
+                candidate, "canary", note, fraction=wider, canary_since=record.canary_since
+            )
             if error is not None:
                 return f"the canary of {candidate} could not widen to {wider:.0%}: {error}"
             return f"canary {candidate} widened to {wider:.0%} of {self.alias}'s new trajectories: {note}"
+        began = record.canary_since
         if verdict_ == "promote":
-            error = await self._move(candidate, "promote", note)
+            error = await self._move(candidate, "promote", note, canary_since=began)
             said = f"promoted {candidate} to {self.alias} after its canary: {note}"
         else:
             reason: MoveReason = "rollback" if verdict_ == "rollback" else "kept"
-            error = await self._move(current, reason, note)
+            error = await self._move(current, reason, note, canary_since=began)
             if verdict_ == "rollback":
-                state.rolled_back.append(candidate)
                 said = f"canary {candidate} rolled back, {self.alias} stays on {current}: {note}"
             else:
                 said = f"canary {candidate} ended, no difference worth acting on: {note}"
-        if error is not None:
+        if error is not None:  # the next poll decides again
             return f"the canary of {candidate} decided ({verdict_}) but the move failed: {error}"
+        if verdict_ == "rollback" and candidate not in state.rolled_back:
+            state.rolled_back.append(candidate)
         self._swapper.pinned = set()
         return said
 
@@ -430,14 +449,26 @@ class Promoter:
         return moves
 
     async def _move(
-        self, model: str, reason: MoveReason, note: str, *, fraction: float | None = None
+        self,
+        model: str,
+        reason: MoveReason,
+        note: str,
+        *,
+        fraction: float | None = None,
+        canary_since: datetime | None = None,
     ) -> str | None:
-        """Move the alias (`fraction`: start its canary); why it did not move (None: moved). An
-        unreachable proxy is data here: the alias stays, and the next step or poll tries
-        again."""
+        """Move the alias (`fraction`: start or widen its canary; `canary_since`: the move
+        decides the canary that began then, refused if it no longer runs); why it did not move
+        (None: moved). An unreachable proxy is data here: the alias stays, and the next step or
+        poll tries again."""
         step = step_of(model, self._swapper.alias) or None
         request = AliasRequest(
-            model=model, step=step, reason=reason, note=note[:MAX_NOTE], fraction=fraction
+            model=model,
+            step=step,
+            reason=reason,
+            note=note[:MAX_NOTE],
+            fraction=fraction,
+            canary_since=canary_since,
         )
         try:
             return await self._swapper.move_alias(self.alias, request)
@@ -448,8 +479,15 @@ class Promoter:
 def _reweighable(call: CallRecord) -> bool:
     """Whether a shadow sample's tokens were drawn from the model's raw distribution (what
     `prompt_logprobs` gives), with its ids recorded."""
+    temperature = call.sampling.get("temperature")
+    drawn = temperature is None or (  # greedy decoding is no draw: its weights mean nothing
+        isinstance(temperature, int | float)
+        and not isinstance(temperature, bool)
+        and float(temperature) == 1.0
+    )
     return (
-        call.prompt_token_ids is not None
+        drawn
+        and call.prompt_token_ids is not None
         and call.completion_token_ids is not None
         and len(call.completion_token_ids) == 1
         and sampled_from(call) == NOT_FILTERED

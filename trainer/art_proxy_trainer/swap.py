@@ -237,13 +237,17 @@ class AdapterSwapper:
                 self._loaded.append(name)
 
     async def _unload_beyond_keep(self) -> None:
-        """Unload adapters older than the last `keep`, except those an alias, an open
-        trajectory's lease or `pinned` holds."""
+        """Unload adapters older than the last `keep`, except those an alias (its target or its
+        canary), an open trajectory's lease or `pinned` holds."""
         beyond = list(self._loaded)[: max(0, len(self._loaded) - self._keep)]
         if not beyond:
             return
         try:
-            aliased = {record.model for record in await self.aliases()}
+            records = await self.aliases()
+            # A running canary's candidate serves its share of the alias: held like the target.
+            aliased = {record.model for record in records} | {
+                record.canary for record in records if record.canary is not None
+            }
             pinned = self.pinned | set(self._held) | aliased | await self.leased()
         except SwapError:
             return  # pins unknown: a spare adapter costs memory, a pinned one gone fails calls
