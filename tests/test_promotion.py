@@ -99,7 +99,10 @@ def test_the_production_alias_needs_swapping_and_a_training_alias_of_its_own(
 # --- the store's live rewards ---------------------------------------------------------------------
 
 
-def call_row(trajectory_id: str, seq: int, model: str, minutes: int) -> tuple[RowKind, Any]:
+def call_row(
+    trajectory_id: str, seq: int, model: str, minutes: int, asked: str | None = None
+) -> tuple[RowKind, Any]:
+    """A call served by `model`, the client having asked for `asked` (None: `model` itself)."""
     return (
         RowKind.call,
         {
@@ -114,7 +117,7 @@ def call_row(trajectory_id: str, seq: int, model: str, minutes: int) -> tuple[Ro
             "http_status": 200,
             "stream": False,
             "model": model,
-            "request": {},
+            "request": {"model": asked or model},
             "sampling": {},
             "trainable": False,
             "stitched": False,
@@ -135,7 +138,7 @@ async def test_live_rewards_average_finished_prod_trajectories_by_their_first_ca
     await store.write(
         Batch(
             [
-                call_row(old[0], 0, "a@1", 0),
+                call_row(old[0], 0, "a@1", 0, asked="prod"),
                 call_row(old[1], 0, "a@1", 0),
                 call_row(old[1], 1, "a@2", 10),
                 *(call_row(t, 0, "a@2", 10) for t in new + val),
@@ -167,6 +170,9 @@ async def test_live_rewards_average_finished_prod_trajectories_by_their_first_ca
         "a@1": (2, 0.3),
         "a@2": (3, 0.6),
     }
+    # Through the alias only: another app calling a@1 by its name is not the alias's traffic.
+    through = await store.live_rewards(alias="prod")
+    assert {model: (r.count, r.mean) for model, r in through.items()} == {"a@1": (1, 0.2)}
     cut = START + timedelta(minutes=5)
     assert set(await store.live_rewards(since=cut)) == {"a@2"}
     assert set(await store.live_rewards(until=cut)) == {"a@1"}

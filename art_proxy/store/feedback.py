@@ -98,14 +98,18 @@ class FeedbackRecords(StoreBase):
         ]
 
     async def live_rewards(
-        self, since: datetime | None = None, until: datetime | None = None
+        self,
+        since: datetime | None = None,
+        until: datetime | None = None,
+        alias: str | None = None,
     ) -> dict[str, LiveReward]:
         """Served model -> the live reward of the finished `prod` trajectories that started in
         [since, until) (None: unbounded). A trajectory counts for the model of its first call:
         the alias may move mid-conversation, and the opening is what it was served by. Shadow
         samples and best-of candidates are left out: each repeats a served conversation's prompt
         (a best-of call's answer is its served trajectory), so counting them would count one
-        conversation several times."""
+        conversation several times. `alias`: only the trajectories whose first call asked for
+        it (a canary's arms are its alias's traffic, not every app's calls to the same model)."""
         query = sa.select(T.c.id, T.c.group_id, T.c.reward, _first_model().label("model")).where(
             T.c.split == "prod",
             T.c.status == "finished",
@@ -115,6 +119,8 @@ class FeedbackRecords(StoreBase):
             query = query.where(T.c.created_at >= since)
         if until is not None:
             query = query.where(T.c.created_at < until)
+        if alias is not None:
+            query = query.where(_first_call(C.c.request["model"].as_string()) == alias)
         rows = [row for row in await self._all(query) if row["model"] is not None]
         rewards: dict[str, list[float]] = {}
         pending: dict[str, int] = {}
@@ -188,8 +194,13 @@ def _feedback(row: JsonObject) -> Feedback:
 
 def _first_model() -> sa.ScalarSelect[str]:
     """The model a trajectory's first call was served by."""
+    return _first_call(C.c.model)
+
+
+def _first_call(column: sa.ColumnElement[str]) -> sa.ScalarSelect[str]:
+    """`column` of a trajectory's first call."""
     return (
-        sa.select(C.c.model)
+        sa.select(column)
         .where(C.c.trajectory_id == T.c.id)
         .order_by(C.c.seq)
         .limit(1)

@@ -331,7 +331,7 @@ class Promoter:
         ends = [since for since, _ in starts[1:]] + [None]
         stages: list[StageRewards] = []
         for (since, share), until in zip(starts, ends, strict=True):
-            live = await self._store.live_rewards(since=since, until=until)
+            live = await self._store.live_rewards(since=since, until=until, alias=self.alias)
             stages.append(
                 (
                     share or record.canary_fraction,
@@ -419,8 +419,10 @@ class Promoter:
         promoted, previous = moves[0], moves[0].previous
         # The previous target's own serving period: from the move to it until the promotion.
         since = moves[1].moved_at if len(moves) > 1 and moves[1].model == previous else None
-        live = await self._store.live_rewards(since=promoted.moved_at)
-        before = await self._store.live_rewards(since=since, until=promoted.moved_at)
+        live = await self._store.live_rewards(since=promoted.moved_at, alias=self.alias)
+        before = await self._store.live_rewards(
+            since=since, until=promoted.moved_at, alias=self.alias
+        )
         decision = decide_rollback(
             live.get(promoted.model) or LiveReward(model=promoted.model, count=0, mean=None),
             before.get(previous) or LiveReward(model=previous, count=0, mean=None),
