@@ -202,6 +202,13 @@ class TrainSettings(JudgeChoice, UpstreamSettings, StoreSettings, ReportSettings
         "serves on the candidate, still undecided, before it widens to the next share (at "
         "least 10: a stage's evidence counts from 10 an arm).",
     )
+    canary_max_trajectories: int = Field(
+        6000,
+        ge=20,
+        description="A canary still undecided once this many of its trajectories are scored "
+        "ends with the target kept (an equal candidate can take thousands to tell apart), so a "
+        "newer candidate gets its turn.",
+    )
     canary_gate_samples: int = Field(
         64,
         ge=0,
@@ -464,6 +471,8 @@ class TrainSettings(JudgeChoice, UpstreamSettings, StoreSettings, ReportSettings
             raise ValueError(
                 "--canary-fraction splits the production alias's traffic: it needs --promote-alias"
             )
+        if 0 in shares:
+            raise ValueError("--canary-fraction 0 means no canary: give it alone, or drop it")
         if any(not 0 < share < 1 for share in shares):
             raise ValueError(
                 "--canary-fraction must be below 1: the target keeps a share to compare with "

@@ -73,6 +73,7 @@ class CanaryView:
     looks: list[CanaryLook]  # oldest first
     chart: Chart | None
     moves: list[AliasMove]  # the alias's history, newest first
+    stages: int  # its shares so far (a widening is a stage)
 
 
 @dataclass(frozen=True)
@@ -216,7 +217,9 @@ class Dashboard:
             looks = await store.canary_looks(alias.alias, since=stages[0].moved_at, limit=MAX_LOOKS)
             looks.reverse()
             canaries.append(
-                CanaryView(alias, stages[0], running, looks, canary_chart(looks), history)
+                CanaryView(
+                    alias, stages[0], running, looks, canary_chart(looks), history, len(stages)
+                )
             )
         return self._page("production.html", canaries=canaries)
 

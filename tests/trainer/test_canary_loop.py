@@ -304,3 +304,35 @@ async def test_a_canary_given_all_the_traffic_by_hand_is_said_once_and_never_cra
 async def _served(http: aiohttp.ClientSession, stack: Stack) -> list[str]:
     async with http.get(f"{stack.llm.base_url}/models") as response:
         return [model["id"] for model in (await response.json())["data"]]
+
+
+async def test_a_canary_undecided_after_its_budget_ends_with_the_target_kept(
+    shadowed: Stack, tmp_path: Path
+) -> None:
+    stack = shadowed
+    state = TrainerState(run="run", validated={TINY_NAME: 0.5})
+    policy = CanaryPolicy((0.5,), alpha=0.05, min_effect=0.05, max_trajectories=24)
+    async with (
+        TrajectoryStore.opened(stack.store_url, writer=False) as store,
+        aiohttp.ClientSession() as http,
+        swapper_for(stack) as swapper,
+    ):
+        await swapper.check_base_model({TINY_NAME})
+        promoter = Promoter(PROD, store, swapper, min_trajectories=4, margin=0.05, canary=policy)
+        await promoter.start()
+        assert (await swapper.swap(1, _adapter(stack.model_dir, tmp_path / "a1"))).status == (
+            "swapped"
+        )
+        await promoter.consider({AT[1]: 0.6}, state)
+        said = None
+        for index in range(24):  # the same rewards on both arms: never decided
+            await _call(http, stack, f"even-{index}")
+            await _finish(http, stack, f"even-{index}", float(index // 2 % 2))
+            said = await promoter.watch(state)
+            if index < 23:
+                assert said is None
+        assert said is not None and "undecided after 24 scored trajectories" in said
+        assert untagged(said).startswith(f"canary {AT[1]} ended, no difference worth acting on")
+        record = next(a for a in await store.aliases() if a.alias == PROD)
+        assert (record.model, record.canary) == (TINY_NAME, None)
+        assert (await store.alias_moves(PROD, limit=1))[0].reason == "kept"

@@ -101,6 +101,7 @@ class CanaryPolicy:
     min_effect: float
     stage_trajectories: int = 30
     gate_samples: int = 0
+    max_trajectories: int = 6000  # scored, both arms: undecided by then, the target is kept
 
     def __post_init__(self) -> None:
         shares = self.fractions

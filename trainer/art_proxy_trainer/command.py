@@ -186,6 +186,7 @@ async def _train(
                                 settings.canary_min_effect,
                                 settings.canary_stage_trajectories,
                                 settings.canary_gate_samples,
+                                settings.canary_max_trajectories,
                             )
                             if settings.canary_shares
                             else None,

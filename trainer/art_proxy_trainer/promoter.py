@@ -380,6 +380,10 @@ class Promoter:
             )
             await self._store.add_canary_look(look)
             self._looked = (record.canary_since, stages)
+        scored = arms[0].count + arms[1].count
+        if verdict_ == "hold" and scored >= self._canary.max_trajectories:
+            verdict_ = "keep"  # undecided for too long: the target stays, a newer one may try
+            note = f"{note}; undecided after {scored} scored trajectories"
         if verdict_ == "hold":
             wider = self._canary.widens(share, stages[-1][1].count)
             if wider is None:
