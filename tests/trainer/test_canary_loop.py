@@ -11,6 +11,8 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
@@ -25,6 +27,7 @@ from art_proxy.store.trajectory_store import TrajectoryStore
 from art_proxy_trainer.canary import CanaryPolicy
 from art_proxy_trainer.checkpoint import TrainerState
 from art_proxy_trainer.promoter import Promoter
+from art_proxy_trainer.swap import AdapterSwapper
 from tests.conftest import proxy_settings
 from tests.trainer.agents import untagged
 from tests.trainer.conftest import TINY_NAME, Stack
@@ -50,6 +53,46 @@ async def shadowed(tiny_model_dir: Path, tmp_path: Path) -> AsyncIterator[Stack]
         )
         async with running_proxy(settings) as proxy:
             yield Stack(llm, proxy, store_url, tiny_model_dir)
+
+
+@dataclass
+class Harness:
+    """The tiny stack's store, a client, the adapter swapper and a started promoter."""
+
+    store: TrajectoryStore
+    http: aiohttp.ClientSession
+    swapper: AdapterSwapper
+    promoter: Promoter
+    state: TrainerState
+
+    async def swap_candidate(self, stack: Stack, out: Path) -> None:
+        """Step 1's adapter (B = 0: the base's weights), loaded and the training alias on it."""
+        assert (await self.swapper.swap(1, _adapter(stack.model_dir, out))).status == "swapped"
+
+
+@asynccontextmanager
+async def harness(
+    stack: Stack, policy: CanaryPolicy, *, upstream: str | None = None
+) -> AsyncIterator[Harness]:
+    async with (
+        TrajectoryStore.opened(stack.store_url, writer=False) as store,
+        aiohttp.ClientSession() as http,
+        swapper_for(stack) as swapper,
+    ):
+        await swapper.check_base_model({TINY_NAME})
+        promoter = Promoter(
+            PROD,
+            store,
+            swapper,
+            min_trajectories=4,
+            margin=0.05,
+            canary=policy,
+            upstream=upstream,
+        )
+        await promoter.start()
+        yield Harness(
+            store, http, swapper, promoter, TrainerState(run="run", validated={TINY_NAME: 0.5})
+        )
 
 
 async def _call(
@@ -80,24 +123,9 @@ async def test_a_canary_is_gated_off_policy_split_sticky_and_promoted_on_live_re
     shadowed: Stack, tmp_path: Path
 ) -> None:
     stack = shadowed
-    state = TrainerState(run="run", validated={TINY_NAME: 0.5})
     policy = CanaryPolicy(fractions=(0.5,), alpha=0.05, min_effect=0.05, gate_samples=64)
-    async with (
-        TrajectoryStore.opened(stack.store_url, writer=False) as store,
-        aiohttp.ClientSession() as http,
-        swapper_for(stack) as swapper,
-    ):
-        await swapper.check_base_model({TINY_NAME})
-        promoter = Promoter(
-            PROD,
-            store,
-            swapper,
-            min_trajectories=4,
-            margin=0.05,
-            canary=policy,
-            upstream=stack.llm.base_url,
-        )
-        await promoter.start()
+    async with harness(stack, policy, upstream=stack.llm.base_url) as h:
+        store, http, promoter, state = h.store, h.http, h.promoter, h.state
         # Before the candidate: the base serves production, and each call is sampled again.
         for index in range(6):
             assert await _call(http, stack, f"before-{index}") == TINY_NAME
@@ -119,9 +147,7 @@ async def test_a_canary_is_gated_off_policy_split_sticky_and_promoted_on_live_re
             rated = FeedbackRequest(trajectory_id=trajectory, score=index % 2, as_reward=True)
             await store.add_feedback(rated)
 
-        assert (await swapper.swap(1, _adapter(stack.model_dir, tmp_path / "a1"))).status == (
-            "swapped"
-        )
+        await h.swap_candidate(stack, tmp_path / "a1")
         started = untagged(await promoter.consider({AT[1]: 0.6}, state) or "")
         assert started.startswith(f"canary {AT[1]} on 50% of {PROD}'s new trajectories")
         # The same weights: every weight 1, the estimate the samples' own mean.
@@ -162,7 +188,8 @@ async def test_a_canary_is_gated_off_policy_split_sticky_and_promoted_on_live_re
         looks = await store.canary_looks(PROD)  # newest first, one per change of the evidence
         assert [look.verdict for look in looks].count("promote") == 1
         assert looks[0].verdict == "promote" and looks[0].low is not None and looks[0].low > 0
-        assert all(look.verdict == "hold" and look.low is None for look in looks[1:])
+        assert all(look.verdict == "hold" for look in looks[1:])
+        assert looks[-1].low is None  # the first: too few an arm for an interval
         assert len(looks) == len(served)  # a look per watch: each saw one more scored
         assert "canary" not in str(await _canary_metrics(http, stack))  # ended: nothing shown
 
@@ -190,19 +217,10 @@ async def test_a_staged_canary_widens_keeps_its_arms_and_its_evidence_by_stage(
     shadowed: Stack, tmp_path: Path
 ) -> None:
     stack = shadowed
-    state = TrainerState(run="run", validated={TINY_NAME: 0.5})
     policy = CanaryPolicy(fractions=(0.2, 0.6), alpha=0.05, min_effect=0.05, stage_trajectories=4)
-    async with (
-        TrajectoryStore.opened(stack.store_url, writer=False) as store,
-        aiohttp.ClientSession() as http,
-        swapper_for(stack) as swapper,
-    ):
-        await swapper.check_base_model({TINY_NAME})
-        promoter = Promoter(PROD, store, swapper, min_trajectories=4, margin=0.05, canary=policy)
-        await promoter.start()
-        assert (await swapper.swap(1, _adapter(stack.model_dir, tmp_path / "a1"))).status == (
-            "swapped"
-        )
+    async with harness(stack, policy) as h:
+        store, http, promoter, state = h.store, h.http, h.promoter, h.state
+        await h.swap_candidate(stack, tmp_path / "a1")
         # Validated clearly below the target: no user sees it.
         held = untagged(await promoter.consider({AT[1]: 0.3}, state) or "")
         assert held == f"no canary for {AT[1]}: val 0.30 below 0.50 ({TINY_NAME}) by more than 0.05"
@@ -274,19 +292,10 @@ async def test_a_canary_given_all_the_traffic_by_hand_is_said_once_and_never_cra
     shadowed: Stack, tmp_path: Path
 ) -> None:
     stack = shadowed
-    state = TrainerState(run="run", validated={TINY_NAME: 0.5})
     policy = CanaryPolicy(fractions=(0.5,), alpha=0.05, min_effect=0.05)
-    async with (
-        TrajectoryStore.opened(stack.store_url, writer=False) as store,
-        aiohttp.ClientSession() as http,
-        swapper_for(stack) as swapper,
-    ):
-        await swapper.check_base_model({TINY_NAME})
-        promoter = Promoter(PROD, store, swapper, min_trajectories=4, margin=0.05, canary=policy)
-        await promoter.start()
-        assert (await swapper.swap(1, _adapter(stack.model_dir, tmp_path / "a1"))).status == (
-            "swapped"
-        )
+    async with harness(stack, policy) as h:
+        http, promoter, state = h.http, h.promoter, h.state
+        await h.swap_candidate(stack, tmp_path / "a1")
         await promoter.consider({AT[1]: 0.6}, state)
         loaded = [m for m in await _served(http, stack) if untagged(m) == AT[1]]
         everything = {"model": loaded[0], "reason": "canary", "fraction": 1.0}
@@ -310,19 +319,10 @@ async def test_a_canary_undecided_after_its_budget_ends_with_the_target_kept(
     shadowed: Stack, tmp_path: Path
 ) -> None:
     stack = shadowed
-    state = TrainerState(run="run", validated={TINY_NAME: 0.5})
     policy = CanaryPolicy((0.5,), alpha=0.05, min_effect=0.05, max_trajectories=24)
-    async with (
-        TrajectoryStore.opened(stack.store_url, writer=False) as store,
-        aiohttp.ClientSession() as http,
-        swapper_for(stack) as swapper,
-    ):
-        await swapper.check_base_model({TINY_NAME})
-        promoter = Promoter(PROD, store, swapper, min_trajectories=4, margin=0.05, canary=policy)
-        await promoter.start()
-        assert (await swapper.swap(1, _adapter(stack.model_dir, tmp_path / "a1"))).status == (
-            "swapped"
-        )
+    async with harness(stack, policy) as h:
+        store, http, promoter, state = h.store, h.http, h.promoter, h.state
+        await h.swap_candidate(stack, tmp_path / "a1")
         await promoter.consider({AT[1]: 0.6}, state)
         said = None
         for index in range(24):  # the same rewards on both arms: never decided

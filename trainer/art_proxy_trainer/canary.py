@@ -38,7 +38,10 @@ stage of 600 trajectories, 30 of them on the candidate, weighs as 28 and not as 
 variance the stages' variances so weighted. Pooling the arms across stages instead would weigh
 the candidate's arm towards the later, wider stages' hours, and a drift of the traffic between
 them would read as an effect. With one stage this is the difference in means above, exactly.
-The sequence is made tightest for the last, widest share, where most decisions are taken.
+The sequence is made tightest for the first, smallest share. Its boundary runs on the count of
+trajectories, and a trajectory of a small share carries less information on the difference than
+one of a wide share: tuned for the widest, 4,000 simulated equal canaries (5% -> 25% -> 50%,
+drifting traffic of varied users) moved 5.9% of the time; tuned for the smallest, 1.8%.
 """
 
 from __future__ import annotations
@@ -172,8 +175,8 @@ def interval(stages: Sequence[Stage], *, alpha: float, min_effect: float) -> Int
     difference = weighted / weights
     # sigma_hat^2 / t is the variance of the stratified difference.
     variance = t * spread / (weights * weights)
-    # Tightest where the widest share decides (a share of 0 or 1, set by hand, has no design).
-    fraction = min(max(stages[-1].fraction, 1e-3), 1 - 1e-3)
+    # Tightest for the smallest share (a share of 0 or 1, set by hand, has no design).
+    fraction = min(max(stages[0].fraction, 1e-3), 1 - 1e-3)
     rho2 = _rho_squared(design_trajectories(fraction, min_effect, alpha), alpha)
     radius = (
         variance * 2 * (t * rho2 + 1) / (t * t * rho2) * torch.log(torch.sqrt(t * rho2 + 1) / alpha)
