@@ -32,6 +32,7 @@ from tests.conftest import proxy_settings
 from tests.trainer.agents import untagged
 from tests.trainer.conftest import TINY_NAME, Stack
 from tests.trainer.test_promotion_loop import AT, PROD, _adapter, swapper_for
+from tests.trainer.test_training_loop import _models
 
 SHADOWS = 2  # per served call
 
@@ -297,7 +298,7 @@ async def test_a_canary_given_all_the_traffic_by_hand_is_said_once_and_never_cra
         http, promoter, state = h.http, h.promoter, h.state
         await h.swap_candidate(stack, tmp_path / "a1")
         await promoter.consider({AT[1]: 0.6}, state)
-        loaded = [m for m in await _served(http, stack) if untagged(m) == AT[1]]
+        loaded = [m for m in await _models(http, stack.llm.base_url) if untagged(m) == AT[1]]
         everything = {"model": loaded[0], "reason": "canary", "fraction": 1.0}
         admin = f"{stack.proxy.root_url}/art/v1/aliases/{PROD}"
         async with http.put(admin, json=everything) as response:
@@ -308,11 +309,6 @@ async def test_a_canary_given_all_the_traffic_by_hand_is_said_once_and_never_cra
         said = await promoter.watch(state)
         assert said is not None and "serves 100% of prod-agent's new trajectories" in said
         assert await promoter.watch(state) is None  # said once
-
-
-async def _served(http: aiohttp.ClientSession, stack: Stack) -> list[str]:
-    async with http.get(f"{stack.llm.base_url}/models") as response:
-        return [model["id"] for model in (await response.json())["data"]]
 
 
 async def test_a_canary_undecided_after_its_budget_ends_with_the_target_kept(
